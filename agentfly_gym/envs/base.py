@@ -1,0 +1,257 @@
+"""The common base of every agentfly-gym environment: async first, text in and text out.
+
+Subclasses implement two coroutines::
+
+    async def _reset_episode(self, scope, options) -> tuple[str, dict]
+    async def _step_episode(self, action) -> tuple[str, float, bool, bool, dict]
+
+and obtain whatever backs them (a simulator, a container, a shared server) from the
+rollout scope the base class opens for each episode.  The base class owns the episode
+lifecycle: one rollout scope per episode (released when the episode ends, on error,
+on the next reset or on close), the step timeout, the step limit, standard ``info`` keys,
+and the conversion of resource faults into handled observations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any, ClassVar
+
+import gymnasium
+
+from ..errors import ConfigError, ResetNeeded, ResourceError
+from ..resources.inprocess import InProcessResource
+from ..resources.manager import ResourceManager, RolloutScope, default_manager
+from ..spaces import TextSpace
+from ..utils.aio import run_sync
+from .prompting import AgentPrompt
+
+__all__ = ["AgentFlyEnv", "StepResult"]
+
+log = logging.getLogger(__name__)
+
+StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+
+_episode_ids = itertools.count(1)
+
+
+class AgentFlyEnv(gymnasium.Env[str, str]):
+    """A text environment whose backing resources come from a :class:`ResourceManager`.
+
+    Args:
+        manager: the resource manager; default: :func:`default_manager` of the loop the env
+            runs in (the background loop for the sync API).
+        step_timeout: seconds one step may take; past it the episode is truncated with
+            ``info["error"]`` and the backing resource is discarded.
+        reset_timeout: seconds a reset may take, including waiting for a free resource.
+        max_episode_steps: steps after which the episode is truncated; ``None`` for no limit.
+        render_mode: ``None`` or ``"ansi"`` (``render()`` returns the last observation).
+
+    Info keys on every reset and step: ``task_id`` (str), ``episode_id`` (str), ``step``
+    (int, steps taken), ``score`` (float, the env's native score), ``won`` (bool),
+    ``error`` (str or None: a handled fault).  Environments with a list of valid actions
+    add ``admissible_actions`` (list[str]).
+
+    Async API: ``await env.areset(seed=..., options=...)``, ``await env.astep(action)``,
+    ``await env.aclose()``.  The sync API (``reset``/``step``/``close``) runs the same
+    coroutines on a background loop.  After :func:`gymnasium.make`, reach the async API
+    through ``env.unwrapped``.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    env_name: ClassVar[str] = "Base"
+    agent_prompt: ClassVar[AgentPrompt] = AgentPrompt(system="You are an agent in a text environment. End each reply with 'Action: <action>'.")
+    max_observation_length: ClassVar[int] = 1 << 20
+    max_action_length: ClassVar[int] = 1 << 16
+
+    def __init__(self, *, manager: ResourceManager | None = None, step_timeout: float | None = 120.0,
+                 reset_timeout: float | None = 900.0, max_episode_steps: int | None = None,
+                 render_mode: str | None = None) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(f"render_mode={render_mode!r} is not one of {self.metadata['render_modes']}")
+        if step_timeout is not None and step_timeout <= 0:
+            raise ConfigError(f"step_timeout={step_timeout!r} must be None or > 0 seconds")
+        if max_episode_steps is not None and (not isinstance(max_episode_steps, int) or max_episode_steps < 1):
+            raise ConfigError(f"max_episode_steps={max_episode_steps!r} must be None or an integer >= 1")
+        self.render_mode = render_mode
+        self.step_timeout = step_timeout
+        self.reset_timeout = reset_timeout
+        self.max_episode_steps = max_episode_steps
+        self.observation_space = TextSpace(self.max_observation_length)
+        self.action_space = TextSpace(self.max_action_length)
+        self._manager = manager
+        self._scope: RolloutScope | None = None
+        self._episode_id: str | None = None
+        self._task_id: str = ""
+        self._steps = 0
+        self._last_obs = ""
+        self._closed = False
+
+    # ------------------------------------------------------------------ subclass hooks
+    async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Acquire what the episode needs from ``scope``, start the task, return (observation, info).
+
+        Set ``self._task_id``.  Use ``self.np_random`` for any random choice.
+        """
+        raise NotImplementedError
+
+    async def _step_episode(self, action: str) -> StepResult:
+        """Apply ``action`` (a str, possibly malformed) and return the Gymnasium 5-tuple."""
+        raise NotImplementedError
+
+    async def _end_of_episode(self) -> None:
+        """Hook run when an episode ends, before its scope is released."""
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def manager(self) -> ResourceManager:
+        """The resource manager (the running loop's default one unless given)."""
+        if self._manager is None or self._manager.closed:
+            self._manager = default_manager()
+        return self._manager
+
+    @property
+    def scope(self) -> RolloutScope:
+        """The current episode's rollout scope.
+
+        Raises:
+            ResetNeeded: no episode is running.
+        """
+        if self._scope is None:
+            raise ResetNeeded(f"{self.env_name}: no episode is running; call reset() first")
+        return self._scope
+
+    @property
+    def episode_id(self) -> str | None:
+        return self._episode_id
+
+    @property
+    def task_id(self) -> str:
+        return self._task_id
+
+    # ------------------------------------------------------------------ async API
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start a new episode.  Returns ``(observation, info)``.
+
+        Args:
+            seed: seeds ``self.np_random`` (task choice) as in Gymnasium.
+            options: environment-specific (e.g. ``{"task_id": ...}``); unknown keys raise ConfigError.
+
+        Raises:
+            ConfigError: bad options.
+            ResourceTimeout / ResourceStartError: no backing resource could be had.
+        """
+        if self._closed:
+            raise ResetNeeded(f"{self.env_name}: the environment is closed")
+        super().reset(seed=seed)
+        await self._finish_episode()
+        if options is not None and not isinstance(options, dict):
+            raise ConfigError(f"options must be a dict or None, got {type(options).__name__}")
+        self._episode_id = f"{self.env_name}-{next(_episode_ids)}"
+        self._scope = self.manager.scope(self._episode_id)
+        self._steps = 0
+        try:
+            async with asyncio.timeout(self.reset_timeout):
+                obs, info = await self._reset_episode(self._scope, dict(options or {}))
+        except BaseException:
+            await self._finish_episode()
+            raise
+        self._last_obs = obs
+        return obs, self._complete_info(info)
+
+    async def astep(self, action: str) -> StepResult:
+        """Apply one action.  Returns ``(observation, reward, terminated, truncated, info)``.
+
+        A malformed action yields a handled observation (the env's own message), never an
+        exception.  A resource fault or a step over ``step_timeout`` truncates the episode
+        with ``info["error"]`` set and the resource discarded.
+
+        Raises:
+            ResetNeeded: no episode is running (call reset, also after the episode ended).
+            TypeError: ``action`` is not a str.
+        """
+        if self._scope is None:
+            raise ResetNeeded(f"{self.env_name}: no episode is running; call reset() first")
+        if not isinstance(action, str):
+            raise TypeError(f"{self.env_name}: action must be a str, got {type(action).__name__}: {action!r}")
+        if len(action) > self.max_action_length:
+            action = action[: self.max_action_length]
+        try:
+            async with asyncio.timeout(self.step_timeout):
+                obs, reward, terminated, truncated, info = await self._step_episode(action)
+        except TimeoutError:
+            obs, reward, terminated, truncated, info = await self._handled_fault(
+                f"the environment did not answer within step_timeout={self.step_timeout}s")
+        except (ResourceError, OSError, EOFError) as e:
+            obs, reward, terminated, truncated, info = await self._handled_fault(f"{type(e).__name__}: {e}")
+        except (ResetNeeded, ConfigError, TypeError):
+            raise
+        except Exception as e:
+            log.exception("%s: step failed", self.env_name)
+            obs, reward, terminated, truncated, info = await self._handled_fault(f"{type(e).__name__}: {e}")
+        self._steps += 1
+        if not (terminated or truncated) and self.max_episode_steps is not None and self._steps >= self.max_episode_steps:
+            truncated = True
+        self._last_obs = obs
+        info = self._complete_info(info)
+        if terminated or truncated:
+            await self._finish_episode()
+        return obs, float(reward), bool(terminated), bool(truncated), info
+
+    async def aclose(self) -> None:
+        """End the running episode (releasing its resources); the shared manager stays open."""
+        await self._finish_episode()
+        self._closed = True
+
+    # ------------------------------------------------------------------ sync API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Sync wrapper of :meth:`areset`."""
+        return run_sync(self.areset(seed=seed, options=options))
+
+    def step(self, action: str) -> StepResult:
+        """Sync wrapper of :meth:`astep`."""
+        return run_sync(self.astep(action))
+
+    def close(self) -> None:
+        """Sync wrapper of :meth:`aclose`."""
+        if self._closed:
+            return
+        if self._scope is None:
+            self._closed = True
+            return
+        run_sync(self.aclose())
+
+    def render(self) -> str | None:
+        """The last observation (``render_mode="ansi"``), else None."""
+        return self._last_obs if self.render_mode == "ansi" else None
+
+    # ------------------------------------------------------------------ internals
+    def _complete_info(self, info: dict[str, Any]) -> dict[str, Any]:
+        out = {"task_id": self._task_id, "episode_id": self._episode_id or "", "step": self._steps,
+               "score": 0.0, "won": False, "error": None}
+        out.update(info)
+        return out
+
+    async def _handled_fault(self, message: str) -> StepResult:
+        """Truncate the episode after a fault, discarding the resources it held (their state is unknown)."""
+        log.warning("%s episode %s: %s", self.env_name, self._episode_id, message)
+        scope = self._scope
+        if scope is not None:
+            for r in list(scope.resources.values()):
+                if isinstance(r, InProcessResource):
+                    r.mark_dead(message)
+                await scope.discard(r)
+        obs = f"Error: {message}. The episode has ended."
+        return obs, 0.0, False, True, {"error": message}
+
+    async def _finish_episode(self) -> None:
+        scope = self._scope
+        if scope is None:
+            return
+        try:
+            await self._end_of_episode()
+        finally:
+            self._scope = None
+            await scope.aclose()

@@ -1,0 +1,68 @@
+"""The exception hierarchy of agentfly-gym.
+
+Every error the library raises on purpose derives from :class:`AgentFlyError`, so a
+caller can catch one base class.  Names say what went wrong for the user, in the
+manner of httpx's hierarchy.
+"""
+
+from __future__ import annotations
+
+
+class AgentFlyError(Exception):
+    """Base class of every error raised on purpose by agentfly-gym."""
+
+
+class ConfigError(AgentFlyError, ValueError):
+    """A spec, option or argument has an invalid value; the message names it and what is valid."""
+
+
+class DataNotFoundError(AgentFlyError, FileNotFoundError):
+    """A data set an environment needs is missing; the message says how to obtain it."""
+
+
+class ResourceError(AgentFlyError):
+    """A resource could not be started, reset, checked or released."""
+
+
+class ResourceStartError(ResourceError):
+    """A resource instance failed to start (or to start within its start timeout)."""
+
+
+class ResourceTimeout(ResourceError, TimeoutError):
+    """An acquisition waited longer than its timeout for a free instance of a saturated pool."""
+
+
+class ResourceUnavailable(ResourceError):
+    """A backend cannot run here (no Docker engine, no bubblewrap, no GPU, ...)."""
+
+
+class ResourceDied(ResourceError):
+    """A live resource stopped answering (a killed container, a crashed JVM)."""
+
+
+class PoolClosedError(ResourceError):
+    """The pool or manager was closed; no more acquisitions are possible."""
+
+
+class EventLoopMismatch(AgentFlyError, RuntimeError):
+    """An asyncio object was used from an event loop other than the one it is bound to."""
+
+
+class EnvError(AgentFlyError):
+    """An environment was used in a way its contract forbids (e.g. step before reset)."""
+
+
+class ResetNeeded(EnvError):
+    """``step`` was called before ``reset`` or after the episode ended."""
+
+
+class StepTimeout(EnvError, TimeoutError):
+    """One environment step ran longer than the environment's ``step_timeout``."""
+
+
+class TokenizationError(AgentFlyError):
+    """Incremental chat-template tokenization found a template it cannot extend safely."""
+
+
+class PolicyError(AgentFlyError):
+    """A policy cannot serve a request (e.g. a server that returns no token ids)."""

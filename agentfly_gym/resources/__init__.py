@@ -1,0 +1,13 @@
+"""The unified resource system: specs, the Resource lifecycle, pools, the manager, backends."""
+
+from .base import Resource, ResourceStatus
+from .inprocess import InProcessResource
+from .manager import ResourceManager, RolloutScope, default_manager
+from .pool import PoolMetrics, ResourcePool
+from .spec import ContainerSpec, InProcessSpec, ModelAPISpec, ModelServiceSpec, Mount, ResourceSpec
+
+__all__ = [
+    "ContainerSpec", "InProcessResource", "InProcessSpec", "ModelAPISpec", "ModelServiceSpec", "Mount",
+    "PoolMetrics", "Resource", "ResourceManager", "ResourcePool", "ResourceSpec", "ResourceStatus",
+    "RolloutScope", "default_manager",
+]

@@ -1,0 +1,82 @@
+"""The lifecycle every resource follows: start, reset, status, release."""
+
+from __future__ import annotations
+
+import abc
+import enum
+import itertools
+import time
+from typing import Any
+
+from .spec import ResourceSpec
+
+__all__ = ["Resource", "ResourceStatus"]
+
+_ids = itertools.count(1)
+
+
+class ResourceStatus(enum.Enum):
+    """Where a resource instance is in its lifecycle.
+
+    ``READY`` is the only healthy state a pool hands out; ``UNHEALTHY`` and ``STOPPED``
+    instances are released and replaced.
+    """
+
+    CREATED = "created"
+    STARTING = "starting"
+    READY = "ready"
+    UNHEALTHY = "unhealthy"
+    STOPPED = "stopped"
+
+
+class Resource(abc.ABC):
+    """One live instance of a :class:`ResourceSpec`.
+
+    Backends subclass this and implement the four async lifecycle methods.  Pools call
+    them; tool, environment and reward code never allocate or clean up by themselves.
+
+    Attributes:
+        spec: the spec this instance was built from.
+        id: ``"<kind>-<n>"``, unique in this process.
+        uses: how many times a pool has handed this instance out.
+        labels: backend metadata (e.g. the manager id a container is labelled with).
+    """
+
+    def __init__(self, spec: ResourceSpec, *, labels: dict[str, str] | None = None) -> None:
+        self.spec = spec
+        self.id = f"{spec.kind}-{next(_ids)}"
+        self.uses = 0
+        self.labels: dict[str, str] = dict(labels or {})
+        self.created_at = time.monotonic()
+        self.last_released_at: float | None = None
+        self._status = ResourceStatus.CREATED
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Bring the instance up; raises :class:`~agentfly_gym.errors.ResourceStartError` on failure."""
+
+    @abc.abstractmethod
+    async def reset(self) -> None:
+        """Return the instance to a clean state before it serves another rollout.
+
+        Called by the pool on every re-acquisition; an exception here makes the pool
+        discard the instance and start a fresh one.
+        """
+
+    @abc.abstractmethod
+    async def status(self) -> ResourceStatus:
+        """Check health now (e.g. is the process or container still alive)."""
+
+    @abc.abstractmethod
+    async def release(self) -> None:
+        """Stop the instance and free everything it holds; idempotent, never raises."""
+
+    def terminate_sync(self) -> None:
+        """Best-effort synchronous teardown used at interpreter exit; default does nothing."""
+
+    def describe(self) -> dict[str, Any]:
+        """A small JSON-able summary for logs and metrics."""
+        return {"id": self.id, "kind": self.spec.kind, "pool": self.spec.key, "uses": self.uses, "status": self._status.value}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} {self._status.value} uses={self.uses}>"

@@ -1,0 +1,263 @@
+"""The resource manager: one pool per spec key, rollout scopes and global scope.
+
+    manager = ResourceManager()
+    async with manager.scope("rollout-17") as scope:
+        box = await scope.acquire(ContainerSpec(image="agentfly/r2e-base"))
+        same = await scope.acquire(ContainerSpec(image="agentfly/r2e-base"))   # same instance
+    # everything acquired in the scope is released here, also on error or cancellation
+    judge = await manager.acquire_global(ModelAPISpec(base_url=..., model=...))
+    await manager.aclose()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import itertools
+import logging
+import os
+import uuid
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import PoolClosedError, ResourceError
+from .base import Resource
+from .pool import ResourcePool
+from .spec import ResourceSpec
+
+__all__ = ["ResourceManager", "RolloutScope", "default_manager"]
+
+log = logging.getLogger(__name__)
+
+_scope_ids = itertools.count(1)
+_live_managers: weakref.WeakSet[ResourceManager] = weakref.WeakSet()
+
+
+class RolloutScope:
+    """Resources held by one rollout; released together when the scope ends.
+
+    ``await scope.acquire(spec)`` returns the same live instance for the same spec key
+    for the whole scope (a rollout's container is reused across its turns) and distinct
+    instances for distinct specs: leases are keyed by (scope id, spec key).
+    Concurrent acquisitions of one spec inside a scope are serialised, so parallel tool
+    calls of one turn share one instance.
+    """
+
+    def __init__(self, manager: ResourceManager, scope_id: str, *, acquire_timeout: float | None = None) -> None:
+        self.manager = manager
+        self.id = scope_id
+        self.acquire_timeout = acquire_timeout
+        self._leases: dict[str, Resource] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+
+    @property
+    def resources(self) -> dict[str, Resource]:
+        """The live leases of this scope by spec key."""
+        return dict(self._leases)
+
+    async def acquire(self, spec: ResourceSpec, *, timeout: float | None = None) -> Resource:
+        """The scope's instance of ``spec``, acquired from its pool on first use.
+
+        Raises:
+            ResourceTimeout, ResourceStartError, PoolClosedError: from the pool.
+            ResourceError: the scope has already ended.
+        """
+        if self._closed:
+            raise ResourceError(f"scope {self.id!r} has ended; open a new one")
+        key = spec.key
+        lease = self._leases.get(key)
+        if lease is not None:
+            return lease
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            lease = self._leases.get(key)
+            if lease is None:
+                pool = self.manager.pool(spec)
+                lease = await pool.acquire(timeout=timeout if timeout is not None else self.acquire_timeout)
+                if self._closed:  # the scope ended while we waited
+                    await pool.release(lease)
+                    raise ResourceError(f"scope {self.id!r} ended during acquisition")
+                self._leases[key] = lease
+            return lease
+
+    async def release(self, spec: ResourceSpec, *, discard: bool = False) -> None:
+        """Release this scope's instance of ``spec`` early; ``discard=True`` stops it (e.g. it died)."""
+        lease = self._leases.pop(spec.key, None)
+        if lease is not None:
+            await self.manager.pool(spec).release(lease, discard=discard)
+
+    async def discard(self, resource: Resource) -> None:
+        """Release ``resource`` (held by this scope) and stop it instead of reusing it."""
+        await self.release(resource.spec, discard=True)
+
+    async def aclose(self) -> None:
+        """Release every lease.  Completes without yielding, so it also runs under cancellation."""
+        self._closed = True
+        leases, self._leases = self._leases, {}
+        for key, lease in leases.items():
+            pool = self.manager._pools.get(key)
+            if pool is None or pool.closed:
+                continue
+            try:
+                await pool.release(lease)
+            except Exception:
+                log.warning("releasing %r from scope %s failed", lease, self.id, exc_info=True)
+
+    async def __aenter__(self) -> RolloutScope:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class ResourceManager:
+    """Owns the pools of every resource kind; hands out rollout and global leases.
+
+    Args:
+        manager_id: labels every resource this manager starts (containers carry it as a
+            Docker label so orphans can be reaped); random by default.
+        acquire_timeout: default seconds an acquisition may wait on a saturated pool.
+        backend_factory: ``spec -> Resource``; defaults to
+            :func:`agentfly_gym.resources.backends.create_resource`.
+
+    One manager belongs to one event loop.  Use it as ``async with ResourceManager() as m``
+    or call :meth:`aclose`; at interpreter exit, live instances are torn down synchronously
+    as a last resort.
+    """
+
+    def __init__(self, *, manager_id: str | None = None, acquire_timeout: float | None = None,
+                 backend_factory: Callable[[ResourceSpec, ResourceManager], Resource] | None = None) -> None:
+        self.id = manager_id or f"afg-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.acquire_timeout = acquire_timeout
+        self._backend_factory = backend_factory
+        self._pools: dict[str, ResourcePool] = {}
+        self._globals: dict[str, Resource] = {}
+        self._global_locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+        _live_managers.add(self)
+        _ensure_atexit()
+
+    # -- pools
+    def pool(self, spec: ResourceSpec) -> ResourcePool:
+        """The pool for ``spec.key``, created on first use."""
+        if self._closed:
+            raise PoolClosedError(f"resource manager {self.id} is closed")
+        pool = self._pools.get(spec.key)
+        if pool is None:
+            pool = ResourcePool(spec, self._build, acquire_timeout=self.acquire_timeout)
+            self._pools[spec.key] = pool
+        return pool
+
+    @property
+    def pools(self) -> dict[str, ResourcePool]:
+        return dict(self._pools)
+
+    def _build(self, spec: ResourceSpec) -> Resource:
+        if self._backend_factory is not None:
+            return self._backend_factory(spec, self)
+        from .backends import create_resource
+
+        return create_resource(spec, self)
+
+    # -- scopes
+    def scope(self, scope_id: str | None = None, *, acquire_timeout: float | None = None) -> RolloutScope:
+        """A rollout scope: ``async with manager.scope("traj-3") as scope: ...``."""
+        if self._closed:
+            raise PoolClosedError(f"resource manager {self.id} is closed")
+        return RolloutScope(self, scope_id or f"scope-{next(_scope_ids)}",
+                            acquire_timeout=acquire_timeout if acquire_timeout is not None else self.acquire_timeout)
+
+    async def acquire_global(self, spec: ResourceSpec) -> Resource:
+        """The one process-wide shared instance of ``spec`` (e.g. a WebShop server, an LLM judge).
+
+        Started on first call, returned as is afterwards, released by :meth:`release_global`
+        or :meth:`aclose`.  Global resources are never reset between users.
+        """
+        key = spec.key
+        r = self._globals.get(key)
+        if r is not None:
+            return r
+        lock = self._global_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            r = self._globals.get(key)
+            if r is None:
+                r = await self.pool(spec).acquire()
+                self._globals[key] = r
+            return r
+
+    async def release_global(self, spec: ResourceSpec) -> None:
+        """Stop the global instance of ``spec`` if one is live."""
+        r = self._globals.pop(spec.key, None)
+        if r is not None:
+            await self._pools[spec.key].release(r, discard=True)
+
+    # -- prewarm, metrics, close
+    async def prewarm(self, spec: ResourceSpec, n: int | None = None) -> None:
+        """Start ``n`` (default ``spec.min_idle``) idle instances of ``spec`` ahead of demand."""
+        await self.pool(spec).prewarm(n)
+
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        """Per pool: in use, idle, waiting, started, reused, acquire wait mean/max, start time (seconds)."""
+        return {key: pool.snapshot() for key, pool in self._pools.items()}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def aclose(self) -> None:
+        """Release every instance of every pool, in use or idle; idempotent."""
+        self._closed = True
+        self._globals.clear()
+        pools = list(self._pools.values())
+        await asyncio.gather(*(p.terminate() for p in pools), return_exceptions=True)
+        _live_managers.discard(self)
+
+    def close_sync(self) -> None:
+        """Synchronous best-effort teardown (interpreter exit, or no loop available)."""
+        self._closed = True
+        for p in self._pools.values():
+            p.terminate_sync()
+
+    async def __aenter__(self) -> ResourceManager:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+_atexit_registered = False
+
+
+def _ensure_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_close_all_at_exit)
+        _atexit_registered = True
+
+
+def _close_all_at_exit() -> None:
+    from ..utils.aio import shutdown_background_loop
+
+    shutdown_background_loop()
+    for m in list(_live_managers):
+        if not m.closed:
+            m.close_sync()
+
+
+_default_managers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ResourceManager] = weakref.WeakKeyDictionary()
+
+
+def default_manager() -> ResourceManager:
+    """The default manager of the running event loop (one per loop, created on first use).
+
+    Environments made without an explicit ``manager=`` use it, so all of them in one
+    loop share pools.  Must be called from inside a running loop.
+    """
+    loop = asyncio.get_running_loop()
+    m = _default_managers.get(loop)
+    if m is None or m.closed:
+        m = ResourceManager()
+        _default_managers[loop] = m
+    return m

@@ -1,0 +1,467 @@
+"""A capped, FIFO, reset-on-reuse pool of resource instances for one spec.
+
+Modelled on asyncpg's ``Pool``: ``await pool.acquire(timeout=...)`` or
+``async with pool.acquire() as resource``; ``min_idle`` pre-warms, ``max_uses``
+recycles, ``max_idle_time`` expires idle instances, ``close()`` is graceful and
+``terminate()`` immediate.
+
+Guarantees (pinned by tests/test_pool.py):
+
+* at most ``spec.max_instances`` instances are alive (in use, idle or starting);
+* acquisitions beyond capacity wait in FIFO order and are served as others release;
+* an instance handed out a second time is always ``reset()`` first, on the acquiring
+  side, so no rollout sees the previous one's state;
+* an instance whose ``status()`` is not ``READY`` (or whose reset fails) is released and
+  replaced by a fresh one;
+* a cancelled or timed-out acquisition never strands an instance or a capacity slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import EventLoopMismatch, PoolClosedError, ResourceError, ResourceStartError, ResourceTimeout
+from .base import Resource, ResourceStatus
+from .spec import ResourceSpec
+
+__all__ = ["ResourcePool", "PoolMetrics"]
+
+log = logging.getLogger(__name__)
+
+ResourceFactory = Callable[[ResourceSpec], Resource]
+
+
+@dataclasses.dataclass
+class PoolMetrics:
+    """Counters and timings of one pool.  Times are in seconds.
+
+    ``started`` counts instances started, ``reused`` acquisitions served by an instance
+    that had served before, ``replaced`` instances discarded as unhealthy or failed,
+    ``recycled`` instances retired after ``max_uses`` or ``max_idle_time``.
+    """
+
+    key: str
+    label: str
+    capacity: int
+    in_use: int = 0
+    idle: int = 0
+    starting: int = 0
+    waiting: int = 0
+    max_in_use: int = 0
+    acquired: int = 0
+    started: int = 0
+    reused: int = 0
+    replaced: int = 0
+    recycled: int = 0
+    start_failures: int = 0
+    timeouts: int = 0
+    acquire_wait_total: float = 0.0
+    acquire_wait_max: float = 0.0
+    start_time_total: float = 0.0
+    start_time_max: float = 0.0
+    reset_time_total: float = 0.0
+    resets: int = 0
+
+    @property
+    def acquire_wait_mean(self) -> float:
+        return self.acquire_wait_total / self.acquired if self.acquired else 0.0
+
+    @property
+    def start_time_mean(self) -> float:
+        return self.start_time_total / self.started if self.started else 0.0
+
+    @property
+    def reset_time_mean(self) -> float:
+        return self.reset_time_total / self.resets if self.resets else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(acquire_wait_mean=self.acquire_wait_mean, start_time_mean=self.start_time_mean,
+                 reset_time_mean=self.reset_time_mean)
+        return d
+
+
+class _AcquireContext:
+    """``await pool.acquire()`` or ``async with pool.acquire() as r`` (as asyncpg's PoolAcquireContext)."""
+
+    __slots__ = ("_pool", "_timeout", "_resource")
+
+    def __init__(self, pool: ResourcePool, timeout: float | None) -> None:
+        self._pool = pool
+        self._timeout = timeout
+        self._resource: Resource | None = None
+
+    def __await__(self):
+        return self._pool._acquire(self._timeout).__await__()
+
+    async def __aenter__(self) -> Resource:
+        self._resource = await self._pool._acquire(self._timeout)
+        return self._resource
+
+    async def __aexit__(self, *exc: Any) -> None:
+        r, self._resource = self._resource, None
+        if r is not None:
+            await self._pool.release(r)
+
+
+class ResourcePool:
+    """All instances of one spec.
+
+    Args:
+        spec: what to build; ``spec.max_instances`` is the capacity.
+        factory: builds an unstarted :class:`Resource` for the spec (the backend).
+        acquire_timeout: default seconds an acquisition may wait; ``None`` waits forever.
+
+    The pool binds to the event loop of its first use and raises
+    :class:`~agentfly_gym.errors.EventLoopMismatch` if used from another.
+    """
+
+    def __init__(self, spec: ResourceSpec, factory: ResourceFactory, *, acquire_timeout: float | None = None) -> None:
+        self.spec = spec
+        self._factory = factory
+        self.acquire_timeout = acquire_timeout
+        self._idle: collections.deque[Resource] = collections.deque()
+        self._in_use: set[Resource] = set()
+        self._size = 0  # live instances + capacity slots being (re)filled
+        self._starting = 0
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._background: set[asyncio.Task] = set()
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = PoolMetrics(key=spec.key, label=spec.label, capacity=spec.max_instances)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def capacity(self) -> int:
+        return self.spec.max_instances
+
+    @property
+    def size(self) -> int:
+        """Live instances plus slots being started."""
+        return self._size
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def acquire(self, *, timeout: float | None = None) -> _AcquireContext:
+        """Acquire a ready instance; ``await`` it or use it as ``async with``.
+
+        Args:
+            timeout: seconds to wait for capacity; defaults to the pool's ``acquire_timeout``.
+
+        Raises:
+            ResourceTimeout: no instance became free in time.
+            ResourceStartError: a new instance failed to start.
+            PoolClosedError: the pool is closed.
+        """
+        return _AcquireContext(self, timeout if timeout is not None else self.acquire_timeout)
+
+    async def release(self, resource: Resource, *, discard: bool = False) -> None:
+        """Give ``resource`` back.  With ``discard=True`` it is stopped instead of kept.
+
+        Never blocks: stopping runs in a background task that :meth:`close` awaits, so a
+        release inside a cancelled task still completes.
+        """
+        self._check_loop()
+        if resource not in self._in_use:
+            raise ResourceError(f"{resource!r} is not in use in pool {self.spec.label}")
+        self._in_use.discard(resource)
+        resource.last_released_at = time.monotonic()
+        self._sync_counts()
+        max_uses = self.spec.max_uses
+        if discard or self._closed:
+            self._retire(resource, replaced=discard)
+        elif max_uses is not None and resource.uses >= max_uses:
+            self._retire(resource, recycled=True)
+        else:
+            self._hand_over(resource)
+        self._maintain_min_idle()
+
+    async def prewarm(self, n: int | None = None) -> None:
+        """Start instances until ``n`` (default ``spec.min_idle``) are idle or capacity is reached."""
+        self._check_loop()
+        target = self.spec.min_idle if n is None else n
+        tasks = []
+        while len(self._idle) + self._starting < target and self._size < self.capacity and not self._closed:
+            self._size += 1
+            tasks.append(asyncio.ensure_future(self._start_into_idle()))
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self, *, timeout: float | None = None) -> None:
+        """Stop accepting acquisitions, wait for in-use instances to come back, then release all.
+
+        Args:
+            timeout: seconds to wait for in-use instances; after it they are released anyway.
+        """
+        self._closed = True
+        self._fail_waiters(PoolClosedError(f"pool {self.spec.label} is closed"))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._in_use and (deadline is None or time.monotonic() < deadline):
+            await asyncio.sleep(0.05)
+        await self.terminate()
+
+    async def terminate(self) -> None:
+        """Release every instance now, in use or not, and fail all waiters."""
+        self._closed = True
+        self._fail_waiters(PoolClosedError(f"pool {self.spec.label} is closed"))
+        for r in list(self._idle) + list(self._in_use):
+            self._retire(r)
+        self._idle.clear()
+        self._in_use.clear()
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+        self._sync_counts()
+
+    def terminate_sync(self) -> None:
+        """Interpreter-exit fallback: synchronous best-effort teardown of every instance."""
+        for r in list(self._idle) + list(self._in_use):
+            try:
+                r.terminate_sync()
+            except Exception:  # pragma: no cover - best effort at exit
+                log.debug("terminate_sync failed for %r", r, exc_info=True)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Current metrics as a dict (see :class:`PoolMetrics`)."""
+        self._sync_counts()
+        return self.metrics.as_dict()
+
+    # ------------------------------------------------------------------ internals
+    def _check_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            if self._loop.is_closed():
+                raise EventLoopMismatch(f"pool {self.spec.label} belongs to an event loop that is closed; make a new ResourceManager")
+            raise EventLoopMismatch(
+                f"pool {self.spec.label} is bound to another event loop; use one ResourceManager per event loop "
+                "(agentfly_gym.resources.default_manager() gives one per loop)")
+
+    def _sync_counts(self) -> None:
+        m = self.metrics
+        m.in_use, m.idle, m.starting = len(self._in_use), len(self._idle), self._starting
+        m.waiting = sum(1 for w in self._waiters if not w.done())
+        m.max_in_use = max(m.max_in_use, m.in_use)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        t = asyncio.ensure_future(coro)
+        self._background.add(t)
+        t.add_done_callback(self._background.discard)
+        return t
+
+    def _retire(self, r: Resource, *, replaced: bool = False, recycled: bool = False) -> None:
+        """Stop ``r`` in the background and free its capacity slot for a waiter."""
+        if replaced:
+            self.metrics.replaced += 1
+        if recycled:
+            self.metrics.recycled += 1
+        self._spawn(self._safe_release(r))
+        self._size -= 1
+        self._wake_for_slot()
+
+    async def _safe_release(self, r: Resource) -> None:
+        try:
+            await r.release()
+        except Exception:
+            log.warning("release of %r failed", r, exc_info=True)
+
+    def _first_live_waiter(self) -> asyncio.Future | None:
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                return w
+        return None
+
+    def _hand_over(self, r: Resource) -> None:
+        """Give a released instance to the first waiter, or keep it idle."""
+        w = self._first_live_waiter()
+        if w is not None:
+            w.set_result(r)
+        else:
+            self._idle.append(r)
+        self._sync_counts()
+
+    def _wake_for_slot(self) -> None:
+        """A capacity slot is free: the first waiter may start a new instance (result ``None``)."""
+        if self._closed:
+            return
+        if self._size < self.capacity:
+            w = self._first_live_waiter()
+            if w is not None:
+                self._size += 1  # the slot now belongs to the waiter
+                w.set_result(None)
+        self._sync_counts()
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_exception(exc)
+
+    def _return_grant(self, grant: Resource | None) -> None:
+        """An acquirer gave up after being granted an instance or a slot: pass it on."""
+        if grant is None:
+            self._size -= 1
+            self._wake_for_slot()
+        else:
+            self._hand_over(grant)
+
+    def _maintain_min_idle(self) -> None:
+        if self._closed or not self.spec.min_idle:
+            return
+        while (len(self._idle) + self._starting < self.spec.min_idle and self._size < self.capacity
+               and not any(not w.done() for w in self._waiters)):
+            self._size += 1
+            self._spawn(self._start_into_idle())
+
+    async def _start_into_idle(self) -> None:
+        try:
+            r = await self._start_new()
+        except Exception:
+            log.warning("pre-warming an instance of %s failed", self.spec.label, exc_info=True)
+            self._size -= 1
+            self._wake_for_slot()
+            return
+        if self._closed:
+            self._size -= 1
+            self._spawn(self._safe_release(r))
+            return
+        self._hand_over(r)
+
+    async def _start_new(self) -> Resource:
+        """Build and start one instance (the caller holds a capacity slot)."""
+        r = self._factory(self.spec)
+        self._starting += 1
+        self._sync_counts()
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(self.spec.start_timeout):
+                await r.start()
+        except BaseException as e:
+            self.metrics.start_failures += 1
+            self._spawn(self._safe_release(r))
+            if isinstance(e, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
+                raise
+            if isinstance(e, TimeoutError):
+                raise ResourceStartError(f"{self.spec.label}: start took longer than start_timeout={self.spec.start_timeout}s") from e
+            if isinstance(e, ResourceError):
+                raise
+            raise ResourceStartError(f"{self.spec.label}: start failed: {type(e).__name__}: {e}") from e
+        finally:
+            self._starting -= 1
+        dt = time.monotonic() - t0
+        m = self.metrics
+        m.started += 1
+        m.start_time_total += dt
+        m.start_time_max = max(m.start_time_max, dt)
+        return r
+
+    def _expire_idle(self) -> None:
+        ttl = self.spec.max_idle_time
+        if ttl is None:
+            return
+        now = time.monotonic()
+        for r in list(self._idle):
+            if r.last_released_at is not None and now - r.last_released_at > ttl:
+                self._idle.remove(r)
+                self._retire(r, recycled=True)
+
+    async def _wait_for_grant(self, timeout: float | None) -> Resource | None:
+        """Queue FIFO until a release grants an instance (or ``None``: a free slot)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._sync_counts()
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._return_grant(fut.result())
+            else:
+                fut.cancel()
+            raise
+        finally:
+            self._sync_counts()
+
+    async def _acquire(self, timeout: float | None) -> Resource:
+        self._check_loop()
+        if self._closed:
+            raise PoolClosedError(f"pool {self.spec.label} is closed")
+        t0 = time.monotonic()
+        self._expire_idle()
+        grant: Resource | None
+        if self._idle:
+            grant = self._idle.popleft()
+        elif self._size < self.capacity and not any(not w.done() for w in self._waiters):
+            self._size += 1
+            grant = None
+        else:
+            try:
+                grant = await self._wait_for_grant(timeout)
+            except TimeoutError:
+                self.metrics.timeouts += 1
+                raise ResourceTimeout(
+                    f"no instance of {self.spec.label} became free within {timeout}s "
+                    f"(capacity {self.capacity}, {len(self._in_use)} in use, "
+                    f"{sum(1 for w in self._waiters if not w.done())} waiting)") from None
+        try:
+            r = await self._make_ready(grant)
+        except BaseException:
+            self._maintain_min_idle()
+            raise
+        self._in_use.add(r)
+        r.uses += 1
+        m = self.metrics
+        wait = time.monotonic() - t0
+        m.acquired += 1
+        m.acquire_wait_total += wait
+        m.acquire_wait_max = max(m.acquire_wait_max, wait)
+        self._sync_counts()
+        self._maintain_min_idle()
+        return r
+
+    async def _make_ready(self, grant: Resource | None) -> Resource:
+        """Turn a grant into a healthy, reset instance; the caller holds its capacity slot.
+
+        On any failure (including cancellation) the slot is returned to the pool.
+        """
+        r = grant
+        try:
+            if r is not None:
+                healthy = False
+                try:
+                    healthy = await r.status() == ResourceStatus.READY
+                    if healthy and r.uses > 0:
+                        t0 = time.monotonic()
+                        await r.reset()
+                        self.metrics.resets += 1
+                        self.metrics.reset_time_total += time.monotonic() - t0
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.warning("health check or reset of %r failed; replacing it", r, exc_info=True)
+                    healthy = False
+                if healthy:
+                    if r.uses > 0:
+                        self.metrics.reused += 1
+                    return r
+                # unhealthy: stop it and start a replacement in the same slot
+                self.metrics.replaced += 1
+                self._spawn(self._safe_release(r))
+                r = None
+            return await self._start_new()
+        except BaseException:
+            if r is not None:
+                # cancelled during status/reset: the instance's state is unknown, so replace it
+                self._spawn(self._safe_release(r))
+            self._size -= 1
+            self._wake_for_slot()
+            raise

@@ -1,0 +1,305 @@
+"""Resource specifications: frozen, hashable descriptions of what a rollout needs.
+
+A spec says *what* resource is wanted; the resource manager decides when an
+instance is started, reused, reset and released.  Two equal specs share one pool
+(:attr:`ResourceSpec.key`).  Four kinds exist, after the AgentFly paper's unified
+resource engine: containers, local model services, external model APIs and
+in-process objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from ..errors import ConfigError
+
+__all__ = [
+    "ResourceSpec",
+    "ContainerSpec",
+    "Mount",
+    "ModelServiceSpec",
+    "ModelAPISpec",
+    "InProcessSpec",
+    "parse_bytes",
+]
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_bytes(value: int | str | None, *, field: str = "memory") -> int | None:
+    """Parse a size such as ``512m``, ``2g``, ``"1048576"`` or ``1048576`` into bytes.
+
+    Units are binary (k = 1024 bytes) as in ``docker run --memory``.
+
+    Raises:
+        ConfigError: the value is not a positive size.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{field}={value!r} is not a size; use bytes (int) or a string like '512m'")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*", str(value).lower())
+        if not m:
+            raise ConfigError(f"{field}={value!r} is not a size; use bytes (int) or a string like '512m' or '2g'")
+        n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    if n <= 0:
+        raise ConfigError(f"{field}={value!r} must be a positive size")
+    return n
+
+
+def _freeze(value: Any) -> Any:
+    """Turn mappings and lists into sorted tuples so that a spec stays hashable."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, set):
+        return tuple(sorted(_freeze(v) for v in value))
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResourceSpec:
+    """Base of all specs: pool settings shared by every kind.
+
+    Attributes:
+        max_instances: pool capacity, the most live instances (in use, idle or starting) at once.
+        min_idle: instances the pool keeps started and idle ahead of demand (pre-warming), at most
+            ``max_instances``.
+        max_uses: recycle an instance after this many acquisitions (as asyncpg's ``max_queries``);
+            ``None`` never recycles.
+        max_idle_time: seconds an idle instance may wait before it is released; ``None`` keeps it.
+        start_timeout: seconds a start may take before it fails with ``ResourceStartError``.
+        name: a label for logs and metrics; not part of the pool key.
+    """
+
+    kind: ClassVar[str] = "abstract"
+
+    max_instances: int = 1
+    min_idle: int = 0
+    max_uses: int | None = None
+    max_idle_time: float | None = None
+    start_timeout: float = 300.0
+    name: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_instances, int) or self.max_instances < 1:
+            raise ConfigError(f"max_instances={self.max_instances!r} must be an integer >= 1")
+        if not isinstance(self.min_idle, int) or not 0 <= self.min_idle <= self.max_instances:
+            raise ConfigError(f"min_idle={self.min_idle!r} must be an integer in [0, max_instances={self.max_instances}]")
+        if self.max_uses is not None and (not isinstance(self.max_uses, int) or self.max_uses < 1):
+            raise ConfigError(f"max_uses={self.max_uses!r} must be None or an integer >= 1")
+        if self.max_idle_time is not None and self.max_idle_time <= 0:
+            raise ConfigError(f"max_idle_time={self.max_idle_time!r} must be None or > 0 seconds")
+        if self.start_timeout <= 0:
+            raise ConfigError(f"start_timeout={self.start_timeout!r} must be > 0 seconds")
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            frozen = _freeze(v)
+            if frozen is not v:
+                object.__setattr__(self, f.name, frozen)
+
+    @property
+    def key(self) -> str:
+        """The pool key: ``"<kind>:<12 hex digits>"``, a digest of every field that takes part in equality."""
+        payload = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.compare}
+        digest = hashlib.sha256(json.dumps([self.kind, payload], sort_keys=True, default=repr).encode()).hexdigest()
+        return f"{self.kind}:{digest[:12]}"
+
+    @property
+    def label(self) -> str:
+        """A short human-readable label: ``name`` if set, else the key."""
+        return self.name or self.key
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec's fields as plain JSON-able data, with ``kind``."""
+        d = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        d["kind"] = self.kind
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class Mount:
+    """A host path mounted into a container or sandbox at ``target``; ``read_only`` by default."""
+
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ContainerSpec(ResourceSpec):
+    """An isolated Linux container (Docker) or daemon-less sandbox (bubblewrap).
+
+    Attributes:
+        image: the image name (Docker) or a rootfs folder (sandbox).
+        cpus: CPU limit in cores (fractional allowed).
+        memory: memory limit in bytes (``"512m"`` style strings are parsed).
+        pids: process-count limit (stops fork bombs).
+        network: whether the container gets a network; off by default.
+        mounts: host paths to mount.
+        env: environment variables, as a mapping.
+        workdir: working directory for ``exec``.
+        user: user to run as where the image has it ("" means the image's default).
+        backend: ``"docker"``, ``"sandbox"`` or ``"auto"`` (docker when an engine answers).
+        command: the keep-alive command of the container.
+    """
+
+    kind: ClassVar[str] = "container"
+
+    image: str
+    cpus: float = 1.0
+    memory: int | str | None = "1g"
+    pids: int = 256
+    network: bool = False
+    mounts: tuple[Mount, ...] = ()
+    env: Mapping[str, str] | tuple = ()
+    workdir: str = "/"
+    user: str = ""
+    backend: str = "auto"
+    command: tuple[str, ...] = ("sleep", "infinity")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image, str) or not self.image:
+            raise ConfigError(f"image={self.image!r} must be a non-empty image name")
+        if self.backend not in ("auto", "docker", "sandbox"):
+            raise ConfigError(f"backend={self.backend!r} is not one of 'auto', 'docker', 'sandbox'")
+        if not self.cpus or self.cpus <= 0:
+            raise ConfigError(f"cpus={self.cpus!r} must be > 0")
+        if not isinstance(self.pids, int) or self.pids < 1:
+            raise ConfigError(f"pids={self.pids!r} must be an integer >= 1")
+        object.__setattr__(self, "memory", parse_bytes(self.memory))
+        if isinstance(self.command, str):
+            object.__setattr__(self, "command", (self.command,))
+        for m in self.mounts:
+            if not isinstance(m, Mount):
+                raise ConfigError(f"mounts must hold Mount objects, got {m!r}")
+        super().__post_init__()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelServiceSpec(ResourceSpec):
+    """A local OpenAI-compatible inference server started as a resource.
+
+    Attributes:
+        engine: ``"vllm"`` (``vllm serve``, GPU) or ``"transformers"`` (``transformers serve``, CPU).
+        model: model name or local folder.
+        tensor_parallel_size: GPUs per server (vLLM).
+        gpu_memory_utilization: fraction of GPU memory vLLM may use, in (0, 1].
+        max_model_len: context length in tokens, ``None`` for the model's default.
+        port: TCP port on 127.0.0.1; ``None`` picks a free one.
+        extra_args: further command-line arguments, passed verbatim.
+    """
+
+    kind: ClassVar[str] = "model_service"
+
+    engine: str
+    model: str
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    port: int | None = None
+    extra_args: tuple[str, ...] = ()
+    start_timeout: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("vllm", "transformers"):
+            raise ConfigError(f"engine={self.engine!r} is not one of 'vllm', 'transformers'")
+        if not self.model:
+            raise ConfigError("model must name a model or a local model folder")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size!r} must be an integer >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len={self.max_model_len!r} must be None or >= 1 tokens")
+        if self.port is not None and not 0 < self.port < 65536:
+            raise ConfigError(f"port={self.port!r} must be in 1..65535")
+        super().__post_init__()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelAPISpec(ResourceSpec):
+    """An external OpenAI-compatible endpoint (e.g. an LLM judge).
+
+    The key is read from the environment variable named by ``api_key_env`` when the
+    resource starts; it is never stored in the spec or logged.  ``max_instances``
+    bounds the number of concurrent requests.
+
+    Attributes:
+        base_url: e.g. ``http://127.0.0.1:8000/v1``.
+        model: the model name sent with each request.
+        api_key_env: name of the environment variable that holds the key, or ``None``.
+        max_retries: retries on HTTP 429 and 5xx, with exponential backoff.
+        backoff: first backoff delay in seconds (doubled each retry).
+        request_timeout: seconds per HTTP request.
+    """
+
+    kind: ClassVar[str] = "model_api"
+
+    base_url: str
+    model: str
+    api_key_env: str | None = None
+    max_retries: int = 3
+    backoff: float = 0.5
+    request_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not re.match(r"^https?://", self.base_url or ""):
+            raise ConfigError(f"base_url={self.base_url!r} must start with http:// or https://")
+        if not self.model:
+            raise ConfigError("model must be a non-empty model name")
+        if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
+            raise ConfigError(f"api_key_env={self.api_key_env!r} must be an environment variable name")
+        if self.max_retries < 0:
+            raise ConfigError(f"max_retries={self.max_retries!r} must be >= 0")
+        super().__post_init__()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InProcessSpec(ResourceSpec):
+    """An object built in this process by ``factory(**kwargs)`` (a chess engine, a simulator).
+
+    Each instance gets its own worker thread: every call into the object runs there, one
+    at a time, so blocking, non-thread-safe objects are driven without blocking the event
+    loop.  Optional methods of the object are used when present: ``reset()`` (called when
+    the pool hands a used instance out again), ``healthy() -> bool`` (health check) and
+    ``close()`` (release).
+
+    Attributes:
+        factory: ``"package.module:callable"``.
+        kwargs: keyword arguments for the factory (a mapping; stored as sorted pairs).
+        close_timeout: seconds ``close()`` may take before the instance is abandoned.
+    """
+
+    kind: ClassVar[str] = "inprocess"
+
+    factory: str
+    kwargs: Mapping[str, Any] | tuple = ()
+    close_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.factory, str) or not re.fullmatch(r"[\w.]+:[\w.]+", self.factory):
+            raise ConfigError(f"factory={self.factory!r} must look like 'package.module:callable'")
+        super().__post_init__()
+
+    @property
+    def factory_kwargs(self) -> dict[str, Any]:
+        """The factory's keyword arguments as a dict."""
+        return {k: v for k, v in self.kwargs}

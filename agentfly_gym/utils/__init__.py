@@ -1,0 +1,1 @@
+"""Small internal helpers (event loop plumbing, paths)."""
