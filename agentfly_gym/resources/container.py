@@ -1,0 +1,85 @@
+"""The container API shared by every container backend (Docker, the daemon-less sandbox).
+
+Tools and environments talk to a :class:`ContainerResource` only through this API, so a
+task runs unchanged on either backend; the backend is chosen by ``ContainerSpec.backend``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+from .base import Resource
+
+__all__ = ["ContainerResource", "ExecResult", "DEFAULT_MAX_OUTPUT"]
+
+DEFAULT_MAX_OUTPUT = 100_000  # characters of combined stdout+stderr kept per exec
+
+
+@dataclasses.dataclass
+class ExecResult:
+    """The outcome of one command run in a container.
+
+    Attributes:
+        exit_code: the command's exit status; -1 when it was killed on timeout.
+        output: stdout and stderr interleaved as text (UTF-8, invalid bytes replaced), at most
+            ``max_output`` characters (the head and tail are kept, with a marker in between).
+        timed_out: the command ran past its timeout and was killed (not merely abandoned).
+        truncated: output was cut to ``max_output``.
+        duration: seconds, wall clock.
+    """
+
+    exit_code: int
+    output: str
+    timed_out: bool = False
+    truncated: bool = False
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class ContainerResource(Resource, abc.ABC):
+    """A live container (or sandbox) built from a :class:`~agentfly_gym.resources.spec.ContainerSpec`.
+
+    ``backend_name`` is ``"docker"`` or ``"sandbox"``.  ``reset()`` restores the state the
+    container had right after start (see the backend for how) and kills stray processes.
+    """
+
+    backend_name: str = "abstract"
+
+    @abc.abstractmethod
+    async def exec(self, cmd: str | list[str], *, timeout: float = 60.0, workdir: str | None = None,
+                   env: dict[str, str] | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
+                   user: str | None = None) -> ExecResult:
+        """Run ``cmd`` (a shell string run by ``/bin/sh -c``, or an argv list) and wait for it.
+
+        Args:
+            timeout: seconds; past it the command (its whole process group) is killed and
+                ``timed_out`` is set.
+            workdir: working directory (default ``spec.workdir``).
+            env: extra environment variables.
+            max_output: characters of output kept.
+            user: run as this user instead of the spec's.
+
+        Raises:
+            ResourceDied: the container is gone.
+        """
+
+    @abc.abstractmethod
+    async def put_files(self, files: dict[str, bytes | str], *, mode: int = 0o644) -> None:
+        """Write files (absolute paths inside the container; parents created).
+
+        Raises:
+            ResourceDied: the container is gone.
+        """
+
+    @abc.abstractmethod
+    async def get_file(self, path: str, *, max_bytes: int = 10_000_000) -> bytes:
+        """Read one file from the container.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ResourceDied: the container is gone.
+        """
