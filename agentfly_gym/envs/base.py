@@ -200,6 +200,10 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
             await self._finish_episode()
         return obs, float(reward), bool(terminated), bool(truncated), info
 
+    async def aend_episode(self) -> None:
+        """End the running episode now, releasing its rollout scope; the next call must be a reset."""
+        await self._finish_episode()
+
     async def aclose(self) -> None:
         """End the running episode (releasing its resources); the shared manager stays open."""
         await self._finish_episode()

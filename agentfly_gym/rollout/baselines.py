@@ -1,0 +1,49 @@
+"""Policies that need no model, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ..errors import PolicyError
+
+__all__ = ["RandomPolicy", "ExpertPolicy"]
+
+
+class RandomPolicy:
+    """Uniformly random choice among ``info["admissible_actions"]``.
+
+    Args:
+        seed: seeds the policy's own ``random.Random``.
+        fallback: action used when the env lists no admissible actions; ``None`` raises.
+
+    Raises (from :meth:`act`):
+        PolicyError: the env gives no admissible actions and no fallback is set.
+    """
+
+    def __init__(self, seed: int | None = None, fallback: str | None = None) -> None:
+        self._rng = random.Random(seed)
+        self.fallback = fallback
+
+    async def act(self, observation: str, info: dict[str, Any], env: Any) -> str:
+        actions = info.get("admissible_actions")
+        if not actions:
+            if self.fallback is None:
+                raise PolicyError(f"{type(env).__name__} gives no admissible_actions; RandomPolicy needs them "
+                                  "(pass fallback=... or enable the env's admissible actions)")
+            return self.fallback
+        return self._rng.choice(list(actions))
+
+
+class ExpertPolicy:
+    """The environment's own expert (``await env.expert_action()``): gold paths, planners, Stockfish.
+
+    Raises (from :meth:`act`):
+        PolicyError: the environment has no expert.
+    """
+
+    async def act(self, observation: str, info: dict[str, Any], env: Any) -> str:
+        fn = getattr(env, "expert_action", None)
+        if fn is None:
+            raise PolicyError(f"{type(env).__name__} has no expert (no expert_action method)")
+        return await fn()

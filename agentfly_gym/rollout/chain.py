@@ -1,0 +1,116 @@
+"""Chain rollout: one growing token sequence per trajectory, sampled ids kept verbatim.
+
+The sequence is ``prompt_ids`` followed, for each turn, by
+
+1. the ids the policy sampled, exactly as returned (mask 1, with logprobs);
+2. the ids that close the assistant message if the policy did not sample the template's
+   end-of-turn token (mask 0);
+3. the ids of the next observation message and generation prompt, obtained by incremental
+   chat-template rendering (:meth:`ChatTokenizer.append_ids`: the suffix of a render that
+   starts right after a special token, so it tokenizes independently of the past) (mask 0).
+
+Past turns are never decoded and re-encoded (AgentFly's re-tokenization drift, mission.md).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from ..envs.base import AgentFlyEnv
+from ..errors import PolicyError
+from .policy import ActionPolicy, SamplingParams, TextPolicy
+from .trajectory import Trajectory, Turn
+
+__all__ = ["run_chain_episode", "info_summary"]
+
+_INFO_KEYS = ("task_id", "step", "score", "won", "error")
+
+
+def info_summary(info: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-able standard keys of an env info dict."""
+    return {k: info[k] for k in _INFO_KEYS if k in info}
+
+
+async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, chat, *, env_id: str = "",
+                            sampling: SamplingParams | None = None, max_turns: int = 10,
+                            max_context_tokens: int | None = None, seed: int | None = None,
+                            options: dict[str, Any] | None = None, trajectory_id: str | None = None,
+                            group_id: str | None = None) -> Trajectory:
+    """Play one episode of ``env`` with ``policy`` in chain mode and return its :class:`Trajectory`.
+
+    Args:
+        env: an unwrapped :class:`AgentFlyEnv` (its episode scope is the rollout scope).
+        policy: a :class:`TextPolicy` (token ids) or an :class:`ActionPolicy` (scripted actions,
+            tokenized with ``chat.action_ids`` and stored with mask 1 and NaN logprobs).
+        chat: a :class:`~agentfly_gym.rollout.chat.ChatTokenizer` for the policy's tokenizer.
+        sampling: sampling parameters for a TextPolicy.
+        max_turns: most policy turns; the episode is truncated after them.
+        max_context_tokens: stop (truncated) when the next turn could exceed this many tokens
+            (prompt + response + ``sampling.max_tokens``); None for no limit.
+        seed, options: passed to ``env.areset``.
+
+    The env's episode is always ended before returning, also on error or cancellation.
+    """
+    sampling = sampling or SamplingParams()
+    t_start = time.monotonic()
+    prompt = env.agent_prompt
+    is_text_policy = hasattr(policy, "generate")
+    if not is_text_policy and not hasattr(policy, "act"):
+        raise PolicyError(f"{type(policy).__name__} is neither a TextPolicy (generate) nor an ActionPolicy (act)")
+    try:
+        t0 = time.monotonic()
+        obs, info = await env.areset(seed=seed, options=options)
+        reset_s = time.monotonic() - t0
+        messages = [{"role": "system", "content": prompt.system},
+                    {"role": "user", "content": prompt.first_message(obs)}]
+        traj = Trajectory(trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id or "",
+                          env_id=env_id or env.env_name, task_id=str(info.get("task_id", "")), seed=seed,
+                          mode="chain", prompt_ids=list(chat.prompt_ids(messages)))
+        gen_total = env_total = 0.0
+        terminated = truncated = False
+        for turn_idx in range(max_turns):
+            if max_context_tokens is not None and \
+                    len(traj.prompt_ids) + len(traj.response_ids) + sampling.max_tokens > max_context_tokens:
+                truncated = True
+                break
+            t0 = time.monotonic()
+            if is_text_policy:
+                gen = await policy.generate(traj.prompt_ids + traj.response_ids, sampling)
+                sampled, logprobs, finish = list(gen.token_ids), gen.logprobs, gen.finish_reason
+                reply = gen.text or chat.tokenizer.decode(sampled, skip_special_tokens=True)
+            else:
+                reply = await policy.act(obs, info, env)
+                sampled, logprobs, finish = list(chat.action_ids(reply)), None, "action"
+            gen_s = time.monotonic() - t0
+            traj.extend(sampled, 1, logprobs)
+            traj.extend(chat.close_assistant_ids(sampled), 0)
+            messages.append({"role": "assistant", "content": reply})
+            action = prompt.parse_action(reply)
+            t0 = time.monotonic()
+            obs, reward, terminated, truncated, info = await env.astep(action)
+            env_s = time.monotonic() - t0
+            gen_total += gen_s
+            env_total += env_s
+            traj.reward += reward
+            traj.turns.append(Turn(reply=reply, action=action, observation=obs, reward=reward, terminated=terminated,
+                                   truncated=truncated, sampled_tokens=len(sampled), finish_reason=finish,
+                                   generate_s=gen_s, env_s=env_s, info=info_summary(info)))
+            if info.get("error"):
+                traj.error = str(info["error"])
+            if terminated or truncated:
+                break
+            if turn_idx == max_turns - 1:
+                truncated = True
+                break
+            user = {"role": "user", "content": prompt.turn_message(obs)}
+            messages.append(user)
+            traj.extend(chat.append_ids([user]), 0)
+        traj.terminated, traj.truncated = terminated, truncated
+        traj.success = bool(info.get("won", False))
+        traj.messages = messages
+        traj.timings = {"wall": time.monotonic() - t_start, "generate": gen_total, "env": env_total, "reset": reset_s}
+        return traj
+    finally:
+        await env.aend_episode()

@@ -1,0 +1,225 @@
+"""Run many trajectories as independent asyncio tasks with bounded concurrency.
+
+Each trajectory is its own task with its own environment instance and rollout scope, so
+a slow step in one never blocks the others (AgentFly's fully asynchronous rollout); the
+shared :class:`~agentfly_gym.resources.ResourceManager` caps and reuses what backs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import statistics
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+
+from ..errors import ConfigError
+from ..resources.manager import ResourceManager
+from .chain import run_chain_episode
+from .policy import SamplingParams
+from .trajectory import Trajectory, save_trajectories
+
+__all__ = ["RolloutConfig", "RolloutResult", "run_rollouts", "normalize_env_id", "summarize"]
+
+log = logging.getLogger(__name__)
+
+MODES = ("chain", "step")
+
+
+def normalize_env_id(name: str) -> str:
+    """``"Chess"``, ``"Chess-v0"`` or ``"agentfly/Chess-v0"`` -> ``"agentfly/Chess-v0"``.
+
+    Raises:
+        ConfigError: no registered agentfly environment has that name.
+    """
+    import agentfly_gym  # noqa: F401  (registers the envs)
+
+    cand = name if "/" in name else f"agentfly/{name}"
+    if cand not in gymnasium.registry and f"{cand}-v0" in gymnasium.registry:
+        cand = f"{cand}-v0"
+    if cand not in gymnasium.registry:
+        known = sorted(k for k in gymnasium.registry if k.startswith("agentfly/"))
+        raise ConfigError(f"unknown environment {name!r}; registered: {known}")
+    return cand
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    """What to roll out.
+
+    Attributes:
+        env_ids: registered env ids (short names accepted); groups alternate between them.
+        num_trajectories: total trajectories.
+        group_size: trajectories per group; a group shares one task (same reset seed), as GRPO needs.
+        concurrency: most trajectories in flight at once.
+        max_turns: most policy turns per trajectory.
+        seed: group g resets with seed ``seed + g``.
+        sampling: sampling parameters for model policies.
+        max_context_tokens: token budget per chain (see :func:`run_chain_episode`).
+        env_kwargs: per env id (full id), constructor kwargs.
+        mode: ``"chain"`` (one sequence per trajectory) or ``"step"`` (one row per step).
+        output_dir: where to write trajectories and summary.json; None writes nothing.
+    """
+
+    env_ids: list[str]
+    num_trajectories: int = 8
+    group_size: int = 1
+    concurrency: int = 8
+    max_turns: int = 10
+    seed: int = 0
+    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    max_context_tokens: int | None = None
+    env_kwargs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    mode: str = "chain"
+    output_dir: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if not self.env_ids:
+            raise ConfigError("env_ids must name at least one environment")
+        self.env_ids = [normalize_env_id(e) for e in self.env_ids]
+        self.env_kwargs = {normalize_env_id(k): dict(v) for k, v in self.env_kwargs.items()}
+        for name, val in (("num_trajectories", self.num_trajectories), ("group_size", self.group_size),
+                          ("concurrency", self.concurrency), ("max_turns", self.max_turns)):
+            if not isinstance(val, int) or val < 1:
+                raise ConfigError(f"{name}={val!r} must be an integer >= 1")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode={self.mode!r} is not one of {MODES}")
+
+
+@dataclasses.dataclass
+class RolloutResult:
+    """Trajectories in order of their index, and the summary dict (see :func:`summarize`)."""
+
+    trajectories: list[Trajectory]
+    summary: dict[str, Any]
+    paths: dict[str, Path] = dataclasses.field(default_factory=dict)
+
+
+def summarize(trajectories: list[Trajectory], wall_s: float, manager: ResourceManager | None = None) -> dict[str, Any]:
+    """Counts, success, mean reward, turns, tokens, wall time, trajectories/s, and per-pool resource metrics."""
+    n = len(trajectories)
+    per_env: dict[str, dict[str, Any]] = {}
+    for env_id in sorted({t.env_id for t in trajectories}):
+        ts = [t for t in trajectories if t.env_id == env_id]
+        per_env[env_id] = {"trajectories": len(ts), "success_rate": sum(t.success for t in ts) / len(ts),
+                           "mean_reward": statistics.fmean(t.reward for t in ts),
+                           "mean_turns": statistics.fmean(t.num_turns for t in ts),
+                           "errors": sum(1 for t in ts if t.error)}
+    pools = manager.metrics() if manager is not None else {}
+    summary = {
+        "trajectories": n,
+        "success_rate": (sum(t.success for t in trajectories) / n) if n else 0.0,
+        "mean_reward": statistics.fmean(t.reward for t in trajectories) if n else 0.0,
+        "mean_turns": statistics.fmean(t.num_turns for t in trajectories) if n else 0.0,
+        "sampled_tokens": sum(t.num_sampled_tokens for t in trajectories),
+        "total_tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in trajectories),
+        "errors": sum(1 for t in trajectories if t.error),
+        "wall_s": wall_s,
+        "trajectories_per_s": n / wall_s if wall_s > 0 else 0.0,
+        "generate_s": sum(t.timings.get("generate", 0.0) for t in trajectories),
+        "env_s": sum(t.timings.get("env", 0.0) for t in trajectories),
+        "per_env": per_env,
+        "resources": {
+            "started": sum(p["started"] for p in pools.values()),
+            "reused": sum(p["reused"] for p in pools.values()),
+            "max_in_use": sum(p["max_in_use"] for p in pools.values()),
+            "mean_acquire_wait_s": (sum(p["acquire_wait_total"] for p in pools.values())
+                                    / max(1, sum(p["acquired"] for p in pools.values()))),
+            "pools": pools,
+        },
+    }
+    return summary
+
+
+async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: ResourceManager) -> Trajectory:
+    g = k // config.group_size
+    env_id = config.env_ids[g % len(config.env_ids)]
+    seed = config.seed + g
+    traj_id = f"traj-{k:05d}"
+    group_id = f"group-{g:05d}"
+    t0 = time.monotonic()
+    env = None
+    try:
+        env = gymnasium.make(env_id, manager=manager, **config.env_kwargs.get(env_id, {})).unwrapped
+        if config.mode == "step":
+            from .step import run_step_episode
+
+            return await run_step_episode(env, policy, chat, env_id=env_id, sampling=config.sampling,
+                                          max_turns=config.max_turns, seed=seed, trajectory_id=traj_id,
+                                          group_id=group_id)
+        return await run_chain_episode(env, policy, chat, env_id=env_id, sampling=config.sampling,
+                                       max_turns=config.max_turns, max_context_tokens=config.max_context_tokens,
+                                       seed=seed, trajectory_id=traj_id, group_id=group_id)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        log.warning("trajectory %s (%s) failed: %s", traj_id, env_id, e)
+        log.debug("%s", traceback.format_exc())
+        return Trajectory(trajectory_id=traj_id, group_id=group_id, env_id=env_id, task_id="", seed=seed,
+                          mode=config.mode, prompt_ids=[], error=f"{type(e).__name__}: {e}",
+                          timings={"wall": time.monotonic() - t0})
+    finally:
+        if env is not None:
+            await env.aclose()
+
+
+async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager: ResourceManager | None = None,
+                       progress: bool = True) -> RolloutResult:
+    """Roll out ``config.num_trajectories`` trajectories concurrently and (optionally) save them.
+
+    A trajectory that fails (e.g. no resource could be started) is kept with its ``error``
+    set; it never stops the others.  With ``manager=None`` a manager is created and closed
+    here; a given manager is left open.
+
+    Returns:
+        RolloutResult with trajectories ordered by index and the summary dict.
+    """
+    own = manager is None
+    manager = manager or ResourceManager()
+    sem = asyncio.Semaphore(config.concurrency)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.num_trajectories, desc="rollout", unit="traj")
+
+    async def guarded(k: int) -> Trajectory:
+        async with sem:
+            res = await _one(config, k, policy, chat, manager)
+        if bar is not None:
+            bar.update(1)
+        return res
+
+    t0 = time.monotonic()
+    try:
+        trajectories = list(await asyncio.gather(*(guarded(k) for k in range(config.num_trajectories))))
+        wall = time.monotonic() - t0
+        summary = summarize(trajectories, wall, manager)
+        summary["mode"] = config.mode
+        summary["config"] = {"env_ids": config.env_ids, "num_trajectories": config.num_trajectories,
+                             "group_size": config.group_size, "concurrency": config.concurrency,
+                             "max_turns": config.max_turns, "seed": config.seed,
+                             "sampling": config.sampling.to_dict()}
+        result = RolloutResult(trajectories=trajectories, summary=summary)
+        if config.output_dir is not None:
+            out = Path(config.output_dir)
+            result.paths = save_trajectories(trajectories, out)
+            if config.mode == "step":
+                from .step import save_step_rows
+
+                result.paths.update(save_step_rows(trajectories, out))
+            result.paths["summary"] = out / "summary.json"
+            with open(result.paths["summary"], "w") as f:
+                json.dump(summary, f, indent=2, default=str)
+        return result
+    finally:
+        if bar is not None:
+            bar.close()
+        if own:
+            await manager.aclose()

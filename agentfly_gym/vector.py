@@ -1,0 +1,295 @@
+"""An asynchronous vector environment for text environments.
+
+:class:`AsyncTextVectorEnv` offers two faces over the same sub-environments:
+
+* Gymnasium's batch API (``reset``/``step`` and ``areset``/``astep``): all sub-environments
+  step *concurrently* in one event loop, with Gymnasium 1.x autoreset modes and the
+  dict-of-arrays ``infos`` format.  A batch still returns when its slowest member does.
+* The asynchronous API that matters for agentic RL, after EnvPool: ``send(actions, env_ids)``
+  schedules steps and returns at once; ``recv(min_ready=..., timeout=...)`` returns the
+  sub-environments that are done, so fast ones never wait for slow ones.  ``astep_env`` /
+  ``areset_env`` drive one sub-environment from a coroutine.
+
+All sub-environments share one :class:`~agentfly_gym.resources.ResourceManager`, so
+their simulators, containers and servers come from the same pools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from .envs.base import AgentFlyEnv
+from .errors import ConfigError
+from .resources.manager import ResourceManager
+from .utils.aio import run_sync
+
+__all__ = ["AsyncTextVectorEnv", "VectorResult"]
+
+log = logging.getLogger(__name__)
+
+#: (observations, rewards, terminated, truncated, infos, env_ids)
+VectorResult = tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]
+
+
+def _load(entry_point: str) -> Callable[..., AgentFlyEnv]:
+    mod, _, attr = entry_point.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+def _batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Gymnasium's vector info format: per key an array of length n plus a boolean mask ``_key``."""
+    n = len(infos)
+    out: dict[str, Any] = {}
+    for i, info in enumerate(infos):
+        for key, value in info.items():
+            if key not in out:
+                if type(value) in (int, float, bool) or isinstance(value, np.number):
+                    out[key] = np.zeros(n, dtype=type(value))
+                else:
+                    out[key] = np.full(n, None, dtype=object)
+                out[f"_{key}"] = np.zeros(n, dtype=np.bool_)
+            arr = out[key]
+            if arr.dtype != object and not (type(value) in (int, float, bool) or isinstance(value, np.number)):
+                arr = out[key] = arr.astype(object)
+            arr[i] = value
+            out[f"_{key}"][i] = True
+    return out
+
+
+class AsyncTextVectorEnv(VectorEnv):
+    """``num_envs`` text environments stepped independently on one event loop.
+
+    Args:
+        env_fns: callables that each build one :class:`~agentfly_gym.envs.AgentFlyEnv`.
+        autoreset_mode: a :class:`gymnasium.vector.AutoresetMode` (or its value):
+            ``NEXT_STEP`` (default): the step after an episode ends resets that sub-env (its
+            action is ignored, reward 0); ``SAME_STEP``: the ending step returns the reset
+            observation and puts the last one in ``infos["final_obs"]`` / ``infos["final_info"]``;
+            ``DISABLED``: call ``reset(options={"reset_mask": mask})`` yourself.
+
+    Observations are tuples of ``str`` (length ``num_envs``, or the number of ready envs
+    for :meth:`recv`); rewards float64 arrays; terminated/truncated bool arrays.
+
+    The sync API runs on the library's background loop (:mod:`agentfly_gym.utils.aio`); the
+    async API runs in the caller's loop.  Do not mix both on one instance.
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": ["ansi"]}
+
+    def __init__(self, env_fns: Sequence[Callable[[], AgentFlyEnv]], *,
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP) -> None:
+        if not env_fns:
+            raise ConfigError("env_fns must hold at least one environment factory")
+        try:
+            self.autoreset_mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            raise ConfigError(f"autoreset_mode={autoreset_mode!r} is not one of {[m.value for m in AutoresetMode]}") from None
+        self.envs: list[AgentFlyEnv] = [fn() for fn in env_fns]
+        for i, e in enumerate(self.envs):
+            if not isinstance(e.unwrapped, AgentFlyEnv):
+                raise ConfigError(f"env_fns[{i}] built {type(e).__name__}, not an AgentFlyEnv")
+        self.envs = [e.unwrapped for e in self.envs]
+        self.num_envs = len(self.envs)
+        self.metadata = dict(self.metadata, autoreset_mode=self.autoreset_mode)
+        self.single_observation_space = self.envs[0].observation_space
+        self.single_action_space = self.envs[0].action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.render_mode = self.envs[0].render_mode
+        self._needs_reset = np.ones(self.num_envs, dtype=np.bool_)
+        self._pending: dict[int, asyncio.Task] = {}
+        self.closed = False
+
+    @classmethod
+    def from_entry_point(cls, entry_point: str, num_envs: int = 1, *,
+                         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+                         manager: ResourceManager | None = None, max_episode_steps: int | None = None,
+                         **env_kwargs: Any) -> AsyncTextVectorEnv:
+        """``num_envs`` copies of the env class at ``entry_point`` sharing ``manager``.
+
+        This is the ``vector_entry_point`` of every registered env, so
+        ``gymnasium.make_vec("agentfly/Chess-v0", num_envs=8)`` returns one of these.
+        """
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ConfigError(f"num_envs={num_envs!r} must be an integer >= 1")
+        env_cls = _load(entry_point)
+        if max_episode_steps is not None:
+            env_kwargs["max_episode_steps"] = max_episode_steps
+        return cls([lambda: env_cls(manager=manager, **env_kwargs) for _ in range(num_envs)],
+                   autoreset_mode=autoreset_mode)
+
+    # ------------------------------------------------------------------ async batch API
+    async def areset(self, *, seed: int | Sequence[int | None] | None = None,
+                     options: dict[str, Any] | None = None) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """Reset sub-environments concurrently.
+
+        Args:
+            seed: one int (sub-env i gets ``seed + i``), a sequence of ``num_envs`` seeds, or None.
+            options: passed to every sub-env; ``options["reset_mask"]`` (bool array) resets only
+                those sub-envs (the others keep their observation, returned as ``""``).
+        """
+        seeds = self._seeds(seed)
+        options = dict(options or {})
+        mask = options.pop("reset_mask", None)
+        mask = np.ones(self.num_envs, dtype=np.bool_) if mask is None else np.asarray(mask, dtype=np.bool_)
+        if mask.shape != (self.num_envs,):
+            raise ConfigError(f"reset_mask must have shape ({self.num_envs},), got {mask.shape}")
+        idx = [i for i in range(self.num_envs) if mask[i]]
+        results = await asyncio.gather(*(self.envs[i].areset(seed=seeds[i], options=options or None) for i in idx))
+        obs = [""] * self.num_envs
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        for i, (o, info) in zip(idx, results):
+            obs[i], infos[i] = o, info
+            self._needs_reset[i] = False
+        return tuple(obs), _batch_infos(infos)
+
+    async def astep(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step every sub-environment concurrently (with autoreset).  Returns the Gymnasium 5-tuple of batches."""
+        if len(actions) != self.num_envs:
+            raise ConfigError(f"expected {self.num_envs} actions, got {len(actions)}")
+        results = await asyncio.gather(*(self.astep_env(i, a) for i, a in enumerate(actions)))
+        return self._stack(results)[:5]
+
+    async def astep_env(self, env_id: int, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Step sub-environment ``env_id`` alone (autoreset applies).  Returns the single-env 5-tuple.
+
+        Never raises for a fault of the sub-env: an unexpected error truncates its episode
+        with ``info["error"]``, so one broken rollout cannot crash the others.
+        """
+        env = self.envs[env_id]
+        try:
+            if self._needs_reset[env_id]:
+                if self.autoreset_mode == AutoresetMode.DISABLED:
+                    raise ConfigError(f"sub-env {env_id} has ended; reset it with options={{'reset_mask': ...}}")
+                obs, info = await env.areset()
+                self._needs_reset[env_id] = False
+                return obs, 0.0, False, False, info
+            obs, reward, terminated, truncated, info = await env.astep(action)
+        except ConfigError:
+            raise
+        except Exception as e:  # keep the other rollouts alive
+            log.exception("sub-env %d failed", env_id)
+            await env.aend_episode()
+            obs, reward, terminated, truncated = f"Error: {type(e).__name__}: {e}", 0.0, False, True
+            info = {"error": f"{type(e).__name__}: {e}"}
+        if terminated or truncated:
+            if self.autoreset_mode == AutoresetMode.SAME_STEP:
+                final_obs, final_info = obs, info
+                obs, info = await env.areset()
+                info = dict(info, final_obs=final_obs, final_info=final_info)
+            else:
+                self._needs_reset[env_id] = True
+        return obs, reward, terminated, truncated, info
+
+    async def areset_env(self, env_id: int, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Reset sub-environment ``env_id`` alone."""
+        obs, info = await self.envs[env_id].areset(seed=seed, options=options)
+        self._needs_reset[env_id] = False
+        return obs, info
+
+    # ------------------------------------------------------------------ async send / recv (EnvPool style)
+    async def asend(self, actions: Sequence[str], env_ids: Sequence[int] | None = None) -> None:
+        """Schedule one step for each of ``env_ids`` (default: all) and return at once.
+
+        Raises:
+            ConfigError: lengths differ, an id is out of range, or an env already has a step in flight.
+        """
+        ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
+        if len(actions) != len(ids):
+            raise ConfigError(f"got {len(actions)} actions for {len(ids)} env ids")
+        for i in ids:
+            if not 0 <= i < self.num_envs:
+                raise ConfigError(f"env id {i} is out of range [0, {self.num_envs})")
+            if i in self._pending:
+                raise ConfigError(f"sub-env {i} already has a step in flight; recv() it first")
+        for i, a in zip(ids, actions):
+            self._pending[i] = asyncio.ensure_future(self.astep_env(i, a))
+
+    async def arecv(self, min_ready: int | None = None, timeout: float | None = None) -> VectorResult:
+        """Wait until at least ``min_ready`` sent steps are done (default 1), or ``timeout`` seconds pass,
+        and return all that are done, in completion order, with their ``env_ids``.
+
+        Returns empty batches when nothing was pending or nothing finished in time.
+        """
+        if not self._pending:
+            return self._stack([])
+        need = max(1, min(min_ready or 1, len(self._pending)))
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            done = [i for i, t in self._pending.items() if t.done()]
+            if len(done) >= need:
+                break
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                break
+            await asyncio.wait([t for t in self._pending.values() if not t.done()], timeout=remaining,
+                               return_when=asyncio.FIRST_COMPLETED)
+        results = []
+        for i in done:
+            t = self._pending.pop(i)
+            results.append((i, t.result()))
+        return self._stack([r for _, r in results], [i for i, _ in results])
+
+    # ------------------------------------------------------------------ sync API
+    def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
+        """Sync wrapper of :meth:`areset`."""
+        return run_sync(self.areset(seed=seed, options=options))
+
+    def step(self, actions: Sequence[str]):
+        """Sync wrapper of :meth:`astep`."""
+        return run_sync(self.astep(actions))
+
+    def send(self, actions: Sequence[str], env_ids: Sequence[int] | None = None) -> None:
+        """Sync wrapper of :meth:`asend` (the steps run on the background loop)."""
+        run_sync(self.asend(actions, env_ids))
+
+    def recv(self, min_ready: int | None = None, timeout: float | None = None) -> VectorResult:
+        """Sync wrapper of :meth:`arecv`."""
+        return run_sync(self.arecv(min_ready, timeout))
+
+    async def aclose(self) -> None:
+        """Cancel steps in flight and close every sub-environment (the shared manager stays open)."""
+        for t in self._pending.values():
+            t.cancel()
+        if self._pending:
+            await asyncio.gather(*self._pending.values(), return_exceptions=True)
+        self._pending.clear()
+        await asyncio.gather(*(e.aclose() for e in self.envs), return_exceptions=True)
+        self.closed = True
+
+    def close_extras(self, **kwargs: Any) -> None:
+        if not self.closed:
+            run_sync(self.aclose())
+
+    def render(self) -> tuple[str | None, ...]:
+        return tuple(e.render() for e in self.envs)
+
+    # ------------------------------------------------------------------ helpers
+    def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
+        if seed is None:
+            return [None] * self.num_envs
+        if isinstance(seed, (int, np.integer)):
+            return [int(seed) + i for i in range(self.num_envs)]
+        seeds = list(seed)
+        if len(seeds) != self.num_envs:
+            raise ConfigError(f"expected {self.num_envs} seeds, got {len(seeds)}")
+        return seeds
+
+    @staticmethod
+    def _stack(results: Sequence[tuple[str, float, bool, bool, dict[str, Any]]], env_ids: Sequence[int] | None = None) -> VectorResult:
+        obs = tuple(r[0] for r in results)
+        rewards = np.array([r[1] for r in results], dtype=np.float64)
+        terminated = np.array([r[2] for r in results], dtype=np.bool_)
+        truncated = np.array([r[3] for r in results], dtype=np.bool_)
+        infos = _batch_infos([r[4] for r in results])
+        ids = np.arange(len(results)) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
+        return obs, rewards, terminated, truncated, infos, ids
