@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import EventLoopMismatch, PoolClosedError, ResourceError, ResourceStartError, ResourceTimeout
+from ..errors import AgentFlyError, EventLoopMismatch, PoolClosedError, ResourceError, ResourceStartError, ResourceTimeout
 from .base import Resource, ResourceStatus
 from .spec import ResourceSpec
 
@@ -130,6 +130,7 @@ class ResourcePool:
         self._in_use: set[Resource] = set()
         self._size = 0  # live instances + capacity slots being (re)filled
         self._starting = 0
+        self._warming = 0  # pre-warm starts scheduled and not finished
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._background: set[asyncio.Task] = set()
         self._closed = False
@@ -189,9 +190,10 @@ class ResourcePool:
         self._check_loop()
         target = self.spec.min_idle if n is None else n
         tasks = []
-        while len(self._idle) + self._starting < target and self._size < self.capacity and not self._closed:
+        while len(self._idle) + self._warming < target and self._size < self.capacity and not self._closed:
             self._size += 1
-            tasks.append(asyncio.ensure_future(self._start_into_idle()))
+            self._warming += 1
+            tasks.append(self._spawn(self._start_into_idle()))
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -317,12 +319,14 @@ class ResourcePool:
     def _maintain_min_idle(self) -> None:
         if self._closed or not self.spec.min_idle:
             return
-        while (len(self._idle) + self._starting < self.spec.min_idle and self._size < self.capacity
+        while (len(self._idle) + self._warming < self.spec.min_idle and self._size < self.capacity
                and not any(not w.done() for w in self._waiters)):
             self._size += 1
+            self._warming += 1
             self._spawn(self._start_into_idle())
 
     async def _start_into_idle(self) -> None:
+        """Pre-warm one instance into the idle queue (the caller reserved a slot and a ``_warming`` count)."""
         try:
             r = await self._start_new()
         except Exception:
@@ -330,6 +334,12 @@ class ResourcePool:
             self._size -= 1
             self._wake_for_slot()
             return
+        except BaseException:
+            self._size -= 1
+            self._wake_for_slot()
+            raise
+        finally:
+            self._warming -= 1
         if self._closed:
             self._size -= 1
             self._spawn(self._safe_release(r))
@@ -352,7 +362,7 @@ class ResourcePool:
                 raise
             if isinstance(e, TimeoutError):
                 raise ResourceStartError(f"{self.spec.label}: start took longer than start_timeout={self.spec.start_timeout}s") from e
-            if isinstance(e, ResourceError):
+            if isinstance(e, AgentFlyError):
                 raise
             raise ResourceStartError(f"{self.spec.label}: start failed: {type(e).__name__}: {e}") from e
         finally:
