@@ -45,6 +45,15 @@ class ContainerResource(Resource, abc.ABC):
 
     ``backend_name`` is ``"docker"`` or ``"sandbox"``.  ``reset()`` restores the state the
     container had right after start (see the backend for how) and kills stray processes.
+
+    Reset contract, the same on every backend (``ContainerSpec.reset_paths`` drives it):
+
+    * every process started after ``start()`` (by ``exec`` or its children) is killed;
+    * the contents of ``/tmp`` and ``/var/tmp`` are removed;
+    * each path in ``spec.reset_paths`` gets back the content it had right after ``start()``
+      (a snapshot taken at start); a path that did not exist then is removed;
+    * anything else written since start survives; recycle instances with ``spec.max_uses``
+      where full isolation matters.
     """
 
     backend_name: str = "abstract"

@@ -159,6 +159,9 @@ class ContainerSpec(ResourceSpec):
         user: user to run as where the image has it ("" means the image's default).
         backend: ``"docker"``, ``"sandbox"`` or ``"auto"`` (docker when an engine answers).
         command: the keep-alive command of the container.
+        reset_paths: absolute paths (files or folders) whose content right after start is restored
+            by ``reset()``; paths absent at start are removed by it.  See
+            :class:`~agentfly_gym.resources.container.ContainerResource` for the whole reset contract.
     """
 
     kind: ClassVar[str] = "container"
@@ -174,8 +177,16 @@ class ContainerSpec(ResourceSpec):
     user: str = ""
     backend: str = "auto"
     command: tuple[str, ...] = ("sleep", "infinity")
+    reset_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.reset_paths, str):
+            object.__setattr__(self, "reset_paths", (self.reset_paths,))
+        for p in self.reset_paths:
+            if not isinstance(p, str) or not p.startswith("/") or p.rstrip("/") in ("", "/proc", "/sys", "/dev") \
+                    or any(part == ".." for part in p.split("/")):
+                raise ConfigError(f"reset_paths entry {p!r} must be an absolute path without '..', "
+                                  "other than /, /proc, /sys and /dev")
         if not isinstance(self.image, str) or not self.image:
             raise ConfigError(f"image={self.image!r} must be a non-empty image name")
         if self.backend not in ("auto", "docker", "sandbox"):
