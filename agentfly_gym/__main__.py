@@ -1,0 +1,7 @@
+"""``python -m agentfly_gym`` is the ``agentfly-gym`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

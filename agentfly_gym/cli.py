@@ -1,0 +1,210 @@
+"""The ``agentfly-gym`` command.
+
+Subcommands:
+    rollout      roll out trajectories of one or more environments with a policy
+    envs         list the registered environments and whether their data is present
+    images       build container images offline (``images build``)
+    resources    resource housekeeping (``resources gc`` reaps orphaned containers)
+    r2e          R2E-Gym local tasks (``r2e build-tasks``)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import logging
+import sys
+from typing import Any
+
+__all__ = ["main"]
+
+
+# ----------------------------------------------------------------------------- envs
+_ENV_DATA = {
+    "agentfly/Chess-v0": ("chess", "chess", "lichess_puzzles_sample.csv|lichess_db_puzzle.csv"),
+    "agentfly/ScienceWorld-v0": ("scienceworld", None, None),
+    "agentfly/ALFWorld-v0": ("alfworld", "alfworld", "json_2.1.1"),
+    "agentfly/WebShop-v0": ("spacy", "webshop", "items_shuffle*.json"),
+    "agentfly/R2EGym-v0": ("docker", None, None),
+}
+
+
+def _data_status(name: str | None, pattern: str | None) -> str:
+    if name is None:
+        return "bundled with the package"
+    from .data import resolve_data_dir
+    from .errors import DataNotFoundError
+
+    try:
+        d = resolve_data_dir(name)
+    except DataNotFoundError:
+        return "missing (see the env's docs; set AGENTFLY_GYM_DATA)"
+    for pat in (pattern or "").split("|"):
+        if not pat or list(d.glob(pat)):
+            return f"found: {d}"
+    return f"incomplete: {d} lacks {pattern}"
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    import gymnasium
+    from rich.console import Console
+    from rich.table import Table
+
+    import agentfly_gym  # noqa: F401
+
+    table = Table(title="agentfly-gym environments")
+    for col in ("id", "entry point", "package", "data"):
+        table.add_column(col)
+    for env_id, spec in sorted(gymnasium.registry.items()):
+        if not env_id.startswith("agentfly/"):
+            continue
+        pkg, data_name, pattern = _ENV_DATA.get(env_id, (None, None, None))
+        pkg_ok = "yes" if pkg is None or importlib.util.find_spec(pkg) is not None else f"missing ({pkg})"
+        table.add_row(env_id, str(spec.entry_point), pkg_ok, _data_status(data_name, pattern))
+    Console().print(table)
+    return 0
+
+
+# ----------------------------------------------------------------------------- rollout
+def _print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    res = summary["resources"]
+    t = Table(title=f"rollout summary ({summary.get('mode', 'chain')} mode)")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [
+        ("trajectories", summary["trajectories"]),
+        ("success rate", f"{summary['success_rate']:.1%}"),
+        ("mean reward", f"{summary['mean_reward']:.3f}"),
+        ("mean turns", f"{summary['mean_turns']:.2f}"),
+        ("sampled tokens", summary["sampled_tokens"]),
+        ("total tokens", summary["total_tokens"]),
+        ("errors", summary["errors"]),
+        ("wall time (s)", f"{summary['wall_s']:.1f}"),
+        ("trajectories / s", f"{summary['trajectories_per_s']:.3f}"),
+        ("resource starts", res["started"]),
+        ("resource reuses", res["reused"]),
+        ("max resources in use", res["max_in_use"]),
+        ("mean acquire wait (s)", f"{res['mean_acquire_wait_s']:.3f}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    Console().print(t)
+    if len(summary.get("per_env", {})) > 1:
+        pe = Table(title="per environment")
+        for col in ("env", "trajectories", "success", "mean reward", "mean turns", "errors"):
+            pe.add_column(col)
+        for env_id, s in summary["per_env"].items():
+            pe.add_row(env_id, str(s["trajectories"]), f"{s['success_rate']:.1%}", f"{s['mean_reward']:.3f}",
+                       f"{s['mean_turns']:.2f}", str(s["errors"]))
+        Console().print(pe)
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from .rollout.factory import make_policy
+    from .rollout.policy import SamplingParams
+    from .rollout.runner import RolloutConfig, run_rollouts
+
+    env_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
+    config = RolloutConfig(
+        env_ids=args.env, num_trajectories=args.num_trajectories, group_size=args.group_size,
+        concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode,
+        sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p),
+        max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir)
+    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
+    try:
+        result = asyncio.run(run_rollouts(config, policy, chat, progress=not args.no_progress))
+    finally:
+        close = getattr(policy, "close", None)
+        if callable(close):
+            close()
+    _print_summary(result.summary)
+    for kind, path in result.paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- delegated commands
+def _delegate(module: str, func: str):
+    def run(args: argparse.Namespace) -> int:
+        mod = importlib.import_module(module)
+        return int(getattr(mod, func)(args) or 0)
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentfly-gym", description=__doc__.split("\n\n")[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("rollout", help="roll out trajectories and save them with a summary")
+    r.add_argument("--env", action="append", required=True,
+                   help="environment id, e.g. Chess-v0 or agentfly/ScienceWorld-v0 (repeatable; groups alternate)")
+    r.add_argument("--policy", default="smollm2",
+                   help="smollm2 (bundled CPU model), tiny-qwen, random, expert, or a local model folder")
+    r.add_argument("--tokenizer", default=None, help="tokenizer for scripted policies: smollm2 (default), qwen3, or a folder")
+    r.add_argument("-n", "--num-trajectories", type=int, default=8)
+    r.add_argument("--group-size", type=int, default=1, help="trajectories per task (GRPO group)")
+    r.add_argument("--concurrency", type=int, default=8, help="trajectories in flight at once")
+    r.add_argument("--batch-size", type=int, default=16, help="most generation requests batched together")
+    r.add_argument("--max-turns", type=int, default=8)
+    r.add_argument("--max-tokens", type=int, default=64, help="new tokens per turn")
+    r.add_argument("--max-context-tokens", type=int, default=None)
+    r.add_argument("--temperature", type=float, default=1.0)
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--mode", choices=("chain", "step"), default="chain")
+    r.add_argument("--env-kwargs", default=None,
+                   help='JSON: per env id, constructor kwargs, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
+    r.add_argument("--output-dir", default="runs/latest")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=cmd_rollout)
+
+    e = sub.add_parser("envs", help="list registered environments and their data status")
+    e.set_defaults(func=cmd_envs)
+
+    im = sub.add_parser("images", help="container images, built offline")
+    im_sub = im.add_subparsers(dest="images_command", required=True)
+    imb = im_sub.add_parser("build", help="build the base image and environment images (idempotent)")
+    imb.add_argument("names", nargs="*", help="recipes under envs/ to build (default: all)")
+    imb.add_argument("--force", action="store_true", help="rebuild even if the content tag exists")
+    imb.set_defaults(func=_delegate("agentfly_gym.images", "images_main"))
+
+    rs = sub.add_parser("resources", help="resource housekeeping")
+    rs_sub = rs.add_subparsers(dest="resources_command", required=True)
+    gc = rs_sub.add_parser("gc", help="remove containers and sandboxes left behind by dead managers")
+    gc.add_argument("--manager-id", default=None, help="remove this manager's resources even if it is alive")
+    gc.add_argument("--older-than", type=float, default=0.0, help="only those older than this many seconds")
+    gc.set_defaults(func=_delegate("agentfly_gym.resources.backends.docker_backend", "gc_main"))
+
+    r2e = sub.add_parser("r2e", help="R2E-Gym tasks")
+    r2e_sub = r2e.add_subparsers(dest="r2e_command", required=True)
+    bt = r2e_sub.add_parser("build-tasks", help="build the local R2E-Gym task set from PyPI sdists (idempotent)")
+    bt.add_argument("--out", default=None, help="output folder (default: the cache)")
+    bt.add_argument("--only", nargs="*", default=None, help="task ids to build")
+    bt.set_defaults(func=_delegate("agentfly_gym.envs.r2egym.build", "build_tasks_main"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from .errors import AgentFlyError
+
+    try:
+        return args.func(args)
+    except AgentFlyError as e:
+        print(f"agentfly-gym: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
