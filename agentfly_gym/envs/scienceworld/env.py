@@ -1,0 +1,201 @@
+"""``agentfly/ScienceWorld-v0``: ScienceWorld's 30 science tasks as an async Gymnasium text env.
+
+Each episode takes a :class:`~.simulator.ScienceWorldSimulator` (one JVM) from the resource
+manager's pool for the spec :meth:`ScienceWorldEnv.simulator_spec` builds; the JVM is reset
+and reused by later episodes (a new task is loaded on the same JVM) and replaced if it dies.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ...errors import ConfigError
+from ...resources.inprocess import InProcessResource
+from ...resources.manager import ResourceManager, RolloutScope
+from ...resources.spec import InProcessSpec
+from ..base import AgentFlyEnv, StepResult
+from ..prompting import AgentPrompt
+from .simulator import FACTORY
+from .tasks import SPLITS, check_simplification, format_task_id, parse_task_id, resolve_task_name, task_names
+
+__all__ = ["ScienceWorldEnv", "SCIENCEWORLD_PROMPT"]
+
+SCIENCEWORLD_PROMPT = AgentPrompt(system=(
+    "You are an agent in ScienceWorld, a text-based simulation of elementary science experiments "
+    "(boiling, melting, electrical circuits, growing plants, genetics, ...). Each observation describes "
+    "what you see; the first one starts with your task. Act with one text command per turn, for example:\n"
+    "  look around | look at OBJ | look in OBJ | inventory | task\n"
+    "  go to LOC | teleport to LOC | open OBJ | close OBJ | open door to kitchen\n"
+    "  pick up OBJ | put down OBJ | move OBJ to OBJ | pour OBJ in OBJ | dunk OBJ in OBJ | mix OBJ\n"
+    "  activate OBJ | deactivate OBJ | use OBJ on OBJ | connect OBJ to OBJ | disconnect OBJ\n"
+    "  read OBJ | eat OBJ | flush OBJ | wait | wait1 | focus on OBJ\n"
+    "'focus on OBJ' tells the simulator which object your task is about: focusing on a wrong object "
+    "fails the task, so focus only when the task asks for it. When the simulator answers 'Ambiguous "
+    "request', reply with the number of the option you mean. The episode ends when the task is completed "
+    "or failed.\n"
+    "Think briefly, then end your reply with one line 'Action: <command>', e.g. 'Action: open door to kitchen'."
+))
+
+_OPTION_KEYS = frozenset({"task_name", "task_id", "variation", "split", "simplification",
+                          "with_admissible_actions", "expert"})
+
+
+class ScienceWorldEnv(AgentFlyEnv):
+    """ScienceWorld (Wang et al. 2022, PyPI ``scienceworld`` 1.2.3) as a text environment.
+
+    Observation: text; on reset the task description, a blank line and the output of ``look
+    around``; on step the simulator's answer.  Action: one command (str), e.g. ``"open door to
+    kitchen"``; an unknown or empty command yields "No known action matches that input." and
+    reward 0, never an exception.
+
+    Reward: ``(score_t - score_{t-1}) / 100`` with the simulator's task score in -100..100
+    (``round(100 * getScore())``) and ``score_0 = 0``, so the return equals the final score / 100
+    (1.0 for a completed task, -1.0 for a failed one).  ``terminated`` when the task is completed
+    or failed (score < 0); ``info["won"]`` is completed with score 100; ``info["score"]`` is the
+    raw score (int).  Other info keys: ``moves`` (the simulator's move count), ``task_name``,
+    ``variation``, ``simplification``, and ``admissible_actions`` (list[str]) when
+    ``with_admissible_actions`` is on (it costs 5-300 ms per step, so it is off by default).
+
+    Args:
+        task_name: default task (name, task id like ``"1-1"`` or index 0..29); ``None`` draws one
+            uniformly with ``self.np_random`` at each reset.
+        variation: default variation (int); ``None`` draws one from ``split``.
+        split: ``"train"``, ``"dev"`` or ``"test"``: the simulator's own variation splits
+            (``getVariationsTrain/Dev/Test``) from which variations are drawn.
+        simplification: comma-separated simplifications; default ``"easy"`` (teleport actions,
+            open doors and containers, self-watering pots, no electrical actions except in the
+            electrical tasks), the setting most LM-agent work uses.  ``""`` for none.
+        with_admissible_actions: add ``info["admissible_actions"]`` on reset and every step.
+        max_simulators: the most ScienceWorld JVMs (~230 MB each with the default heap) the
+            manager runs for envs with these settings; further episodes wait for a free one.
+        java_heap: the JVM's ``-Xmx`` (``"400m"``); ``None`` for the JVM default (~1.2 GB RSS).
+        manager, step_timeout (seconds; default 60), reset_timeout (seconds, includes waiting
+            for a free JVM), max_episode_steps (default 200; gold paths reach 143 steps),
+            render_mode: see :class:`~agentfly_gym.envs.base.AgentFlyEnv`.
+
+    Reset options (override the defaults above for one episode): ``task_name``, ``task_id``
+    (``"<task_name>:<variation>"``, as ``info["task_id"]``), ``variation``, ``split``,
+    ``simplification``, ``with_admissible_actions``, ``expert`` (bool: plan the gold path at load,
+    ~1 s more, instead of on the first :meth:`expert_action`).
+
+    Raises:
+        ConfigError: bad arguments or options (unknown task names the valid ones; a variation out
+            of range names the valid range and splits).
+    """
+
+    env_name: ClassVar[str] = "ScienceWorld"
+    agent_prompt: ClassVar[AgentPrompt] = SCIENCEWORLD_PROMPT
+
+    def __init__(self, *, task_name: str | int | None = None, variation: int | None = None, split: str = "train",
+                 simplification: str = "easy", with_admissible_actions: bool = False, max_simulators: int = 4,
+                 java_heap: str | None = "400m", manager: ResourceManager | None = None,
+                 step_timeout: float | None = 60.0, reset_timeout: float | None = 900.0,
+                 max_episode_steps: int | None = 200, render_mode: str | None = None) -> None:
+        super().__init__(manager=manager, step_timeout=step_timeout, reset_timeout=reset_timeout,
+                         max_episode_steps=max_episode_steps, render_mode=render_mode)
+        self.default_task_name = None if task_name is None else resolve_task_name(task_name)
+        self.default_variation = self._check_variation(variation)
+        self.default_split = self._check_split(split)
+        self.default_simplification = check_simplification(simplification, self.default_task_name)
+        self.with_admissible_actions = bool(with_admissible_actions)
+        if isinstance(max_simulators, bool) or not isinstance(max_simulators, int) or max_simulators < 1:
+            raise ConfigError(f"max_simulators={max_simulators!r} must be an integer >= 1")
+        self.resource_spec = self.simulator_spec(max_simulators=max_simulators, java_heap=java_heap)
+        self._sim: InProcessResource | None = None
+        self._admissible = self.with_admissible_actions
+        self._gold: list[str] | None = None
+
+    @staticmethod
+    def simulator_spec(*, max_simulators: int = 4, java_heap: str | None = "400m") -> InProcessSpec:
+        """The pool spec of the simulators: envs with equal settings share one pool of JVMs."""
+        return InProcessSpec(factory=FACTORY, kwargs={"java_heap": java_heap}, max_instances=max_simulators,
+                             start_timeout=120.0, close_timeout=30.0, name="scienceworld")
+
+    # ------------------------------------------------------------------ episode
+    async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        unknown = set(options) - _OPTION_KEYS
+        if unknown:
+            raise ConfigError(f"unknown ScienceWorld reset option(s) {sorted(unknown)}; valid: {sorted(_OPTION_KEYS)}")
+        variation = self._check_variation(options.get("variation", self.default_variation))
+        if options.get("task_id") is not None:
+            if "task_name" in options or "variation" in options:
+                raise ConfigError("give either task_id or task_name/variation, not both")
+            task, variation = parse_task_id(options["task_id"])
+        elif options.get("task_name") is not None:
+            task = resolve_task_name(options["task_name"])
+        elif self.default_task_name is not None:
+            task = self.default_task_name
+        else:
+            names = task_names()
+            task = names[int(self.np_random.integers(len(names)))]
+        split = self._check_split(options.get("split", self.default_split))
+        simplification = check_simplification(options.get("simplification", self.default_simplification), task)
+        self._admissible = bool(options.get("with_admissible_actions", self.with_admissible_actions))
+        expert = bool(options.get("expert", False))
+        self._gold = None
+
+        self._sim = sim = await scope.acquire(self.resource_spec)
+        if variation is None:
+            pool = (await sim.call("split_variations", task))[split]
+            variation = int(pool[int(self.np_random.integers(len(pool)))])
+        obs, info = await sim.call("load", task, variation, simplification, gold=expert, admissible=self._admissible)
+        self._task_id = format_task_id(task, variation)
+        if expert:
+            self._gold = await sim.call("gold_actions")
+        info.update(task_name=task, variation=variation, simplification=simplification)
+        info.pop("completed", None)
+        return obs, info
+
+    async def _step_episode(self, action: str) -> StepResult:
+        sim = self._sim
+        assert sim is not None
+        obs, reward, terminated, truncated, info = await sim.call("step", action, admissible=self._admissible)
+        info.pop("completed", None)
+        return obs, reward, terminated, truncated, info
+
+    async def _end_of_episode(self) -> None:
+        self._sim = None
+        self._gold = None
+
+    # ------------------------------------------------------------------ expert
+    async def expert_action(self) -> str:
+        """The gold action for the current step: ``gold[t]`` after ``t`` steps.
+
+        The gold path is planned once per episode: at load with the ``expert`` reset option,
+        else on the first call (the task is reloaded with the gold path and the episode's
+        actions so far are replayed, ~1 s plus 16-100 ms per step taken).  Past the end of the
+        gold path (the agent deviated) it returns ``"look around"``.
+
+        Raises:
+            ResetNeeded: no episode is running.
+        """
+        self.scope  # raises ResetNeeded outside an episode
+        if self._gold is None:
+            assert self._sim is not None
+            self._gold = await self._sim.call("gold_actions")
+        return self._gold[self._steps] if self._steps < len(self._gold) else "look around"
+
+    async def inventory(self) -> str:
+        """The agent's inventory now (a free action: no simulated time passes).
+
+        Raises:
+            ResetNeeded: no episode is running.
+        """
+        self.scope
+        assert self._sim is not None
+        return await self._sim.call("inventory")
+
+    # ------------------------------------------------------------------ validation
+    @staticmethod
+    def _check_split(split: Any) -> str:
+        if split not in SPLITS:
+            raise ConfigError(f"split={split!r} is not one of {list(SPLITS)}")
+        return split
+
+    @staticmethod
+    def _check_variation(variation: Any) -> int | None:
+        if variation is None:
+            return None
+        if isinstance(variation, bool) or not isinstance(variation, int) or variation < 0:
+            raise ConfigError(f"variation={variation!r} must be None or an int >= 0")
+        return variation
