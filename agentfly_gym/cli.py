@@ -112,7 +112,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     env_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
     config = RolloutConfig(
         env_ids=args.env, num_trajectories=args.num_trajectories, group_size=args.group_size,
-        concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode,
+        concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode, history=args.history,
         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p),
         max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir)
     policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
@@ -157,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--temperature", type=float, default=1.0)
     r.add_argument("--top-p", type=float, default=1.0)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--mode", choices=("chain", "step"), default="chain")
+    r.add_argument("--mode", choices=("chain", "step"), default="chain",
+                   help="chain: one token sequence per trajectory; step: a fresh prompt and one row per env step")
+    r.add_argument("--history", type=int, default=3, help="step mode: past (action, observation) pairs per prompt")
     r.add_argument("--env-kwargs", default=None,
                    help='JSON: per env id, constructor kwargs, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
     r.add_argument("--output-dir", default="runs/latest")

@@ -64,6 +64,7 @@ class RolloutConfig:
         max_context_tokens: token budget per chain (see :func:`run_chain_episode`).
         env_kwargs: per env id (full id), constructor kwargs.
         mode: ``"chain"`` (one sequence per trajectory) or ``"step"`` (one row per step).
+        history: step mode: past (action, observation) pairs shown in each fresh prompt.
         output_dir: where to write trajectories and summary.json; None writes nothing.
     """
 
@@ -77,6 +78,7 @@ class RolloutConfig:
     max_context_tokens: int | None = None
     env_kwargs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     mode: str = "chain"
+    history: int = 3
     output_dir: str | Path | None = None
 
     def __post_init__(self) -> None:
@@ -151,8 +153,8 @@ async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: R
             from .step import run_step_episode
 
             return await run_step_episode(env, policy, chat, env_id=env_id, sampling=config.sampling,
-                                          max_turns=config.max_turns, seed=seed, trajectory_id=traj_id,
-                                          group_id=group_id)
+                                          max_turns=config.max_turns, history=config.history, seed=seed,
+                                          trajectory_id=traj_id, group_id=group_id)
         return await run_chain_episode(env, policy, chat, env_id=env_id, sampling=config.sampling,
                                        max_turns=config.max_turns, max_context_tokens=config.max_context_tokens,
                                        seed=seed, trajectory_id=traj_id, group_id=group_id)

@@ -67,6 +67,8 @@ class Trajectory:
         turns: per-turn records.
         messages: the conversation as text ({"role", "content"}), for reading only.
         timings: seconds: ``wall``, ``generate``, ``env``, ``reset``.
+        steps: step mode only: one :class:`~agentfly_gym.rollout.step.StepRow` per env step
+            (the token fields above are then empty but for ``prompt_ids`` of step 0).
     """
 
     trajectory_id: str
@@ -87,6 +89,7 @@ class Trajectory:
     turns: list[Turn] = dataclasses.field(default_factory=list)
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    steps: list[Any] = dataclasses.field(default_factory=list)
 
     @property
     def num_turns(self) -> int:
@@ -94,6 +97,8 @@ class Trajectory:
 
     @property
     def num_sampled_tokens(self) -> int:
+        if self.steps:
+            return sum(sum(getattr(r, "response_mask", None) or r["response_mask"]) for r in self.steps)
         return sum(self.response_mask)
 
     def extend(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None) -> None:
@@ -110,6 +115,7 @@ class Trajectory:
     def to_record(self) -> dict[str, Any]:
         """A flat dict for Parquet/JSONL (turns and messages nested)."""
         d = dataclasses.asdict(self)
+        d.pop("steps", None)
         d["num_turns"] = self.num_turns
         d["num_sampled_tokens"] = self.num_sampled_tokens
         return d
@@ -173,7 +179,7 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
     out = []
     fields = {f.name for f in dataclasses.fields(Trajectory)}
     for r in records:
-        kw = {k: v for k, v in r.items() if k in fields}
+        kw = {k: v for k, v in r.items() if k in fields and k != "steps"}
         kw["turns"] = [Turn(**t) for t in kw.get("turns", [])]
         out.append(Trajectory(**kw))
     return out

@@ -1,0 +1,188 @@
+"""Step rollout: a fresh prompt at every environment step, one training row per step.
+
+At step t the policy sees ``system`` + one user message holding the task (the reset
+observation), the last ``history`` (action, observation) pairs as text, and the current
+observation; it samples one reply.  Each step becomes a :class:`StepRow` with its own
+prompt ids and sampled ids (verbatim), sharing ``trajectory_id`` and ``group_id`` with the
+other rows of the episode, and carrying the raw current observation as the *anchor* for
+step-level grouping (GiGPO: steps of a group with identical anchor observations form a
+step group; Feng et al., 2025, "Group-in-Group Policy Optimization for LLM Agent Training").
+
+Step mode costs a full prompt per step but bounds the context and allows step-level credit
+assignment; chain mode (:mod:`.chain`) trains all turns in one sequence.  Both run the same
+env, policy and resources; :class:`~agentfly_gym.rollout.runner.RolloutConfig.mode` switches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..envs.base import AgentFlyEnv
+from ..errors import PolicyError
+from .chain import info_summary
+from .policy import ActionPolicy, SamplingParams, TextPolicy
+from .trajectory import Trajectory, Turn
+
+__all__ = ["StepRow", "run_step_episode", "render_step_prompt", "save_step_rows", "DEFAULT_HISTORY"]
+
+DEFAULT_HISTORY = 3
+
+
+@dataclasses.dataclass
+class StepRow:
+    """One training row of step mode.
+
+    Attributes:
+        trajectory_id, group_id: shared by all rows of an episode / of a GRPO group.
+        step: 0-based index of the step within the episode.
+        prompt_ids: the rendered fresh prompt, length P.
+        response_ids: the ids sampled at this step, exactly as generated, plus (mask 0) the
+            template's end-of-turn id when the policy did not sample it; length R.
+        response_mask: 1 for sampled ids, 0 for the closing id; length R.
+        response_logprobs: per response id; 0.0 at mask 0, NaN where the policy has none.
+        reward: this step's env reward.
+        episode_return: the sum of rewards over the whole episode (filled when it ends).
+        anchor_obs: the raw observation the step acted on (GiGPO's anchor state).
+        action: the parsed action; done: whether the episode ended at this step.
+    """
+
+    trajectory_id: str
+    group_id: str
+    step: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    reward: float
+    episode_return: float
+    anchor_obs: str
+    action: str
+    done: bool
+
+
+def render_step_prompt(env: AgentFlyEnv, task_obs: str, history: Sequence[tuple[str, str]], current_obs: str,
+                       step: int, history_len: int) -> list[dict[str, str]]:
+    """The messages of step ``step``: system + one user message (task, recent history, current observation).
+
+    ``history`` holds (action, observation) pairs of earlier steps; the last ``history_len`` are shown.
+    At step 0 the user message is the env's first message (as in chain mode).
+    """
+    prompt = env.agent_prompt
+    if step == 0:
+        return [{"role": "system", "content": prompt.system},
+                {"role": "user", "content": prompt.first_message(task_obs)}]
+    recent = list(history)[-history_len:] if history_len > 0 else []
+    parts = [prompt.first_message(task_obs)]
+    if recent:
+        first = step - len(recent)
+        lines = [f"Your last {len(recent)} actions and what followed:"]
+        for i, (act, obs) in enumerate(recent):
+            lines.append(f"[Step {first + i + 1}] Action: {act}\nObservation: {obs}")
+        parts.append("\n".join(lines))
+    parts.append(f"Current observation (step {step + 1}):\n{current_obs}")
+    return [{"role": "system", "content": prompt.system}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, chat, *, env_id: str = "",
+                           sampling: SamplingParams | None = None, max_turns: int = 10, history: int = DEFAULT_HISTORY,
+                           seed: int | None = None, options: dict[str, Any] | None = None,
+                           trajectory_id: str | None = None, group_id: str | None = None) -> Trajectory:
+    """Play one episode in step mode.  Returns a :class:`Trajectory` with ``mode="step"`` whose
+    ``steps`` list holds one :class:`StepRow` per env step (its token fields are empty:
+    the rows carry the tokens).  Arguments as :func:`~agentfly_gym.rollout.chain.run_chain_episode`,
+    plus ``history``: how many past (action, observation) pairs each prompt shows.
+    """
+    sampling = sampling or SamplingParams()
+    is_text_policy = hasattr(policy, "generate")
+    if not is_text_policy and not hasattr(policy, "act"):
+        raise PolicyError(f"{type(policy).__name__} is neither a TextPolicy (generate) nor an ActionPolicy (act)")
+    t_start = time.monotonic()
+    try:
+        t0 = time.monotonic()
+        obs, info = await env.areset(seed=seed, options=options)
+        reset_s = time.monotonic() - t0
+        traj_id = trajectory_id or uuid.uuid4().hex[:12]
+        traj = Trajectory(trajectory_id=traj_id, group_id=group_id or "", env_id=env_id or env.env_name,
+                          task_id=str(info.get("task_id", "")), seed=seed, mode="step", prompt_ids=[])
+        task_obs, past = obs, []
+        gen_total = env_total = 0.0
+        terminated = truncated = False
+        for step in range(max_turns):
+            messages = render_step_prompt(env, task_obs, past, obs, step, history)
+            prompt_ids = list(chat.prompt_ids(messages))
+            if step == 0:
+                traj.prompt_ids = prompt_ids
+                traj.messages = list(messages)
+            t0 = time.monotonic()
+            if is_text_policy:
+                gen = await policy.generate(prompt_ids, sampling)
+                sampled, logprobs, finish = list(gen.token_ids), gen.logprobs, gen.finish_reason
+                reply = gen.text or chat.tokenizer.decode(sampled, skip_special_tokens=True)
+            else:
+                reply = await policy.act(obs, info, env)
+                sampled, logprobs, finish = list(chat.action_ids(reply)), None, "action"
+            gen_s = time.monotonic() - t0
+            close = list(chat.close_assistant_ids(sampled))
+            lps = list(logprobs) if logprobs is not None else [float("nan")] * len(sampled)
+            anchor = obs
+            action = env.agent_prompt.parse_action(reply)
+            t0 = time.monotonic()
+            obs, reward, terminated, truncated, info = await env.astep(action)
+            env_s = time.monotonic() - t0
+            gen_total += gen_s
+            env_total += env_s
+            traj.reward += reward
+            done = terminated or truncated or step == max_turns - 1
+            traj.steps.append(StepRow(trajectory_id=traj_id, group_id=traj.group_id, step=step, prompt_ids=prompt_ids,
+                                      response_ids=sampled + close, response_mask=[1] * len(sampled) + [0] * len(close),
+                                      response_logprobs=lps + [0.0] * len(close), reward=float(reward),
+                                      episode_return=0.0, anchor_obs=anchor, action=action, done=done))
+            traj.turns.append(Turn(reply=reply, action=action, observation=obs, reward=reward, terminated=terminated,
+                                   truncated=truncated, sampled_tokens=len(sampled), finish_reason=finish,
+                                   generate_s=gen_s, env_s=env_s, info=info_summary(info)))
+            if info.get("error"):
+                traj.error = str(info["error"])
+            past.append((action, obs))
+            if terminated or truncated:
+                break
+        else:
+            truncated = True
+        for row in traj.steps:
+            row.episode_return = traj.reward
+        traj.terminated, traj.truncated = terminated, truncated
+        traj.success = bool(info.get("won", False))
+        traj.timings = {"wall": time.monotonic() - t_start, "generate": gen_total, "env": env_total, "reset": reset_s}
+        return traj
+    finally:
+        await env.aend_episode()
+
+
+def save_step_rows(trajectories: Sequence[Trajectory], out_dir: str | Path) -> dict[str, Path]:
+    """Write every step row of step-mode ``trajectories`` to ``steps.parquet`` in ``out_dir``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for t in trajectories:
+        for r in t.steps:
+            d = dataclasses.asdict(r) if isinstance(r, StepRow) else dict(r)
+            d["env_id"] = t.env_id
+            d["task_id"] = t.task_id
+            rows.append(d)
+    schema = pa.schema([
+        ("trajectory_id", pa.string()), ("group_id", pa.string()), ("step", pa.int32()),
+        ("prompt_ids", pa.list_(pa.int32())), ("response_ids", pa.list_(pa.int32())),
+        ("response_mask", pa.list_(pa.int8())), ("response_logprobs", pa.list_(pa.float32())),
+        ("reward", pa.float64()), ("episode_return", pa.float64()), ("anchor_obs", pa.string()),
+        ("action", pa.string()), ("done", pa.bool_()), ("env_id", pa.string()), ("task_id", pa.string()),
+    ])
+    path = out / "steps.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return {"steps": path}
