@@ -1,0 +1,32 @@
+"""Chess for language-model agents: Lichess puzzles and games against Stockfish (``agentfly/Chess-v0``).
+
+    import gymnasium, agentfly_gym
+    env = gymnasium.make("agentfly/Chess-v0")                 # Lichess puzzles
+    obs, info = env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step("Action: Qxd5")
+    game = gymnasium.make("agentfly/Chess-v0", mode="play", skill_level=1)   # versus Stockfish
+
+Importing this package starts nothing; Stockfish processes are resources of the resource manager.
+"""
+
+from .engine import ENGINE_FACTORY, StockfishEngine, engine_spec, find_stockfish
+from .env import CHESS_PROMPT, ChessEnv, render_board
+from .moves import MoveError, legal_moves_uci, parse_move
+from .puzzles import Puzzle, PuzzleSet, find_puzzles_file, load_puzzles
+
+__all__ = [
+    "CHESS_PROMPT",
+    "ChessEnv",
+    "ENGINE_FACTORY",
+    "MoveError",
+    "Puzzle",
+    "PuzzleSet",
+    "StockfishEngine",
+    "engine_spec",
+    "find_puzzles_file",
+    "find_stockfish",
+    "legal_moves_uci",
+    "load_puzzles",
+    "parse_move",
+    "render_board",
+]

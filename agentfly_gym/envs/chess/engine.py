@@ -1,0 +1,189 @@
+"""Stockfish as an in-process resource: one python-chess ``SimpleEngine`` (one UCI process) per instance.
+
+The resource manager builds instances from an :class:`~agentfly_gym.resources.InProcessSpec`
+whose factory is ``"agentfly_gym.envs.chess.engine:StockfishEngine"`` (see :func:`engine_spec`);
+every call runs on the instance's own worker thread, and the pool uses :meth:`StockfishEngine.reset`
+(between episodes), :meth:`StockfishEngine.healthy` (health check) and
+:meth:`StockfishEngine.close` (release).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import chess
+import chess.engine
+
+from ...errors import ConfigError, ResourceUnavailable
+from ...resources.spec import InProcessSpec
+
+__all__ = ["StockfishEngine", "find_stockfish", "engine_spec", "ENGINE_FACTORY"]
+
+log = logging.getLogger(__name__)
+
+#: The factory path of :class:`StockfishEngine` for an :class:`InProcessSpec`.
+ENGINE_FACTORY = "agentfly_gym.envs.chess.engine:StockfishEngine"
+
+_FALLBACK_DIRS = ("/usr/games", "/usr/local/games", "/usr/local/bin", "/opt/homebrew/bin")
+
+
+def find_stockfish(path: str | os.PathLike | None = None) -> str:
+    """The Stockfish executable: ``path`` if given, else ``stockfish`` on ``PATH``, else ``/usr/games/stockfish``
+    (where Debian's ``stockfish`` package puts it) and a few other usual folders.
+
+    Returns:
+        an absolute path to an executable file.
+
+    Raises:
+        ResourceUnavailable: ``path`` is not an executable file, or no Stockfish was found; the
+            message says how to install it.
+    """
+    if path is not None:
+        p = Path(path).expanduser()
+        if not p.is_file() and os.sep not in str(path):
+            found = shutil.which(str(path))
+            if found:
+                return str(Path(found).resolve())
+        if not p.is_file() or not os.access(p, os.X_OK):
+            raise ResourceUnavailable(f"stockfish_path={str(path)!r} is not an executable file")
+        return str(p.resolve())
+    found = shutil.which("stockfish")
+    if found:
+        return str(Path(found).resolve())
+    for d in _FALLBACK_DIRS:
+        p = Path(d) / "stockfish"
+        if p.is_file() and os.access(p, os.X_OK):
+            return str(p)
+    raise ResourceUnavailable(
+        "Stockfish was not found on PATH or in " + ", ".join(_FALLBACK_DIRS) + ". Install it (Debian/Ubuntu: "
+        "`apt-get install stockfish`, macOS: `brew install stockfish`) or pass stockfish_path=<executable>.")
+
+
+def engine_spec(path: str, *, max_engines: int = 4, threads: int = 1, hash_mb: int = 16) -> InProcessSpec:
+    """The resource spec of a pool of Stockfish engines.
+
+    Args:
+        path: the Stockfish executable (see :func:`find_stockfish`).
+        max_engines: pool capacity: the most Stockfish processes alive at once for this spec.
+        threads: the UCI ``Threads`` option per engine.
+        hash_mb: the UCI ``Hash`` option per engine, in MiB.
+
+    Raises:
+        ConfigError: a value is out of range.
+    """
+    if not isinstance(max_engines, int) or max_engines < 1:
+        raise ConfigError(f"max_engines={max_engines!r} must be an integer >= 1")
+    if not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"engine_threads={threads!r} must be an integer >= 1")
+    if not isinstance(hash_mb, int) or hash_mb < 1:
+        raise ConfigError(f"engine_hash_mb={hash_mb!r} must be an integer >= 1 (MiB)")
+    return InProcessSpec(factory=ENGINE_FACTORY, kwargs={"path": path, "threads": threads, "hash_mb": hash_mb},
+                         max_instances=max_engines, start_timeout=60.0, close_timeout=15.0, name="stockfish")
+
+
+class StockfishEngine:
+    """One Stockfish process driven through python-chess's blocking ``SimpleEngine``.
+
+    Not thread-safe by itself: the resource's worker thread is its only caller.
+
+    Args:
+        path: the executable; ``None`` searches as :func:`find_stockfish`.
+        threads: UCI ``Threads``.
+        hash_mb: UCI ``Hash`` in MiB.
+        timeout: seconds python-chess waits for the engine beyond a search's own limit.
+
+    Attributes:
+        pid: the Stockfish process id.
+        searches: searches run since the last :meth:`reset` (or since start).
+        resets: how many times :meth:`reset` ran.
+
+    Raises:
+        ResourceUnavailable: no Stockfish executable.
+        chess.engine.EngineError, OSError: the process failed to start or to speak UCI.
+    """
+
+    def __init__(self, path: str | None = None, *, threads: int = 1, hash_mb: int = 16, timeout: float = 10.0) -> None:
+        self.path = find_stockfish(path)
+        self._engine = chess.engine.SimpleEngine.popen_uci([self.path], timeout=timeout)
+        try:
+            self.pid: int = self._engine.transport.get_pid()
+            self._engine.configure({"Threads": threads, "Hash": hash_mb})
+        except BaseException:
+            self.close()
+            raise
+        self._game = object()
+        self.searches = 0
+        self.resets = 0
+
+    # -- searches
+    def play(self, board: chess.Board, *, depth: int | None = None, movetime: float | None = None,
+             skill_level: int | None = None) -> chess.Move:
+        """The engine's move in ``board`` (its whole move stack is sent, so repetitions are known).
+
+        Args:
+            board: the position; not modified.
+            depth: search depth in plies, or ``None``.
+            movetime: search time in seconds, or ``None``.  Without depth and movetime, depth 10.
+            skill_level: Stockfish's ``Skill Level`` (0-20, 20 is full strength) for this search only.
+                Below 20 Stockfish picks among weaker moves with a clock-seeded random generator,
+                so such games are not reproducible.
+
+        Raises:
+            chess.engine.EngineError: the engine returned no move (the game is over).
+        """
+        limit = chess.engine.Limit(depth=depth, time=movetime) if (depth or movetime) else chess.engine.Limit(depth=10)
+        options = {} if skill_level is None else {"Skill Level": int(skill_level)}
+        result = self._engine.play(board, limit, game=self._game, options=options)
+        self.searches += 1
+        if result.move is None:
+            raise chess.engine.EngineError(f"stockfish returned no move in {board.fen()}")
+        return result.move
+
+    def best_move(self, board: chess.Board, *, depth: int = 12) -> chess.Move:
+        """Stockfish's best move at full strength, searched to ``depth`` plies."""
+        return self.play(board, depth=depth)
+
+    # -- lifecycle hooks used by the pool
+    def reset(self) -> None:
+        """Forget the previous game: clear the hash (Stockfish's ``Clear Hash`` runs the same
+        ``Search::clear()`` as ``ucinewgame``), send ``ucinewgame`` before the next search, and wait
+        for ``readyok``."""
+        self._engine.configure({"Clear Hash": None})
+        self._game = object()  # python-chess sends ucinewgame when the game token changes
+        self._engine.ping()
+        self.searches = 0
+        self.resets += 1
+
+    def healthy(self) -> bool:
+        """True when the process answers ``isready`` with ``readyok``."""
+        try:
+            self._engine.ping()
+            return True
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        """Quit the engine and make sure its process is gone (killed if it does not quit in time)."""
+        engine = self._engine
+        try:
+            engine.quit()
+        except Exception:
+            log.debug("stockfish quit failed; closing the transport", exc_info=True)
+        finally:
+            engine.close()  # closing the transport kills a process that is still running
+        try:
+            engine.returncode.result(timeout=5)
+        except Exception:
+            pid = getattr(self, "pid", None)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def __repr__(self) -> str:
+        return f"<StockfishEngine pid={getattr(self, 'pid', None)} {self.path}>"
