@@ -49,10 +49,12 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         max_episode_steps: steps after which the episode is truncated; ``None`` for no limit.
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the last observation).
 
-    Info keys on every reset and step: ``task_id`` (str), ``episode_id`` (str), ``step``
-    (int, steps taken), ``score`` (float, the env's native score), ``won`` (bool),
-    ``error`` (str or None: a handled fault).  Environments with a list of valid actions
-    add ``admissible_actions`` (list[str]).
+    Info keys on every reset and step: ``task_id`` (str), ``step`` (int, steps taken),
+    ``score`` (float, the env's native score), ``won`` (bool), ``error`` (str or None: a
+    handled fault); on reset also ``episode_id`` (str, unique per episode; also
+    :attr:`episode_id`), kept out of step infos so that two episodes with the same seed and
+    actions give equal step infos (Gymnasium's ``check_env`` requires it).  Environments
+    with a list of valid actions add ``admissible_actions`` (list[str]).
 
     Async API: ``await env.areset(seed=..., options=...)``, ``await env.astep(action)``,
     ``await env.aclose()``.  The sync API (``reset``/``step``/``close``) runs the same
@@ -159,7 +161,7 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
             await self._finish_episode()
             raise
         self._last_obs = obs
-        return obs, self._complete_info(info)
+        return obs, self._complete_info(info, reset=True)
 
     async def astep(self, action: str) -> StepResult:
         """Apply one action.  Returns ``(observation, reward, terminated, truncated, info)``.
@@ -232,9 +234,10 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         return self._last_obs if self.render_mode == "ansi" else None
 
     # ------------------------------------------------------------------ internals
-    def _complete_info(self, info: dict[str, Any]) -> dict[str, Any]:
-        out = {"task_id": self._task_id, "episode_id": self._episode_id or "", "step": self._steps,
-               "score": 0.0, "won": False, "error": None}
+    def _complete_info(self, info: dict[str, Any], *, reset: bool = False) -> dict[str, Any]:
+        out = {"task_id": self._task_id, "step": self._steps, "score": 0.0, "won": False, "error": None}
+        if reset:
+            out["episode_id"] = self._episode_id or ""
         out.update(info)
         return out
 
