@@ -1,0 +1,413 @@
+"""The daemon-less sandbox container backend, against the real bubblewrap and the real kernel.
+
+Nothing is faked: every test runs ``bwrap`` and checks the effect on the host (``/proc``,
+cgroups, the private folders).  Needs the system package ``bubblewrap``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agentfly_gym.errors import ConfigError, ResourceDied, ResourceUnavailable
+from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
+from agentfly_gym.resources.backends import sandbox_backend as sb
+from agentfly_gym.resources.backends.sandbox_backend import (
+    SandboxContainer, SandboxPathError, create_sandbox, reap_sandbox_orphans)
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
+
+
+def _host_procs_with(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+def _sandbox_cgroups(name: str) -> list[Path]:
+    roots = [Path("/sys/fs/cgroup") / sb.CGROUP_PARENT]
+    roots += [b / sb.CGROUP_PARENT for b in (sb._cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
+    return [r / name for r in roots if (r / name).exists()]
+
+
+@pytest.fixture
+def sandbox_dir(tmp_path, monkeypatch):
+    """A private sandbox root for the test; checked empty (no leaked private folder) at the end."""
+    root = tmp_path / "sbx-root"
+    monkeypatch.setenv(sb.SANDBOX_DIR_ENV, str(root))
+    yield root
+    leftovers = [p.name for p in root.iterdir()] if root.exists() else []
+    assert not leftovers, f"leaked sandbox folders: {leftovers}"
+
+
+@pytest.fixture
+async def make_box(sandbox_dir):
+    """Start sandboxes from spec overrides; every one is released and checked gone afterwards."""
+    boxes: list[SandboxContainer] = []
+
+    async def make(**kw) -> SandboxContainer:
+        kw.setdefault("image", "host")
+        kw.setdefault("backend", "sandbox")
+        limits = kw.pop("limits", "auto")
+        box = SandboxContainer(ContainerSpec(**kw), labels={"agentfly.manager": "test-manager"}, limits=limits)
+        boxes.append(box)
+        await box.start()
+        return box
+
+    yield make
+    for b in boxes:
+        await b.release()
+        assert not _sandbox_cgroups(b.name), f"cgroup of {b.name} left behind"
+
+
+async def test_exec_round_trip_and_exit_codes(make_box):
+    box = await make_box()
+    assert await box.status() == ResourceStatus.READY
+    r = await box.exec("echo out; echo err >&2; exit 3")
+    assert r.exit_code == 3 and not r.ok and not r.timed_out
+    assert "out" in r.output and "err" in r.output
+    r = await box.exec(["python3", "-c", "import sys; print(sys.argv[1])", "a b;c"])
+    assert r.ok and r.output == "a b;c\n"
+    r = await box.exec(["/no/such/program"])
+    assert r.exit_code != 0
+    # a command killed by a signal reports 128 + N, as Docker does
+    r = await box.exec("kill -9 $$")
+    assert r.exit_code == 137
+    d = box.describe()
+    assert d["backend"] == "sandbox" and d["limits"] in ("cgroup2", "cgroup1", "rlimit")
+    with pytest.raises(ConfigError):
+        await box.exec("")
+    with pytest.raises(ConfigError):
+        await box.exec("true", timeout=0)
+
+
+async def test_workdir_env_user_and_readonly_root(make_box):
+    box = await make_box(workdir="/testbed", env={"FOO": "from-spec", "BAR": "x"})
+    r = await box.exec('pwd; echo "$FOO $BAR $HOME"')
+    assert r.output.split("\n")[:2] == ["/testbed", "from-spec x /root"]
+    r = await box.exec('pwd; echo "$FOO"', workdir="/tmp", env={"FOO": "from-exec"})
+    assert r.output.split("\n")[:2] == ["/tmp", "from-exec"]
+    # the host's environment does not leak in
+    os.environ["AFG_SECRET_TEST"] = "leak"
+    try:
+        r = await box.exec('echo "[$AFG_SECRET_TEST]"')
+        assert r.output.strip() == "[]"
+    finally:
+        del os.environ["AFG_SECRET_TEST"]
+    r = await box.exec("id -u", user="1000")
+    assert r.output.strip() == "1000"
+    # the root filesystem is read-only; the private paths are writable
+    r = await box.exec("touch /usr/afg-should-fail")
+    assert r.exit_code != 0 and not Path("/usr/afg-should-fail").exists()
+    assert (await box.exec("touch /testbed/a /tmp/b /root/c")).ok
+    # image="host" gives the running interpreter with its packages (pytest for R2E tasks)
+    assert (await box.exec("python3 -c 'import pytest'")).ok
+
+
+async def test_timeout_kills_the_whole_process_tree(make_box):
+    box = await make_box()
+    tag = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"
+    # a child in the background plus a foreground sleep: both must die
+    r = await box.exec(f"sleep 1{tag} & sleep 2{tag}", timeout=1.0)
+    assert r.timed_out and r.exit_code == -1 and r.duration < 8
+    for _ in range(50):
+        if not _host_procs_with(tag):
+            break
+        await asyncio.sleep(0.1)
+    assert _host_procs_with(tag) == []
+
+
+async def test_processes_do_not_outlive_their_exec(make_box):
+    box = await make_box()
+    tag = f"{uuid.uuid4().int % 10**6}.5"
+    r = await box.exec(f"(sleep 3{tag} &) ; echo started")
+    assert r.ok and "started" in r.output
+    await asyncio.sleep(0.3)
+    assert _host_procs_with(tag) == []
+
+
+async def test_output_is_capped_head_and_tail(make_box):
+    box = await make_box()
+    r = await box.exec("python3 -c \"print('A' * 500000 + 'Z' * 500000)\"", max_output=1000)
+    assert r.truncated and len(r.output) <= 1000
+    assert r.output.startswith("AAAA") and r.output.rstrip().endswith("ZZZZ") and "truncated" in r.output
+    r = await box.exec("echo short", max_output=1000)
+    assert not r.truncated and r.output == "short\n"
+
+
+async def test_files_persist_across_execs_and_reset_restores(make_box):
+    box = await make_box(workdir="/testbed")
+    await box.put_files({"/testbed/pkg/mod.py": "X = 1\n", "/tmp/data.bin": b"\x00\x01"}, mode=0o755)
+    assert await box.get_file("/testbed/pkg/mod.py") == b"X = 1\n"
+    r = await box.exec("ls -l /tmp/data.bin; python3 -c 'import pkg.mod as m; print(m.X)'")
+    assert r.ok and "-rwxr-xr-x" in r.output and r.output.strip().endswith("1")
+    assert (await box.exec("echo changed > pkg/mod.py; mkdir -p /root/.cache; echo 1 > /root/.cache/x")).ok
+    assert await box.get_file("/testbed/pkg/mod.py") == b"changed\n"
+    snap_state = sorted(p.name for p in (box.dir / "snapshot").iterdir())
+    # a long exec is running while reset comes: it is killed
+    tag = f"{uuid.uuid4().int % 10**6}.25"
+    long = asyncio.ensure_future(box.exec(f"sleep 9{tag}", timeout=30))
+    await asyncio.sleep(0.3)
+    await box.reset()
+    res = await asyncio.wait_for(long, 5)
+    assert res.exit_code != 0 and _host_procs_with(tag) == []
+    with pytest.raises(FileNotFoundError):
+        await box.get_file("/testbed/pkg/mod.py")
+    with pytest.raises(FileNotFoundError):
+        await box.get_file("/root/.cache/x")
+    assert sorted(p.name for p in box.state_dir.iterdir()) == snap_state
+    assert (await box.exec("ls -A /testbed")).output == ""
+    assert box.last_reset_time is not None and box.last_reset_time < 5
+
+
+async def test_put_files_refuses_paths_outside_writable_binds(make_box):
+    box = await make_box(workdir="/testbed")
+    host_passwd = Path("/etc/passwd").read_bytes()
+    with pytest.raises(SandboxPathError, match="writable"):
+        await box.put_files({"/usr/evil": "x"})
+    with pytest.raises(SandboxPathError, match="absolute"):
+        await box.put_files({"relative/path": "x"})
+    with pytest.raises(SandboxPathError):
+        await box.put_files({"/testbed/../etc/passwd": "x"})
+    # symlinks made inside the sandbox are followed as the sandbox sees them, never onto the host
+    assert (await box.exec("ln -s /etc /tmp/etc-abs; ln -s ../../../../../etc /testbed/etc-rel")).ok
+    for p in ("/tmp/etc-abs/passwd", "/testbed/etc-rel/passwd"):
+        with pytest.raises(SandboxPathError):
+            await box.put_files({p: "owned"})
+    assert Path("/etc/passwd").read_bytes() == host_passwd
+    # a link that stays inside the writable paths works, as it would inside
+    assert (await box.exec("ln -s /tmp /testbed/tmplink")).ok
+    await box.put_files({"/testbed/tmplink/through.txt": "ok"})
+    assert (await box.exec("cat /tmp/through.txt")).output == "ok"
+    # reading the read-only root works; /proc is not reachable from the host side
+    assert (await box.get_file("/etc/passwd")) == host_passwd
+    with pytest.raises(SandboxPathError):
+        await box.get_file("/proc/self/status")
+    with pytest.raises(FileNotFoundError):
+        await box.get_file("/tmp/nothing-here")
+    with pytest.raises(ConfigError):
+        await box.get_file("/etc/passwd", max_bytes=3)
+
+
+async def test_two_instances_are_isolated(make_box):
+    a = await make_box(workdir="/testbed")
+    b = await make_box(workdir="/testbed")
+    assert a.dir != b.dir
+    tag = f"{uuid.uuid4().int % 10**6}.75"
+    await a.put_files({"/testbed/only-a": "a"})
+    assert (await a.exec("echo a > /tmp/t")).ok
+    long = asyncio.ensure_future(a.exec(f"sleep 5{tag}", timeout=10))
+    await asyncio.sleep(0.3)
+    r = await b.exec("ls -A /testbed /tmp")
+    assert r.ok and "only-a" not in r.output and "t\n" not in r.output
+    ps_a = (await a.exec("ps -eo args")).output.splitlines()
+    ps_b = (await b.exec("ps -eo args")).output.splitlines()
+    assert ps_a and ps_b
+    assert not any(line.startswith(f"sleep 5{tag}") for line in ps_b)  # a's processes are invisible to b
+    assert not any(line.startswith(f"sleep 5{tag}") for line in ps_a)  # and to a's next exec (own pid ns)
+    assert _host_procs_with(f"sleep\x005{tag}")  # though it runs on the host
+    await a.reset()
+    await asyncio.wait_for(long, 5)
+
+
+async def test_no_network_by_default(make_box):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.1)
+    port = srv.getsockname()[1]
+    accepted = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            accepted.append(1)
+            c.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('connected')"
+    try:
+        box = await make_box()
+        r = await box.exec(["python3", "-c", probe])
+        assert r.exit_code != 0 and "connected" not in r.output
+        assert accepted == []
+        # the control: with network=True the same probe reaches the host's server
+        net = await make_box(network=True)
+        r = await net.exec(["python3", "-c", probe])
+        assert r.ok and "connected" in r.output, r.output
+        assert accepted == [1]
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+
+
+async def test_memory_hog_fails_inside_its_limit(make_box):
+    box = await make_box(memory="128m")
+    hog = "b = b'x' * (600 * 1024 * 1024); print('survived', len(b))"
+    r = await box.exec(["python3", "-c", hog], timeout=60)
+    assert r.exit_code != 0 and "survived" not in r.output
+    if box.limit_mode in ("cgroup1", "cgroup2"):
+        assert r.exit_code == 137  # the cgroup's OOM killer, as Docker reports it
+    # the sandbox (and the host: this test process) is fine afterwards
+    assert (await box.exec("python3 -c 'print(2 + 2)'")).output == "4\n"
+    small = await box.exec(["python3", "-c", "b = b'x' * (16 * 1024 * 1024); print('ok')"])
+    assert small.ok
+
+
+async def test_memory_limit_in_rlimit_mode(make_box):
+    box = await make_box(memory="256m", limits="rlimit")
+    assert box.limit_mode == "rlimit" and box.limits_enforced["memory"]
+    assert box.limits_enforced["pids"] == (os.geteuid() != 0)
+    r = await box.exec(["python3", "-c", "b = b'x' * (600 * 1024 * 1024); print('survived')"], timeout=60)
+    assert r.exit_code != 0 and "MemoryError" in r.output
+
+
+async def test_pid_limit_stops_a_bounded_fork_bomb(make_box):
+    box = await make_box(pids=24)
+    if not box.limits_enforced.get("pids"):
+        pytest.skip(f"pid limit not enforceable in limit mode {box.limit_mode} as uid {os.geteuid()}")
+    tag = f"{uuid.uuid4().int % 10**6}.125"
+    bomb = ("import subprocess\nps = []\ntry:\n"
+            f"    for i in range(200): ps.append(subprocess.Popen(['sleep', '3{tag}']))\n"
+            "except OSError as e: print('stopped at', len(ps), e.errno)\n"
+            "else: print('not stopped', len(ps))\n")
+    r = await box.exec(["python3", "-c", bomb], timeout=60)
+    assert "stopped at" in r.output, r.output
+    assert int(r.output.split()[2]) < 24
+    # the spawned processes die with the exec
+    for _ in range(30):
+        if not _host_procs_with(tag):
+            break
+        await asyncio.sleep(0.1)
+    assert _host_procs_with(tag) == []
+    assert (await box.exec("echo alive")).ok
+
+
+async def test_released_and_broken_instances(make_box):
+    box = await make_box()
+    shutil.rmtree(box.state_dir)
+    assert await box.status() == ResourceStatus.UNHEALTHY
+    with pytest.raises(ResourceDied):
+        await box.exec("true")
+    await box.release()
+    await box.release()  # idempotent
+    assert await box.status() == ResourceStatus.STOPPED
+    assert not box.dir.exists()
+    with pytest.raises(ResourceDied):
+        await box.put_files({"/tmp/x": "x"})
+
+
+async def test_missing_bwrap_or_rootfs_is_a_clear_error(make_box, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ResourceUnavailable, match="bubblewrap"):
+        create_sandbox(ContainerSpec(image="host", backend="sandbox"), None)
+    monkeypatch.undo()
+    monkeypatch.setenv("AGENTFLY_GYM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(sb.SANDBOX_DIR_ENV, str(tmp_path / "unused-root"))
+    box = SandboxContainer(ContainerSpec(image="no-such/image:1", backend="sandbox"))
+    with pytest.raises(ResourceUnavailable, match="no-such/image:1"):
+        await box.start()
+    await box.release()
+
+
+def _tiny_rootfs(path: Path) -> Path:
+    """A minimal rootfs: dash, cat and their libraries copied from the host, plus /testbed content."""
+    for prog in ("/bin/sh", "/bin/cat"):
+        real = Path(os.path.realpath(prog))
+        libs = subprocess.run(["ldd", str(real)], capture_output=True, text=True, check=True).stdout
+        files = [real] + [Path(w) for w in libs.split() if w.startswith("/")]
+        for f in files:
+            dst = path / str(f).lstrip("/")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(f), dst)
+        (path / "bin").mkdir(exist_ok=True)
+        shutil.copy2(real, path / "bin" / Path(prog).name)
+    (path / "testbed").mkdir()
+    (path / "testbed" / "README").write_text("from the image\n")
+    (path / "etc").mkdir(exist_ok=True)
+    (path / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nalice:x:1234:1234::/home/alice:/bin/sh\n")
+    return path
+
+
+async def test_rootfs_image_folder(make_box, tmp_path):
+    rootfs = _tiny_rootfs(tmp_path / "rootfs")
+    box = await make_box(image=str(rootfs), workdir="/testbed")
+    r = await box.exec("cat README; echo x > new; cat /etc/passwd | cat >/dev/null; echo $$")
+    assert r.ok and r.output.startswith("from the image\n")
+    assert (await box.exec("echo id > /etc/evil")).exit_code != 0
+    assert not (rootfs / "etc" / "evil").exists() and not (rootfs / "testbed" / "new").exists()
+    assert (await box.exec('echo "$HOME"', user="alice")).output == "/home/alice\n"
+    await box.reset()
+    assert (await box.exec("cat README; for f in *; do echo $f; done")).output == "from the image\nREADME\n"
+
+
+async def test_manager_pool_semantics_and_no_leftovers(sandbox_dir):
+    spec = ContainerSpec(image="host", backend="sandbox", workdir="/testbed", max_instances=1)
+    manager = ResourceManager(backend_factory=create_sandbox)
+    tag = f"{uuid.uuid4().int % 10**6}.375"
+    async with manager.scope("rollout-1") as scope:
+        box = await scope.acquire(spec)
+        assert await scope.acquire(spec) is box  # same scope -> same instance
+        assert box.labels["agentfly.manager"] == manager.id
+        await box.put_files({"/testbed/secret": "rollout-1"})
+        name, private = box.name, box.dir
+    async with manager.scope("rollout-2") as scope:
+        again = await scope.acquire(spec)
+        assert again is box and again.uses == 2  # reused ...
+        with pytest.raises(FileNotFoundError):  # ... and reset on reuse: no state leaks across rollouts
+            await again.get_file("/testbed/secret")
+        running = asyncio.ensure_future(again.exec(f"sleep 7{tag}", timeout=30))
+        await asyncio.sleep(0.3)
+        assert _host_procs_with(tag)
+    assert manager.metrics()[spec.key]["resets"] == 1
+    await manager.aclose()
+    await asyncio.wait_for(running, 5)
+    assert _host_procs_with(tag) == []
+    assert not private.exists() and not _sandbox_cgroups(name)
+
+
+async def test_reap_orphans_of_a_dead_manager(sandbox_dir):
+    box = SandboxContainer(ContainerSpec(image="host", backend="sandbox"), labels={"agentfly.manager": "mgr-dead"})
+    keep = SandboxContainer(ContainerSpec(image="host", backend="sandbox"), labels={"agentfly.manager": "mgr-live"})
+    await box.start()
+    await keep.start()
+    try:
+        # our own process is alive: nothing is an orphan yet
+        assert reap_sandbox_orphans(root=sandbox_dir) == []
+        # reaping by manager id removes that manager's sandboxes only
+        assert reap_sandbox_orphans("mgr-dead", root=sandbox_dir) == [box.name]
+        assert not box.dir.exists() and not _sandbox_cgroups(box.name)
+        assert keep.dir.exists() and await keep.status() == ResourceStatus.READY
+        # a sandbox whose owner process died is found without a manager id
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        marker = keep.dir / sb.MARKER_NAME
+        marker.write_text(marker.read_text().replace(f'"owner_pid": {os.getpid()}', f'"owner_pid": {dead.pid}'))
+        assert reap_sandbox_orphans(root=sandbox_dir) == [keep.name]
+        assert not keep.dir.exists() and not _sandbox_cgroups(keep.name)
+    finally:
+        await box.release()
+        await keep.release()
