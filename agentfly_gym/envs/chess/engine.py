@@ -18,7 +18,7 @@ from pathlib import Path
 import chess
 import chess.engine
 
-from ...errors import ConfigError, ResourceUnavailable
+from ...errors import ConfigError, ResourceDied, ResourceUnavailable
 from ...resources.spec import InProcessSpec
 
 __all__ = ["StockfishEngine", "find_stockfish", "engine_spec", "ENGINE_FACTORY"]
@@ -133,11 +133,15 @@ class StockfishEngine:
                 so such games are not reproducible.
 
         Raises:
+            ResourceDied: the Stockfish process is gone.
             chess.engine.EngineError: the engine returned no move (the game is over).
         """
         limit = chess.engine.Limit(depth=depth, time=movetime) if (depth or movetime) else chess.engine.Limit(depth=10)
         options = {} if skill_level is None else {"Skill Level": int(skill_level)}
-        result = self._engine.play(board, limit, game=self._game, options=options)
+        try:
+            result = self._engine.play(board, limit, game=self._game, options=options)
+        except chess.engine.EngineTerminatedError as e:
+            raise ResourceDied(f"stockfish (pid {self.pid}) died: {e}") from e
         self.searches += 1
         if result.move is None:
             raise chess.engine.EngineError(f"stockfish returned no move in {board.fen()}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import numbers
 import os
 from typing import Any
 
@@ -144,8 +145,10 @@ class ChessEnv(AgentFlyEnv):
         if mode not in ("puzzle", "play"):
             raise ConfigError(f"mode={mode!r} is not one of 'puzzle', 'play'")
         for name, value in (("min_rating", min_rating), ("max_rating", max_rating)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
                 raise ConfigError(f"{name}={value!r} must be None or an integer rating")
+        min_rating = None if min_rating is None else int(min_rating)
+        max_rating = None if max_rating is None else int(max_rating)
         if min_rating is not None and max_rating is not None and min_rating > max_rating:
             raise ConfigError(f"min_rating={min_rating} is above max_rating={max_rating}")
         self._check_color(agent_color, "agent_color")
