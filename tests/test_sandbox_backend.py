@@ -411,3 +411,18 @@ async def test_reap_orphans_of_a_dead_manager(sandbox_dir):
     finally:
         await box.release()
         await keep.release()
+
+
+async def test_debian_base_image_rootfs(make_box):
+    """The Debian base rootfs of agentfly_gym.images (built by ``agentfly-gym images build base``)."""
+    from agentfly_gym import images
+
+    if not (images.base_rootfs_dir() / ".agentfly-rootfs.json").is_file():
+        pytest.skip("the Debian base rootfs is not built here (agentfly-gym images build base)")
+    box = await make_box(image="agentfly/base", workdir="/testbed", user="agent")
+    r = await box.exec("id -un; python3 -c 'import sys; print(sys.version_info[:2])'; touch ~/ok /testbed/ok && echo w")
+    assert r.ok and r.output.splitlines() == ["agent", "(3, 11)", "w"], r.output
+    r = await box.exec("git init -q /testbed/repo && git -C /testbed/repo status --short && echo git-ok", user="root")
+    assert r.ok and "git-ok" in r.output, r.output
+    await box.reset()
+    assert sorted((await box.exec("ls -A /testbed ~")).output.split()) == ["/home/agent:", "/testbed:"]

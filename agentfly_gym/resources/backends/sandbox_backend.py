@@ -140,8 +140,11 @@ def resolve_rootfs(image: str) -> Path | None:
     """The rootfs folder of ``image``; ``None`` for ``"host"``.
 
     Order: ``"host"``; an absolute path to a folder; ``agentfly_gym.images.rootfs_dir(image)``
-    when that module provides it; ``cache_dir("images", <name>)`` or its ``rootfs/``
-    subfolder, where ``<name>`` is the image name with ``/`` and ``:`` replaced by ``_``.
+    when that module provides it; the Debian base image ``agentfly/base`` (``:latest``, no tag
+    or its content-hash tag) maps to :func:`agentfly_gym.images.base_rootfs_dir` once built
+    (``agentfly-gym images build base``); else ``cache_dir("images", <name>)`` or its
+    ``rootfs/`` subfolder, where ``<name>`` is the image name with ``/`` and ``:`` replaced by ``_``
+    (e.g. a ``docker export`` of a recipe image unpacked there).
 
     Raises:
         ResourceUnavailable: no rootfs folder exists for ``image``.
@@ -167,6 +170,13 @@ def resolve_rootfs(image: str) -> Path | None:
         if p is not None and Path(p).is_dir():
             return Path(p)
         tried.append(f"agentfly_gym.images.rootfs_dir -> {p}")
+    base_fn = getattr(images, "base_rootfs_dir", None) if images is not None else None
+    repo, _, tag = image.partition(":")
+    if callable(base_fn) and repo == getattr(images, "BASE_IMAGE", None):
+        p = Path(base_fn())
+        if (tag in ("", "latest") or image == images.base_image_tag()) and (p / ".agentfly-rootfs.json").is_file():
+            return p
+        tried.append(str(p))
     from ...data import cache_dir
 
     safe = re.sub(r"[/:]", "_", image)
@@ -457,18 +467,22 @@ class SandboxContainer(ContainerResource):
         wd = posixpath.normpath(spec.workdir or "/")
         if not wd.startswith("/"):
             raise ConfigError(f"workdir={spec.workdir!r} must be an absolute path")
-        writable = list(BASE_WRITABLE)
-        if wd != "/" and not any(wd == w or wd.startswith(w + "/") for w in writable):
-            writable.append(wd)
-        self._writable = writable
-        top_writable = {w.strip("/").split("/")[0] for w in writable}
         self._rootfs = resolve_rootfs(spec.image)
+        writable = list(BASE_WRITABLE)
+        ids = self._lookup_user(spec.user)
+        for extra in (wd, ids[2] if ids is not None else "/"):  # the workdir, the spec user's home
+            extra = posixpath.normpath(extra)
+            if extra != "/" and not any(extra == w or extra.startswith(w + "/") for w in writable):
+                writable.append(extra)
+        self._writable = writable
+        top_writable = {w.strip("/") for w in writable if w.count("/") == 1}
         if self._rootfs is None:  # the host's own system folders
             src_root = Path("/")
             names = [n for n in HOST_ENTRIES if os.path.lexists(f"/{n}")]
         else:
             src_root = self._rootfs
-            names = sorted(n for n in os.listdir(src_root) if n not in _SKIP_ROOTFS and n not in top_writable)
+            names = sorted(n for n in os.listdir(src_root)
+                           if n not in _SKIP_ROOTFS and n not in top_writable and not n.startswith("."))
         for n in names:
             p = src_root / n
             if p.is_symlink():
@@ -588,6 +602,10 @@ class SandboxContainer(ContainerResource):
             src = self._rootfs / w.lstrip("/") if self._rootfs is not None else None
             if src is not None and src.is_dir() and not src.is_symlink():
                 self._copy_tree(src, host)
+                # the private state belongs to whoever runs the execs: a user namespace maps the
+                # exec's user (root or spec.user) onto this host user
+                subprocess.run(["chown", "-R", "--no-dereference", f"{os.geteuid()}:{os.getegid()}", str(host)],
+                               capture_output=True, check=False)
             else:
                 host.mkdir(parents=True)
             if w == "/tmp":
