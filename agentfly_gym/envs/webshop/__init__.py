@@ -1,0 +1,19 @@
+"""WebShop (Yao et al. 2022, princeton-nlp/WebShop, MIT) as ``agentfly/WebShop-v0``.
+
+- :class:`WebShopEnv`: the Gymnasium text environment (search[...] / click[...]).
+- :class:`WebShopServer`: catalog + BM25 index + spaCy + goals loaded once, many sessions; shared by
+  every env of a resource manager as a global resource.
+- :func:`get_reward`: WebShop's goal reward.
+
+Importing this package loads nothing heavy; the server loads its data when first acquired.
+"""
+
+from .catalog import Catalog, load_catalog
+from .env import WebShopEnv
+from .pages import to_text
+from .reward import get_reward, normalize_color, token_set_ratio
+from .search import ProductSearch
+from .server import WebShopServer, WebShopServerProcess, create_server, parse_action
+
+__all__ = ["WebShopEnv", "WebShopServer", "WebShopServerProcess", "create_server", "Catalog", "load_catalog",
+           "ProductSearch", "get_reward", "normalize_color", "token_set_ratio", "parse_action", "to_text"]
