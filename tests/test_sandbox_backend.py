@@ -21,7 +21,11 @@ from agentfly_gym.errors import ConfigError, ResourceDied, ResourceUnavailable
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
 from agentfly_gym.resources.backends import sandbox_backend as sb
 from agentfly_gym.resources.backends.sandbox_backend import (
-    SandboxContainer, SandboxPathError, create_sandbox, reap_sandbox_orphans)
+    SandboxContainer,
+    SandboxPathError,
+    create_sandbox,
+    reap_sandbox_orphans,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
 
@@ -402,8 +406,8 @@ async def test_reap_orphans_of_a_dead_manager(sandbox_dir):
         assert not box.dir.exists() and not _sandbox_cgroups(box.name)
         assert keep.dir.exists() and await keep.status() == ResourceStatus.READY
         # a sandbox whose owner process died is found without a manager id
-        dead = subprocess.Popen(["true"])
-        dead.wait()
+        dead = await asyncio.create_subprocess_exec("true")
+        await dead.wait()
         marker = keep.dir / sb.MARKER_NAME
         marker.write_text(marker.read_text().replace(f'"owner_pid": {os.getpid()}', f'"owner_pid": {dead.pid}'))
         assert reap_sandbox_orphans(root=sandbox_dir) == [keep.name]
@@ -426,3 +430,35 @@ async def test_debian_base_image_rootfs(make_box):
     assert r.ok and "git-ok" in r.output, r.output
     await box.reset()
     assert sorted((await box.exec("ls -A /testbed ~")).output.split()) == ["/home/agent:", "/testbed:"]
+
+
+async def test_cpu_quota(make_box):
+    box = await make_box(cpus=0.25)
+    if not box.limits_enforced.get("cpu"):
+        pytest.skip(f"no CPU limit in limit mode {box.limit_mode}")
+    spin = ("import time\nt0 = time.monotonic(); c0 = time.process_time()\n"
+            "while time.monotonic() - t0 < 1.5: pass\n"
+            "print(round((time.process_time() - c0) / (time.monotonic() - t0), 2))")
+    r = await box.exec(["python3", "-c", spin], timeout=30)
+    share = float(r.output)
+    assert share < 0.45, f"busy loop got {share} of a core under cpus=0.25"
+    # the share alone proves little on a loaded machine: the kernel must have throttled the cgroup
+    cpu_dirs = [d for d in box._cgroups if (Path(d) / "cpu.stat").exists() and ("/cpu/" in d or box.limit_mode == "cgroup2")]
+    stat = dict(line.split() for line in (Path(cpu_dirs[0]) / "cpu.stat").read_text().splitlines())
+    assert int(stat["nr_throttled"]) > 0, stat
+
+
+async def test_cancelled_exec_kills_its_command(make_box):
+    box = await make_box()
+    tag = f"{uuid.uuid4().int % 10**6}.625"
+    task = asyncio.ensure_future(box.exec(f"sleep 8{tag}", timeout=30))
+    await asyncio.sleep(0.3)
+    assert _host_procs_with(tag)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(30):
+        if not _host_procs_with(tag):
+            break
+        await asyncio.sleep(0.1)
+    assert _host_procs_with(tag) == []

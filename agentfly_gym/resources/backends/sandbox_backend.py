@@ -49,7 +49,6 @@ folders, so :func:`reap_sandbox_orphans` can clean up after a manager that died.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import importlib
 import json
@@ -79,6 +78,8 @@ if TYPE_CHECKING:
     from ..manager import ResourceManager
 
 __all__ = [
+    "SANDBOX_DIR_ENV",
+    "SANDBOX_LIMITS_ENV",
     "SandboxContainer",
     "SandboxPathError",
     "create_sandbox",
@@ -87,8 +88,6 @@ __all__ = [
     "reap_sandbox_orphans",
     "resolve_rootfs",
     "sandbox_root",
-    "SANDBOX_DIR_ENV",
-    "SANDBOX_LIMITS_ENV",
 ]
 
 log = logging.getLogger(__name__)
@@ -415,9 +414,11 @@ class SandboxContainer(ContainerResource):
         root: folder holding the private folders (default :func:`sandbox_root`).
         limits: ``"auto"`` (best available), ``"cgroup2"``, ``"cgroup1"`` or ``"rlimit"``.
 
-    Timing (measured on a 2-core VM, host image, empty state): start about 0.1 s, reset a
-    few milliseconds, exec about 0.05 s of overhead.  Reset time grows with the size of the
-    private state (it is restored by copying the snapshot taken at start).
+    Timing (measured on a shared 2-core VM): start 0.04 s (host image) to 0.12 s (Debian
+    base rootfs), exec overhead about 0.03-0.05 s, reset 0.007 s for an empty state and
+    about 0.65 s when the snapshot holds 2000 files: reset restores the private state by
+    copying the snapshot taken at start (``cp -a``), so it grows with the state's size, while
+    a start also copies the image's content of the writable paths.
     """
 
     backend_name = "sandbox"
@@ -638,7 +639,7 @@ class SandboxContainer(ContainerResource):
     def _copy_tree(src: Path, dst: Path) -> None:
         """``cp -a src/. dst`` (keeps modes, owners, links, timestamps)."""
         dst.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(["cp", "-a", "--", f"{src}/.", str(dst)], capture_output=True, text=True)
+        r = subprocess.run(["cp", "-a", "--", f"{src}/.", str(dst)], check=False, capture_output=True, text=True)
         if r.returncode != 0:
             raise ResourceStartError(f"copying {src} to {dst} failed: {r.stderr.strip()}")
 
