@@ -1,0 +1,129 @@
+"""External OpenAI-compatible endpoints as resources (``ModelAPISpec``).
+
+The resource is an HTTP client plus a concurrency bound: at most ``spec.max_instances``
+requests are in flight through one instance (a semaphore), so a global-scope instance
+shared by every rollout caps the load on the endpoint.  Retries: HTTP 429 and 5xx, and
+connection errors, up to ``spec.max_retries`` times with exponential backoff starting at
+``spec.backoff`` seconds (``Retry-After`` honoured when given).  The API key is read from
+the environment variable ``spec.api_key_env`` at start; it is never logged or shown in
+errors or ``repr``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from typing import Any
+
+from ...errors import ResourceDied, ResourceError, ResourceStartError
+from ..base import Resource, ResourceStatus
+from ..spec import ModelAPISpec
+
+__all__ = ["ModelAPIResource", "APIError", "create"]
+
+log = logging.getLogger(__name__)
+
+
+class APIError(ResourceError):
+    """The endpoint answered with an error that retries did not fix.  ``status`` is the HTTP status (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ModelAPIResource(Resource):
+    """An OpenAI-compatible endpoint: ``await api.chat(messages, ...)``, ``await api.post(path, json)``.
+
+    Attributes:
+        requests: requests sent (attempts, retries included).
+        retries: retries made after 429/5xx/connection errors.
+    """
+
+    def __init__(self, spec: ModelAPISpec, *, labels: dict[str, str] | None = None) -> None:
+        super().__init__(spec, labels=labels)
+        self.spec: ModelAPISpec = spec
+        self._client = None
+        self._sem = asyncio.Semaphore(spec.max_instances)
+        self.requests = 0
+        self.retries = 0
+
+    def __repr__(self) -> str:  # never show headers or the key
+        return f"<ModelAPIResource {self.id} {self.spec.base_url} model={self.spec.model} {self._status.value}>"
+
+    async def start(self) -> None:
+        import httpx
+
+        headers = {}
+        if self.spec.api_key_env is not None:
+            key = os.environ.get(self.spec.api_key_env)
+            if not key:
+                raise ResourceStartError(f"environment variable {self.spec.api_key_env} (the API key for "
+                                         f"{self.spec.base_url}) is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        self._client = httpx.AsyncClient(base_url=self.spec.base_url.rstrip("/") + "/", headers=headers,
+                                         timeout=self.spec.request_timeout)
+        self._status = ResourceStatus.READY
+
+    async def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST ``payload`` as JSON to ``base_url/path`` and return the JSON answer (with retries).
+
+        Raises:
+            APIError: a 4xx other than 429, or retries exhausted.
+            ResourceDied: the resource was released.
+        """
+        import httpx
+
+        if self._client is None:
+            raise ResourceDied(f"{self.id} is not started or was released")
+        delay = self.spec.backoff
+        async with self._sem:
+            for attempt in range(self.spec.max_retries + 1):
+                self.requests += 1
+                try:
+                    r = await self._client.post(path.lstrip("/"), json=payload)
+                except (httpx.TransportError,) as e:
+                    status, detail, retry_after = 0, f"{type(e).__name__}: {e}", None
+                else:
+                    if r.status_code < 400:
+                        return r.json()
+                    status, detail = r.status_code, r.text[:500]
+                    retry_after = r.headers.get("retry-after")
+                    if status != 429 and status < 500:
+                        raise APIError(f"{self.spec.base_url}/{path.lstrip('/')} answered {status}: {detail}", status)
+                if attempt == self.spec.max_retries:
+                    raise APIError(f"{self.spec.base_url}/{path.lstrip('/')} failed after {attempt + 1} attempts "
+                                   f"(last: {status or 'no answer'}: {detail})", status)
+                self.retries += 1
+                wait = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else delay
+                log.info("%s: retrying after %s (%.2fs)", self.id, status or "connection error", wait)
+                await asyncio.sleep(wait * (1 + 0.1 * random.random()))
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    async def chat(self, messages: list[dict[str, str]], **params: Any) -> str:
+        """One chat completion; returns the first choice's message content."""
+        payload = {"model": self.spec.model, "messages": messages, **params}
+        data = await self.post("chat/completions", payload)
+        try:
+            return data["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError) as e:
+            raise APIError(f"unexpected chat completion answer: {str(data)[:300]}") from e
+
+    async def reset(self) -> None:
+        """Nothing to do: an endpoint client keeps no per-rollout state."""
+
+    async def status(self) -> ResourceStatus:
+        return self._status
+
+    async def release(self) -> None:
+        client, self._client = self._client, None
+        self._status = ResourceStatus.STOPPED
+        if client is not None:
+            await client.aclose()
+
+
+def create(spec: ModelAPISpec, manager) -> ModelAPIResource:
+    return ModelAPIResource(spec, labels={"agentfly.manager": manager.id, "agentfly.pool": spec.key})

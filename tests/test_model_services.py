@@ -1,0 +1,178 @@
+"""Model services and model APIs as resources, on real processes.
+
+The model service is a real ``transformers serve`` process running the bundled SmolLM2 on
+CPU.  The retry tests run a real local HTTP server (Python's http.server on 127.0.0.1) that
+answers 429/500 on purpose.  vLLM cannot run here (no GPU): its completion answer shape is
+covered by parsing answers in the shape vLLM documents (``return_token_ids``,
+``return_tokens_as_token_ids``), said where used.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+
+import pytest
+
+from agentfly_gym.errors import PolicyError, ResourceStartError
+from agentfly_gym.resources import ModelAPISpec, ModelServiceSpec, ResourceManager, ResourceStatus
+from agentfly_gym.resources.backends.model_api import APIError
+from agentfly_gym.rewards import LLMJudge, parse_score, resourced
+from agentfly_gym.rollout.openai_policy import OpenAITokenPolicy, parse_completion_choice
+from agentfly_gym.rollout.policy import SamplingParams
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    out.append(int(d))
+            except (FileNotFoundError, IndexError, ValueError):
+                pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from agentfly_gym.rollout.models import smollm2_dir
+
+    return str(smollm2_dir())
+
+
+async def test_transformers_server_lifecycle_judge_and_token_policy_refusal(smollm2):
+    svc_spec = ModelServiceSpec(engine="transformers", model=smollm2, start_timeout=600)
+    async with ResourceManager() as m:
+        svc = await m.acquire_global(svc_spec)
+        assert svc.base_url.startswith("http://127.0.0.1:") and await svc.status() == ResourceStatus.READY
+        pid = svc.proc.pid
+        assert _alive(pid)
+        api_spec = ModelAPISpec(base_url=svc.base_url, model=smollm2, max_instances=2, request_timeout=300)
+        judge = LLMJudge(api_spec, max_tokens=8)
+        score = await judge("Add 2 and 2.", "4", "4", manager=m)
+        assert 0.0 <= score <= 1.0
+        api = await m.acquire_global(api_spec)
+        assert api.requests >= 1 and judge.last_reply  # the model really answered
+        assert await m.acquire_global(api_spec) is api  # global scope: one shared client
+
+        # transformers serve returns no token ids: the token-faithful policy must refuse, not re-tokenize
+        from transformers import AutoTokenizer
+
+        policy = OpenAITokenPolicy(api, AutoTokenizer.from_pretrained(smollm2))
+        with pytest.raises(PolicyError, match="token"):
+            await policy.generate([1, 2, 3], SamplingParams(max_tokens=4))
+        log_path = svc.log_path
+    assert not _alive(pid) and not _group_members(pid)  # the whole process group is gone
+    assert log_path.exists()
+
+
+async def test_bad_model_fails_start_with_log_and_leaves_no_process(tmp_path):
+    async with ResourceManager() as m:
+        with pytest.raises(ResourceStartError, match="exited|not healthy"):
+            await m.acquire_global(ModelServiceSpec(engine="transformers", model=str(tmp_path / "no-model"),
+                                                    start_timeout=120, extra_args=("--force-model-fail",)))
+        assert m.pool(ModelServiceSpec(engine="transformers", model=str(tmp_path / "no-model"), start_timeout=120,
+                                       extra_args=("--force-model-fail",))).size == 0
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    plan: list[int] = []
+    seen_auth: list[str] = []
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        _Flaky.seen_auth.append(self.headers.get("authorization", ""))
+        code = _Flaky.plan.pop(0) if _Flaky.plan else 200
+        body = json.dumps({"choices": [{"message": {"content": "ok [[7]]"}}]} if code == 200 else {"error": "x"})
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        if code == 429:
+            self.send_header("retry-after", "0.01")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture()
+def flaky_server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+    srv.server_close()
+
+
+async def test_model_api_retries_429_and_5xx_then_succeeds(flaky_server, monkeypatch):
+    monkeypatch.setenv("AFG_TEST_KEY", "sk-very-secret")
+    _Flaky.plan, _Flaky.seen_auth = [429, 500, 200], []
+    spec = ModelAPISpec(base_url=flaky_server, model="m", api_key_env="AFG_TEST_KEY", backoff=0.01)
+    async with ResourceManager() as m:
+        api = await m.acquire_global(spec)
+        assert await api.chat([{"role": "user", "content": "hi"}]) == "ok [[7]]"
+        assert api.retries == 2 and api.requests == 3
+        assert _Flaky.seen_auth == ["Bearer sk-very-secret"] * 3
+        assert "sk-very-secret" not in repr(api) and "sk-very-secret" not in repr(spec)
+        _Flaky.plan = [400]
+        with pytest.raises(APIError, match="400") as ei:
+            await api.chat([{"role": "user", "content": "hi"}])
+        assert "sk-very-secret" not in str(ei.value) and api.retries == 2  # no retry on a 4xx
+        _Flaky.plan = [503, 503, 503, 503]
+        with pytest.raises(APIError, match="4 attempts"):
+            await api.chat([{"role": "user", "content": "hi"}])
+
+
+async def test_model_api_missing_key_is_a_clear_start_error(flaky_server, monkeypatch):
+    monkeypatch.delenv("AFG_NO_SUCH_KEY", raising=False)
+    async with ResourceManager() as m:
+        with pytest.raises(ResourceStartError, match="AFG_NO_SUCH_KEY"):
+            await m.acquire_global(ModelAPISpec(base_url=flaky_server, model="m", api_key_env="AFG_NO_SUCH_KEY"))
+
+
+async def test_resourced_reward_gets_its_resource_without_allocation_code(flaky_server):
+    _Flaky.plan = []
+    spec = ModelAPISpec(base_url=flaky_server, model="m")
+
+    @resourced(scope="global", judge=spec)
+    async def reward(answer: str, *, judge) -> float:
+        return parse_score(await judge.chat([{"role": "user", "content": answer}])) or 0.0
+
+    async with ResourceManager() as m:
+        assert await reward("x", manager=m) == pytest.approx(0.7)
+        assert await reward("y", manager=m) == pytest.approx(0.7)
+        assert m.pool(spec).metrics.started == 1
+
+
+@pytest.mark.parametrize("text, want", [("Fine. [[8]]", 0.8), ("[[ 10 ]]", 1.0), ("rating: 3/10", 0.3),
+                                        ("no idea", None), ("[[42]] then 5", None)])
+def test_parse_score(text, want):
+    got = parse_score(text)
+    assert got == (pytest.approx(want) if want is not None else None)
+
+
+def test_parse_completion_choice_vllm_shapes():
+    """Answers in the shapes vLLM documents (no vLLM here: no GPU)."""
+    ids, lps = parse_completion_choice({"text": "hi", "token_ids": [5, 6, 2], "finish_reason": "stop",
+                                        "logprobs": {"token_logprobs": [-0.1, -0.2, -0.3], "tokens": ["a", "b", "c"]}})
+    assert ids == [5, 6, 2] and lps == [-0.1, -0.2, -0.3]
+    ids, lps = parse_completion_choice({"logprobs": {"tokens": ["token_id:7", "token_id:8"], "token_logprobs": [-1.0, -2.0]}})
+    assert ids == [7, 8] and lps == [-1.0, -2.0]
+    with pytest.raises(PolicyError, match="no token ids"):
+        parse_completion_choice({"text": "hi", "logprobs": {"tokens": ["h", "i"]}})
+    with pytest.raises(PolicyError, match="logprobs"):
+        parse_completion_choice({"token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]}})
