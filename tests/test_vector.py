@@ -1,0 +1,177 @@
+"""AsyncTextVectorEnv on the real Chess environment (real Stockfish, Lichess sample)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import agentfly_gym  # noqa: F401
+from agentfly_gym.envs.chess import ChessEnv
+from agentfly_gym.errors import ConfigError
+from agentfly_gym.resources import ResourceManager
+from agentfly_gym.vector import AsyncTextVectorEnv
+
+
+def _stockfish_pids() -> set[int]:
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/comm") as f:
+                    if f.read().strip() == "stockfish":
+                        with open(f"/proc/{d}/stat") as s:
+                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                                out.add(int(d))
+            except FileNotFoundError:
+                pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_engines():
+    before = _stockfish_pids()
+    yield
+    assert _stockfish_pids() <= before, "a stockfish process outlived its test"
+
+
+def test_make_vec_returns_async_text_vector_env_with_batch_semantics():
+    venv = gymnasium.make_vec("agentfly/Chess-v0", num_envs=3)
+    try:
+        assert isinstance(venv, AsyncTextVectorEnv) and venv.num_envs == 3
+        obs, infos = venv.reset(seed=11)
+        assert isinstance(obs, tuple) and len(obs) == 3 and all(isinstance(o, str) and o for o in obs)
+        assert infos["_task_id"].all() and len(set(infos["task_id"])) >= 2  # seeds 11, 12, 13
+        again, infos2 = venv.reset(seed=11)
+        assert again == obs and list(infos2["task_id"]) == list(infos["task_id"])  # seeded, reproducible
+        legal = [infos["admissible_actions"][i][0] for i in range(3)]
+        obs, rew, term, trunc, infos = venv.step(legal)
+        assert rew.dtype == np.float64 and term.dtype == np.bool_ and len(obs) == 3
+        assert venv.observation_space.contains(obs)
+    finally:
+        venv.close()
+
+
+async def test_next_step_autoreset_after_a_failed_puzzle():
+    async with ResourceManager() as m:
+        venv = AsyncTextVectorEnv.from_entry_point("agentfly_gym.envs.chess:ChessEnv", 2, manager=m)
+        obs, infos = await venv.areset(seed=3)
+        wrong = []
+        for i in range(2):
+            expert = await venv.envs[i].expert_action()
+            wrong.append(next(a for a in infos["admissible_actions"][i] if a != expert))
+        obs, rew, term, trunc, infos = await venv.astep(wrong)
+        assert term.all() and (rew == 0).all()
+        obs2, rew2, term2, trunc2, infos2 = await venv.astep(["ignored", "ignored"])  # the autoreset step
+        assert not term2.any() and (rew2 == 0).all() and all("Puzzle" in o for o in obs2)
+        assert (infos2["step"] == 0).all()
+        await venv.aclose()
+
+
+async def test_same_step_autoreset_reports_final_obs():
+    async with ResourceManager() as m:
+        venv = AsyncTextVectorEnv.from_entry_point("agentfly_gym.envs.chess:ChessEnv", 1, manager=m,
+                                                   autoreset_mode=AutoresetMode.SAME_STEP)
+        obs, infos = await venv.areset(seed=5)
+        expert = await venv.envs[0].expert_action()
+        wrong = next(a for a in infos["admissible_actions"][0] if a != expert)
+        obs, rew, term, trunc, infos = await venv.astep([wrong])
+        assert term[0] and "final_obs" in infos and infos["_final_obs"][0]
+        assert "Puzzle" in obs[0] and infos["final_obs"][0] != obs[0]
+        await venv.aclose()
+
+
+async def test_disabled_autoreset_needs_reset_mask():
+    async with ResourceManager() as m:
+        venv = AsyncTextVectorEnv.from_entry_point("agentfly_gym.envs.chess:ChessEnv", 2, manager=m,
+                                                   autoreset_mode="Disabled")
+        obs, infos = await venv.areset(seed=9)
+        expert0 = await venv.envs[0].expert_action()
+        wrong0 = next(a for a in infos["admissible_actions"][0] if a != expert0)
+        keep1 = infos["admissible_actions"][1][0]
+        await venv.astep([wrong0, keep1])
+        with pytest.raises(ConfigError, match="reset_mask"):
+            await venv.astep(["e2e4", "e2e4"])
+        obs, infos = await venv.areset(options={"reset_mask": np.array([True, False])})
+        assert obs[1] == "" and obs[0] and infos["_task_id"].tolist() == [True, False]
+        await venv.aclose()
+
+
+async def test_send_recv_returns_fast_envs_without_waiting_for_a_slow_one():
+    """Three fast puzzle envs and one game vs a Stockfish that thinks 3 s per move."""
+    async with ResourceManager() as m:
+        fns = [lambda: ChessEnv(manager=m) for _ in range(3)]
+        fns.append(lambda: ChessEnv(manager=m, mode="play", engine_depth=None, engine_movetime=3.0, skill_level=20))
+        venv = AsyncTextVectorEnv(fns)
+        obs, infos = await venv.areset(seed=1)
+        actions = [infos["admissible_actions"][i][0] for i in range(4)]
+        await venv.asend(actions)
+        with pytest.raises(ConfigError, match="in flight"):
+            await venv.asend(["e2e4"], env_ids=[3])
+        obs, rew, term, trunc, infos, ids = await venv.arecv(min_ready=1)
+        assert 3 not in ids.tolist() and len(ids) >= 1 and len(obs) == len(ids)
+        assert not venv._pending[3].done()  # the slow env is still thinking
+        rest = []
+        while venv._pending:
+            *_, more = await venv.arecv(min_ready=1)
+            rest += more.tolist()
+        assert 3 in rest and sorted(ids.tolist() + rest) == [0, 1, 2, 3]
+        await venv.aclose()
+
+
+async def test_recv_timeout_returns_empty_batch():
+    async with ResourceManager() as m:
+        venv = AsyncTextVectorEnv([lambda: ChessEnv(manager=m, mode="play", engine_depth=None, engine_movetime=1.0,
+                                                    skill_level=20)])
+        obs, infos = await venv.areset(seed=0)
+        await venv.asend([infos["admissible_actions"][0][0]])
+        obs, rew, term, trunc, infos, ids = await venv.arecv(min_ready=1, timeout=0.01)
+        assert ids.size == 0 and obs == ()
+        *_, ids = await venv.arecv(min_ready=1)
+        assert ids.tolist() == [0]
+        await venv.aclose()
+
+
+async def test_sub_envs_share_one_manager_and_its_caps():
+    async with ResourceManager() as m:
+        venv = AsyncTextVectorEnv.from_entry_point("agentfly_gym.envs.chess:ChessEnv", 3, manager=m, mode="play",
+                                                   max_engines=2, engine_depth=1)
+        reset = asyncio.ensure_future(venv.areset(seed=0))
+        await asyncio.sleep(1.5)
+        assert not reset.done()  # the third env waits for an engine
+        await venv.envs[0].aend_episode()
+        await asyncio.wait_for(reset, 30)
+        pool = next(iter(m.pools.values()))
+        assert pool.metrics.started == 2 and pool.metrics.max_in_use == 2
+        await venv.aclose()
+
+
+async def test_a_dead_engine_truncates_only_its_own_env():
+    async with ResourceManager() as m:
+        venv = AsyncTextVectorEnv.from_entry_point("agentfly_gym.envs.chess:ChessEnv", 2, manager=m, mode="play",
+                                                   engine_depth=1)
+        obs, infos = await venv.areset(seed=0)
+        engine = next(iter(venv.envs[0].scope.resources.values())).obj
+        os.kill(engine.pid, signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        actions = [infos["admissible_actions"][i][0] for i in range(2)]
+        obs, rew, term, trunc, infos = await venv.astep(actions)
+        assert trunc[0] and infos["error"][0]
+        assert not trunc[1] and infos["error"][1] is None
+        await venv.aclose()
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ConfigError, match="num_envs"):
+        AsyncTextVectorEnv.from_entry_point("agentfly_gym.envs.chess:ChessEnv", 0)
+    with pytest.raises(ConfigError, match="autoreset_mode"):
+        AsyncTextVectorEnv([lambda: ChessEnv()], autoreset_mode="sometimes")
+    venv = AsyncTextVectorEnv([lambda: ChessEnv()])
+    with pytest.raises(ConfigError, match="expected 1 actions"):
+        venv.step(["a", "b"])
+    venv.close()
