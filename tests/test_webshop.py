@@ -19,12 +19,20 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentfly_gym  # noqa: F401  (registers the env ids)
-from agentfly_gym.envs.webshop import WebShopEnv, WebShopServer, get_reward, normalize_color, parse_action, token_set_ratio
+from agentfly_gym.envs.webshop import (
+    WebShopEnv,
+    WebShopServer,
+    get_reward,
+    normalize_color,
+    parse_action,
+    token_set_ratio,
+)
 from agentfly_gym.envs.webshop.catalog import load_catalog
 from agentfly_gym.envs.webshop.reward import get_type_reward
 from agentfly_gym.envs.webshop.search import analyze, document_text
 from agentfly_gym.errors import ConfigError, DataNotFoundError, ResetNeeded
-from agentfly_gym.resources.manager import ResourceManager
+from agentfly_gym.resources.manager import ResourceManager, default_manager
+from agentfly_gym.utils.aio import run_sync
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -365,6 +373,11 @@ def test_check_env_and_sync_api(data_dir):
     obs, r, term, trunc, info = env.step("search[pillow covers]")
     assert info["page"] == "search_results"
     env.close()
+    run_sync(_close_default_manager())  # release the shared server now, not at interpreter exit
+
+
+async def _close_default_manager() -> None:
+    await default_manager().aclose()
 
 
 async def test_server_in_its_own_process(data_dir):
@@ -394,3 +407,28 @@ def test_measure_load_time_and_memory(data_dir):
     print("webshop server load:", stats)
     assert stats["products"] == 29 and stats["goals"] == 149
     assert 0 < stats["load_seconds"] < 120 and 0 < stats["rss_delta_bytes"] < 2 * 1024**3
+
+
+async def test_human_goals_from_items_human_ins(tmp_path, data_dir):
+    """Human instructions (upstream's items_human_ins.json format), written here for two sample products."""
+    (tmp_path / PRODUCTS).symlink_to(data_dir / PRODUCTS)
+    (tmp_path / ATTRS).symlink_to(data_dir / ATTRS)
+    human = {
+        "B08K7LDM7Q": [{"instruction": "i want cowhide throw pillow covers, 20x20 inch.", "instruction_attributes": ["throw pillow"],
+                        "instruction_options": ['20"x20"']}],
+        "B08R3XSC65": [{"instruction": "plaid pumps", "instruction_attributes": [], "instruction_options": []},  # skipped
+                       {"instruction": "plaid leather high heels", "instruction_attributes": ["high heel"],
+                        "instruction_options": []}],
+    }
+    (tmp_path / "items_human_ins.json").write_text(json.dumps(human))
+    async with ResourceManager() as m:
+        env = WebShopEnv(manager=m, data_dir=tmp_path, human_goals=True, max_episode_steps=30)
+        goals = await env_goals(env)
+        assert len(goals) == 2 and {g["asin"] for g in goals} == {"B08K7LDM7Q", "B08R3XSC65"}
+        pillow = next(g for g in goals if g["asin"] == "B08K7LDM7Q")
+        # the trailing "." is stripped, then the price text: $17.99 -> two of (20, 30, 40, 50), the larger
+        assert pillow["instruction_text"].startswith("i want cowhide throw pillow covers, 20x20 inch, and price lower than ")
+        assert pillow["goal_options"] == ['20"x20"'] and pillow["price_upper"] in (30.0, 40.0, 50.0)
+        r, term, info = await run_expert(env, pillow["goal_idx"])
+        assert term and r == 1.0 and info["options"] == {"size": '20"x20"'}
+        await env.aclose()

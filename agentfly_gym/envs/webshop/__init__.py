@@ -15,5 +15,17 @@ from .reward import get_reward, normalize_color, token_set_ratio
 from .search import ProductSearch
 from .server import WebShopServer, WebShopServerProcess, create_server, parse_action
 
-__all__ = ["WebShopEnv", "WebShopServer", "WebShopServerProcess", "create_server", "Catalog", "load_catalog",
-           "ProductSearch", "get_reward", "normalize_color", "token_set_ratio", "parse_action", "to_text"]
+__all__ = [
+           "Catalog",
+           "ProductSearch",
+           "WebShopEnv",
+           "WebShopServer",
+           "WebShopServerProcess",
+           "create_server",
+           "get_reward",
+           "load_catalog",
+           "normalize_color",
+           "parse_action",
+           "to_text",
+           "token_set_ratio",
+]

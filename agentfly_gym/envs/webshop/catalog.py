@@ -40,7 +40,7 @@ from typing import Any
 
 from ...errors import ConfigError, DataNotFoundError
 
-__all__ = ["Catalog", "load_catalog", "find_data_files", "PRICE_RANGE", "GOAL_SHUFFLE_SEED", "HOW_TO_GET"]
+__all__ = ["GOAL_SHUFFLE_SEED", "HOW_TO_GET", "PRICE_RANGE", "Catalog", "find_data_files", "load_catalog"]
 
 #: Goal price limits are drawn from these (dollars), as upstream's ``goal.PRICE_RANGE``.
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
@@ -177,7 +177,7 @@ def _load_products(products_path: Path, attributes: dict[str, Any], human: dict[
         p["options"] = options
         p["option_to_image"] = option_to_image
         entry = attributes.get(asin) or {}
-        p["Attributes"] = entry["attributes"] if "attributes" in entry else ["DUMMY_ATTR"]
+        p["Attributes"] = entry.get("attributes", ["DUMMY_ATTR"])
         if human is not None:
             if asin in human:
                 p["instructions"] = human[asin]

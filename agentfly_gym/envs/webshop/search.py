@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ProductSearch", "analyze", "document_text", "LUCENE_STOPWORDS", "SEARCH_RETURN_N"]
+__all__ = ["LUCENE_STOPWORDS", "SEARCH_RETURN_N", "ProductSearch", "analyze", "document_text"]
 
 SEARCH_RETURN_N = 50
 LUCENE_STOPWORDS = frozenset((

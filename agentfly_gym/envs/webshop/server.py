@@ -27,12 +27,25 @@ from typing import Any
 
 from ...errors import ConfigError, EnvError, ResourceDied
 from .catalog import Catalog, load_catalog
-from .pages import (BACK_TO_SEARCH, END_BUTTON, NEXT_PAGE, PREV_PAGE, PRODUCT_WINDOW, SUB_PAGES, Page, render_done,
-                    render_index, render_item, render_results, render_sub_page, to_text)
+from .pages import (
+    BACK_TO_SEARCH,
+    END_BUTTON,
+    NEXT_PAGE,
+    PREV_PAGE,
+    PRODUCT_WINDOW,
+    SUB_PAGES,
+    Page,
+    render_done,
+    render_index,
+    render_item,
+    render_results,
+    render_sub_page,
+    to_text,
+)
 from .reward import DEFAULT_SPACY_MODEL, SpacyNouns, get_reward
 from .search import SEARCH_RETURN_N, ProductSearch
 
-__all__ = ["WebShopServer", "WebShopServerProcess", "create_server", "parse_action", "SPLITS", "OBSERVATION_MODES"]
+__all__ = ["OBSERVATION_MODES", "SPLITS", "WebShopServer", "WebShopServerProcess", "create_server", "parse_action"]
 
 log = logging.getLogger(__name__)
 
@@ -467,8 +480,8 @@ class WebShopServerProcess:
     def close(self) -> None:
         try:
             self._conn.send(None)
-        except Exception:
-            pass
+        except (OSError, ValueError):
+            log.debug("WebShop server process %s: pipe already closed", self._proc.pid)
         self._proc.join(5)
         if self._proc.is_alive():
             self._proc.terminate()
