@@ -1,0 +1,19 @@
+"""ALFWorld (Shridhar et al., 2021, MIT licence) as ``agentfly/ALFWorld-v0``.
+
+Pieces: :mod:`.games` (data location, splits, task types, the cached index of solvable
+games), :mod:`.simulator` (the TextWorld PDDL engine with ALFWorld's demangler, run as an
+in-process resource), :mod:`.planner` (the expert's plans, computed in a child process and
+cached on disk) and :mod:`.env` (the Gymnasium environment).  Importing this package imports
+neither ``alfworld`` nor ``textworld``; the simulator does when it is built.
+"""
+
+from .env import SIMULATOR_FACTORY, ALFWorldEnv
+from .games import TASK_TYPES, GameIndex, GameRecord, load_index, parse_task_types, resolve_alfworld_root
+from .planner import ExpertPlanError, ExpertPlanTimeout, compute_plan
+from .simulator import NOTHING_HAPPENS, ALFWorldSimulator
+
+__all__ = [
+    "ALFWorldEnv", "ALFWorldSimulator", "SIMULATOR_FACTORY", "TASK_TYPES", "GameIndex", "GameRecord", "load_index",
+    "parse_task_types", "resolve_alfworld_root", "ExpertPlanError", "ExpertPlanTimeout", "compute_plan",
+    "NOTHING_HAPPENS",
+]

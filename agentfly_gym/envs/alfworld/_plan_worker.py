@@ -1,0 +1,50 @@
+"""Child process of the ALFWorld expert planner (run as a script, never imported by the library).
+
+Reads one JSON request from stdin: ``{"game_file": str, "history": [str, ...]}``; loads the
+game exactly as the simulator does (PddlEnv + ALFWorld's demangler), replays ``history``,
+asks Fast Downward for a plan from that state (``PddlState.replan``, the source of ALFWorld's
+``policy_commands`` / planner expert) and writes one JSON line to stdout:
+``{"plan": [str, ...]}`` or ``{"error": str}``.  It runs in its own process so that a plan that
+takes minutes or hundreds of MB can be timed out and its memory returned by killing it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _plan(game_file: str, history: list[str]) -> dict:
+    import textworld
+    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+    from textworld.envs.pddl import PddlEnv
+
+    env = AlfredInfos(AlfredDemangler(PddlEnv(textworld.EnvInfos(admissible_commands=True, won=True)), shuffle=False))
+    env.load(game_file)
+    state = env.reset()
+    for i, command in enumerate(history):
+        if command not in state["admissible_commands"]:
+            return {"error": f"history command {i} {command!r} is not admissible when replayed"}
+        state, _, _ = env.step(command)
+    if state["won"]:
+        return {"plan": []}
+    pddl = env.unwrapped
+    plan = pddl._pddl_state.replan(pddl._entity_infos)
+    if not plan:
+        return {"error": "Fast Downward found no plan from this state"}
+    return {"plan": [str(c) for c in plan]}
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.read())
+    try:
+        result = _plan(request["game_file"], list(request.get("history", [])))
+    except Exception as e:  # reported to the parent, which raises ExpertPlanError
+        result = {"error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

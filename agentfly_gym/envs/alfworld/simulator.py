@@ -1,0 +1,208 @@
+"""The ALFWorld text simulator: TextWorld's PDDL engine with ALFWorld's demangler, as an in-process resource.
+
+This is the light path of ALFWorld's ``AlfredTWEnv`` (``alfworld/agents/environment/alfred_tw_env.py``):
+``textworld.envs.pddl.PddlEnv`` wrapped in ALFWorld's ``AlfredDemangler`` (object ids such as
+``Apple_bar__plus_00_dot_12...`` become ``apple 1``; ``shuffle=False`` as upstream uses for
+evaluation) and ``AlfredInfos``.  Observations are the engine's own text: the first one is
+``"-= Welcome to TextWorld, ALFRED! =-\\n\\n<room>\\n\\nYour task is to: <goal>."`` and a command
+that is not admissible gives ``"Nothing happens."``.
+
+One :class:`ALFWorldSimulator` holds one ``PddlEnv`` (and so one private copy of Fast Downward's
+shared library, which is never unloaded) for its whole life and loads one game per episode.
+Made by the resource manager from
+``InProcessSpec(factory="agentfly_gym.envs.alfworld.simulator:ALFWorldSimulator")``; all calls
+run on the instance's own worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ...errors import EnvError
+from ...resources.spec import parse_bytes
+
+__all__ = ["ALFWorldSimulator", "current_rss", "NOTHING_HAPPENS"]
+
+log = logging.getLogger(__name__)
+
+#: TextWorld's PddlEnv feedback for a command that is not admissible.
+NOTHING_HAPPENS = "Nothing happens."
+
+
+def _file_stamp(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_mtime_ns, st.st_size
+
+
+def current_rss() -> int | None:
+    """Resident set size of this process in bytes (Linux ``/proc/self/statm``); ``None`` where unknown."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+class ALFWorldSimulator:
+    """One ALFWorld game engine, reused across episodes (one game loaded at a time).
+
+    Args:
+        max_rss_growth: memory watch.  :meth:`healthy` turns ``False`` once this process's
+            resident memory has grown by more than this many bytes (an int or ``"1g"`` style
+            string) since the simulator was built, so the pool replaces it.  The measure is
+            process-wide (simulators share the process), so it is a safety valve against slow
+            growth over many games, not a per-simulator account.  ``None`` disables it.
+
+    Raises:
+        ImportError: ``alfworld``/``textworld`` (with ``fast-downward-textworld``) are not installed.
+    """
+
+    def __init__(self, max_rss_growth: int | str | None = None) -> None:
+        try:
+            import textworld
+            from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+            from textworld.envs.pddl import PddlEnv
+        except ImportError as e:  # pragma: no cover - depends on the installation
+            raise ImportError(f"ALFWorld needs `pip install agentfly-gym[alfworld]` (alfworld 0.4.2, textworld 1.7.0 "
+                              f"with fast-downward-textworld): {e}") from e
+        self.max_rss_growth = parse_bytes(max_rss_growth, field="max_rss_growth")
+        infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+        self._env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
+        self._baseline_rss = current_rss()
+        self._game_file: str | None = None
+        self._parsed: tuple[str, tuple[int, int]] | None = None
+        self._admissible: list[str] = []
+        self._won = False
+        self._history: list[str] = []
+        self.games_loaded = 0
+        self.steps = 0
+
+    # ------------------------------------------------------------------ episode
+    def load(self, game_file: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+        """Load ``game_file`` (a ``game.tw-pddl``) and start it.
+
+        Returns:
+            ``(observation, info)``: the intro text ending with ``"Your task is to: ..."``, and
+            ``info`` with ``admissible_actions`` (sorted list[str]), ``won`` (bool), ``goal`` (str,
+            the task sentence) and ``game_file`` (str).
+
+        Raises:
+            EnvError: the game cannot be loaded (e.g. an unsolvable or corrupt game file).
+        """
+        game_file = str(Path(game_file))
+        self._clear()
+        try:
+            stamp = _file_stamp(game_file)
+            if self._parsed is None or self._parsed != (game_file, stamp):
+                # Parsing the game's grammar and PDDL costs ~1-3 s; a game that is played again
+                # (e.g. a group of rollouts of one task) skips it and only restarts the game.
+                self._parsed = None
+                self._env.load(game_file)
+                self._parsed = (game_file, stamp)
+            state = self._env.reset()  # a fresh PddlState: nothing of an earlier episode survives
+        except Exception as e:
+            self._parsed = None
+            self._clear()
+            raise EnvError(f"ALFWorld cannot load {game_file}: {type(e).__name__}: {e}") from e
+        self._game_file = game_file
+        self.games_loaded += 1
+        self._admissible = list(state["admissible_commands"])
+        self._won = bool(state["won"])
+        obs = str(state.feedback)
+        goal = ""
+        marker = "Your task is to: "
+        if marker in obs:
+            goal = obs.rsplit(marker, 1)[1].strip()
+        return obs, {"admissible_actions": list(self._admissible), "won": self._won, "goal": goal,
+                     "game_file": game_file}
+
+    def step(self, command: str) -> tuple[str, bool, list[str], bool]:
+        """Apply one text command.
+
+        The command is matched exactly against the admissible commands after stripping
+        surrounding whitespace (as ``PddlEnv.step``); anything else leaves the game unchanged and
+        gives ``"Nothing happens."``.
+
+        Returns:
+            ``(observation, won, admissible_commands, applied)``; ``applied`` says whether the
+            command changed the game (it was admissible).
+
+        Raises:
+            EnvError: no game is loaded.
+        """
+        if self._game_file is None:
+            raise EnvError("ALFWorld simulator: no game is loaded; call load() first")
+        command = command.strip()
+        applied = command in self._admissible
+        state, _score, _done = self._env.step(command)
+        self.steps += 1
+        if applied:
+            self._history.append(command)
+        self._admissible = list(state["admissible_commands"])
+        self._won = bool(state["won"])
+        return str(state.feedback), self._won, list(self._admissible), applied
+
+    @property
+    def game_file(self) -> str | None:
+        """The loaded game file, or ``None``."""
+        return self._game_file
+
+    @property
+    def history(self) -> list[str]:
+        """The commands applied to the loaded game so far (inadmissible ones excluded)."""
+        return list(self._history)
+
+    @property
+    def admissible_commands(self) -> list[str]:
+        return list(self._admissible)
+
+    # ------------------------------------------------------------------ resource hooks
+    def reset(self) -> None:
+        """Forget the episode (called by the pool before the simulator serves another rollout).
+
+        The game state, history and admissible commands are dropped; :meth:`step` then raises
+        until the next :meth:`load`, which always starts the game from a fresh engine state.
+        """
+        self._clear()
+
+    def healthy(self) -> bool:
+        """``False`` once process memory grew past ``max_rss_growth`` since this simulator was built."""
+        if self.max_rss_growth is None or self._baseline_rss is None:
+            return True
+        rss = current_rss()
+        if rss is None:
+            return True
+        grown = rss - self._baseline_rss
+        if grown > self.max_rss_growth:
+            log.info("ALFWorld simulator: process RSS grew by %d MiB (> %d MiB) after %d games; recycling it",
+                     grown >> 20, self.max_rss_growth >> 20, self.games_loaded)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Drop the engine (its Fast Downward library copy stays mapped until the process exits)."""
+        self._clear()
+        self._parsed = None
+        self._env = None
+
+    def _clear(self) -> None:
+        """Forget the episode: the current game state, admissible commands and history."""
+        self._game_file = None
+        self._admissible = []
+        self._won = False
+        self._history = []
+        env = self._env
+        if env is None:
+            return
+        # Drop the engine's game state; the parsed rules of the last game file (read-only data,
+        # rebuilt into a fresh state by the next load) are kept only while _parsed names them.
+        inner = env
+        while inner is not None:
+            for attr in ("state", "prev_state"):
+                if attr in vars(inner):
+                    setattr(inner, attr, None)
+            inner = vars(inner).get("_wrapped_env")
