@@ -432,3 +432,16 @@ async def test_human_goals_from_items_human_ins(tmp_path, data_dir):
         r, term, info = await run_expert(env, pillow["goal_idx"])
         assert term and r == 1.0 and info["options"] == {"size": '20"x20"'}
         await env.aclose()
+
+
+def test_make_vec_sub_envs_have_their_own_sessions(data_dir):
+    v = gymnasium.make_vec("agentfly/WebShop-v0", num_envs=3, data_dir=str(data_dir))
+    try:
+        obs, info = v.reset(seed=0)
+        assert all(o.startswith("WebShop [SEP] Instruction: [SEP] ") for o in obs)
+        obs2, r, term, trunc, info = v.step(["search[hdmi cable]", "click[nope]", "search[pillow covers]"])
+        assert obs2[1] == obs[1] and "Page 1 (Total results:" in obs2[0] and "Page 1 (Total results:" in obs2[2]
+        assert list(info["page"]) == ["search_results", "index", "search_results"]
+    finally:
+        v.close()
+        run_sync(_close_default_manager())

@@ -158,9 +158,7 @@ class WebShopServer:
     def healthy(self) -> bool:
         return True
 
-    def close(self) -> None:
-        with self._lock:
-            self._sessions.clear()
+    # No close(): an in-process server holds no process or file; it is freed with the object.
 
     # ------------------------------------------------------------------ sessions
     def _goal(self, idx: int) -> dict[str, Any]:
