@@ -8,12 +8,29 @@ neither ``alfworld`` nor ``textworld``; the simulator does when it is built.
 """
 
 from .env import SIMULATOR_FACTORY, ALFWorldEnv
-from .games import TASK_TYPES, GameIndex, GameRecord, load_index, parse_task_types, resolve_alfworld_root
+from .games import (
+    TASK_TYPES,
+    GameIndex,
+    GameRecord,
+    load_index,
+    parse_task_types,
+    resolve_alfworld_root,
+)
 from .planner import ExpertPlanError, ExpertPlanTimeout, compute_plan
 from .simulator import NOTHING_HAPPENS, ALFWorldSimulator
 
 __all__ = [
-    "ALFWorldEnv", "ALFWorldSimulator", "SIMULATOR_FACTORY", "TASK_TYPES", "GameIndex", "GameRecord", "load_index",
-    "parse_task_types", "resolve_alfworld_root", "ExpertPlanError", "ExpertPlanTimeout", "compute_plan",
     "NOTHING_HAPPENS",
+    "SIMULATOR_FACTORY",
+    "TASK_TYPES",
+    "ALFWorldEnv",
+    "ALFWorldSimulator",
+    "ExpertPlanError",
+    "ExpertPlanTimeout",
+    "GameIndex",
+    "GameRecord",
+    "compute_plan",
+    "load_index",
+    "parse_task_types",
+    "resolve_alfworld_root",
 ]

@@ -39,7 +39,7 @@ def main() -> int:
     request = json.loads(sys.stdin.read())
     try:
         result = _plan(request["game_file"], list(request.get("history", [])))
-    except Exception as e:  # reported to the parent, which raises ExpertPlanError
+    except Exception as e:  # noqa: BLE001  (any failure is reported to the parent, which raises ExpertPlanError)
         result = {"error": f"{type(e).__name__}: {e}"}
     sys.stdout.write("\n" + json.dumps(result) + "\n")
     sys.stdout.flush()

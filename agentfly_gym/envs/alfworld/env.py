@@ -14,9 +14,8 @@ from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
 from .games import GameIndex, GameRecord, load_index, resolve_alfworld_root
 from .planner import ExpertPlanError, compute_plan
-from .simulator import NOTHING_HAPPENS
 
-__all__ = ["ALFWorldEnv", "SIMULATOR_FACTORY"]
+__all__ = ["SIMULATOR_FACTORY", "ALFWorldEnv"]
 
 SIMULATOR_FACTORY = "agentfly_gym.envs.alfworld.simulator:ALFWorldSimulator"
 

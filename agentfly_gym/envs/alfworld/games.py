@@ -28,8 +28,16 @@ from typing import Any
 from ...data import cache_dir, resolve_data_dir
 from ...errors import ConfigError
 
-__all__ = ["TASK_TYPES", "SPLIT_ALIASES", "GameRecord", "GameIndex", "resolve_alfworld_root",
-           "parse_task_types", "load_index", "HOW_TO_GET"]
+__all__ = [
+    "HOW_TO_GET",
+    "SPLIT_ALIASES",
+    "TASK_TYPES",
+    "GameIndex",
+    "GameRecord",
+    "load_index",
+    "parse_task_types",
+    "resolve_alfworld_root",
+]
 
 log = logging.getLogger(__name__)
 

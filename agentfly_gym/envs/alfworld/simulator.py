@@ -24,7 +24,7 @@ from typing import Any
 from ...errors import EnvError
 from ...resources.spec import parse_bytes
 
-__all__ = ["ALFWorldSimulator", "current_rss", "NOTHING_HAPPENS"]
+__all__ = ["NOTHING_HAPPENS", "ALFWorldSimulator", "current_rss"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,10 @@ class ALFWorldSimulator:
     def __init__(self, max_rss_growth: int | str | None = None) -> None:
         try:
             import textworld
-            from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+            from alfworld.agents.environment.alfred_tw_env import (
+                AlfredDemangler,
+                AlfredInfos,
+            )
             from textworld.envs.pddl import PddlEnv
         except ImportError as e:  # pragma: no cover - depends on the installation
             raise ImportError(f"ALFWorld needs `pip install agentfly-gym[alfworld]` (alfworld 0.4.2, textworld 1.7.0 "
