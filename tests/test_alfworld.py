@@ -6,6 +6,7 @@ in its child process.  Games are picked among quick ones of valid_seen (plan in 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -306,3 +307,20 @@ async def test_planner_timeout_kills_the_child(alfworld_root, fresh_cache):
     assert not [c for c in _children() if "_plan_worker" in c]
     with pytest.raises(ExpertPlanError, match="not admissible"):
         await compute_plan(game, ["fly to the moon"], timeout=60)
+
+
+async def test_concurrent_episodes_on_two_simulators(alfworld_root):
+    """Two simulators of one process load and step at the same time (TextWorld's parsers are not
+    thread-safe; the simulator serialises engine calls)."""
+    async with ResourceManager() as manager:
+        envs = [ALFWorldEnv(data_dir=alfworld_root, split="valid_seen", manager=manager, max_instances=2)
+                for _ in range(2)]
+        results = await asyncio.gather(envs[0].areset(options={"task_id": LOOK_BOWL}),
+                                       envs[1].areset(options={"task_id": PLACE_BOOK}))
+        assert [info["task_id"] for _, info in results] == [LOOK_BOWL, PLACE_BOOK]
+        assert envs[0]._sim is not envs[1]._sim
+        steps = await asyncio.gather(*(e.astep(info["admissible_actions"][0]) for e, (_, info) in zip(envs, results)))
+        assert all(info["applied"] and info["error"] is None for *_, info in steps)
+        assert _pool(manager)["max_in_use"] == 2
+        for e in envs:
+            await e.aclose()

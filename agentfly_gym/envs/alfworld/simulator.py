@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,13 @@ log = logging.getLogger(__name__)
 
 #: TextWorld's PddlEnv feedback for a command that is not admissible.
 NOTHING_HAPPENS = "Nothing happens."
+
+#: Serialises engine calls of all simulators in this process.  TextWorld's PDDL/grammar parsers
+#: and Fast Downward's Python translator keep module-level state: two simulators loading games
+#: on two threads at once fail with parser errors (measured here).  Upstream avoids this by
+#: running each env in its own process; the engine is pure Python under the GIL, so the lock
+#: costs little throughput.
+_ENGINE_LOCK = threading.RLock()
 
 
 def _file_stamp(path: str) -> tuple[int, int]:
@@ -100,13 +108,14 @@ class ALFWorldSimulator:
         self._clear()
         try:
             stamp = _file_stamp(game_file)
-            if self._parsed is None or self._parsed != (game_file, stamp):
-                # Parsing the game's grammar and PDDL costs ~1-3 s; a game that is played again
-                # (e.g. a group of rollouts of one task) skips it and only restarts the game.
-                self._parsed = None
-                self._env.load(game_file)
-                self._parsed = (game_file, stamp)
-            state = self._env.reset()  # a fresh PddlState: nothing of an earlier episode survives
+            with _ENGINE_LOCK:
+                if self._parsed is None or self._parsed != (game_file, stamp):
+                    # Parsing the game's grammar and PDDL costs ~1-3 s; a game that is played again
+                    # (e.g. a group of rollouts of one task) skips it and only restarts the game.
+                    self._parsed = None
+                    self._env.load(game_file)
+                    self._parsed = (game_file, stamp)
+                state = self._env.reset()  # a fresh PddlState: nothing of an earlier episode survives
         except Exception as e:
             self._parsed = None
             self._clear()
@@ -141,7 +150,8 @@ class ALFWorldSimulator:
             raise EnvError("ALFWorld simulator: no game is loaded; call load() first")
         command = command.strip()
         applied = command in self._admissible
-        state, _score, _done = self._env.step(command)
+        with _ENGINE_LOCK:
+            state, _score, _done = self._env.step(command)
         self.steps += 1
         if applied:
             self._history.append(command)
