@@ -101,8 +101,9 @@ async def compute_plan(game_file: str | os.PathLike, history: Sequence[str] = ()
         if cached is not None:
             return cached
     t0 = time.monotonic()
+    # -P: the worker's own folder (which holds env.py, games.py, ...) must not shadow top-level modules.
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(_WORKER), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-P", str(_WORKER), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     request = json.dumps({"game_file": game_file, "history": history}).encode()
     try:
