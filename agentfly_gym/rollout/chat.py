@@ -216,20 +216,13 @@ class ChatTokenizer:
                                 f"{[m.get('role') for m in new]}: " + "; ".join(errors))
 
     def _self_check(self) -> None:
-        """The remainder after the end-of-turn token must tokenize the same alone as in context."""
-        probe = [{"role": "user", "content": " probe\n text "}]
-        for k in self._order:
-            d = self._dummy(k)
-            if d is None or d[1] < 0:
-                continue
-            full = self.render(self._dummies[k] + probe, True)
-            if not full.startswith(d[0]):
-                continue
-            enc = self.tokenizer.encode
-            if enc(full[:d[1]], add_special_tokens=False) + enc(full[d[1]:], add_special_tokens=False) \
-                    != enc(full, add_special_tokens=False):
-                raise TokenizationError(f"tokenizer does not split cleanly after {self.eot_token!r}: the text after it "
-                                        "tokenizes differently alone than in context (an added token that strips "
-                                        "neighbouring whitespace?)")
-            return
-        raise TokenizationError("no dummy conversation of the chat template can be extended with a user message")
+        """The remainder after the end-of-turn token must tokenize the same alone as in context,
+        and the template must be extendable with a user message at all."""
+        rem = self._remainder([{"role": "user", "content": " probe\n text "}], True)
+        text, cut = self._dummy(self._order[0])
+        enc = self.tokenizer.encode
+        if enc(text[:cut], add_special_tokens=False) + enc(rem, add_special_tokens=False) \
+                != enc(text[:cut] + rem, add_special_tokens=False):
+            raise TokenizationError(f"tokenizer does not split cleanly after {self.eot_token!r}: the text after it "
+                                    "tokenizes differently alone than in context (an added token that strips "
+                                    "neighbouring whitespace?)")
