@@ -238,12 +238,17 @@ def _ensure_atexit() -> None:
 
 
 def _close_all_at_exit() -> None:
+    """Interpreter exit: tear down every live manager's instances synchronously, then stop the loop.
+
+    Thread pools refuse new work at this point, so no coroutine (and no ``release()``) runs;
+    each resource's ``terminate_sync()`` does the work.
+    """
     from ..utils.aio import shutdown_background_loop
 
-    shutdown_background_loop()
     for m in list(_live_managers):
         if not m.closed:
             m.close_sync()
+    shutdown_background_loop()
 
 
 _default_managers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ResourceManager] = weakref.WeakKeyDictionary()

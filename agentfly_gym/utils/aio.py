@@ -63,19 +63,14 @@ def on_background_loop() -> bool:
     return _thread is not None and threading.current_thread() is _thread
 
 
-def shutdown_background_loop(timeout: float = 30.0) -> None:
-    """Close the background loop's default resource manager, then stop the loop (used at exit)."""
+def shutdown_background_loop() -> None:
+    """Stop the background loop (used at interpreter exit, after resources were torn down).
+
+    At exit no coroutine is run: thread pools refuse new work by then, so resources are
+    torn down synchronously (:meth:`ResourceManager.close_sync`) by the caller.
+    """
     global _loop
     loop = _loop
-    if loop is None or loop.is_closed() or not loop.is_running():
-        return
-    from ..resources.manager import _default_managers
-
-    manager = _default_managers.get(loop)
-    if manager is not None and not manager.closed:
-        try:
-            asyncio.run_coroutine_threadsafe(manager.aclose(), loop).result(timeout)
-        except Exception:
-            manager.close_sync()
-    loop.call_soon_threadsafe(loop.stop)
     _loop = None
+    if loop is not None and not loop.is_closed() and loop.is_running():
+        loop.call_soon_threadsafe(loop.stop)

@@ -1,0 +1,225 @@
+"""Chain and step rollouts, the runner and its files, on real environments and a real model.
+
+Model: the bundled SmolLM2-135M-Instruct (CPU) where token fidelity is the point; scripted
+policies (expert, random) where only the plumbing is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+
+import gymnasium
+import pyarrow.parquet as pq
+import pytest
+
+import agentfly_gym  # noqa: F401
+from agentfly_gym.errors import ConfigError
+from agentfly_gym.resources import ResourceManager
+from agentfly_gym.rollout import (ExpertPolicy, RandomPolicy, RolloutConfig, SamplingParams, load_trajectories,
+                                  run_chain_episode, run_rollouts)
+from agentfly_gym.rollout.chat import ChatTokenizer
+from agentfly_gym.rollout.step import run_step_episode
+
+
+def _procs(name: str) -> set[int]:
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/comm") as f:
+                    if f.read().strip() == name:
+                        with open(f"/proc/{d}/stat") as s:
+                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                                out.add(int(d))
+            except FileNotFoundError:
+                pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_simulators():
+    before = {n: _procs(n) for n in ("java", "stockfish")}
+    yield
+    for n, pids in before.items():
+        for _ in range(100):  # a JVM may take a moment to exit after close()
+            if _procs(n) <= pids:
+                break
+            time.sleep(0.1)
+        assert _procs(n) <= pids, f"a {n} process outlived its test"
+
+
+class Recording:
+    """Wraps a real policy and records every Generation it returns."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.tokenizer = policy.tokenizer
+        self.generations = []
+
+    async def generate(self, prompt_ids, sampling):
+        g = await self.policy.generate(prompt_ids, sampling)
+        self.generations.append((list(prompt_ids), g))
+        return g
+
+
+@pytest.fixture(scope="module")
+def smollm2_policy():
+    from agentfly_gym.rollout.models import smollm2_dir
+    from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+
+    policy = TransformersPolicy(smollm2_dir(), seed=0, max_batch_size=8)
+    yield policy
+    policy.close()
+
+
+def _segments(traj):
+    """Runs of equal mask as (mask, ids, logprobs)."""
+    out, start = [], 0
+    for i in range(1, len(traj.response_mask) + 1):
+        if i == len(traj.response_mask) or traj.response_mask[i] != traj.response_mask[start]:
+            out.append((traj.response_mask[start], traj.response_ids[start:i], traj.response_logprobs[start:i]))
+            start = i
+    return out
+
+
+async def test_chain_keeps_sampled_ids_verbatim_and_matches_a_fresh_render(smollm2_policy):
+    policy = Recording(smollm2_policy)
+    chat = ChatTokenizer(policy.tokenizer)
+    tok = policy.tokenizer
+    async with ResourceManager() as m:
+        env = gymnasium.make("agentfly/Chess-v0", manager=m).unwrapped
+        traj = await run_chain_episode(env, policy, chat, sampling=SamplingParams(max_tokens=24, temperature=1.0, seed=1),
+                                       max_turns=3, seed=4)
+        await env.aclose()
+    assert traj.num_turns == len(policy.generations) >= 1
+    n = len(traj.response_ids)
+    assert len(traj.response_mask) == n == len(traj.response_logprobs)
+    # 1. every turn's prompt was exactly the chain so far, and its sampled ids sit verbatim at mask 1
+    chain = traj.prompt_ids + traj.response_ids
+    sampled_runs = [s for s in _segments(traj) if s[0] == 1]
+    assert len(sampled_runs) == len(policy.generations)
+    for (prompt, gen), (_, ids, lps) in zip(policy.generations, sampled_runs):
+        assert prompt == chain[: len(prompt)] and len(prompt) >= len(traj.prompt_ids)
+        assert ids == gen.token_ids
+        assert all(math.isclose(a, b, rel_tol=0, abs_tol=1e-6) for a, b in zip(lps, gen.logprobs))
+        assert all(lp <= 0 for lp in lps)
+    assert all(lp == 0.0 for mask, _, lps in _segments(traj) if mask == 0 for lp in lps)
+    # 2. the whole sequence equals a fresh render of the conversation, except inside assistant turns whose
+    #    decode/re-encode is not the identity (the drift that re-tokenizing would have introduced)
+    fresh = tok.apply_chat_template(traj.messages, tokenize=True, add_generation_prompt=False)
+    fresh = list(fresh["input_ids"] if isinstance(fresh, dict) or hasattr(fresh, "keys") else fresh)
+    expected = list(traj.prompt_ids)
+    drifted = 0
+    for mask, ids, _ in _segments(traj):
+        if mask == 1:
+            re = tok.encode(tok.decode(ids, skip_special_tokens=True), add_special_tokens=False)
+            eot = [chat.eot_token_id] if ids and ids[-1] == chat.eot_token_id else []
+            drifted += (re + eot) != ids
+            expected += re + eot
+        else:
+            expected += ids
+    ours = traj.prompt_ids + traj.response_ids
+    # the fresh render ends with the last assistant turn closed (plus its boundary newline, if any)
+    assert expected == fresh[: len(expected)] and len(fresh) - len(expected) <= 1
+    if drifted == 0:
+        assert ours == fresh[: len(ours)]
+
+
+async def test_expert_chain_solves_a_puzzle_with_scripted_ids(smollm2_policy):
+    chat = ChatTokenizer(smollm2_policy.tokenizer)
+    async with ResourceManager() as m:
+        env = gymnasium.make("agentfly/Chess-v0", manager=m).unwrapped
+        traj = await run_chain_episode(env, ExpertPolicy(), chat, max_turns=10, seed=2)
+        await env.aclose()
+    assert traj.success and traj.reward == 1.0 and traj.terminated
+    for mask, ids, lps in _segments(traj):
+        if mask == 1:
+            assert ids[-1] == chat.eot_token_id and all(math.isnan(x) for x in lps)
+    assert [t.finish_reason for t in traj.turns] == ["action"] * traj.num_turns
+
+
+async def test_runner_chess_and_scienceworld_concurrently_writes_files(tmp_path, smollm2_policy):
+    chat = ChatTokenizer(smollm2_policy.tokenizer)
+    config = RolloutConfig(env_ids=["Chess-v0", "ScienceWorld"], num_trajectories=4, group_size=2, concurrency=4,
+                           max_turns=2, seed=0, sampling=SamplingParams(max_tokens=16),
+                           env_kwargs={"ScienceWorld-v0": {"max_simulators": 1}}, output_dir=tmp_path)
+    result = await run_rollouts(config, smollm2_policy, chat, progress=False)
+    trajs = result.trajectories
+    assert [t.env_id for t in trajs] == ["agentfly/Chess-v0"] * 2 + ["agentfly/ScienceWorld-v0"] * 2
+    assert all(t.error is None for t in trajs), [t.error for t in trajs]
+    assert trajs[0].group_id == trajs[1].group_id != trajs[2].group_id == trajs[3].group_id
+    assert trajs[0].task_id == trajs[1].task_id and trajs[2].task_id == trajs[3].task_id  # a group shares its task
+    s = result.summary
+    assert s["trajectories"] == 4 and s["sampled_tokens"] == sum(t.num_sampled_tokens for t in trajs) > 0
+    assert s["resources"]["started"] >= 1 and set(s["per_env"]) == {"agentfly/Chess-v0", "agentfly/ScienceWorld-v0"}
+    # files: parquet + jsonl round-trip exactly, summary.json matches
+    table = pq.read_table(result.paths["parquet"])
+    assert table.num_rows == 4 and table.column("response_ids").to_pylist()[0] == trajs[0].response_ids
+    back = load_trajectories(result.paths["jsonl"])
+    assert [b.response_ids for b in back] == [t.response_ids for t in trajs]
+    assert [b.response_mask for b in back] == [t.response_mask for t in trajs]
+    assert json.loads(result.paths["summary"].read_text())["trajectories"] == 4
+
+
+async def test_step_mode_rows(tmp_path, smollm2_policy):
+    chat = ChatTokenizer(smollm2_policy.tokenizer)
+    async with ResourceManager() as m:
+        env = gymnasium.make("agentfly/Chess-v0", manager=m, mode="play", engine_depth=1, max_moves=3).unwrapped
+        traj = await run_step_episode(env, RandomPolicy(seed=0), chat, max_turns=4, history=2, seed=0,
+                                      trajectory_id="t1", group_id="g1")
+        await env.aclose()
+    rows = traj.steps
+    assert traj.mode == "step" and len(rows) == traj.num_turns == 3  # max_moves=3 truncates
+    assert [r.step for r in rows] == [0, 1, 2] and rows[-1].done
+    assert all(r.trajectory_id == "t1" and r.group_id == "g1" for r in rows)
+    assert all(r.episode_return == traj.reward for r in rows)
+    assert rows[0].anchor_obs != rows[1].anchor_obs and "FEN" in rows[1].anchor_obs
+    for r in rows:
+        assert len(r.response_ids) == len(r.response_mask) == len(r.response_logprobs)
+        assert r.response_ids[: sum(r.response_mask)] == chat.action_ids(r.action)
+    # each step's prompt is fresh: it shows at most 2 past steps
+    text = policy_text = smollm2_policy.tokenizer.decode(rows[2].prompt_ids)
+    assert "[Step 1]" in text and "[Step 2]" in text and policy_text.count("Action:") >= 2
+    from agentfly_gym.rollout.step import save_step_rows
+
+    paths = save_step_rows([traj], tmp_path)
+    assert pq.read_table(paths["steps"]).num_rows == 3
+
+
+async def test_a_broken_trajectory_is_recorded_and_the_others_finish(smollm2_policy):
+    chat = ChatTokenizer(smollm2_policy.tokenizer)
+    config = RolloutConfig(env_ids=["Chess-v0", "ScienceWorld-v0"], num_trajectories=2, concurrency=2, max_turns=1,
+                           env_kwargs={"ScienceWorld-v0": {"task_name": "no-such-task"}})
+    result = await run_rollouts(config, ExpertPolicy(), chat, progress=False)
+    ok, bad = result.trajectories
+    assert ok.error is None and ok.num_turns == 1
+    assert "no-such-task" in bad.error and bad.num_turns == 0
+    assert result.summary["errors"] == 1
+
+
+def test_config_errors_name_the_value():
+    with pytest.raises(ConfigError, match="unknown environment"):
+        RolloutConfig(env_ids=["Checkers-v0"])
+    with pytest.raises(ConfigError, match="group_size"):
+        RolloutConfig(env_ids=["Chess-v0"], group_size=0)
+    with pytest.raises(ConfigError, match="mode"):
+        RolloutConfig(env_ids=["Chess-v0"], mode="tree")
+
+
+async def test_cancelled_rollout_releases_its_resources(smollm2_policy):
+    chat = ChatTokenizer(smollm2_policy.tokenizer)
+    async with ResourceManager() as m:
+        env = gymnasium.make("agentfly/Chess-v0", manager=m, mode="play", engine_depth=None, engine_movetime=5.0,
+                             skill_level=20).unwrapped
+        task = asyncio.ensure_future(run_chain_episode(env, RandomPolicy(seed=1), chat, max_turns=5, seed=0))
+        await asyncio.sleep(2.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        pool = next(iter(m.pools.values()))
+        assert pool.metrics.in_use == 0 and env.episode_id is not None
+        await env.aclose()
