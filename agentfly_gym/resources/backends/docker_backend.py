@@ -326,6 +326,8 @@ class DockerContainer(ContainerResource):
       others are pulled once), creates and starts the container with the spec's limits (see the
       module docstring), then runs a setup step that records the processes alive at start and
       snapshots ``spec.reset_paths`` into ``/.agentfly/snapshot`` (mode 700, root only).
+      Reset paths must not hold mount points (Docker bind-mounts ``/etc/hostname``, ``/etc/hosts``
+      and ``/etc/resolv.conf``, so ``/etc`` cannot be a reset path; name the files or folders under it).
     * ``reset()``: one ``exec`` that freezes all processes at once (``kill -STOP -1``), resumes those
       alive at start, SIGKILLs the rest, empties ``/tmp`` and ``/var/tmp`` and restores each reset
       path (``rsync -a --delete`` from the snapshot where rsync exists, else ``rm -rf`` + ``cp -a``).
@@ -501,10 +503,13 @@ class DockerContainer(ContainerResource):
         """Run ``cmd`` in the container (see :meth:`ContainerResource.exec`).
 
         The command runs under ``timeout -s KILL <timeout>``, which kills its whole process group
-        at the deadline (``exit_code=-1``, ``timed_out=True``).  As a backstop, if the exec has not
-        returned ``5`` seconds after the deadline (e.g. a detached child keeps the output open),
-        every process carrying this exec's marker variable ``AGENTFLY_EXEC`` is killed.  Output is
-        read incrementally and only its head and tail are kept, so memory stays bounded.
+        at the deadline (``exit_code=-1``, ``timed_out=True``); then every process that carries
+        this exec's marker variable ``AGENTFLY_EXEC`` (descendants that left the group, e.g. via
+        ``setsid``) is killed too.  The same marker kill is the backstop when the exec has not
+        returned 5 seconds after the deadline, and runs when the awaiting task is cancelled.
+        Background processes of a command that finished in time keep running (a server started
+        by one call can serve the next); ``reset()`` kills them.  Output is read incrementally and
+        only its head and tail are kept, so memory stays bounded.
 
         Raises:
             ConfigError: ``timeout`` or ``max_output`` is not positive, or ``cmd`` is empty.
@@ -584,6 +589,8 @@ class DockerContainer(ContainerResource):
         duration = time.monotonic() - t0
         text, truncated = buf.text(max_output)
         timed_out = use_timeout and code in (124, 137) and duration >= timeout
+        if timed_out and mark:  # descendants that left the process group (setsid) die too
+            self._kill_marked_sync(mark)
         if code is None:  # the exec was cut off (container died)
             code = -1
         return ExecResult(exit_code=-1 if timed_out else int(code), output=text, timed_out=timed_out,
