@@ -9,5 +9,14 @@ from .env import SCIENCEWORLD_PROMPT, ScienceWorldEnv
 from .simulator import FACTORY, ScienceWorldSimulator
 from .tasks import SIMPLIFICATIONS, SPLITS, parse_task_id, resolve_task_name, task_names
 
-__all__ = ["ScienceWorldEnv", "ScienceWorldSimulator", "SCIENCEWORLD_PROMPT", "FACTORY", "SIMPLIFICATIONS",
-           "SPLITS", "parse_task_id", "resolve_task_name", "task_names"]
+__all__ = [
+           "FACTORY",
+           "SCIENCEWORLD_PROMPT",
+           "SIMPLIFICATIONS",
+           "SPLITS",
+           "ScienceWorldEnv",
+           "ScienceWorldSimulator",
+           "parse_task_id",
+           "resolve_task_name",
+           "task_names",
+]

@@ -16,9 +16,16 @@ from ...resources.spec import InProcessSpec
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
 from .simulator import FACTORY
-from .tasks import SPLITS, check_simplification, format_task_id, parse_task_id, resolve_task_name, task_names
+from .tasks import (
+    SPLITS,
+    check_simplification,
+    format_task_id,
+    parse_task_id,
+    resolve_task_name,
+    task_names,
+)
 
-__all__ = ["ScienceWorldEnv", "SCIENCEWORLD_PROMPT"]
+__all__ = ["SCIENCEWORLD_PROMPT", "ScienceWorldEnv"]
 
 SCIENCEWORLD_PROMPT = AgentPrompt(system=(
     "You are an agent in ScienceWorld, a text-based simulation of elementary science experiments "
@@ -169,7 +176,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         Raises:
             ResetNeeded: no episode is running.
         """
-        self.scope  # raises ResetNeeded outside an episode
+        _ = self.scope  # raises ResetNeeded outside an episode
         if self._gold is None:
             assert self._sim is not None
             self._gold = await self._sim.call("gold_actions")
@@ -181,7 +188,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         Raises:
             ResetNeeded: no episode is running.
         """
-        self.scope
+        _ = self.scope  # raises ResetNeeded outside an episode
         assert self._sim is not None
         return await self._sim.call("inventory")
 

@@ -21,10 +21,16 @@ import subprocess
 import threading
 from typing import Any
 
-from ...errors import ConfigError, EnvError, ResourceDied, ResourceStartError, ResourceUnavailable
+from ...errors import (
+    ConfigError,
+    EnvError,
+    ResourceDied,
+    ResourceStartError,
+    ResourceUnavailable,
+)
 from .tasks import check_simplification, resolve_task_name
 
-__all__ = ["ScienceWorldSimulator", "FACTORY"]
+__all__ = ["FACTORY", "ScienceWorldSimulator"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,10 @@ _LAUNCH_LOCK = threading.Lock()
 _CATALOGUE_LOCK = threading.Lock()
 _MAX_VARIATIONS: dict[str, int] = {}
 _SPLIT_VARIATIONS: dict[str, dict[str, tuple[int, ...]]] = {}
+
+
+def _noop() -> None:
+    return None
 
 
 class ScienceWorldSimulator:
@@ -121,7 +131,7 @@ class ScienceWorldSimulator:
             return False
         try:
             self._call("getNumMoves")
-        except Exception:
+        except Exception:  # noqa: BLE001 - any failure means unhealthy
             return False
         return True
 
@@ -134,10 +144,11 @@ class ScienceWorldSimulator:
         closer = threading.Thread(target=self._shutdown_gateway, args=(env,), daemon=True, name="sw-gateway-close")
         closer.start()
         closer.join(5.0)
+        self._disconnect(env)
         if proc.poll() is None:
             try:  # py4j's --die-on-broken-pipe: the JVM exits when its stdin closes
                 proc.stdin.close()
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - best effort on a closing/dead JVM
                 pass
             try:
                 proc.wait(timeout=3.0)
@@ -147,7 +158,23 @@ class ScienceWorldSimulator:
                 proc.wait(timeout=10.0)
         try:
             env._obj_tree_tempdir.cleanup()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - best effort on a closing/dead JVM
+            pass
+        # The package's ScienceWorldEnv.__del__ calls close() (py4j calls) whenever the garbage
+        # collector gets to it, at an arbitrary point of another thread's work; it is closed
+        # already, so make that call a no-op on this instance.
+        env.close = _noop
+        self._env = self._server = None
+
+    def _disconnect(self, env: Any = None) -> None:
+        """Mark the py4j client disconnected, so that the finalizers of its Java object proxies
+        stop trying to reach a dead JVM.  (Each failed attempt logs an error with a traceback,
+        and formatting that traceback from inside a garbage collection that interrupted an
+        ``ast.parse`` elsewhere trips CPython 3.11's "AST constructor recursion depth mismatch".)
+        """
+        try:
+            (env or self._env)._gateway._gateway_client.is_connected = False
+        except Exception:  # noqa: BLE001, S110 - best effort on a closing/dead JVM
             pass
 
     @staticmethod
@@ -316,4 +343,6 @@ class ScienceWorldSimulator:
             raise EnvError(f"ScienceWorld raised: {str(e)[:500]}") from e
         except (Py4JError, OSError) as e:  # connection lost: the JVM died or hangs
             state = "died" if self._process.poll() is not None else "is not answering"
+            if self._process.poll() is not None:
+                self._disconnect()
             raise ResourceDied(f"ScienceWorld JVM (pid {self.pid}) {state}: {type(e).__name__}: {str(e)[:200]}") from e

@@ -15,8 +15,15 @@ import re
 
 from ...errors import ConfigError, ResourceUnavailable
 
-__all__ = ["SPLITS", "SIMPLIFICATIONS", "task_names", "resolve_task_name", "parse_task_id", "format_task_id",
-           "check_simplification"]
+__all__ = [
+    "SIMPLIFICATIONS",
+    "SPLITS",
+    "check_simplification",
+    "format_task_id",
+    "parse_task_id",
+    "resolve_task_name",
+    "task_names",
+]
 
 #: The variation splits of the simulator, in the order the package defines them.
 SPLITS = ("train", "dev", "test")

@@ -1,0 +1,203 @@
+"""agentfly/ScienceWorld-v0 against the real simulator (PyPI scienceworld 1.2.3, one JVM per simulator).
+
+At most two JVMs run at once; every test checks that no ScienceWorld JVM started by this
+process outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import gymnasium
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import agentfly_gym  # noqa: F401  (registers agentfly/*)
+from agentfly_gym.envs.scienceworld import ScienceWorldEnv
+from agentfly_gym.errors import ConfigError
+from agentfly_gym.resources.manager import ResourceManager
+from agentfly_gym.utils.aio import run_sync
+
+pytestmark = pytest.mark.timeout(120)
+
+SHORT_TASK = "find-non-living-thing:0"  # gold path of 5 steps
+
+
+def _scienceworld_jvms() -> list[int]:
+    """PIDs of ScienceWorld JVMs (zombies included) whose parent is this test process."""
+    me = str(os.getpid())
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        ppid = stat.rsplit(")", 1)[1].split()[1]
+        if ppid == me and (b"scienceworld.jar" in cmd or b"java" in stat.encode()):
+            found.append(int(pid))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_jvm():
+    assert _scienceworld_jvms() == [], "a ScienceWorld JVM was already running before the test"
+    yield
+    deadline = time.monotonic() + 10
+    while _scienceworld_jvms() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _scienceworld_jvms() == [], "a ScienceWorld JVM outlived env.close() + manager.aclose()"
+
+
+def _pool(manager: ResourceManager) -> dict:
+    (metrics,) = manager.metrics().values()
+    return metrics
+
+
+def test_make_and_check_env():
+    """gymnasium.make + the sync API + Gymnasium's env checker (seeded resets, random text actions)."""
+    env = gymnasium.make("agentfly/ScienceWorld-v0", max_simulators=1)
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+        _, info_a = env.reset(seed=7)
+        _, info_b = env.reset(seed=7)
+        assert info_a["task_id"] == info_b["task_id"]  # the task and variation come from np_random
+        task, variation = info_a["task_id"].split(":")
+        assert info_a["task_name"] == task and info_a["variation"] == int(variation)
+        assert "admissible_actions" not in info_a
+        obs, reward, terminated, truncated, info = env.step("look around")
+        assert isinstance(obs, str) and obs and info["error"] is None
+        assert reward == pytest.approx(info["score"] / 100)  # the first reward carries the starting score
+        assert "episode_id" in info_b and "episode_id" not in info
+    finally:
+        env.close()
+        run_sync(env.unwrapped._manager.aclose())
+
+
+async def test_expert_solves_short_task_with_return_one():
+    async with ResourceManager() as manager:
+        env = ScienceWorldEnv(manager=manager, max_simulators=1)
+        obs, info = await env.areset(options={"task_id": SHORT_TASK})
+        assert obs.startswith("Task Description:") and "non-living thing" in obs
+        assert info["task_id"] == SHORT_TASK and info["score"] >= 0 and not info["won"]
+        ret, steps, done = 0.0, 0, False
+        while not done:
+            action = await env.expert_action()
+            obs, reward, terminated, truncated, info = await env.astep(action)
+            ret += reward
+            steps += 1
+            done = terminated or truncated
+            assert steps <= 10
+        assert terminated and not truncated and info["error"] is None
+        assert info["won"] is True and info["score"] == 100
+        assert ret == pytest.approx(1.0)
+        await env.aclose()
+
+
+async def test_bad_actions_and_bad_options_are_handled():
+    async with ResourceManager() as manager:
+        env = ScienceWorldEnv(manager=manager, max_simulators=1, with_admissible_actions=True)
+        _, info = await env.areset(options={"task_id": SHORT_TASK})
+        assert "look around" in info["admissible_actions"]
+        start_score = info["score"]
+        for action in ["", "   ", "fly to the moon", "x" * 200_000, "open " * 20_000, "héllo ☃\n\t%s{}",
+                       "focus on"]:
+            obs, reward, terminated, truncated, info = await env.astep(action)
+            assert isinstance(obs, str) and obs, action[:20]
+            assert not terminated and not truncated and info["error"] is None
+            assert isinstance(info["admissible_actions"], list) and info["admissible_actions"]
+        assert info["score"] == start_score
+        # variations are drawn from the simulator's own split
+        _, info = await env.areset(seed=3, options={"task_name": "boil", "split": "test"})
+        assert 21 <= info["variation"] <= 29 and info["task_id"] == f"boil:{info['variation']}"
+        # bad configuration: ConfigError naming the valid values, no episode left running
+        with pytest.raises(ConfigError, match="valid task names"):
+            await env.areset(options={"task_name": "boil-the-ocean"})
+        with pytest.raises(ConfigError, match=r"0\.\.299"):
+            await env.areset(options={"task_name": "find-animal", "variation": 300})
+        with pytest.raises(ConfigError, match="split"):
+            await env.areset(options={"split": "validation"})
+        with pytest.raises(ConfigError, match="simplification"):
+            await env.areset(options={"simplification": "godMode"})
+        with pytest.raises(ConfigError, match="unknown ScienceWorld reset option"):
+            await env.areset(options={"level": 3})
+        with pytest.raises(ConfigError):
+            ScienceWorldEnv(manager=manager, task_name="nope")
+        await env.aclose()
+
+
+async def test_jvm_reused_and_reset_leaves_no_state():
+    async with ResourceManager() as manager:
+        env = ScienceWorldEnv(manager=manager, max_simulators=1)
+        _, first = await env.areset(options={"task_id": "find-living-thing:0"})
+        pid = env._sim.obj.pid
+        # the heap limit reaches this JVM only; the variable is restored in this process
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            assert b"JAVA_TOOL_OPTIONS=-Xmx400m" in f.read().split(b"\0")
+        assert "-Xmx400m" not in os.environ.get("JAVA_TOOL_OPTIONS", "")
+        inventory0 = await env.inventory()
+        # two gold steps, then the expert is asked mid-episode: the replay keeps the state
+        await env.astep("open door to kitchen")
+        await env.astep("go to kitchen")
+        look, inv = await env._sim.call("look"), await env.inventory()
+        gold = await env._sim.call("gold_actions")
+        assert await env._sim.call("look") == look and await env.inventory() == inv
+        # play the gold path past its "pick up": score and inventory change
+        for t in range(len(gold)):
+            action = await env.expert_action()
+            _, _, terminated, truncated, info = await env.astep(action)
+            if action.startswith("pick up"):
+                break
+        assert info["score"] > first["score"] and not terminated and not truncated
+        assert await env.inventory() != inventory0
+        # next episode, same task and variation, same JVM: nothing of the previous one is left
+        _, second = await env.areset(options={"task_id": "find-living-thing:0"})
+        assert env._sim.obj.pid == pid
+        assert second["score"] == first["score"] and second["moves"] == 0
+        assert await env.inventory() == inventory0
+        metrics = _pool(manager)
+        assert metrics["started"] == 1 and metrics["reused"] == 1 and metrics["resets"] == 1
+        await env.aclose()
+
+
+async def test_second_env_waits_for_the_only_simulator():
+    async with ResourceManager() as manager:
+        a = ScienceWorldEnv(manager=manager, max_simulators=1)
+        b = ScienceWorldEnv(manager=manager, max_simulators=1)
+        await a.areset(options={"task_id": SHORT_TASK})
+        waiting = asyncio.create_task(b.areset(options={"task_id": "boil:0"}))
+        await asyncio.sleep(1.5)
+        assert not waiting.done()
+        assert _pool(manager)["waiting"] == 1
+        await a.astep("look around")  # a keeps working while b waits
+        await a.aclose()  # a's episode ends: its JVM goes to b
+        _, info = await asyncio.wait_for(waiting, 60)
+        assert info["task_id"] == "boil:0"
+        metrics = _pool(manager)
+        assert metrics["started"] == 1 and metrics["max_in_use"] == 1 and metrics["acquire_wait_max"] >= 1.0
+        await b.aclose()
+
+
+async def test_killed_jvm_is_a_handled_fault_and_replaced():
+    async with ResourceManager() as manager:
+        env = ScienceWorldEnv(manager=manager, max_simulators=1)
+        await env.areset(options={"task_id": SHORT_TASK})
+        old_pid = env._sim.obj.pid
+        os.kill(old_pid, signal.SIGKILL)
+        obs, reward, terminated, truncated, info = await env.astep("open door to kitchen")
+        assert truncated and not terminated and reward == 0.0
+        assert info["error"] and "Error" in obs
+        _, info = await env.areset(options={"task_id": SHORT_TASK})
+        assert env._sim.obj.pid != old_pid and info["error"] is None
+        obs, *_ = await env.astep("go to kitchen")
+        assert "kitchen" in obs
+        metrics = _pool(manager)
+        assert metrics["started"] == 2 and metrics["replaced"] == 1
+        await env.aclose()
