@@ -128,16 +128,19 @@ async def test_mixed_sampling_params_in_one_batch(tiny):
     """Greedy and sampled requests batched together: the greedy rows equal their solo result."""
     ps = prompts(tiny, 4)
     solo = [await tiny.generate(p, GREEDY) for p in ps[:2]]
-    b0 = tiny.num_batches
+    b0, f0 = tiny.num_batches, tiny.num_forward_passes
     mixed = await asyncio.gather(tiny.generate(ps[0], GREEDY),
                                  tiny.generate(ps[2], SamplingParams(max_tokens=3, temperature=1.0, top_k=5)),
                                  tiny.generate(ps[1], GREEDY),
                                  tiny.generate(ps[3], SamplingParams(max_tokens=12, temperature=0.5)))
     assert tiny.num_batches - b0 == 1
     assert [len(g.token_ids) for g in mixed] == [8, 3, 8, 12]
-    # Batched logits differ from solo ones only by float rounding of the padded matmuls.
+    # Batched logits differ from solo ones only by float rounding of the padded matmuls, also
+    # after the 3-token row left the batch (its KV cache rows dropped) at step 3.
+    assert tiny.num_forward_passes - f0 == 12
     for s, m in zip(solo, (mixed[0], mixed[2])):
-        assert m.logprobs[0] == pytest.approx(s.logprobs[0], abs=1e-4)
+        assert m.token_ids == s.token_ids
+        assert m.logprobs == pytest.approx(s.logprobs, abs=1e-4)
 
 
 async def test_stop_token_ends_generation_and_is_included(tiny):

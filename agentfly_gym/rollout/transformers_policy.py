@@ -306,6 +306,7 @@ class TransformersPolicy:
         out_lp: list[list[float]] = [[] for _ in batch]
         finish: list[str | None] = [None] * n
         steps = max(r.sampling.max_tokens for r in batch)
+        active = list(range(n))  # rows of the running tensors -> request index
         past = None
         with torch.inference_mode():
             for _ in range(steps):
@@ -314,22 +315,30 @@ class TransformersPolicy:
                 self.num_forward_passes += 1
                 past = out.past_key_values
                 logits = out.logits[:, -1, :].float().cpu()
-                nxt = torch.full((n,), self._pad_id, dtype=torch.long)
-                for i, r in enumerate(batch):
-                    if finish[i] is not None:
+                nxt = torch.full((len(active),), self._pad_id, dtype=torch.long)
+                for row, i in enumerate(active):
+                    if finish[i] is not None:  # only where the cache could not drop the row
                         continue
-                    tok, lp = _sample(logits[i], r.sampling, gens[i])
+                    tok, lp = _sample(logits[row], batch[i].sampling, gens[i])
                     out_ids[i].append(tok)
                     out_lp[i].append(lp)
-                    nxt[i] = tok
+                    nxt[row] = tok
                     if tok in stops[i]:
                         finish[i] = "stop"
-                    elif len(out_ids[i]) >= r.sampling.max_tokens:
+                    elif len(out_ids[i]) >= batch[i].sampling.max_tokens:
                         finish[i] = "length"
-                if all(f is not None for f in finish):
+                keep = [row for row, i in enumerate(active) if finish[i] is None]
+                if not keep:
                     break
+                if len(keep) < len(active) and hasattr(past, "batch_select_indices"):
+                    # Drop finished rows from the batch (and their KV cache) so that short
+                    # requests do not cost long ones anything.
+                    sel = torch.tensor(keep, device=self.device)
+                    past.batch_select_indices(sel)
+                    attn, position_ids, nxt = attn[sel], position_ids[sel], nxt[keep]
+                    active = [active[row] for row in keep]
                 input_ids = nxt.unsqueeze(1).to(self.device)
-                attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=self.device)], dim=1)
+                attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype, device=self.device)], dim=1)
                 position_ids = position_ids[:, -1:] + 1
         return [Generation(token_ids=ids, logprobs=lps, finish_reason=f or "length",
                            text=self.tokenizer.decode(ids, skip_special_tokens=True))
