@@ -30,6 +30,7 @@ Command line: ``agentfly-gym images build [names]`` (:func:`images_main`).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import logging
@@ -286,7 +287,7 @@ def build_base_image(name: str | None = None, *, suite: str = BASE_SUITE, packag
 
     Args:
         name: the image tag to create; default :func:`base_image_tag` (content hash).  The result is
-            also tagged ``agentfly/base:latest``.
+            also tagged ``<repository of name>:latest`` (``agentfly/base:latest`` by default).
         mirror: Debian mirror URI; default :func:`debian_mirror` (this machine's apt sources).
         force: rebuild the rootfs and the image even if they exist.
         progress: called with each line of progress output (default: the module logger).
@@ -302,9 +303,35 @@ def build_base_image(name: str | None = None, *, suite: str = BASE_SUITE, packag
     client = _client()
     if not force and image_exists(tag, client):
         _say(progress, f"base image {tag}: present")
-        _tag_latest(client, tag, BASE_IMAGE)
+        _tag_latest(client, tag, tag.rpartition(':')[0])
         return tag
     root = base_rootfs_dir(suite, packages)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        if _locked_elsewhere(lock):
+            _say(progress, f"base image {tag}: waiting for another process's build")
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per rootfs at a time, across processes
+        try:
+            if not force and image_exists(tag, client):  # another process built it meanwhile
+                _tag_latest(client, tag, tag.rpartition(':')[0])
+                return tag
+            _build_base_locked(client, root, tag, suite, packages, mirror, force, progress)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return tag
+
+
+def _locked_elsewhere(lock: Any) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    return False
+
+
+def _build_base_locked(client: Any, root: Path, tag: str, suite: str, packages: Sequence[str], mirror: str | None,
+                       force: bool, progress: Progress | None) -> None:
     marker = root / ".agentfly-rootfs.json"
     if force or not marker.is_file():
         if shutil.which("debootstrap") is None:
@@ -333,8 +360,7 @@ def build_base_image(name: str | None = None, *, suite: str = BASE_SUITE, packag
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
     _import_rootfs(client, root, tag, progress)
-    _tag_latest(client, tag, BASE_IMAGE)
-    return tag
+    _tag_latest(client, tag, tag.rpartition(':')[0])
 
 
 def _import_rootfs(client: Any, root: Path, tag: str, progress: Progress | None) -> None:
