@@ -35,7 +35,8 @@ def info_summary(info: dict[str, Any]) -> dict[str, Any]:
 
 async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, chat, *, env_id: str = "",
                             sampling: SamplingParams | None = None, max_turns: int = 10,
-                            max_context_tokens: int | None = None, seed: int | None = None,
+                            max_context_tokens: int | None = None, max_response_tokens: int | None = None,
+                            seed: int | None = None,
                             options: dict[str, Any] | None = None, trajectory_id: str | None = None,
                             group_id: str | None = None) -> Trajectory:
     """Play one episode of ``env`` with ``policy`` in chain mode and return its :class:`Trajectory`.
@@ -49,6 +50,9 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
         max_turns: most policy turns; the episode is truncated after them.
         max_context_tokens: stop (truncated) when the next turn could exceed this many tokens
             (prompt + response + ``sampling.max_tokens``); None for no limit.
+        max_response_tokens: stop (truncated) before a turn once the response holds at least this
+            many tokens (a trainer's response budget; the policy caps each reply to what is left);
+            None for no limit.
         seed, options: passed to ``env.areset``.
 
     The env's episode is always ended before returning, also on error or cancellation.
@@ -73,6 +77,9 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
         for turn_idx in range(max_turns):
             if max_context_tokens is not None and \
                     len(traj.prompt_ids) + len(traj.response_ids) + sampling.max_tokens > max_context_tokens:
+                truncated = True
+                break
+            if max_response_tokens is not None and len(traj.response_ids) >= max_response_tokens:
                 truncated = True
                 break
             t0 = time.monotonic()
