@@ -1,0 +1,378 @@
+"""agentfly-gym environments as a verl 0.9.1 agent loop (the official extension point, no fork).
+
+verl instantiates :class:`AgentFlyAgentLoop` once per trajectory (``hydra.utils.instantiate`` of
+an entry of ``actor_rollout_ref.rollout.agent.agent_loop_config_path``, see ``agent_loops.yaml``)
+and awaits ``run(sampling_params, **row)`` where ``row`` holds the dataset columns
+(``raw_prompt``, ``extra_info``, ``index``, ``data_source``, ``uid``, ...).  ``run`` makes the
+environment named by ``extra_info`` with the worker's shared resource manager
+(:func:`agentfly_gym_verl.runtime.get_manager`), rolls it out with the project's own
+:func:`~agentfly_gym.rollout.chain.run_chain_episode` or
+:func:`~agentfly_gym.rollout.step.run_step_episode` over verl's server manager
+(:class:`~agentfly_gym_verl.policy.VerlServerPolicy`, one ``request_id`` per trajectory), and
+returns verl's ``AgentLoopOutput``:
+
+* chain mode: ONE output: ``prompt_ids`` (the rendered initial prompt), ``response_ids`` (every
+  sampled id verbatim with mask 1 and logprob, the template/observation ids between turns with
+  mask 0 and logprob 0.0), ``reward_score`` = the episode return.
+* step mode: a LIST of outputs, one per env step (verl's V1 trainer, ``trainer.use_v1=true``,
+  stores each as a row and copies the final row's reward to the others), each with the step's
+  fresh prompt and sampled ids; ``reward_score`` = the episode return on every row.
+
+Lengths: ``len(response_ids) == len(response_mask) == len(response_logprobs) <=
+rollout.response_length`` and ``len(prompt_ids) <= rollout.prompt_length`` always.  Longer
+prompts are cut from the left before generation (what the server sees is what is trained).  In
+chain mode each reply is capped to what is left of the response budget and no turn starts once
+it is used up, so the final cut to ``response_length`` only drops the ids closing the last turn
+and the observation after the last action, never an action that earned reward.
+
+``extra_fields`` has the SAME keys and value types in every row of both modes and every env
+(:data:`EXTRA_FIELD_DEFAULTS`), so verl can stack rows of mixed loops (verl issues #5301, #7491).
+
+A trajectory whose env fails (bad task option, unknown env, a resource that cannot start, a
+generation error) yields one row with ``reward_score`` 0.0, an all-zero response mask and the
+error text in ``extra_fields["error"]``; it never fails the batch.  The env is closed (its
+rollout scope released) when ``run`` ends, also on error and cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium
+
+from agentfly_gym.errors import ConfigError
+from agentfly_gym.rollout.chain import run_chain_episode
+from agentfly_gym.rollout.policy import SamplingParams
+from agentfly_gym.rollout.runner import normalize_env_id
+from agentfly_gym.rollout.step import DEFAULT_HISTORY, run_step_episode
+from agentfly_gym.rollout.trajectory import Trajectory
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+
+from .policy import VerlServerPolicy
+from .runtime import chat_tokenizer, get_manager
+
+__all__ = ["AgentFlyAgentLoop", "EXTRA_FIELD_DEFAULTS", "MODES", "parse_row"]
+
+log = logging.getLogger(__name__)
+
+MODES = ("chain", "step")
+
+#: The keys (and value types) of ``extra_fields`` in every output row.
+#: ``step`` is -1 and ``anchor_obs`` "" in chain mode; ``error`` is "" when nothing failed;
+#: ``step_reward`` is the row's env reward (chain: the episode return); ``turn_scores`` the
+#: per-step env rewards of the trajectory; ``reward_extra_info`` goes to verl's reward metrics
+#: (``acc`` = success as 0.0/1.0).
+EXTRA_FIELD_DEFAULTS: dict[str, Any] = {
+    "trajectory_id": "", "group_id": "", "env_id": "", "task_id": "", "seed": -1, "mode": "",
+    "step": -1, "num_steps": 0, "anchor_obs": "", "action": "", "step_reward": 0.0, "env_return": 0.0,
+    "success": False, "terminated": False, "truncated": False, "error": "",
+    "prompt_truncated": False, "response_truncated": False,
+    "turn_scores": [], "tool_rewards": [], "min_global_steps": None, "max_global_steps": None,
+    "reward_extra_info": {"acc": 0.0},
+}
+
+
+def _extra_fields(**values: Any) -> dict[str, Any]:
+    unknown = set(values) - set(EXTRA_FIELD_DEFAULTS)
+    if unknown:  # a programming error: keep the schema closed
+        raise KeyError(f"unknown extra_fields keys {sorted(unknown)}")
+    out = {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
+           for k, v in EXTRA_FIELD_DEFAULTS.items()}
+    out.update(values)
+    return out
+
+
+def _as_dict(value: Any, what: str) -> dict[str, Any]:
+    """A mapping, a JSON object string, None or a 0-d numpy object array -> dict."""
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():
+        value = value.item()
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{what} is not a JSON object: {value[:200]!r} ({e})") from e
+    if hasattr(value, "items") and not isinstance(value, Mapping):  # an OmegaConf DictConfig
+        from omegaconf import OmegaConf
+
+        value = OmegaConf.to_container(value, resolve=True)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{what} must be a dict (or a JSON object string), got {type(value).__name__}: {value!r}")
+    return dict(value)
+
+
+def parse_row(extra_info: Any, *, default_mode: str | None = None, default_max_turns: int = 10,
+              default_history: int = DEFAULT_HISTORY, default_env_kwargs: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+    """What to play, from a dataset row's ``extra_info`` (the format of
+    :func:`agentfly_gym_verl.dataset.build_dataset`).
+
+    Keys read: ``env_id`` (required; short names like ``"Chess"`` accepted), ``seed`` (int or
+    None), ``task_id`` (str/int or None: becomes the reset option ``task_id``),
+    ``reset_options`` (dict or JSON string), ``env_kwargs`` (dict or JSON string; merged over
+    ``default_env_kwargs``), ``mode`` (``"chain"``/``"step"``), ``max_turns`` (int >= 1),
+    ``history`` (int >= 0, step mode).
+
+    Returns:
+        dict with keys env_id, seed, options, env_kwargs, mode, max_turns, history, task_id.
+
+    Raises:
+        ConfigError: a missing env id, an unknown env, a bad mode or number.
+    """
+    info = _as_dict(extra_info, "extra_info")
+    env_id = info.get("env_id")
+    if not env_id:
+        raise ConfigError(f"extra_info has no 'env_id' (keys: {sorted(info)}); build the data set with "
+                          "agentfly_gym_verl.dataset.build_dataset")
+    env_id = normalize_env_id(str(env_id))
+    mode = info.get("mode") or default_mode or "chain"
+    if mode not in MODES:
+        raise ConfigError(f"mode={mode!r} is not one of {MODES}")
+    max_turns = info.get("max_turns")
+    max_turns = default_max_turns if max_turns is None else max_turns
+    history = info.get("history")
+    history = default_history if history is None else history
+    for name, v, lo in (("max_turns", max_turns, 1), ("history", history, 0)):
+        if isinstance(v, bool) or not hasattr(v, "__index__") or int(v) < lo:
+            raise ConfigError(f"extra_info[{name!r}]={v!r} must be an integer >= {lo}")
+    seed = info.get("seed")
+    if seed is not None:
+        if hasattr(seed, "__index__") and not isinstance(seed, bool):
+            seed = int(seed)
+        else:
+            raise ConfigError(f"extra_info['seed']={seed!r} must be an integer or None")
+        if seed < 0:
+            seed = None  # the data set's "no seed" marker
+    options = _as_dict(info.get("reset_options"), "extra_info['reset_options']")
+    task_id = info.get("task_id")
+    if task_id is not None and str(task_id) != "" and "task_id" not in options:
+        options["task_id"] = task_id
+    env_kwargs = dict(default_env_kwargs or {})
+    env_kwargs.update(_as_dict(info.get("env_kwargs"), "extra_info['env_kwargs']"))
+    return {"env_id": env_id, "seed": seed, "options": options or None, "env_kwargs": env_kwargs, "mode": mode,
+            "max_turns": int(max_turns), "history": int(history),
+            "task_id": "" if options.get("task_id") is None else str(options["task_id"])}
+
+
+class AgentFlyAgentLoop(AgentLoopBase):
+    """verl agent loop that plays one agentfly-gym episode per trajectory.
+
+    Construction is cheap (verl builds one per trajectory); pools live in
+    :mod:`agentfly_gym_verl.runtime`.  Extra constructor arguments come from the YAML entry:
+
+    Args:
+        mode: ``"chain"`` or ``"step"``; None takes ``extra_info["mode"]`` of each row (default chain).
+            An explicit mode here wins over the row's.
+        max_turns: default most policy turns when a row gives none.
+        history: step mode: past (action, observation) pairs shown in each prompt, when a row gives none.
+        max_tokens_per_turn: most tokens sampled per turn (None: ``rollout.response_length``).
+        env_kwargs: constructor kwargs for every env, under the row's own ``env_kwargs``.
+        (all other arguments: see verl's ``AgentLoopBase``.)
+
+    Raises:
+        ConfigError: (from :meth:`run`) step mode with the legacy trainer (``trainer.use_v1=false``),
+            which accepts one output per trajectory only.
+    """
+
+    def __init__(self, *args: Any, mode: str | None = None, max_turns: int = 10, history: int = DEFAULT_HISTORY,
+                 max_tokens_per_turn: int | None = None, env_kwargs: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if mode is not None and mode not in MODES:
+            raise ConfigError(f"agent loop mode={mode!r} is not one of {MODES} (or null: per row)")
+        if max_tokens_per_turn is not None and (not isinstance(max_tokens_per_turn, int) or max_tokens_per_turn < 1):
+            raise ConfigError(f"max_tokens_per_turn={max_tokens_per_turn!r} must be None or an integer >= 1")
+        self.mode = mode
+        self.max_turns = max_turns
+        self.history = history
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.response_length = int(self.rollout_config.response_length)
+        self.max_tokens_per_turn = max_tokens_per_turn or self.response_length
+        self.default_env_kwargs = _as_dict(env_kwargs, "env_kwargs")
+
+    # ------------------------------------------------------------------ verl entry point
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """Play one episode; see the module docstring for the outputs.
+
+        Args:
+            sampling_params: verl's sampling dict (``temperature``, ``top_p``, ``top_k``,
+                ``logprobs``, ...); forwarded to the server with ``max_tokens`` added.
+            **kwargs: the dataset row (``extra_info``, ``raw_prompt``, ``index``, ``uid``, ...).
+
+        Returns:
+            chain mode: one ``AgentLoopOutput``; step mode: a list of them (one per env step,
+            or one error row).
+
+        Raises:
+            ConfigError: step mode under ``trainer.use_v1=false``.
+            asyncio.CancelledError: when cancelled (the env is closed first).
+        """
+        want_logprobs = bool(sampling_params.get("logprobs", False))
+        traj_id = uuid.uuid4().hex[:16]
+        group_id = str(_scalar(kwargs.get("uid")) or f"index-{_scalar(kwargs.get('index'))}")
+        fallback_mode = self.mode or "chain"
+        try:
+            row = parse_row(kwargs.get("extra_info"), default_mode=self.mode, default_max_turns=self.max_turns,
+                            default_history=self.history, default_env_kwargs=self.default_env_kwargs)
+        except ConfigError as e:
+            log.warning("agentfly row %s: %s", traj_id, e)
+            out = self._error_output(e, kwargs, want_logprobs, traj_id, group_id, fallback_mode, {})
+            return out if fallback_mode == "chain" else [out]
+        mode = self.mode or row["mode"]
+        if mode == "step" and not bool(_select(self.config, "trainer.use_v1", True)):
+            raise ConfigError("agentfly step mode returns one row per env step, which only verl's V1 trainer accepts: "
+                              "set trainer.use_v1=true (or use the chain-mode agent loop)")
+        chat = chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs)
+        extra_gen = {}
+        if kwargs.get("priority") is not None:
+            extra_gen["priority"] = int(_scalar(kwargs["priority"]))
+        policy = VerlServerPolicy(self.server_manager, self.tokenizer, request_id=traj_id,
+                                  sampling_params=sampling_params, mode=mode, prompt_length=self.prompt_length,
+                                  response_length=self.response_length, extra_generate_kwargs=extra_gen)
+        sampling = SamplingParams(max_tokens=self.max_tokens_per_turn)
+        env = None
+        try:
+            env = gymnasium.make(row["env_id"], manager=get_manager(), **row["env_kwargs"]).unwrapped
+            common = dict(env_id=row["env_id"], sampling=sampling, max_turns=row["max_turns"], seed=row["seed"],
+                          options=row["options"], trajectory_id=traj_id, group_id=group_id)
+            if mode == "chain":
+                traj = await run_chain_episode(env, policy, chat, max_response_tokens=self.response_length, **common)
+                return self._chain_output(traj, policy, want_logprobs, row)
+            traj = await run_step_episode(env, policy, chat, history=row["history"], **common)
+            return self._step_outputs(traj, policy, want_logprobs, row, kwargs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001  (every failure becomes an error row, never a failed batch)
+            log.warning("agentfly trajectory %s (%s, task %r) failed: %s: %s", traj_id, row["env_id"],
+                        row["task_id"], type(e).__name__, e, exc_info=not isinstance(e, ConfigError))
+            out = self._error_output(e, kwargs, want_logprobs, traj_id, group_id, mode, row, policy)
+            return out if mode == "chain" else [out]
+        finally:
+            if env is not None:
+                await env.aclose()
+
+    # ------------------------------------------------------------------ outputs
+    def _logprobs(self, lps: list[float], mask: list[int], want: bool) -> list[float] | None:
+        if not want:
+            return None
+        out, missing = [], 0
+        for x, m in zip(lps, mask):
+            if m == 0:
+                out.append(0.0)
+            elif x is None or math.isnan(x):
+                out.append(0.0)
+                missing += 1
+            else:
+                out.append(float(x))
+        if missing:
+            log.warning("server returned no logprobs for %d sampled tokens although logprobs were requested; "
+                        "0.0 stored", missing)
+        return out
+
+    def _pad_empty(self, ids: list[int], mask: list[int], lps: list[float]) -> None:
+        """verl needs >= 1 response token (its reward goes on the last one): add a mask-0 end-of-turn id."""
+        if not ids:
+            ids.append(int(chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs).eot_token_id))
+            mask.append(0)
+            lps.append(0.0)
+
+    def _common_fields(self, traj: Trajectory, policy: VerlServerPolicy, row: dict[str, Any]) -> dict[str, Any]:
+        return dict(trajectory_id=traj.trajectory_id, group_id=traj.group_id, env_id=traj.env_id,
+                    task_id=traj.task_id, seed=-1 if traj.seed is None else int(traj.seed), mode=traj.mode,
+                    num_steps=len(traj.turns), env_return=float(traj.reward), success=bool(traj.success),
+                    terminated=bool(traj.terminated), truncated=bool(traj.truncated), error=traj.error or "",
+                    turn_scores=[float(t.reward) for t in traj.turns],
+                    min_global_steps=policy.min_global_steps, max_global_steps=policy.max_global_steps,
+                    reward_extra_info={"acc": 1.0 if traj.success else 0.0})
+
+    def _chain_output(self, traj: Trajectory, policy: VerlServerPolicy, want_logprobs: bool,
+                      row: dict[str, Any]) -> AgentLoopOutput:
+        prompt_ids = list(traj.prompt_ids[policy.prompt_cut:])
+        n = self.response_length
+        ids, mask, lps = list(traj.response_ids[:n]), list(traj.response_mask[:n]), list(traj.response_logprobs[:n])
+        self._pad_empty(ids, mask, lps)
+        extra = _extra_fields(**self._common_fields(traj, policy, row), step_reward=float(traj.reward),
+                              prompt_truncated=policy.prompt_cut > 0,
+                              response_truncated=len(traj.response_ids) > n,
+                              action=traj.turns[-1].action if traj.turns else "")
+        metrics = AgentLoopMetrics(generate_sequences=traj.timings.get("generate", 0.0),
+                                   tool_calls=traj.timings.get("env", 0.0) + traj.timings.get("reset", 0.0),
+                                   num_preempted=policy.num_preempted)
+        return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=ids, response_mask=mask,
+                               response_logprobs=self._logprobs(lps, mask, want_logprobs),
+                               reward_score=float(traj.reward), num_turns=max(0, len(traj.messages) - 1),
+                               metrics=metrics, extra_fields=extra)
+
+    def _step_outputs(self, traj: Trajectory, policy: VerlServerPolicy, want_logprobs: bool, row: dict[str, Any],
+                      kwargs: dict[str, Any]) -> list[AgentLoopOutput]:
+        if not traj.steps:
+            err = ConfigError(f"the episode ended without a step (max_turns={row['max_turns']})")
+            return [self._error_output(err, kwargs, want_logprobs, traj.trajectory_id, traj.group_id, "step", row,
+                                       policy)]
+        outs = []
+        common = self._common_fields(traj, policy, row)
+        n = self.response_length
+        for i, r in enumerate(traj.steps):
+            cut = policy.cut_for(len(r.prompt_ids))
+            ids, mask, lps = list(r.response_ids[:n]), list(r.response_mask[:n]), list(r.response_logprobs[:n])
+            self._pad_empty(ids, mask, lps)
+            turn = traj.turns[i] if i < len(traj.turns) else None
+            extra = _extra_fields(**common, step=int(r.step), anchor_obs=r.anchor_obs, action=r.action,
+                                  step_reward=float(r.reward), prompt_truncated=cut > 0,
+                                  response_truncated=len(r.response_ids) > n)
+            metrics = AgentLoopMetrics(generate_sequences=turn.generate_s if turn else 0.0,
+                                       tool_calls=turn.env_s if turn else 0.0, num_preempted=policy.num_preempted)
+            outs.append(AgentLoopOutput(prompt_ids=list(r.prompt_ids[cut:]), response_ids=ids, response_mask=mask,
+                                        response_logprobs=self._logprobs(lps, mask, want_logprobs),
+                                        reward_score=float(traj.reward), num_turns=2, metrics=metrics,
+                                        extra_fields=extra))
+        return outs
+
+    def _error_output(self, error: BaseException, kwargs: dict[str, Any], want_logprobs: bool, traj_id: str,
+                      group_id: str, mode: str, row: dict[str, Any],
+                      policy: VerlServerPolicy | None = None) -> AgentLoopOutput:
+        """A row that trains nothing (response mask all 0) with reward 0.0 and the error text."""
+        prompt_ids: list[int] = []
+        try:
+            chat = chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs)
+            eot = int(chat.eot_token_id)
+            raw = kwargs.get("raw_prompt")
+            if raw is not None and len(raw):
+                prompt_ids = list(chat.prompt_ids([dict(m) for m in raw]))[-self.prompt_length:]
+        except Exception as e:  # noqa: BLE001  (an unrenderable prompt must not hide the original error)
+            log.debug("cannot render raw_prompt for the error row: %s", e)
+            eot = int(self.tokenizer.eos_token_id or 0)
+        if not prompt_ids:
+            prompt_ids = [eot]
+        extra = _extra_fields(trajectory_id=traj_id, group_id=group_id, env_id=str(row.get("env_id", "")),
+                              task_id=str(row.get("task_id", "")),
+                              seed=-1 if row.get("seed") is None else int(row["seed"]), mode=mode,
+                              error=f"{type(error).__name__}: {error}",
+                              min_global_steps=policy.min_global_steps if policy else None,
+                              max_global_steps=policy.max_global_steps if policy else None)
+        return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=[eot], response_mask=[0],
+                               response_logprobs=[0.0] if want_logprobs else None, reward_score=0.0, num_turns=0,
+                               metrics=AgentLoopMetrics(), extra_fields=extra)
+
+
+def _scalar(v: Any) -> Any:
+    """A 0-d numpy value -> its Python value (verl passes non-tensor columns as numpy objects)."""
+    if hasattr(v, "item") and getattr(v, "shape", None) in ((), (1,)):
+        return v.item()
+    return v
+
+
+def _select(config: Any, key: str, default: Any) -> Any:
+    try:
+        from omegaconf import OmegaConf
+
+        v = OmegaConf.select(config, key, default=default)
+    except Exception:  # noqa: BLE001  (a plain dict config)
+        v = default
+    return default if v is None else v

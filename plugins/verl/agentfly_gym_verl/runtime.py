@@ -1,0 +1,137 @@
+"""Per-process state of the plugin: one resource manager per verl agent-loop worker.
+
+verl builds a new agent-loop object for every trajectory, so pools cannot live on the object.
+They live here, at module level: :func:`get_manager` returns one
+:class:`~agentfly_gym.resources.ResourceManager` per process, created lazily inside the running
+event loop (a manager belongs to one loop), so simulators, engines and containers are reused
+across all trajectories of a worker.  :func:`shutdown` / :func:`ashutdown` release everything
+(the manager also tears its instances down at interpreter exit as a last resort).
+Nothing happens at import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from typing import Any
+
+from agentfly_gym.resources.manager import ResourceManager
+
+__all__ = ["get_manager", "shutdown", "ashutdown", "chat_tokenizer"]
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_manager: ResourceManager | None = None
+_manager_loop: asyncio.AbstractEventLoop | None = None
+_chats: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+
+def get_manager() -> ResourceManager:
+    """The worker's resource manager, created on first call in the running loop.
+
+    If the loop that owned the previous manager has stopped or closed (e.g. a test's loop),
+    that manager is closed synchronously and a new one is made for the running loop.
+
+    Raises:
+        RuntimeError: no event loop is running.
+    """
+    global _manager, _manager_loop
+    loop = asyncio.get_running_loop()
+    with _lock:
+        if _manager is not None and not _manager.closed and _manager_loop is loop:
+            return _manager
+        old, old_loop = _manager, _manager_loop
+        _manager = ResourceManager()
+        _manager_loop = loop
+    if old is not None and not old.closed:
+        log.warning("agentfly_gym_verl: the event loop changed; closing the previous resource manager %s", old.id)
+        if old_loop is not None and old_loop.is_running() and not old_loop.is_closed():
+            asyncio.run_coroutine_threadsafe(old.aclose(), old_loop)
+        else:
+            old.close_sync()
+    return _manager
+
+
+async def ashutdown() -> None:
+    """Close the worker's manager (every pooled resource is stopped); idempotent.
+
+    Call it from the loop that owns the manager; from another loop it closes it synchronously.
+    """
+    global _manager, _manager_loop
+    with _lock:
+        m, m_loop = _manager, _manager_loop
+        _manager, _manager_loop = None, None
+    if m is None or m.closed:
+        return
+    if m_loop is asyncio.get_running_loop():
+        await m.aclose()
+    else:
+        await asyncio.to_thread(_close_from_outside, m, m_loop)
+
+
+def shutdown(timeout: float = 120.0) -> None:
+    """Synchronous :func:`ashutdown`, for use outside the manager's loop (e.g. ``atexit``, a
+    test teardown, a Ray actor's exit hook).
+
+    Args:
+        timeout: seconds to wait for an orderly close when the owning loop runs in another thread.
+
+    Raises:
+        RuntimeError: called from inside the loop that owns the manager (await :func:`ashutdown` there).
+    """
+    global _manager, _manager_loop
+    with _lock:
+        m, m_loop = _manager, _manager_loop
+        if m is not None and m_loop is not None:
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is m_loop:
+                raise RuntimeError("agentfly_gym_verl.shutdown() called inside the manager's own event loop; "
+                                   "use `await agentfly_gym_verl.ashutdown()` there")
+        _manager, _manager_loop = None, None
+    if m is None or m.closed:
+        return
+    _close_from_outside(m, m_loop, timeout)
+
+
+def _close_from_outside(m: ResourceManager, loop: asyncio.AbstractEventLoop | None, timeout: float = 120.0) -> None:
+    if loop is not None and loop.is_running() and not loop.is_closed():
+        fut = asyncio.run_coroutine_threadsafe(m.aclose(), loop)
+        try:
+            fut.result(timeout)
+            return
+        except (concurrent.futures.TimeoutError, RuntimeError) as e:
+            log.warning("closing the resource manager on its loop failed (%s); closing synchronously", e)
+    elif loop is not None and not loop.is_closed():
+        try:
+            loop.run_until_complete(m.aclose())
+            return
+        except RuntimeError as e:
+            log.warning("closing the resource manager on its loop failed (%s); closing synchronously", e)
+    m.close_sync()
+
+
+def chat_tokenizer(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> Any:
+    """A cached :class:`~agentfly_gym.rollout.chat.ChatTokenizer` for ``tokenizer`` (built once per
+    tokenizer object and template kwargs; its construction renders and checks the template).
+
+    Raises:
+        TokenizationError: see ``ChatTokenizer``.
+    """
+    from agentfly_gym.rollout.chat import ChatTokenizer
+
+    kwargs = dict(chat_template_kwargs or {})
+    key = (id(tokenizer), repr(sorted(kwargs.items())))
+    with _lock:
+        hit = _chats.get(key)
+        if hit is not None and hit[0] is tokenizer:
+            return hit[1]
+    chat = ChatTokenizer(tokenizer, chat_template_kwargs=kwargs)
+    with _lock:
+        _chats[key] = (tokenizer, chat)
+    return chat
