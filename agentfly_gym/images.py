@@ -258,7 +258,7 @@ def _finish_rootfs(root: Path) -> None:
     name, uid = BASE_USER
     etc = root / "etc"
     passwd = (etc / "passwd").read_text()
-    if not re.search(rf"^{name}:", passwd, re.M):
+    if not re.search(rf"^{name}:", passwd, re.MULTILINE):
         with open(etc / "passwd", "a") as f:
             f.write(f"{name}:x:{uid}:{uid}::/home/{name}:/bin/bash\n")
         with open(etc / "group", "a") as f:

@@ -21,7 +21,11 @@ import pytest
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceError
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
 from agentfly_gym.resources.backends import containers
-from agentfly_gym.resources.backends.docker_backend import DockerContainer, gc_main, reap_orphans
+from agentfly_gym.resources.backends.docker_backend import (
+    DockerContainer,
+    gc_main,
+    reap_orphans,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker
@@ -29,7 +33,7 @@ pytestmark = pytest.mark.docker
 
 def _engine_answers() -> bool:
     try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=20, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -38,7 +42,7 @@ def _engine_answers() -> bool:
 def engine():
     """A running engine (started if needed); afterwards no container of this process may remain."""
     if not _engine_answers():
-        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120)
+        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120, check=False)
     if not _engine_answers():
         if os.environ.get("AGENTFLY_REQUIRE_DOCKER"):
             pytest.fail("no Docker engine answers and AGENTFLY_REQUIRE_DOCKER is set")
@@ -274,8 +278,8 @@ async def test_put_and_get_files_round_trip(base_image, manager):
         await c.put_files({"/home/agent/deep/er/blob.bin": blob, "/home/agent/t.txt": "héllo\n"}, mode=0o750)
         assert await c.get_file("/home/agent/deep/er/blob.bin") == blob
         assert await c.get_file("/home/agent/t.txt") == "héllo\n".encode()
-        r = await c.exec("stat -c '%U %a' t.txt; ln -s deep/er/blob.bin link; mkdir d")
-        assert r.output == "agent 750\n"
+        r = await c.exec("stat -c '%U %a' t.txt deep/er; ln -s deep/er/blob.bin link; mkdir d")
+        assert r.output == "agent 750\nagent 755\n"  # new parents belong to the spec's user too
         assert await c.get_file("/home/agent/link") == blob  # symbolic links are followed
         with pytest.raises(FileNotFoundError):
             await c.get_file("/home/agent/missing")

@@ -15,7 +15,13 @@ import pytest
 
 from agentfly_gym import images
 from agentfly_gym.errors import ConfigError
-from agentfly_gym.images import ImageBuildError, build_base_image, build_image, debian_mirror, recipe_digest
+from agentfly_gym.images import (
+    ImageBuildError,
+    build_base_image,
+    build_image,
+    debian_mirror,
+    recipe_digest,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +78,7 @@ def test_images_main_rejects_unknown_recipe(capsys):
 
 def _engine_answers() -> bool:
     try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=20, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -80,7 +86,7 @@ def _engine_answers() -> bool:
 @pytest.fixture(scope="module")
 def engine():
     if not _engine_answers():
-        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120)
+        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120, check=False)
     if not _engine_answers():
         if os.environ.get("AGENTFLY_REQUIRE_DOCKER"):
             pytest.fail("no Docker engine answers and AGENTFLY_REQUIRE_DOCKER is set")
@@ -108,8 +114,9 @@ def test_base_image_is_idempotent_and_keeps_its_rootfs(engine, base_image):
     assert engine.images.get(base_image).id == engine.images.get("agentfly/base:latest").id
     root = images.base_rootfs_dir()
     assert (root / ".agentfly-rootfs.json").is_file() and (root / "usr" / "bin" / "python3").exists()
-    out = _run(engine, base_image, ["sh", "-c", "python3 --version; git --version; id agent; timeout --version | head -1; "
-                                           "ls /usr/lib/python3*/EXTERNALLY-MANAGED 2>&1 | grep -c 'No such'"])
+    script = ("python3 --version; git --version; id agent; timeout --version | head -1; "
+              "ls /usr/lib/python3*/EXTERNALLY-MANAGED 2>&1 | grep -c 'No such'")
+    out = _run(engine, base_image, ["sh", "-c", script])
     assert "Python 3.11" in out and "git version" in out and "uid=1000(agent)" in out and "timeout (GNU" in out
     assert out.rstrip().endswith("1")  # pip may install into the system Python
 

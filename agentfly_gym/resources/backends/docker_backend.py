@@ -43,7 +43,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ConfigError, ResourceDied, ResourceError, ResourceStartError, ResourceUnavailable
+from ...errors import (
+    ConfigError,
+    ResourceDied,
+    ResourceError,
+    ResourceStartError,
+    ResourceUnavailable,
+)
 from ..base import ResourceStatus
 from ..container import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
 from ..spec import ContainerSpec
@@ -599,8 +605,9 @@ class DockerContainer(ContainerResource):
     async def put_files(self, files: dict[str, bytes | str], *, mode: int = 0o644) -> None:
         """Write files into the container with one tar upload (see :meth:`ContainerResource.put_files`).
 
-        Files are owned by the spec's user (root when ``spec.user`` is empty); missing parent
-        folders are created by the engine (owned by root, mode 755).
+        Files are owned by the spec's user (root when ``spec.user`` is empty).  Missing parent
+        folders are created by that user where it may (one extra ``exec`` when ``spec.user`` is
+        set), else by the engine (owned by root, mode 755).
 
         Raises:
             ConfigError: a path is not absolute or contains ``..``.
@@ -618,6 +625,10 @@ class DockerContainer(ContainerResource):
                 info.size, info.mode, info.mtime = len(raw), mode, now
                 info.uid, info.gid = self._owner
                 tar.addfile(info, io.BytesIO(raw))
+        if self._owner != (0, 0):
+            parents = sorted({p.rsplit("/", 1)[0] or "/" for p in files})
+            await self._exec_async(["/bin/sh", "-c", 'mkdir -p -- "$@" 2>/dev/null; exit 0', "sh", *parents],
+                                   timeout=30, workdir="/", env=None, user=None, max_output=1000, use_timeout=False)
         await _in_thread(self._put_sync, data.getvalue())
 
     def _put_sync(self, payload: bytes) -> None:
