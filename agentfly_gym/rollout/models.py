@@ -72,6 +72,8 @@ def _build_once(dest: Path, build: Callable[[Path], None]) -> Path:
     with _file_lock(dest.parent / f".{dest.name}.lock"):
         if (dest / _DONE).is_file():  # another process finished while we waited
             return dest
+        for stale in dest.parent.glob(f".{dest.name}.tmp-*"):  # left by a killed build (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
         try:
             build(tmp)
