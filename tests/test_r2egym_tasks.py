@@ -1,0 +1,118 @@
+"""The local R2E-Gym task set: built from pinned PyPI sdists (cached), and for EVERY task the
+reward is 0 on the buggy repository and 1 after the gold patch, in a real container: the
+sandbox backend (image "host") always, Docker (``agentfly/r2egym``) when an engine answers.
+
+The first build downloads the sdists with pip (network access to the package index) and takes
+a few minutes on a 2-core machine; later runs reuse the cache (``$AGENTFLY_GYM_CACHE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agentfly_gym.envs.r2egym import LOCAL_BUGS, R2EGymEnv, build_local_tasks, build_tasks_main, load_tasks
+from agentfly_gym.resources import ResourceManager
+
+REPO = Path(__file__).resolve().parents[1]
+R2E_COLUMNS = ("repo_name", "docker_image", "commit_hash", "problem_statement", "expected_output_json",
+               "parsed_commit_content", "modified_files", "relevant_files", "prompt")
+
+
+@pytest.fixture(scope="session")
+def r2e_docker_image() -> str:
+    """The R2E-Gym base image (built offline if missing); skips without an engine unless AGENTFLY_REQUIRE_DOCKER."""
+    def answers() -> bool:
+        try:
+            return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    if not answers():
+        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120)
+    if not answers():
+        if os.environ.get("AGENTFLY_REQUIRE_DOCKER"):
+            pytest.fail("no Docker engine answers and AGENTFLY_REQUIRE_DOCKER is set")
+        pytest.skip("no Docker engine answers (set AGENTFLY_REQUIRE_DOCKER=1 to make this a failure)")
+    from agentfly_gym.images import build_image
+
+    return build_image(REPO / "envs" / "r2egym")
+
+
+@pytest.fixture(scope="session")
+def local_tasks_file() -> Path:
+    t = time.monotonic()
+    path = build_local_tasks()
+    print(f"local R2E task set ready in {time.monotonic() - t:.1f}s")
+    return path
+
+
+def test_task_set_format(local_tasks_file):
+    tasks = load_tasks(local_tasks_file)
+    assert len(tasks) == len(LOCAL_BUGS) >= 20
+    assert len({t.repo_name for t in tasks}) >= 20  # 20+ distinct real packages
+    for t, bug in zip(tasks, LOCAL_BUGS):
+        assert all(c in t.row for c in R2E_COLUMNS)
+        assert t.local and t.task_id == bug.task_id and t.row["source"] == f"pypi:{bug.package}=={bug.version}"
+        assert t.expected and set(t.expected.values()) <= {"PASSED", "FAILED", "ERROR"}
+        assert t.row["fail_to_pass"], t.task_id  # the bug breaks at least one hidden test
+        for rel in t.hidden_tests:  # hidden tests live apart from the repository
+            assert (t.hidden_dir / rel).is_file() and not (t.repo_dir / rel).exists()
+        assert bug.new in (t.repo_dir / bug.file).read_text(encoding="utf-8")
+        assert t.gold_patch.startswith(f"diff --git a/{bug.file} b/{bug.file}")
+        assert bug.new.strip() not in t.problem_statement  # the issue shows symptoms, not the fix
+        assert json.loads(t.row["expected_output_json"]) == t.expected
+
+
+def test_rebuild_is_idempotent(local_tasks_file, capsys):
+    before = local_tasks_file.read_bytes()
+    t = time.monotonic()
+    assert build_tasks_main(["--only", LOCAL_BUGS[0].task_id]) == 0
+    assert time.monotonic() - t < 5
+    assert "0 to build" in capsys.readouterr().out
+    assert build_tasks_main(["--only", "no-such-task"]) == 2
+    assert local_tasks_file.read_bytes() == before  # building a subset keeps the whole set listed
+
+
+async def _reward_before_and_after(env: R2EGymEnv, task_id: str) -> tuple[float, float, dict]:
+    await env.areset(options={"task_id": task_id})
+    o, r0, term0, _, info0 = await env.astep("<function=finish>\n</function>")
+    assert term0
+    await env.areset(options={"task_id": task_id})
+    o, r, term, trunc, info = await env.astep(await env.expert_action())
+    assert "Exit code: 0" in o, o
+    o, r1, term1, _, info1 = await env.astep(await env.expert_action())
+    assert term1, o
+    return r0, r1, info1
+
+
+async def _check_all(local_tasks_file: Path, **env_kw) -> None:
+    async with ResourceManager() as manager:
+        envs = [R2EGymEnv(tasks=local_tasks_file, manager=manager, max_containers=2, **env_kw) for _ in range(2)]
+        ids = [t.task_id for t in envs[0].tasks]
+        results: dict[str, tuple] = {}
+
+        async def worker(env: R2EGymEnv, mine: list[str]) -> None:
+            for tid in mine:
+                results[tid] = await _reward_before_and_after(env, tid)
+            await env.aclose()
+
+        await asyncio.gather(*(worker(e, ids[i::2]) for i, e in enumerate(envs)))
+    bad = {tid: (r0, r1, info.get("test_results")) for tid, (r0, r1, info) in results.items() if (r0, r1) != (0.0, 1.0)}
+    assert not bad, bad
+    assert len(results) == len(ids)
+
+
+async def test_every_task_reward_0_then_1_sandbox(local_tasks_file):
+    await _check_all(local_tasks_file, backend="sandbox", image="host")
+
+
+@pytest.mark.docker
+async def test_every_task_reward_0_then_1_docker(local_tasks_file, r2e_docker_image):
+    await _check_all(local_tasks_file, backend="docker", image=r2e_docker_image)
