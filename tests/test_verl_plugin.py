@@ -379,7 +379,7 @@ async def test_chess_game_against_stockfish_step_mode(tmp_path, policy, clean_ru
     tok = policy.tokenizer
     cfg = _trainer_config()
     server = ModelServer(policy)
-    env_kwargs = {"mode": "play", "agent_color": "black", "skill_level": 0, "engine_depth": 1}
+    env_kwargs = {"mode": "play", "agent_color": "black", "skill_level": None, "engine_depth": 2}  # deterministic
     (row,) = _rows_n(tmp_path, tok, cfg, "Chess", 1, mode="step", max_turns=2, env_kwargs=env_kwargs)
     outs = await _make_loop("agentfly_step", server, tok, cfg, max_tokens_per_turn=16).run(_sampling(cfg), **row)
     assert len(_children(("stockfish",))) == 1      # pooled, alive until shutdown
