@@ -8,6 +8,12 @@ with different :class:`~agentfly_gym.rollout.policy.SamplingParams` share a batc
 a seeded request gives the same tokens whatever it was batched with (up to floating-point
 differences of padded batched matmuls, which can flip a near-tie).
 
+Rows that finish (stop token or their own ``max_tokens``) leave the running batch together with
+their KV-cache rows.  Requests that arrive while a batch runs wait for the next one (static
+batching in waves, no continuous batching); measured on a loaded 2-core machine with the bundled
+SmolLM2, 8 concurrent 32-token greedy requests ran 7x faster than 8 sequential ones with
+identical tokens.
+
 The event loop never blocks: requests cross to the worker thread through a queue and come
 back through ``loop.call_soon_threadsafe``.
 """
