@@ -34,7 +34,7 @@ def _xml(tool: str, **params) -> str:
 
 def _engine_answers() -> bool:
     try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=20, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -43,7 +43,7 @@ def _engine_answers() -> bool:
 def r2e_docker_image() -> str:
     """The R2E-Gym base image (built offline if missing); skips without an engine unless AGENTFLY_REQUIRE_DOCKER."""
     if not _engine_answers():
-        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120)
+        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120, check=False)
     if not _engine_answers():
         if os.environ.get("AGENTFLY_REQUIRE_DOCKER"):
             pytest.fail("no Docker engine answers and AGENTFLY_REQUIRE_DOCKER is set")
@@ -177,7 +177,7 @@ async def test_killed_container_ends_only_its_rollout(manager, backend_kw):
         await b.astep(await b.expert_action())
         return await b.astep(await b.expert_action())
 
-    (oa, ra, ta, tra, infa), (ob, rb, tb, trb, infb) = await asyncio.gather(victim(), survivor())
+    (oa, ra, ta, tra, infa), (_ob, rb, tb, _trb, infb) = await asyncio.gather(victim(), survivor())
     assert tra and not ta and ra == 0.0 and infa["error"] and "Error" in oa
     assert tb and rb == 1.0 and infb["error"] is None and infb["won"]
     await a.aclose()
@@ -205,7 +205,8 @@ def test_check_env_and_make():
     try:
         check_env(env.unwrapped, skip_render_check=True)
         obs, info = env.reset(seed=3)
-        obs, r, term, trunc, info = env.step("not a tool call")
+        assert info["task_id"] == "minicalc-bug1" and "<github_issue>" in obs
+        obs, _r, term, trunc, _info = env.step("not a tool call")
         assert not (term or trunc) and obs.startswith("ERROR")
     finally:
         env.close()

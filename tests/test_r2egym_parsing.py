@@ -13,8 +13,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agentfly_gym.envs.r2egym import (ActionParseError, R2EGymEnv, compare_test_maps, load_tasks, parse_action,
-                                      parse_log_pytest, reward_from_log)
+from agentfly_gym.envs.r2egym import (
+    ActionParseError,
+    R2EGymEnv,
+    compare_test_maps,
+    load_tasks,
+    parse_action,
+    parse_log_pytest,
+    reward_from_log,
+)
 from agentfly_gym.errors import ConfigError, DataNotFoundError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "r2e"
@@ -59,10 +66,10 @@ def test_json_calls():
     ("<function=execute_bash><parameter=cmd>ls</parameter>", "no closing </function>"),
     ("<function=file_editor><parameter=command>delete</parameter><parameter=path>/a</parameter></function>",
      "command='delete' is not one of"),
-    ("<function=file_editor><parameter=command>view</parameter><parameter=path>/a</parameter>"
-     "<parameter=view_range>[1]</parameter></function>", "view_range"),
-    ("<function=file_editor><parameter=command>insert</parameter><parameter=path>/a</parameter>"
-     "<parameter=insert_line>two</parameter><parameter=new_str>x</parameter></function>", "insert_line='two'"),
+    (("<function=file_editor><parameter=command>view</parameter><parameter=path>/a</parameter>"
+     "<parameter=view_range>[1]</parameter></function>"), "view_range"),
+    (("<function=file_editor><parameter=command>insert</parameter><parameter=path>/a</parameter>"
+     "<parameter=insert_line>two</parameter><parameter=new_str>x</parameter></function>"), "insert_line='two'"),
     ('{"name": "search", "arguments": "{not json"}', "not valid JSON"),
     ('{"name": "search", "arguments": [1, 2]}', "must be an object"),
 ])
@@ -84,7 +91,7 @@ def test_agent_prompt_extracts_the_last_tool_block():
 def _pytest_log(repo: Path, *extra: str) -> str:
     r = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-o", "addopts=", *extra,
                         "tests"], cwd=repo, capture_output=True, text=True, timeout=120,
-                       env={"PYTHONPATH": str(repo), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin:/bin"})
+                       env={"PYTHONPATH": str(repo), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin:/bin"}, check=False)
     return r.stdout + r.stderr
 
 

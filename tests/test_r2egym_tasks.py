@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from agentfly_gym.envs.r2egym import LOCAL_BUGS, R2EGymEnv, build_local_tasks, build_tasks_main, load_tasks
+from agentfly_gym.envs.r2egym import (
+    LOCAL_BUGS,
+    R2EGymEnv,
+    build_local_tasks,
+    build_tasks_main,
+    load_tasks,
+)
 from agentfly_gym.resources import ResourceManager
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,12 +36,12 @@ def r2e_docker_image() -> str:
     """The R2E-Gym base image (built offline if missing); skips without an engine unless AGENTFLY_REQUIRE_DOCKER."""
     def answers() -> bool:
         try:
-            return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+            return subprocess.run(["docker", "info"], capture_output=True, timeout=20, check=False).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             return False
 
     if not answers():
-        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120)
+        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120, check=False)
     if not answers():
         if os.environ.get("AGENTFLY_REQUIRE_DOCKER"):
             pytest.fail("no Docker engine answers and AGENTFLY_REQUIRE_DOCKER is set")
@@ -82,10 +88,10 @@ def test_rebuild_is_idempotent(local_tasks_file, capsys):
 
 async def _reward_before_and_after(env: R2EGymEnv, task_id: str) -> tuple[float, float, dict]:
     await env.areset(options={"task_id": task_id})
-    o, r0, term0, _, info0 = await env.astep("<function=finish>\n</function>")
+    o, r0, term0, _, _info0 = await env.astep("<function=finish>\n</function>")
     assert term0
     await env.areset(options={"task_id": task_id})
-    o, r, term, trunc, info = await env.astep(await env.expert_action())
+    o, _r, _term, _trunc, _info = await env.astep(await env.expert_action())
     assert "Exit code: 0" in o, o
     o, r1, term1, _, info1 = await env.astep(await env.expert_action())
     assert term1, o

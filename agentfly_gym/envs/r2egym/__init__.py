@@ -7,11 +7,33 @@ built by :func:`build_local_tasks` (or ``build_tasks_main(argv)`` for a CLI).
 from .actions import ActionParseError, ToolCall, parse_action
 from .env import DOCKER_IMAGE, R2EAgentPrompt, R2EGymEnv
 from .grading import compare_test_maps, parse_log_pytest, reward_from_log
-from .local_tasks import LOCAL_BUGS, BugSpec, TaskBuildError, build_local_tasks, build_tasks_main, default_tasks_dir
+from .local_tasks import (
+    LOCAL_BUGS,
+    BugSpec,
+    TaskBuildError,
+    build_local_tasks,
+    build_tasks_main,
+    default_tasks_dir,
+)
 from .tasks import R2ETask, load_tasks, task_from_row
 
 __all__ = [
-    "R2EGymEnv", "R2EAgentPrompt", "DOCKER_IMAGE", "R2ETask", "load_tasks", "task_from_row",
-    "build_local_tasks", "build_tasks_main", "default_tasks_dir", "LOCAL_BUGS", "BugSpec", "TaskBuildError",
-    "parse_action", "ToolCall", "ActionParseError", "parse_log_pytest", "compare_test_maps", "reward_from_log",
+    "DOCKER_IMAGE",
+    "LOCAL_BUGS",
+    "ActionParseError",
+    "BugSpec",
+    "R2EAgentPrompt",
+    "R2EGymEnv",
+    "R2ETask",
+    "TaskBuildError",
+    "ToolCall",
+    "build_local_tasks",
+    "build_tasks_main",
+    "compare_test_maps",
+    "default_tasks_dir",
+    "load_tasks",
+    "parse_action",
+    "parse_log_pytest",
+    "reward_from_log",
+    "task_from_row",
 ]

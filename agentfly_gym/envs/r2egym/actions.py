@@ -35,7 +35,7 @@ from typing import Any
 
 from ...errors import AgentFlyError
 
-__all__ = ["ToolCall", "ActionParseError", "parse_action", "TOOLS", "FORMAT_HELP"]
+__all__ = ["FORMAT_HELP", "TOOLS", "ActionParseError", "ToolCall", "parse_action"]
 
 
 class ActionParseError(AgentFlyError, ValueError):

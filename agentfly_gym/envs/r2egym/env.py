@@ -36,12 +36,12 @@ from ...resources.manager import ResourceManager, RolloutScope
 from ...resources.spec import ContainerSpec
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
-from .actions import FORMAT_HELP, ActionParseError, ToolCall, parse_action
+from .actions import ActionParseError, ToolCall, parse_action
 from .grading import reward_from_log
 from .local_tasks import TESTBED, default_tasks_dir
 from .tasks import R2ETask, load_tasks
 
-__all__ = ["R2EGymEnv", "R2EAgentPrompt", "DOCKER_IMAGE", "SYSTEM_PROMPT"]
+__all__ = ["DOCKER_IMAGE", "SYSTEM_PROMPT", "R2EAgentPrompt", "R2EGymEnv"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,12 @@ class R2EAgentPrompt(AgentPrompt):
 @functools.lru_cache(maxsize=1)
 def _tool_script() -> bytes:
     return importlib_resources.files(__package__).joinpath("r2e_tools.py").read_bytes()
+
+
+@functools.lru_cache(maxsize=32)
+def _repo_tar(root: str) -> bytes:
+    """The repository folder ``root`` as an uncompressed tar (bytes), cached per process."""
+    return _tar_dir(Path(root))
 
 
 def _tar_dir(root: Path) -> bytes:
@@ -176,8 +182,8 @@ class R2EGymEnv(AgentFlyEnv):
             if not path.is_file():
                 raise DataNotFoundError(
                     f"the local R2E-Gym task set is not built ({path} missing). Build it with "
-                    "`python -c 'from agentfly_gym.envs.r2egym import build_local_tasks; build_local_tasks()'` "
-                    "(downloads pinned sdists with pip), or pass tasks=<R2E-Gym rows as .jsonl/.parquet>.")
+                    "`agentfly-gym r2e build-tasks` (downloads pinned sdists with pip; a few minutes), "
+                    "or pass tasks=<R2E-Gym rows as .jsonl/.parquet>.")
             self.tasks = load_tasks(path)
         elif isinstance(tasks, (str, os.PathLike)):
             self.tasks = load_tasks(tasks)
@@ -192,10 +198,11 @@ class R2EGymEnv(AgentFlyEnv):
         self.max_containers = max_containers
         self.bash_timeout, self.test_timeout, self.max_output = bash_timeout, test_timeout, max_output
         self._resolved_backend: str | None = None
-        self._tar_cache: dict[str, bytes] = {}
         self._task: R2ETask | None = None
         self._box: ContainerResource | None = None
         self._gold_applied = False
+        self._plan: list[str] | None = None
+        self._plan_episode: str | None = None
 
     # ------------------------------------------------------------------ specs
     async def _local_backend(self) -> str:
@@ -213,8 +220,8 @@ class R2EGymEnv(AgentFlyEnv):
 
     async def container_spec(self, task: R2ETask) -> ContainerSpec:
         """The container spec of ``task``: one generic spec for all local tasks, the row's image otherwise."""
-        common = dict(cpus=self.cpus, memory=self.memory, pids=self.pids, workdir=TESTBED,
-                      max_instances=self.max_containers, name="r2egym")
+        common = {"cpus": self.cpus, "memory": self.memory, "pids": self.pids, "workdir": TESTBED,
+                      "max_instances": self.max_containers, "name": "r2egym"}
         if task.local:
             backend = await self._local_backend()
             image = self.image or (DOCKER_IMAGE if backend == "docker" else "host")
@@ -244,10 +251,7 @@ class R2EGymEnv(AgentFlyEnv):
             raise EnvError(f"the container spec gave a {type(box).__name__}, not a ContainerResource")
         self._box = box
         if task.local:
-            tar = self._tar_cache.get(task.task_id)
-            if tar is None:
-                tar = await asyncio.to_thread(_tar_dir, task.repo_dir)
-                self._tar_cache[task.task_id] = tar
+            tar = await asyncio.to_thread(_repo_tar, str(task.repo_dir))
             await box.put_files({f"{TOOLS_DIR}/repo.tar": tar, TOOL_SCRIPT: _tool_script()})
             setup = (f"set -e; mkdir -p {TESTBED}; find {TESTBED} -mindepth 1 -delete; "
                      f"tar -xf {TOOLS_DIR}/repo.tar -C {TESTBED}; rm -f {TOOLS_DIR}/repo.tar; cd {TESTBED}; "
@@ -352,7 +356,8 @@ class R2EGymEnv(AgentFlyEnv):
     # ------------------------------------------------------------------ expert
     @property
     def _expert_plan_cache(self) -> list[str] | None:
-        return getattr(self, "_plan", None) if getattr(self, "_plan_task", None) == self._episode_id else None
+        """The expert plan of the running episode, if computed."""
+        return self._plan if self._plan_episode == self._episode_id else None
 
     async def expert_action(self) -> str:
         """The next action of the expert: apply the task's gold patch (``execute_bash``), then ``finish``.
@@ -379,7 +384,7 @@ class R2EGymEnv(AgentFlyEnv):
                    f"|| patch -p1 --forward --batch < {TOOLS_DIR}/gold.patch)")
             plan = [f"<function=execute_bash>\n<parameter=cmd>\n{cmd}\n</parameter>\n</function>",
                     "<function=finish>\n<parameter=command>submit</parameter>\n</function>"]
-            self._plan, self._plan_task = plan, self._episode_id
+            self._plan, self._plan_episode = plan, self._episode_id
         return plan[1] if self._gold_applied else plan[0]
 
     async def _end_of_episode(self) -> None:

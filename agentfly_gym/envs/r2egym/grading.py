@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Mapping
 
-__all__ = ["parse_log_pytest", "decolor", "compare_test_maps", "reward_from_log", "STATUSES"]
+__all__ = ["STATUSES", "compare_test_maps", "decolor", "parse_log_pytest", "reward_from_log"]
 
 STATUSES = ("PASSED", "FAILED", "ERROR")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -46,8 +46,16 @@ from ...data import cache_dir
 from ...errors import AgentFlyError, ConfigError
 from .grading import compare_test_maps, parse_log_pytest
 
-__all__ = ["BugSpec", "LOCAL_BUGS", "build_local_tasks", "build_tasks_main", "default_tasks_dir",
-           "TaskBuildError", "run_tests_script", "TESTBED"]
+__all__ = [
+    "LOCAL_BUGS",
+    "TESTBED",
+    "BugSpec",
+    "TaskBuildError",
+    "build_local_tasks",
+    "build_tasks_main",
+    "default_tasks_dir",
+    "run_tests_script",
+]
 
 TESTBED = "/testbed"
 
@@ -272,12 +280,12 @@ def _download(spec: BugSpec, dest: Path, log: Callable[[str], None]) -> Path:
     log(f"  downloading {spec.requirement}")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
            "-q", "-d", str(dest), spec.requirement]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     found = find()
     if found is None:
         # some sdists need their own build backend to prepare metadata: retry with build isolation
         cmd.remove("--no-build-isolation")
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
         found = find()
     if found is None:
         raise TaskBuildError(f"pip download {spec.requirement} failed (exit {r.returncode}): {r.stderr[-2000:]}")
@@ -302,7 +310,7 @@ def _run_hidden(repo: Path, spec: BugSpec, timeout: float) -> tuple[dict[str, st
     env["PATH"] = os.environ.get("PATH", env["PATH"])
     try:
         r = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-o", "addopts=",
-                            *(a for d in spec.deselect for a in ("--deselect", d)), *spec.hidden_tests], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+                            *(a for d in spec.deselect for a in ("--deselect", d)), *spec.hidden_tests], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         out = r.stdout + r.stderr
     except subprocess.TimeoutExpired as e:
         out = f"timed out after {timeout}s\n{e.stdout or ''}"
@@ -323,7 +331,7 @@ def unified_diff(path: str, before: str, after: str) -> str:
 
 def _apply_patch(repo: Path, patch: str) -> None:
     r = subprocess.run(["patch", "-p1", "--forward", "--batch", "--quiet"], cwd=repo, input=patch, text=True,
-                       capture_output=True, timeout=60)
+                       capture_output=True, timeout=60, check=False)
     if r.returncode != 0:
         raise TaskBuildError(f"the gold patch does not apply: {r.stdout}{r.stderr}")
 
@@ -349,7 +357,7 @@ def _build_one(spec: BugSpec, archive: Path, out: Path, *, timeout: float, log: 
         buggy = tmp_p / "buggy"
         shutil.copytree(fixed, buggy, symlinks=True)
         (buggy / spec.file).write_text(buggy_src, encoding="utf-8")
-        parsed_bug, log_bug = _run_hidden(buggy, spec, timeout)
+        parsed_bug, _log_bug = _run_hidden(buggy, spec, timeout)
         if compare_test_maps(parsed_bug, expected) != 0.0:
             raise TaskBuildError(f"{spec.task_id}: the injected bug breaks no hidden test")
         patch = unified_diff(spec.file, buggy_src, source)
@@ -447,8 +455,8 @@ def build_local_tasks(out_dir: str | Path | None = None, *, bugs: Iterable[BugSp
 
 
 def build_tasks_main(args: list[str] | None = None) -> int:
-    """CLI entry: ``build-r2e-tasks [--out DIR] [--force] [--only ID ...]``.  Returns the exit status."""
-    ap = argparse.ArgumentParser(prog="agentfly-gym build-r2e-tasks",
+    """CLI entry of ``agentfly-gym r2e build-tasks [--out DIR] [--force] [--only ID ...]``.  Returns the exit status."""
+    ap = argparse.ArgumentParser(prog="agentfly-gym r2e build-tasks",
                                  description="Build the local R2E-Gym task set from pinned PyPI sdists.")
     ap.add_argument("--out", default=None, help=f"output folder (default: {default_tasks_dir()})")
     ap.add_argument("--force", action="store_true", help="rebuild tasks that are already built")

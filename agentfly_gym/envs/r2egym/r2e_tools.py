@@ -17,6 +17,7 @@ in a state file); ``search`` (fixed-string search in a file, or per-file match c
 a directory).  Unlike upstream, ``view`` also shows non-Python text files.
 """
 
+# ruff: noqa: UP031  (%-formatting on purpose: this script runs under the task image's own, possibly old, python3)
 import base64
 import json
 import os
