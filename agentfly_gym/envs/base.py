@@ -23,7 +23,7 @@ import gymnasium
 
 from ..errors import ConfigError, ResetNeeded, ResourceError
 from ..resources.inprocess import InProcessResource
-from ..resources.manager import ResourceManager, RolloutScope, default_manager
+from ..resources.manager import ResourceManager, RolloutScope, default_manager, install_signal_handlers
 from ..spaces import TextSpace
 from ..utils.aio import run_sync
 from .prompting import AgentPrompt
@@ -78,6 +78,7 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         if max_episode_steps is not None and (not isinstance(max_episode_steps, int) or max_episode_steps < 1):
             raise ConfigError(f"max_episode_steps={max_episode_steps!r} must be None or an integer >= 1")
         self.render_mode = render_mode
+        install_signal_handlers()  # SIGTERM must not orphan simulators or containers (no-op off the main thread)
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
         self.max_episode_steps = max_episode_steps

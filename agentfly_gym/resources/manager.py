@@ -16,6 +16,8 @@ import atexit
 import itertools
 import logging
 import os
+import signal
+import threading
 import uuid
 import weakref
 from collections.abc import Callable
@@ -26,7 +28,7 @@ from .base import Resource
 from .pool import ResourcePool
 from .spec import ResourceSpec
 
-__all__ = ["ResourceManager", "RolloutScope", "default_manager"]
+__all__ = ["ResourceManager", "RolloutScope", "default_manager", "install_signal_handlers"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +140,7 @@ class ResourceManager:
         self._closed = False
         _live_managers.add(self)
         _ensure_atexit()
+        install_signal_handlers()
 
     # -- pools
     def pool(self, spec: ResourceSpec) -> ResourcePool:
@@ -249,6 +252,44 @@ def _close_all_at_exit() -> None:
         if not m.closed:
             m.close_sync()
     shutdown_background_loop()
+
+
+_prev_sigterm = None
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM: tear down every live manager's instances, then behave as the previous handler did."""
+    for m in list(_live_managers):
+        if not m.closed:
+            try:
+                m.close_sync()
+            except Exception:  # pragma: no cover - best effort while dying
+                pass
+    prev = _prev_sigterm
+    if callable(prev):
+        prev(signum, frame)
+    elif prev != signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def install_signal_handlers() -> bool:
+    """Make SIGTERM release every live resource (containers, JVMs, engines, servers) before the process ends.
+
+    Python runs ``atexit`` hooks on a normal exit and on Ctrl-C (``KeyboardInterrupt``), but
+    not when SIGTERM's default action kills the process; this handler tears resources down
+    synchronously and then chains to the handler installed before it.  Installed once, by the
+    first manager or environment created on the main thread (only the main thread may install
+    signal handlers); returns whether it is installed.
+    """
+    global _prev_sigterm
+    if threading.current_thread() is not threading.main_thread():
+        return signal.getsignal(signal.SIGTERM) is _on_sigterm
+    cur = signal.getsignal(signal.SIGTERM)
+    if cur is not _on_sigterm:
+        _prev_sigterm = cur
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    return True
 
 
 _default_managers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ResourceManager] = weakref.WeakKeyDictionary()

@@ -1,0 +1,62 @@
+"""No simulator or engine process outlives the Python process that started it.
+
+Each case runs a real child Python process that starts real Stockfish engines and a
+ScienceWorld JVM through the library, then ends it in a different way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+CHILD = textwrap.dedent("""
+    import sys, time, gymnasium, agentfly_gym
+    chess = gymnasium.make("agentfly/Chess-v0", mode="play", engine_depth=1)
+    chess.reset(seed=0)
+    sw = gymnasium.make("agentfly/ScienceWorld-v0", max_simulators=1)
+    sw.reset(seed=0)
+    pids = [r.obj.pid for e in (chess, sw) for r in e.unwrapped.scope.resources.values()]
+    print(*pids, flush=True)
+    how = sys.argv[1]
+    if how == "exit":
+        sys.exit(0)            # no close(): the exit hook must clean up
+    if how == "error":
+        raise RuntimeError("the user's script crashed")
+    time.sleep(600)            # killed by the test
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["exit", "error", "sigterm", "sigint"])
+def test_no_process_outlives_its_python(how):
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ))
+    line = proc.stdout.readline()
+    assert line.strip(), proc.stderr.read()
+    pids = [int(p) for p in line.split()]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    if how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    elif how == "sigint":
+        proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in pids if _alive(p)]
+    assert not left, f"processes {left} of {pids} (engine, JVM) outlived their Python ({how}): {proc.stderr.read()[-2000:]}"
+    if how == "sigterm":
+        assert proc.returncode == -signal.SIGTERM
