@@ -19,8 +19,7 @@ import uuid
 from typing import Any
 
 from ..envs.base import AgentFlyEnv
-from ..errors import PolicyError
-from .policy import ActionPolicy, SamplingParams, TextPolicy
+from .policy import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
 from .trajectory import Trajectory, Turn
 
 __all__ = ["run_chain_episode", "info_summary"]
@@ -60,9 +59,7 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
     sampling = sampling or SamplingParams()
     t_start = time.monotonic()
     prompt = env.agent_prompt
-    is_text_policy = hasattr(policy, "generate")
-    if not is_text_policy and not hasattr(policy, "act"):
-        raise PolicyError(f"{type(policy).__name__} is neither a TextPolicy (generate) nor an ActionPolicy (act)")
+    check_policy(policy)
     try:
         t0 = time.monotonic()
         obs, info = await env.areset(seed=seed, options=options)
@@ -83,13 +80,8 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
                 truncated = True
                 break
             t0 = time.monotonic()
-            if is_text_policy:
-                gen = await policy.generate(traj.prompt_ids + traj.response_ids, sampling)
-                sampled, logprobs, finish = list(gen.token_ids), gen.logprobs, gen.finish_reason
-                reply = gen.text or chat.tokenizer.decode(sampled, skip_special_tokens=True)
-            else:
-                reply = await policy.act(obs, info, env)
-                sampled, logprobs, finish = list(chat.action_ids(reply)), None, "action"
+            sampled, logprobs, finish, reply = await take_turn(policy, chat, traj.prompt_ids + traj.response_ids,
+                                                               sampling, obs, info, env)
             gen_s = time.monotonic() - t0
             traj.extend(sampled, 1, logprobs)
             traj.extend(chat.close_assistant_ids(sampled), 0)

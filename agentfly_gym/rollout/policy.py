@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["SamplingParams", "Generation", "TextPolicy", "ActionPolicy"]
+__all__ = ["SamplingParams", "Generation", "TextPolicy", "ActionPolicy", "check_policy", "take_turn"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,3 +81,34 @@ class ActionPolicy(Protocol):
     async def act(self, observation: str, info: dict[str, Any], env: Any) -> str:
         """The next action for ``env`` (the unwrapped env, for experts that need its state)."""
         ...
+
+
+def check_policy(policy: Any) -> bool:
+    """True for a :class:`TextPolicy`, False for an :class:`ActionPolicy`.
+
+    Raises:
+        PolicyError: it is neither (no ``generate`` and no ``act``).
+    """
+    from ..errors import PolicyError
+
+    if hasattr(policy, "generate"):
+        return True
+    if hasattr(policy, "act"):
+        return False
+    raise PolicyError(f"{type(policy).__name__} is neither a TextPolicy (generate) nor an ActionPolicy (act)")
+
+
+async def take_turn(policy: Any, chat: Any, prompt_ids: list[int], sampling: SamplingParams, observation: str,
+                    info: dict[str, Any], env: Any) -> tuple[list[int], list[float] | None, str, str]:
+    """One policy turn: ``(sampled_ids, logprobs, finish_reason, reply_text)``.
+
+    A TextPolicy samples from ``prompt_ids`` (ids returned verbatim); an ActionPolicy's action
+    text becomes ``chat.action_ids(text)`` with no logprobs and finish reason ``"action"``.
+    """
+    if check_policy(policy):
+        gen = await policy.generate(prompt_ids, sampling)
+        sampled = list(gen.token_ids)
+        reply = gen.text or chat.tokenizer.decode(sampled, skip_special_tokens=True)
+        return sampled, gen.logprobs, gen.finish_reason, reply
+    reply = await policy.act(observation, info, env)
+    return list(chat.action_ids(reply)), None, "action", reply

@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..envs.base import AgentFlyEnv
-from ..errors import PolicyError
 from .chain import info_summary
-from .policy import ActionPolicy, SamplingParams, TextPolicy
+from .policy import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
 from .trajectory import Trajectory, Turn
 
 __all__ = ["StepRow", "run_step_episode", "render_step_prompt", "save_step_rows", "DEFAULT_HISTORY"]
@@ -98,9 +97,7 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
     plus ``history``: how many past (action, observation) pairs each prompt shows.
     """
     sampling = sampling or SamplingParams()
-    is_text_policy = hasattr(policy, "generate")
-    if not is_text_policy and not hasattr(policy, "act"):
-        raise PolicyError(f"{type(policy).__name__} is neither a TextPolicy (generate) nor an ActionPolicy (act)")
+    check_policy(policy)
     t_start = time.monotonic()
     try:
         t0 = time.monotonic()
@@ -119,13 +116,7 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
                 traj.prompt_ids = prompt_ids
                 traj.messages = list(messages)
             t0 = time.monotonic()
-            if is_text_policy:
-                gen = await policy.generate(prompt_ids, sampling)
-                sampled, logprobs, finish = list(gen.token_ids), gen.logprobs, gen.finish_reason
-                reply = gen.text or chat.tokenizer.decode(sampled, skip_special_tokens=True)
-            else:
-                reply = await policy.act(obs, info, env)
-                sampled, logprobs, finish = list(chat.action_ids(reply)), None, "action"
+            sampled, logprobs, finish, reply = await take_turn(policy, chat, prompt_ids, sampling, obs, info, env)
             gen_s = time.monotonic() - t0
             close = list(chat.close_assistant_ids(sampled))
             lps = list(logprobs) if logprobs is not None else [float("nan")] * len(sampled)
