@@ -16,7 +16,7 @@ plays the same episodes):
 
 Policy: a latency model that replays generation latencies measured on the bundled SmolLM2
 (CPU, one thread; measured once and cached in ``results/smollm2_latency.json``) times
-``--latency-scale`` (default 0.1: a server ~10x faster than this CPU), assuming the server
+``--latency-scale`` (default 0.05: ~0.7 s per 48-token reply, a GPU server), assuming the server
 serves concurrent requests in parallel (lockstep's generation phase lasts as long as its
 slowest request).  Actions: the env's expert, or with probability ``--explore`` a random
 admissible/exploration action, so episode lengths vary as in RL.  At a small size the real
@@ -41,7 +41,7 @@ import _common as C
 
 ENV_DEFAULTS: dict[str, dict[str, Any]] = {
     "ScienceWorld": {"id": "agentfly/ScienceWorld-v0", "kwargs": {}, "options": {"expert": True},
-                     "explore": ["look around", "inventory", "wait1"], "max_turns": 10, "cap_key": "max_simulators"},
+                     "explore": ["look around", "inventory", "wait1"], "max_turns": 6, "cap_key": "max_simulators"},
     "WebShop": {"id": "agentfly/WebShop-v0", "kwargs": {}, "options": None, "explore": [], "max_turns": 10,
                 "cap_key": None},
     "Chess": {"id": "agentfly/Chess-v0", "kwargs": {"mode": "puzzle"}, "options": None, "explore": [],
@@ -287,7 +287,16 @@ def _make_gym_worker(env_id: str, kwargs: dict[str, Any]):
 
 
 def _unbatch(infos: dict[str, Any], i: int) -> dict[str, Any]:
-    return {k: v[i] for k, v in infos.items() if not k.startswith("_") and infos.get(f"_{k}", [False] * (i + 1))[i]}
+    """Sub-env ``i``'s info from Gymnasium's vector info (arrays + ``_key`` masks; nested dicts recursed)."""
+    out = {}
+    for k, v in infos.items():
+        if k.startswith("_"):
+            continue
+        mask = infos.get(f"_{k}")
+        if mask is not None and not mask[i]:
+            continue
+        out[k] = _unbatch(v, i) if isinstance(v, dict) else v[i]
+    return out
 
 
 def run_gym_async(venv: Any, n: int, cfg: dict[str, Any], policy_for, seed: int) -> dict[str, Any]:
@@ -539,22 +548,24 @@ async def bench_env(name: str, n: int, b: int, repeats: int, model: LatencyModel
 
 def main() -> int:
     p = C.base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--envs", default="ScienceWorld,WebShop,Chess,R2EGym",
+    p.add_argument("--envs", default="Chess,WebShop,R2EGym,ScienceWorld",
                    help="comma-separated env names (unavailable ones are skipped with the reason)")
     p.add_argument("--slots", type=int, default=4, help="parallel slots B (batch size / concurrency / pool capacity)")
-    p.add_argument("--latency-scale", type=float, default=0.1,
-                   help="multiply the measured SmolLM2 CPU latencies by this (0.1 ~ a GPU server)")
+    p.add_argument("--latency-scale", type=float, default=0.05,
+                   help="multiply the measured SmolLM2 CPU latencies by this (0.05: ~0.7 s per 48-token reply, a GPU server)")
     p.add_argument("--explore", type=float, default=0.2, help="probability of a random/exploration action")
     p.add_argument("--remeasure", action="store_true", help="measure the SmolLM2 latencies again")
     p.add_argument("--no-gym-async", action="store_true", help="skip Gymnasium's AsyncVectorEnv baseline")
     p.add_argument("--no-real-model", action="store_true", help="skip the small real-model comparison")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other envs' (and the real model's) numbers of an existing result file")
     args = p.parse_args()
     C.setup_env_vars()
     res = C.Result("bench_async_rollout", args)
     tiny = args.scale == 0
-    repeats = args.repeats or (1 if tiny else 3)
+    repeats = args.repeats or (1 if tiny else 2)
     b = args.slots if not tiny else 2
-    n = C.scaled(3 * b, args.scale, minimum=2 * b) if not tiny else 3
+    n = C.scaled(2 * b, args.scale, minimum=2 * b) if not tiny else 3
 
     lat_path = Path(args.out) / "smollm2_latency.json"
     import json
@@ -597,12 +608,24 @@ def main() -> int:
     if not (tiny or args.no_real_model):
         print("[real model] SmolLM2 on Chess, lockstep vs ours", flush=True)
         try:
-            rm = asyncio.run(real_model_runs(n=6, b=3, max_tokens=16, seed=args.seed))
-            res.data["real_model"] = {"env": "Chess (puzzle)", "n": 6, "slots": 3, "max_tokens": 16, "runs": rm}
+            rm = asyncio.run(real_model_runs(n=4, b=2, max_tokens=12, seed=args.seed))
+            res.data["real_model"] = {"env": "Chess (puzzle)", "n": 4, "slots": 2, "max_tokens": 12, "runs": rm}
             lo, ou = {r["schedule"]: r for r in rm}["lockstep"], {r["schedule"]: r for r in rm}["ours"]
             res.data["real_model"]["ours_over_lockstep"] = ou["trajectories_per_s"] / lo["trajectories_per_s"]
         except Exception as e:  # noqa: BLE001
             res.skip("real_model", f"{type(e).__name__}: {e}")
+    old = Path(args.out) / "bench_async_rollout.json"
+    if args.merge and old.is_file():
+        prev = json.loads(old.read_text())
+        for k, v in prev.get("envs", {}).items():
+            if k not in res.data["envs"]:
+                v["from_earlier_run"] = prev.get("command")
+                res.data["envs"][k] = v
+        if "real_model" not in res.data and "real_model" in prev:
+            res.data["real_model"] = dict(prev["real_model"], from_earlier_run=prev.get("command"))
+        for k, v in prev.get("skipped", {}).items():
+            if k not in res.data["envs"] and k not in res.data["skipped"]:
+                res.data["skipped"][k] = v
     res.data = C.clean(res.data)
     res.save()
     plot(res)

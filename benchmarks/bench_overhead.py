@@ -64,8 +64,11 @@ async def bench_alfworld(n: int) -> dict[str, Any]:
         pddl = env._sim.obj._env  # the simulator's PddlEnv (with ALFWorld's demangler)
         for i in range(n):
             t0 = time.perf_counter()
-            await env.astep("look")
+            _o, _r, te, tr, _i = await env.astep("look")
             ours.append(time.perf_counter() - t0)
+            if te or tr:
+                await env.areset(seed=0)
+                pddl = env._sim.obj._env
             t0 = time.perf_counter()
             pddl.step("look")
             raw.append(time.perf_counter() - t0)
@@ -137,7 +140,7 @@ def main() -> int:
 
     res = C.Result("bench_overhead", args)
     tiny = args.scale == 0
-    n = C.scaled(60, args.scale) if not tiny else 6
+    n = C.scaled(100, args.scale) if not tiny else 6
     warm = 2 if tiny else 5
     res.data["config"] = {"steps": n, "warmup_dropped": warm, "chess_depth": args.depth}
     res.data["results"] = {}

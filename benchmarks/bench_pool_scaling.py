@@ -23,14 +23,19 @@ import _common as C
 
 
 def java_rss_bytes() -> int:
-    """Total resident memory of the java processes (bytes), from /proc."""
+    """Total resident memory (bytes) of the java processes that are children of this process
+    (the pool's ScienceWorld JVMs), from /proc."""
     total = 0
+    me = os.getpid()
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/comm") as f:
                 if f.read().strip() != "java":
+                    continue
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != me:
                     continue
             with open(f"/proc/{d}/status") as f:
                 for line in f:
@@ -61,7 +66,6 @@ async def run_batch(cap: int, n: int, turns: int, gen_s: float, seed: int, chat:
     from agentfly_gym.resources import ResourceManager
     from agentfly_gym.rollout import run_chain_episode
 
-    rss_before = java_rss_bytes()
     async with ResourceManager() as m:
         spec = ScienceWorldEnv.simulator_spec(max_simulators=cap)
         t0 = time.monotonic()
@@ -80,7 +84,7 @@ async def run_batch(cap: int, n: int, turns: int, gen_s: float, seed: int, chat:
         t0 = time.monotonic()
         trajs = await asyncio.gather(*(one(k) for k in range(n)))
         wall = time.monotonic() - t0
-        rss = java_rss_bytes() - rss_before
+        rss = java_rss_bytes()
         pool = m.metrics()[spec.key]
     return {"capacity": cap, "wall_s": wall, "prewarm_s": start_s, "java_rss_bytes": rss,
             "steps": sum(t.num_turns for t in trajs), "errors": sum(1 for t in trajs if t.error),
