@@ -23,6 +23,7 @@ from agentfly_gym.envs.chess import ChessEnv, MoveError, StockfishEngine, find_s
 from agentfly_gym.errors import ConfigError, DataNotFoundError, ResetNeeded, ResourceUnavailable
 from agentfly_gym.resources import ResourceManager
 from agentfly_gym.utils.aio import run_sync
+from proctools import live_processes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,21 +35,8 @@ TEWJC = ("tewjc", ["e5e3", "f6a1", "a8a1"])
 
 
 def _live_stockfish_children() -> set[int]:
-    """Pids of this process's child processes named stockfish that are not zombies (from /proc)."""
-    me, found = os.getpid(), set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1: stat.rindex(")")]
-        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
-        if comm == "stockfish" and int(ppid) == me and state != "Z":
-            found.add(int(entry))
-    return found
+    """Pids of this process's live child processes named stockfish."""
+    return live_processes(["stockfish"], children_of=os.getpid())
 
 
 def _pool(manager: ResourceManager) -> dict:

@@ -11,9 +11,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from proctools import alive, wait_gone
 
 CHILD = textwrap.dedent("""
     import sys, time, gymnasium, agentfly_gym
@@ -32,14 +32,6 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.parametrize("how", ["exit", "error", "sigterm", "sigint"])
 def test_no_process_outlives_its_python(how):
     proc = subprocess.Popen([sys.executable, "-c", CHILD, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -47,16 +39,13 @@ def test_no_process_outlives_its_python(how):
     line = proc.stdout.readline()
     assert line.strip(), proc.stderr.read()
     pids = [int(p) for p in line.split()]
-    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    assert len(pids) == 2 and all(alive(p) for p in pids)
     if how == "sigterm":
         proc.send_signal(signal.SIGTERM)
     elif how == "sigint":
         proc.send_signal(signal.SIGINT)
     proc.wait(60)
-    deadline = time.monotonic() + 20
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = [p for p in pids if _alive(p)]
+    left = wait_gone(pids, 20)
     assert not left, f"processes {left} of {pids} (engine, JVM) outlived their Python ({how}): {proc.stderr.read()[-2000:]}"
     if how == "sigterm":
         assert proc.returncode == -signal.SIGTERM

@@ -22,27 +22,18 @@ from agentfly_gym.resources.backends.model_api import APIError
 from agentfly_gym.rewards import LLMJudge, parse_score, resourced
 from agentfly_gym.rollout.openai_policy import OpenAITokenPolicy, parse_completion_choice
 from agentfly_gym.rollout.policy import SamplingParams
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+from proctools import alive, live_processes
 
 
 def _group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid``."""
     out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
-                    out.append(int(d))
-            except (FileNotFoundError, IndexError, ValueError):
-                pass
+    for p in live_processes([""]):
+        try:
+            if os.getpgid(p) == pgid:
+                out.append(p)
+        except ProcessLookupError:
+            pass
     return out
 
 
@@ -59,7 +50,7 @@ async def test_transformers_server_lifecycle_judge_and_token_policy_refusal(smol
         svc = await m.acquire_global(svc_spec)
         assert svc.base_url.startswith("http://127.0.0.1:") and await svc.status() == ResourceStatus.READY
         pid = svc.proc.pid
-        assert _alive(pid)
+        assert alive(pid)
         api_spec = ModelAPISpec(base_url=svc.base_url, model=smollm2, max_instances=2, request_timeout=300)
         judge = LLMJudge(api_spec, max_tokens=8)
         score = await judge("Add 2 and 2.", "4", "4", manager=m)
@@ -75,7 +66,7 @@ async def test_transformers_server_lifecycle_judge_and_token_policy_refusal(smol
         with pytest.raises(PolicyError, match="token"):
             await policy.generate([1, 2, 3], SamplingParams(max_tokens=4))
         log_path = svc.log_path
-    assert not _alive(pid) and not _group_members(pid)  # the whole process group is gone
+    assert not alive(pid) and not _group_members(pid)  # the whole process group is gone
     assert log_path.exists()
 
 

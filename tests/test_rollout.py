@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import time
 
 import gymnasium
 import pyarrow.parquet as pq
@@ -23,33 +21,14 @@ from agentfly_gym.rollout import (ExpertPolicy, RandomPolicy, RolloutConfig, Sam
                                   run_chain_episode, run_rollouts)
 from agentfly_gym.rollout.chat import ChatTokenizer
 from agentfly_gym.rollout.step import run_step_episode
-
-
-def _procs(name: str) -> set[int]:
-    out = set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/comm") as f:
-                    if f.read().strip() == name:
-                        with open(f"/proc/{d}/stat") as s:
-                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
-                                out.add(int(d))
-            except FileNotFoundError:
-                pass
-    return out
+from proctools import live_processes, wait_gone
 
 
 @pytest.fixture(autouse=True)
 def no_leaked_simulators():
-    before = {n: _procs(n) for n in ("java", "stockfish")}
+    before = live_processes(["java", "stockfish"])
     yield
-    for n, pids in before.items():
-        for _ in range(100):  # a JVM may take a moment to exit after close()
-            if _procs(n) <= pids:
-                break
-            time.sleep(0.1)
-        assert _procs(n) <= pids, f"a {n} process outlived its test"
+    assert not wait_gone(live_processes(["java", "stockfish"]) - before), "a simulator process outlived its test"
 
 
 class Recording:

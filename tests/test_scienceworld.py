@@ -13,6 +13,7 @@ import time
 
 import gymnasium
 import pytest
+from proctools import live_processes
 from gymnasium.utils.env_checker import check_env
 
 import agentfly_gym  # noqa: F401  (registers agentfly/*)
@@ -28,22 +29,7 @@ SHORT_TASK = "find-non-living-thing:0"  # gold path of 5 steps
 
 def _scienceworld_jvms() -> list[int]:
     """PIDs of ScienceWorld JVMs (zombies included) whose parent is this test process."""
-    me = str(os.getpid())
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        ppid = stat.rsplit(")", 1)[1].split()[1]
-        if ppid == me and (b"scienceworld.jar" in cmd or b"java" in stat.encode()):
-            found.append(int(pid))
-    return found
+    return sorted(live_processes(["scienceworld.jar", "java"], children_of=os.getpid(), zombies=True))
 
 
 @pytest.fixture(autouse=True)

@@ -16,28 +16,14 @@ from agentfly_gym.envs.chess import ChessEnv
 from agentfly_gym.errors import ConfigError
 from agentfly_gym.resources import ResourceManager
 from agentfly_gym.vector import AsyncTextVectorEnv
-
-
-def _stockfish_pids() -> set[int]:
-    out = set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/comm") as f:
-                    if f.read().strip() == "stockfish":
-                        with open(f"/proc/{d}/stat") as s:
-                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
-                                out.add(int(d))
-            except FileNotFoundError:
-                pass
-    return out
+from proctools import live_processes, wait_gone
 
 
 @pytest.fixture(autouse=True)
 def no_leaked_engines():
-    before = _stockfish_pids()
+    before = live_processes(["stockfish"])
     yield
-    assert _stockfish_pids() <= before, "a stockfish process outlived its test"
+    assert not wait_gone(live_processes(["stockfish"]) - before, 10), "a stockfish process outlived its test"
 
 
 def test_make_vec_returns_async_text_vector_env_with_batch_semantics():

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import gymnasium
 import pytest
+from proctools import live_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
@@ -101,22 +102,7 @@ class ScriptedServer(ModelServer):
 
 def _children(names: tuple[str, ...]) -> list[int]:
     """Live (non-zombie) child processes of this process whose name or command line has one of ``names``."""
-    me, found = os.getpid(), []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1: stat.rindex(")")]
-        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
-        if int(ppid) == me and state != "Z" and any(n in comm or n in cmd for n in names):
-            found.append(int(pid))
-    return found
+    return sorted(live_processes(names, children_of=os.getpid()))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,60 @@
+"""Process checks for the tests, read from /proc (Linux): which simulator, engine or server processes live."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+
+
+def _stat(pid: str) -> tuple[str, str, int] | None:
+    """(comm, state, ppid) of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    comm = stat[stat.index("(") + 1: stat.rindex(")")]
+    state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+    return comm, state, int(ppid)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    st = _stat(str(pid))
+    return st is not None and st[1] != "Z"
+
+
+def live_processes(names: Iterable[str], *, children_of: int | None = None, zombies: bool = False) -> set[int]:
+    """Pids whose name or command line contains one of ``names``.
+
+    Args:
+        children_of: only direct children of this pid (e.g. ``os.getpid()``).
+        zombies: include zombie processes.
+    """
+    names = tuple(names)
+    found = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        st = _stat(pid)
+        if st is None or (st[1] == "Z" and not zombies) or (children_of is not None and st[2] != children_of):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if any(n in st[0] or n in cmd for n in names):
+            found.add(int(pid))
+    return found
+
+
+def wait_gone(pids: Iterable[int], timeout: float = 20.0) -> set[int]:
+    """Wait up to ``timeout`` seconds for ``pids`` to exit; return those still alive."""
+    left = {p for p in pids if alive(p)}
+    deadline = time.monotonic() + timeout
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = {p for p in left if alive(p)}
+    return left
