@@ -301,11 +301,13 @@ def build_base_image(name: str | None = None, *, suite: str = BASE_SUITE, packag
     """
     tag = name or base_image_tag(suite, packages)
     client = _client()
+    root = base_rootfs_dir(suite, packages)
     if not force and image_exists(tag, client):
         _say(progress, f"base image {tag}: present")
         _tag_latest(client, tag, tag.rpartition(':')[0])
+        if not (root / ".agentfly-rootfs.json").is_file():  # the sandbox backend needs the rootfs too
+            _rootfs_from_image(client, tag, root, suite, packages, progress)
         return tag
-    root = base_rootfs_dir(suite, packages)
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f".{root.name}.lock", "w") as lock:
         if _locked_elsewhere(lock):
@@ -319,6 +321,32 @@ def build_base_image(name: str | None = None, *, suite: str = BASE_SUITE, packag
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return tag
+
+
+def _rootfs_from_image(client: Any, tag: str, root: Path, suite: str, packages: Sequence[str],
+                       progress: Progress | None) -> None:
+    """Recreate the kept rootfs folder from an existing image (``docker export``), without the network."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    container = client.api.create_container(tag, command=["/bin/true"], labels={"agentfly": "1"})["Id"]
+    try:
+        _say(progress, f"base image {tag}: restoring its rootfs at {root} from the image")
+        tar = subprocess.Popen(["tar", "-x", "-C", str(work), "-f", "-"], stdin=subprocess.PIPE)
+        assert tar.stdin is not None
+        for chunk in client.api.export(container):
+            tar.stdin.write(chunk)
+        tar.stdin.close()
+        if tar.wait() != 0:
+            raise ImageBuildError(f"extracting the filesystem of {tag} failed (tar exit {tar.returncode})")
+        (work / ".agentfly-rootfs.json").write_text(json.dumps(
+            {"suite": suite, "packages": list(packages), "from_image": tag, "built": time.time()}))
+        if root.exists():
+            shutil.rmtree(root)
+        work.rename(root)
+    finally:
+        client.api.remove_container(container, force=True)
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _locked_elsewhere(lock: Any) -> bool:
