@@ -202,3 +202,31 @@ async def test_cancelled_rollout_releases_its_resources(smollm2_policy):
         pool = next(iter(m.pools.values()))
         assert pool.metrics.in_use == 0 and env.episode_id is not None
         await env.aclose()
+
+
+async def test_interrupted_run_saves_finished_trajectories(tmp_path, smollm2_policy):
+    chat = ChatTokenizer(smollm2_policy.tokenizer)
+    # four quick puzzle rollouts and one slow game that is still running when the run is cancelled
+    config = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=5, concurrency=5, max_turns=3, seed=0,
+                           output_dir=tmp_path)
+    task = asyncio.ensure_future(run_rollouts(config, _SlowLast(ExpertPolicy()), chat, progress=False))
+    await asyncio.sleep(3.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    saved = load_trajectories(tmp_path / "trajectories.jsonl")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True and 1 <= len(saved) < 5 and summary["trajectories"] == len(saved)
+    assert all(t.num_turns >= 1 for t in saved)
+
+
+class _SlowLast:
+    """The expert, except that trajectory group 4 hangs: it stands for a rollout still running at Ctrl-C."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def act(self, observation, info, env):
+        if env.np_random_seed == 4:
+            await asyncio.sleep(3600)
+        return await self.inner.act(observation, info, env)

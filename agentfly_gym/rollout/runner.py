@@ -171,13 +171,38 @@ async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: R
             await env.aclose()
 
 
+def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, manager: ResourceManager,
+            *, interrupted: bool = False) -> RolloutResult:
+    """Summarize and (if ``config.output_dir``) save ``trajectories``."""
+    summary = summarize(trajectories, wall, manager)
+    summary["mode"] = config.mode
+    summary["interrupted"] = interrupted
+    summary["config"] = {"env_ids": config.env_ids, "num_trajectories": config.num_trajectories,
+                         "group_size": config.group_size, "concurrency": config.concurrency,
+                         "max_turns": config.max_turns, "seed": config.seed, "sampling": config.sampling.to_dict()}
+    result = RolloutResult(trajectories=trajectories, summary=summary)
+    if config.output_dir is not None:
+        out = Path(config.output_dir)
+        result.paths = save_trajectories(trajectories, out)
+        if config.mode == "step":
+            from .step import save_step_rows
+
+            result.paths.update(save_step_rows(trajectories, out))
+        result.paths["summary"] = out / "summary.json"
+        with open(result.paths["summary"], "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+    return result
+
+
 async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager: ResourceManager | None = None,
                        progress: bool = True) -> RolloutResult:
     """Roll out ``config.num_trajectories`` trajectories concurrently and (optionally) save them.
 
     A trajectory that fails (e.g. no resource could be started) is kept with its ``error``
-    set; it never stops the others.  With ``manager=None`` a manager is created and closed
-    here; a given manager is left open.
+    set; it never stops the others.  If the run is cancelled (Ctrl-C under ``asyncio.run``),
+    the trajectories finished so far are saved (``summary["interrupted"] = True``) before the
+    cancellation propagates, and every resource is released.  With ``manager=None`` a manager
+    is created and closed here; a given manager is left open.
 
     Returns:
         RolloutResult with trajectories ordered by index and the summary dict.
@@ -185,6 +210,7 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
     own = manager is None
     manager = manager or ResourceManager()
     sem = asyncio.Semaphore(config.concurrency)
+    finished: dict[int, Trajectory] = {}
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -194,6 +220,7 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
     async def guarded(k: int) -> Trajectory:
         async with sem:
             res = await _one(config, k, policy, chat, manager)
+        finished[k] = res
         if bar is not None:
             bar.update(1)
         return res
@@ -201,25 +228,13 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
     t0 = time.monotonic()
     try:
         trajectories = list(await asyncio.gather(*(guarded(k) for k in range(config.num_trajectories))))
-        wall = time.monotonic() - t0
-        summary = summarize(trajectories, wall, manager)
-        summary["mode"] = config.mode
-        summary["config"] = {"env_ids": config.env_ids, "num_trajectories": config.num_trajectories,
-                             "group_size": config.group_size, "concurrency": config.concurrency,
-                             "max_turns": config.max_turns, "seed": config.seed,
-                             "sampling": config.sampling.to_dict()}
-        result = RolloutResult(trajectories=trajectories, summary=summary)
-        if config.output_dir is not None:
-            out = Path(config.output_dir)
-            result.paths = save_trajectories(trajectories, out)
-            if config.mode == "step":
-                from .step import save_step_rows
-
-                result.paths.update(save_step_rows(trajectories, out))
-            result.paths["summary"] = out / "summary.json"
-            with open(result.paths["summary"], "w") as f:
-                json.dump(summary, f, indent=2, default=str)
-        return result
+        return _finish(config, trajectories, time.monotonic() - t0, manager)
+    except asyncio.CancelledError:
+        if finished and config.output_dir is not None:
+            partial = [finished[k] for k in sorted(finished)]
+            _finish(config, partial, time.monotonic() - t0, manager, interrupted=True)
+            log.warning("rollout interrupted: saved %d finished trajectories to %s", len(partial), config.output_dir)
+        raise
     finally:
         if bar is not None:
             bar.close()
