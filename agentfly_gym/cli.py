@@ -17,6 +17,7 @@ import asyncio
 import importlib.util
 import json
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -24,16 +25,18 @@ __all__ = ["main"]
 
 
 # ----------------------------------------------------------------------------- envs
+#: env id -> (python package it needs, data set name, file pattern, how to get the data)
 _ENV_DATA = {
-    "agentfly/Chess-v0": ("chess", "chess", "lichess_puzzles_sample.csv|lichess_db_puzzle.csv"),
-    "agentfly/ScienceWorld-v0": ("scienceworld", None, None),
-    "agentfly/ALFWorld-v0": ("alfworld", "alfworld", "json_2.1.1"),
-    "agentfly/WebShop-v0": ("spacy", "webshop", "items_shuffle*.json"),
-    "agentfly/R2EGym-v0": ("docker", None, None),
+    "agentfly/Chess-v0": ("chess", "chess", "lichess_puzzles_sample.csv|lichess_db_puzzle.csv",
+                          "the Lichess puzzle CSV (database.lichess.org) in $AGENTFLY_GYM_DATA/chess"),
+    "agentfly/ScienceWorld-v0": ("scienceworld", None, None, ""),
+    "agentfly/ALFWorld-v0": ("alfworld", "alfworld", "json_2.1.1", "run alfworld-download; set ALFWORLD_DATA"),
+    "agentfly/WebShop-v0": ("spacy", "webshop", "items_shuffle*.json", "WebShop's setup.sh data; set WEBSHOP_DATA"),
+    "agentfly/R2EGym-v0": ("docker", "r2egym", "local-v1/tasks.jsonl", "run: agentfly-gym r2e build-tasks"),
 }
 
 
-def _data_status(name: str | None, pattern: str | None) -> str:
+def _data_status(name: str | None, pattern: str | None, hint: str) -> str:
     if name is None:
         return "bundled with the package"
     from .data import resolve_data_dir
@@ -42,11 +45,11 @@ def _data_status(name: str | None, pattern: str | None) -> str:
     try:
         d = resolve_data_dir(name)
     except DataNotFoundError:
-        return "missing (see the env's docs; set AGENTFLY_GYM_DATA)"
+        return f"missing: {hint}"
     for pat in (pattern or "").split("|"):
         if not pat or list(d.glob(pat)):
             return f"found: {d}"
-    return f"incomplete: {d} lacks {pattern}"
+    return f"missing ({d} lacks {pattern}): {hint}"
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
@@ -57,14 +60,15 @@ def cmd_envs(args: argparse.Namespace) -> int:
     import agentfly_gym  # noqa: F401
 
     table = Table(title="agentfly-gym environments")
-    for col in ("id", "entry point", "package", "data"):
-        table.add_column(col)
+    table.add_column("id", no_wrap=True)
+    for col in ("entry point", "package", "data"):
+        table.add_column(col, overflow="fold")
     for env_id, spec in sorted(gymnasium.registry.items()):
         if not env_id.startswith("agentfly/"):
             continue
-        pkg, data_name, pattern = _ENV_DATA.get(env_id, (None, None, None))
+        pkg, data_name, pattern, hint = _ENV_DATA.get(env_id, (None, None, None, ""))
         pkg_ok = "yes" if pkg is None or importlib.util.find_spec(pkg) is not None else f"missing ({pkg})"
-        table.add_row(env_id, str(spec.entry_point), pkg_ok, _data_status(data_name, pattern))
+        table.add_row(env_id, str(spec.entry_point), pkg_ok, _data_status(data_name, pattern, hint))
     Console().print(table)
     return 0
 
@@ -107,19 +111,37 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
     from .rollout.factory import make_policy
     from .rollout.policy import SamplingParams
-    from .rollout.runner import RolloutConfig, run_rollouts
+    from .rollout.runner import RolloutConfig, check_config, run_rollouts
 
-    env_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
+    try:
+        env_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--env-kwargs is not JSON ({e}): {args.env_kwargs!r}") from None
+    if not isinstance(env_kwargs, dict) or not all(isinstance(v, dict) for v in env_kwargs.values()):
+        raise ConfigError('--env-kwargs must map env ids to keyword dicts, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
     config = RolloutConfig(
         env_ids=args.env, num_trajectories=args.num_trajectories, group_size=args.group_size,
         concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode, history=args.history,
         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p),
         max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir)
+    check_config(config)  # fail on a typo before the model is loaded
     policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
+
+    async def run() -> Any:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)  # SIGTERM, like Ctrl-C: save what finished, clean up
+        return await run_rollouts(config, policy, chat, progress=not args.no_progress)
+
     try:
-        result = asyncio.run(run_rollouts(config, policy, chat, progress=not args.no_progress))
+        result = asyncio.run(run())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print(f"agentfly-gym: interrupted; finished trajectories (if any) were saved in {args.output_dir}",
+              file=sys.stderr)
+        return 130
     finally:
         close = getattr(policy, "close", None)
         if callable(close):
@@ -127,6 +149,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     _print_summary(result.summary)
     for kind, path in result.paths.items():
         print(f"{kind}: {path}")
+    s = result.summary
+    if s["trajectories"] and s["errors"] == s["trajectories"]:
+        first = next(t.error for t in result.trajectories if t.error)
+        print(f"agentfly-gym: every trajectory failed; the first error: {first}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -202,20 +229,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    delegated = _run_delegated(argv)
-    if delegated is not None:
-        return delegated
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not hasattr(args, "func"):
-        parser.parse_args([*argv, "--help"])
-    level = logging.DEBUG if args.verbose else logging.WARNING
+    verbose = "-v" in argv[:1] or "--verbose" in argv[:1]
+    if verbose:
+        argv = argv[1:]
+    level = logging.DEBUG if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # filter at the handler: some libraries force DEBUG on their loggers
         handler.setLevel(level)
     from .errors import AgentFlyError
 
     try:
+        delegated = _run_delegated(argv)
+        if delegated is not None:
+            return delegated
+        args = parser.parse_args(argv)
+        if not hasattr(args, "func"):
+            parser.parse_args([*argv, "--help"])
         return args.func(args)
     except AgentFlyError as e:
         print(f"agentfly-gym: error: {e}", file=sys.stderr)

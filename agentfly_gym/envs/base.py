@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import gymnasium
 
-from ..errors import ConfigError, ResetNeeded, ResourceError
+from ..errors import ConfigError, ResetNeeded, ResourceError, ResourceTimeout
 from ..resources.inprocess import InProcessResource
 from ..resources.manager import ResourceManager, RolloutScope, default_manager, install_signal_handlers
 from ..spaces import TextSpace
@@ -158,6 +158,19 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         try:
             async with asyncio.timeout(self.reset_timeout):
                 obs, info = await self._reset_episode(self._scope, dict(options or {}))
+        except TimeoutError as e:
+            await self._finish_episode()
+            if isinstance(e, ResourceError):
+                raise
+            waiting = [f"{p.spec.label} (capacity {p.capacity}, in use {p.metrics.in_use}, waiting {p.metrics.waiting})"
+                       for p in self.manager.pools.values() if p.metrics.waiting]
+            raise ResourceTimeout(
+                f"{self.env_name}: reset did not finish within reset_timeout={self.reset_timeout}s"
+                + (f"; still waiting for a free instance of: {', '.join(waiting)}. Every running episode holds its "
+                   "resource until it ends, so a batch reset of more sub-environments than the pool's capacity "
+                   "cannot finish: raise the env's cap (e.g. max_engines / max_simulators / max_containers) or "
+                   "drive sub-environments asynchronously (astep_env, asend/arecv, the rollout runner)"
+                   if waiting else "")) from None
         except BaseException:
             await self._finish_episode()
             raise
@@ -181,6 +194,8 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
             raise TypeError(f"{self.env_name}: action must be a str, got {type(action).__name__}: {action!r}")
         if len(action) > self.max_action_length:
             action = action[: self.max_action_length]
+        # lone surrogates cannot be encoded (py4j, sockets, files): replace them instead of failing the simulator
+        action = action.encode("utf-8", "replace").decode("utf-8")
         try:
             async with asyncio.timeout(self.step_timeout):
                 obs, reward, terminated, truncated, info = await self._step_episode(action)

@@ -278,17 +278,22 @@ def install_signal_handlers() -> bool:
 
     Python runs ``atexit`` hooks on a normal exit and on Ctrl-C (``KeyboardInterrupt``), but
     not when SIGTERM's default action kills the process; this handler tears resources down
-    synchronously and then chains to the handler installed before it.  Installed once, by the
-    first manager or environment created on the main thread (only the main thread may install
-    signal handlers); returns whether it is installed.
+    synchronously and then lets the default action end the process.  Installed once, by the first
+    manager or environment created on the main thread (only the main thread may install signal
+    handlers), and only while SIGTERM has its default action: an application that handles SIGTERM
+    itself (e.g. by cancelling its tasks, as ``agentfly-gym rollout`` does) stays in charge.
+    Returns whether it is installed.
     """
     global _prev_sigterm
     if threading.current_thread() is not threading.main_thread():
         return signal.getsignal(signal.SIGTERM) is _on_sigterm
     cur = signal.getsignal(signal.SIGTERM)
-    if cur is not _on_sigterm:
-        _prev_sigterm = cur
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    if cur is _on_sigterm:
+        return True
+    if cur not in (signal.SIG_DFL, None):  # the application handles SIGTERM itself (e.g. cancels its tasks)
+        return False
+    _prev_sigterm = cur
+    signal.signal(signal.SIGTERM, _on_sigterm)
     return True
 
 

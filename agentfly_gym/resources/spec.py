@@ -191,8 +191,8 @@ class ContainerSpec(ResourceSpec):
             raise ConfigError(f"image={self.image!r} must be a non-empty image name")
         if self.backend not in ("auto", "docker", "sandbox"):
             raise ConfigError(f"backend={self.backend!r} is not one of 'auto', 'docker', 'sandbox'")
-        if not self.cpus or self.cpus <= 0:
-            raise ConfigError(f"cpus={self.cpus!r} must be > 0")
+        if isinstance(self.cpus, bool) or not isinstance(self.cpus, (int, float)) or not self.cpus > 0:
+            raise ConfigError(f"cpus={self.cpus!r} must be a number of cores > 0")
         if not isinstance(self.pids, int) or self.pids < 1:
             raise ConfigError(f"pids={self.pids!r} must be an integer >= 1")
         object.__setattr__(self, "memory", parse_bytes(self.memory))

@@ -32,6 +32,20 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        import math
+
+        from ..errors import ConfigError
+
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise ConfigError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature={self.temperature!r} must be a finite number >= 0")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p={self.top_p!r} must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ConfigError(f"top_k={self.top_k!r} must be an integer >= -1 (0 or -1 disable it)")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -25,7 +25,7 @@ from .chain import run_chain_episode
 from .policy import SamplingParams
 from .trajectory import Trajectory, save_trajectories
 
-__all__ = ["RolloutConfig", "RolloutResult", "run_rollouts", "normalize_env_id", "summarize"]
+__all__ = ["RolloutConfig", "RolloutResult", "check_config", "run_rollouts", "normalize_env_id", "summarize"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,11 @@ class RolloutConfig:
                 raise ConfigError(f"{name}={val!r} must be an integer >= 1")
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r} is not one of {MODES}")
+        if not isinstance(self.history, int) or self.history < 0:
+            raise ConfigError(f"history={self.history!r} must be an integer >= 0")
+        unused = sorted(set(self.env_kwargs) - set(self.env_ids))
+        if unused:
+            raise ConfigError(f"env_kwargs name environments that are not rolled out: {unused}; env_ids: {self.env_ids}")
 
 
 @dataclasses.dataclass
@@ -171,6 +176,32 @@ async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: R
             await env.aclose()
 
 
+def check_config(config: RolloutConfig) -> None:
+    """Build each environment once with its kwargs (no resource is started) so that a typo or a bad
+    value fails before any rollout, and make sure the output folder is writable.
+
+    Raises:
+        ConfigError: an env rejects its kwargs, or the output folder cannot be written.
+        DataNotFoundError: an env's data is missing.
+    """
+    for env_id in config.env_ids:
+        kwargs = config.env_kwargs.get(env_id, {})
+        try:
+            env = gymnasium.make(env_id, **kwargs)
+        except TypeError as e:
+            raise ConfigError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {e}") from None
+        env.unwrapped._closed = True  # nothing was acquired: closing needs no event loop
+    if config.output_dir is not None:
+        out = Path(config.output_dir)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            probe = out / ".agentfly-write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(f"output_dir={str(out)!r} cannot be written: {e}") from None
+
+
 def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, manager: ResourceManager,
             *, interrupted: bool = False) -> RolloutResult:
     """Summarize and (if ``config.output_dir``) save ``trajectories``."""
@@ -198,7 +229,7 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
                        progress: bool = True) -> RolloutResult:
     """Roll out ``config.num_trajectories`` trajectories concurrently and (optionally) save them.
 
-    A trajectory that fails (e.g. no resource could be started) is kept with its ``error``
+    The config is checked first (:func:`check_config`).  A trajectory that fails (e.g. no resource could be started) is kept with its ``error``
     set; it never stops the others.  If the run is cancelled (Ctrl-C under ``asyncio.run``),
     the trajectories finished so far are saved (``summary["interrupted"] = True``) before the
     cancellation propagates, and every resource is released.  With ``manager=None`` a manager
@@ -207,6 +238,7 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
     Returns:
         RolloutResult with trajectories ordered by index and the summary dict.
     """
+    check_config(config)
     own = manager is None
     manager = manager or ResourceManager()
     sem = asyncio.Semaphore(config.concurrency)

@@ -1,0 +1,62 @@
+"""The agentfly-gym command, run as a real subprocess as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from proctools import live_processes, wait_gone
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentfly_gym", *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
+def test_envs_lists_every_environment():
+    r = cli("envs")
+    assert r.returncode == 0, r.stderr
+    for name in ("Chess-v0", "ScienceWorld-v0", "ALFWorld-v0", "WebShop-v0", "R2EGym-v0"):
+        assert name in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env", "Checkers-v0"], "unknown environment"),
+    (["--env", "Chess-v0", "-n", "0"], "num_trajectories"),
+    (["--env", "Chess-v0", "--env-kwargs", "{bad"], "not JSON"),
+    (["--env", "Chess-v0", "--env-kwargs", '{"Chess-v0": {"modee": "play"}}'], "modee"),
+    (["--env", "Chess-v0", "--temperature", "-1"], "temperature"),
+    (["--env", "Chess-v0", "--policy", "gpt-17"], "policy"),
+    (["--env", "Chess-v0", "--output-dir", "/proc/agentfly-nope"], "cannot be written"),
+])
+def test_bad_rollout_arguments_are_clear_errors(args, message):
+    r = cli("rollout", "--policy", "random", "--tokenizer", "qwen3", "--no-progress", *args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_sigterm_saves_finished_trajectories_and_cleans_up(tmp_path):
+    """Quick WebShop episodes finish; games against a Stockfish thinking 10 s a move are still running at SIGTERM."""
+    out = tmp_path / "run"
+    kwargs = {"Chess-v0": {"mode": "play", "engine_depth": None, "engine_movetime": 10.0, "skill_level": 20},
+              "WebShop-v0": {}}
+    before = live_processes(["java", "stockfish"])
+    proc = subprocess.Popen([sys.executable, "-m", "agentfly_gym", "rollout", "--env", "WebShop-v0", "--env",
+                             "Chess-v0", "--policy", "random", "--tokenizer", "qwen3", "-n", "4",
+                             "--max-turns", "100", "--no-progress", "--env-kwargs", json.dumps(kwargs),
+                             "--output-dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not live_processes(["stockfish"]) - before:
+        time.sleep(0.5)
+    time.sleep(12)  # the WebShop episodes are done by now; the games (10 s a move) are not
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["trajectories"] == 2 and summary["errors"] == 0
+    assert (out / "trajectories.parquet").exists()
+    assert not wait_gone(live_processes(["java", "stockfish"]) - before, 20)
