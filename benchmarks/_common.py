@@ -171,3 +171,19 @@ def setup_env_vars() -> None:
     repo = str(Path(__file__).resolve().parents[1])
     if repo not in sys.path:
         sys.path.insert(0, repo)
+
+
+def label_bars(axes, labels) -> None:
+    """Put ``labels`` under bar groups 0..n-1 and a legend on every axis."""
+    for ax in axes:
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels)
+        ax.legend(fontsize=8)
+
+
+def save_figure(res: "Result", fig) -> None:
+    """Lay out ``fig``, write it to the result's PNG and close it."""
+    fig.tight_layout()
+    fig.savefig(res.png, dpi=110)
+    plt().close(fig)
+    print(f"[{res.name}] wrote {res.png}")

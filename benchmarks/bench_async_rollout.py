@@ -660,17 +660,11 @@ def plot(res: C.Result) -> None:
     axes[1].set_ylabel("ideal makespan / actual")
     axes[1].set_ylim(0, 1.1)
     axes[1].set_title("Schedule efficiency")
-    for ax in axes:
-        ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names)
-        ax.legend(fontsize=8)
+    C.label_bars(axes, names)
     cfg = res.data["config"]
     fig.suptitle(f"Async vs lockstep rollout: N={cfg['trajectories']} trajectories, B={cfg['slots']} slots, "
                  f"replayed SmolLM2 latencies x{res.data['latency_model']['scale']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(res.png, dpi=110)
-    plt.close(fig)
-    print(f"[{res.name}] wrote {res.png}")
+    C.save_figure(res, fig)
 
 
 if __name__ == "__main__":

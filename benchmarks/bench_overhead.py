@@ -192,10 +192,7 @@ def plot(res: C.Result) -> None:
     ax.set_ylabel("median ms per step")
     ax.set_title("Env step overhead over the raw simulator (goal < 5%)", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(res.png, dpi=110)
-    plt.close(fig)
-    print(f"[{res.name}] wrote {res.png}")
+    C.save_figure(res, fig)
 
 
 if __name__ == "__main__":

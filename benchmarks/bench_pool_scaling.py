@@ -167,10 +167,7 @@ def plot(res: C.Result, caps, med, runs, n) -> None:
     m = res.data["machine"]
     ax.set_title(f"ScienceWorld pool scaling on {m['cores']} cores", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(res.png, dpi=110)
-    plt.close(fig)
-    print(f"[{res.name}] wrote {res.png}")
+    C.save_figure(res, fig)
 
 
 if __name__ == "__main__":

@@ -223,17 +223,11 @@ def plot(res: C.Result) -> None:
     axes[0].set_ylabel("acquire+release seconds per trajectory (median)")
     axes[0].set_yscale("symlog", linthresh=1e-3)
     axes[1].set_ylabel("share of trajectory wall time (%)")
-    for ax in axes:
-        ax.set_xticks(range(len(backends)))
-        ax.set_xticklabels(backends)
-        ax.legend(fontsize=8)
+    C.label_bars(axes, backends)
     cfg = res.data["config"]
     fig.suptitle(f"Resource lifecycle: {cfg['trajectories']} trajectories x {cfg['turns']} turns, "
                  f"{cfg['concurrency']} concurrent, {cfg['gen_s']} s generation per turn", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(res.png, dpi=110)
-    plt.close(fig)
-    print(f"[{res.name}] wrote {res.png}")
+    C.save_figure(res, fig)
 
 
 if __name__ == "__main__":

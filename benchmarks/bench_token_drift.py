@@ -207,17 +207,11 @@ def plot(res: C.Result) -> None:
     axes[1].text(len(models) - 0.5, 0.075, "paper 0.07%", ha="right", fontsize=8, color="grey")
     axes[0].set_ylabel("% of trajectories that would change")
     axes[1].set_ylabel("% of tokens that would change")
-    for ax in axes:
-        ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models)
-        ax.legend(fontsize=8)
+    C.label_bars(axes, models)
     cfg = res.data["config"]
     fig.suptitle(f"Re-tokenization drift on real trajectories ({len(cfg['envs'])} envs, {cfg['trajectories_per_env']} "
                  f"per env, {cfg['max_turns']} turns, {cfg['max_tokens']} tokens/turn, T=1)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(res.png, dpi=110)
-    plt.close(fig)
-    print(f"[{res.name}] wrote {res.png}")
+    C.save_figure(res, fig)
 
 
 if __name__ == "__main__":
