@@ -143,6 +143,7 @@ class AsyncTextVectorEnv(VectorEnv):
         if mask.shape != (self.num_envs,):
             raise ConfigError(f"reset_mask must have shape ({self.num_envs},), got {mask.shape}")
         idx = [i for i in range(self.num_envs) if mask[i]]
+        self._check_capacity(idx)
         results = await asyncio.gather(*(self.envs[i].areset(seed=seeds[i], options=options or None) for i in idx))
         obs = [""] * self.num_envs
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
@@ -274,6 +275,24 @@ class AsyncTextVectorEnv(VectorEnv):
         return tuple(e.render() for e in self.envs)
 
     # ------------------------------------------------------------------ helpers
+    def _check_capacity(self, resetting: list[int]) -> None:
+        """Refuse a batch reset that needs more instances of a pool than its capacity.
+
+        Every running episode holds its resource until it ends, so such a reset would wait until
+        ``reset_timeout`` and fail; say so now.
+        """
+        need: dict[str, list] = {}
+        for i, env in enumerate(self.envs):
+            if i in resetting or env.scope_is_open:
+                for spec in env.episode_resource_specs():
+                    need.setdefault(spec.key, [spec, 0])[1] += 1
+        for spec, n in need.values():
+            if n > spec.max_instances:
+                raise ConfigError(
+                    f"a batch reset of {n} sub-environments needs {n} instances of {spec.label}, but its pool holds at "
+                    f"most max_instances={spec.max_instances}: raise the env's cap (e.g. max_engines, max_simulators, "
+                    f"max_instances) to >= {n}, or drive sub-environments asynchronously (astep_env, asend/arecv)")
+
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
         if seed is None:
             return [None] * self.num_envs

@@ -127,13 +127,15 @@ async def test_sub_envs_share_one_manager_and_its_caps():
     async with ResourceManager() as m:
         venv = AsyncTextVectorEnv.from_entry_point("agentfly_gym.envs.chess:ChessEnv", 3, manager=m, mode="play",
                                                    max_engines=2, engine_depth=1)
-        reset = asyncio.ensure_future(venv.areset(seed=0))
+        await venv.areset_env(0, seed=0)
+        await venv.areset_env(1, seed=1)
+        third = asyncio.ensure_future(venv.areset_env(2, seed=2))
         await asyncio.sleep(1.5)
-        assert not reset.done()  # the third env waits for an engine
+        assert not third.done()  # the third env waits for an engine
         await venv.envs[0].aend_episode()
-        await asyncio.wait_for(reset, 30)
+        await asyncio.wait_for(third, 30)
         pool = next(iter(m.pools.values()))
-        assert pool.metrics.started == 2 and pool.metrics.max_in_use == 2
+        assert pool.metrics.started == 2 and pool.metrics.max_in_use == 2 and pool.metrics.reused == 1
         await venv.aclose()
 
 
@@ -161,3 +163,12 @@ def test_bad_arguments_are_clear_errors():
     with pytest.raises(ConfigError, match="expected 1 actions"):
         venv.step(["a", "b"])
     venv.close()
+
+
+def test_batch_reset_beyond_pool_capacity_is_refused_at_once():
+    venv = gymnasium.make_vec("agentfly/Chess-v0", num_envs=3, mode="play", max_engines=2)
+    try:
+        with pytest.raises(ConfigError, match="max_instances=2"):
+            venv.reset(seed=0)
+    finally:
+        venv.close()

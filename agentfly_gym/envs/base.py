@@ -107,6 +107,15 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
     async def _end_of_episode(self) -> None:
         """Hook run when an episode ends, before its scope is released."""
 
+    def episode_resource_specs(self) -> list:
+        """The specs every episode of this env holds in its rollout scope (for capacity checks).
+
+        Empty by default; environments whose episodes each hold a pooled resource list its spec, so
+        that :class:`~agentfly_gym.vector.AsyncTextVectorEnv` can refuse a batch reset that could
+        never finish.
+        """
+        return []
+
     # ------------------------------------------------------------------ properties
     @property
     def manager(self) -> ResourceManager:
@@ -125,6 +134,11 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         if self._scope is None:
             raise ResetNeeded(f"{self.env_name}: no episode is running; call reset() first")
         return self._scope
+
+    @property
+    def scope_is_open(self) -> bool:
+        """True while an episode (and its rollout scope) is running."""
+        return self._scope is not None
 
     @property
     def episode_id(self) -> str | None:

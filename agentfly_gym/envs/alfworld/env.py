@@ -114,6 +114,10 @@ class ALFWorldEnv(AgentFlyEnv):
         return self.index.games
 
     # ------------------------------------------------------------------ episode
+    def episode_resource_specs(self) -> list:
+        """Every episode holds one simulator of :attr:`simulator_spec`."""
+        return [self.simulator_spec]
+
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         unknown = set(options) - {"task_id"}
         if unknown:

@@ -195,6 +195,10 @@ class ChessEnv(AgentFlyEnv):
         if value not in ("white", "black", "random"):
             raise ConfigError(f"{name}={value!r} is not one of 'white', 'black', 'random'")
 
+    def episode_resource_specs(self) -> list:
+        """A game (play mode) holds one Stockfish engine; a puzzle holds none."""
+        return [self.engine_spec] if self.mode == "play" else []
+
     @property
     def engine_spec(self):
         """The :class:`~agentfly_gym.resources.InProcessSpec` of the Stockfish pool (resolved on first use).

@@ -112,6 +112,10 @@ class ScienceWorldEnv(AgentFlyEnv):
         self._admissible = self.with_admissible_actions
         self._gold: list[str] | None = None
 
+    def episode_resource_specs(self) -> list:
+        """Every episode holds one JVM of :attr:`resource_spec`."""
+        return [self.resource_spec]
+
     @staticmethod
     def simulator_spec(*, max_simulators: int = 4, java_heap: str | None = "400m") -> InProcessSpec:
         """The pool spec of the simulators: envs with equal settings share one pool of JVMs."""
