@@ -298,7 +298,8 @@ def test_dataset_builder_and_cli(tmp_path, model_dir):
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = _trainer_config()
-    rows = _rows(tmp_path, tok, cfg, "Chess", [PUZZLE, "abc"], mode="step", max_turns=3, env_kwargs={"mode": "puzzle"})
+    rows = _rows(tmp_path, tok, cfg, "Chess", [PUZZLE, "abc"], mode="step", max_turns=3, env_kwargs={"mode": "puzzle"},
+                 check=False)  # a bad task id on purpose: the loop must turn it into an error row
     assert [r["extra_info"]["task_id"] for r in rows] == [PUZZLE, "abc"]
     r = rows[1]
     assert r["agent_name"] == "agentfly_step" and r["data_source"] == "agentfly/Chess-v0" and r["index"] == 1
@@ -406,7 +407,8 @@ async def test_failing_env_gives_an_error_row(tmp_path, policy, clean_runtime):
     tok = policy.tokenizer
     cfg = _trainer_config()
     server = ModelServer(policy)
-    (row,) = _rows(tmp_path, tok, cfg, "Chess", ["no-such-puzzle"], max_turns=2, env_kwargs={"mode": "puzzle"})
+    (row,) = _rows(tmp_path, tok, cfg, "Chess", ["no-such-puzzle"], max_turns=2, env_kwargs={"mode": "puzzle"},
+                   check=False)  # written unchecked on purpose
     out = await _make_loop("agentfly_chain", server, tok, cfg).run(_sampling(cfg), **row)
     assert isinstance(out, AgentLoopOutput) and out.reward_score == 0.0
     assert "ConfigError" in out.extra_fields["error"] and "no-such-puzzle" in out.extra_fields["error"]
@@ -424,3 +426,15 @@ async def test_failing_env_gives_an_error_row(tmp_path, policy, clean_runtime):
     cfg_v0 = _trainer_config(use_v1=False)
     with pytest.raises(agentfly_gym.errors.ConfigError, match="use_v1"):
         await _make_loop("agentfly_step", server, tok, cfg_v0).run(_sampling(cfg_v0), **row)
+
+
+def test_dataset_builder_rejects_tasks_and_options_the_env_rejects(tmp_path):
+    from agentfly_gym.errors import ConfigError
+    from agentfly_gym_verl.dataset import build_dataset
+
+    with pytest.raises(ConfigError, match="ZZZZ"):
+        build_dataset("Chess", tasks=["ZZZZ"], out_path=tmp_path / "a.parquet")
+    with pytest.raises(ConfigError, match="bogus"):
+        build_dataset("Chess", n=2, out_path=tmp_path / "b.parquet", reset_options={"bogus": 1})
+    assert not (tmp_path / "a.parquet").exists() and not (tmp_path / "b.parquet").exists()
+    assert build_dataset("Chess", tasks=["tewjc"], out_path=tmp_path / "c.parquet").exists()

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentfly_gym.errors import ConfigError
+from agentfly_gym.errors import ConfigError, DataNotFoundError
 
 __all__ = ["build_dataset", "dataset_main", "AGENT_NAMES"]
 
@@ -59,7 +59,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
                   out_path: str | os.PathLike = "train.parquet", *, mode: str = "chain", split: str | None = None,
                   seed: int = 0, max_turns: int = 10, history: int = 3, env_kwargs: dict[str, Any] | None = None,
                   reset_options: dict[str, Any] | None = None, agent_name: str | None = None,
-                  data_source: str | None = None) -> Path:
+                  data_source: str | None = None, check: bool = True) -> Path:
     """Write a verl parquet data set of ``n`` episodes of ``env_id``.
 
     Args:
@@ -79,12 +79,17 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         reset_options: extra reset options for every row.
         agent_name: override the loop name (default ``agentfly_chain`` / ``agentfly_step``).
         data_source: default the full env id (verl groups validation metrics by it).
+        check: reset the env once per distinct task (once with a seed when there is no task list)
+            with these kwargs and options, so a bad task id, split or option fails here rather than
+            during training.  Costs one episode start per distinct task (e.g. ~1 s per ScienceWorld task).
 
     Returns:
         The written path.
 
     Raises:
-        ConfigError: an unknown env, bad mode/numbers, constructor arguments the env does not take.
+        ConfigError: an unknown env, bad mode/numbers, constructor arguments the env does not take,
+            or (with ``check``) a task id, split or reset option the env rejects.
+        DataNotFoundError: (with ``check``) the env's data is missing.
     """
     from agentfly_gym.rollout.runner import normalize_env_id
 
@@ -115,6 +120,8 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         options_json = json.dumps(dict(reset_options or {}), sort_keys=True)
     except TypeError as e:
         raise ConfigError(f"env_kwargs / reset_options must be JSON-serialisable: {e}") from e
+    if check:
+        _check_resets(env_id, kwargs, dict(reset_options or {}), sorted(set(task_list)) if task_list else None, seed)
     system = getattr(getattr(cls, "agent_prompt", None), "system", "") or ""
     rows = []
     for i in range(n):
@@ -168,7 +175,43 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--env-kwargs", default=None, help='JSON object of env constructor arguments, e.g. \'{"mode": "puzzle"}\'')
     p.add_argument("--reset-options", default=None, help="JSON object of extra reset options")
     p.add_argument("--agent-name", default=None, help="override the agent loop name")
+    p.add_argument("--no-check", action="store_true",
+                   help="do not reset the env once per task to check tasks, split and options")
     return p
+
+
+def _check_resets(env_id: str, kwargs: dict[str, Any], options: dict[str, Any], tasks: list[str] | None,
+                  seed: int) -> None:
+    """Reset ``env_id`` once per task (or once with ``seed``) and end the episode at once.
+
+    Runs on the library's background loop, so it also works when called from a running event loop.
+    """
+    import gymnasium
+
+    from agentfly_gym.errors import AgentFlyError
+    from agentfly_gym.resources import ResourceManager
+
+    async def run() -> None:
+        async with ResourceManager() as manager:
+            try:
+                env = gymnasium.make(env_id, manager=manager, **kwargs).unwrapped
+            except TypeError as e:
+                raise ConfigError(f"{env_id}: {e}") from None
+            try:
+                for task in tasks or [None]:
+                    opts = dict(options, task_id=task) if task is not None else dict(options)
+                    try:
+                        await env.areset(seed=seed, options=opts or None)
+                    except AgentFlyError as e:
+                        what = f"task {task!r}" if task is not None else f"reset options {options}"
+                        raise ConfigError(f"{env_id} rejects {what}: {e}") from e
+                    await env.aend_episode()
+            finally:
+                await env.aclose()
+
+    from agentfly_gym.utils.aio import run_sync
+
+    run_sync(run())
 
 
 def dataset_main(args: Sequence[str] | None = None) -> int:
@@ -199,8 +242,9 @@ def dataset_main(args: Sequence[str] | None = None) -> int:
         path = build_dataset(ns.env, tasks, ns.num, ns.out, mode=ns.mode, split=ns.split, seed=ns.seed,
                              max_turns=ns.max_turns, history=ns.history,
                              env_kwargs=obj(ns.env_kwargs, "--env-kwargs"),
-                             reset_options=obj(ns.reset_options, "--reset-options"), agent_name=ns.agent_name)
-    except (ConfigError, OSError) as e:
+                             reset_options=obj(ns.reset_options, "--reset-options"), agent_name=ns.agent_name,
+                             check=not ns.no_check)
+    except (ConfigError, DataNotFoundError, OSError) as e:
         print(f"agentfly-gym dataset: error: {e}", file=sys.stderr)
         return 2
     print(path)
