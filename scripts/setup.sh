@@ -8,13 +8,15 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 # System packages: Java (ScienceWorld's JVM), Stockfish (chess), bubblewrap (daemon-less sandbox),
-# the Docker engine and debootstrap (images built offline).
+# the Docker engine and debootstrap (images built offline), patch and git (R2E-Gym tasks).
 need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 { command -v stockfish >/dev/null 2>&1 || [ -x /usr/games/stockfish ]; } || need+=(stockfish)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v patch >/dev/null 2>&1 || need+=(patch)      # R2E-Gym task builds apply gold patches
+command -v git >/dev/null 2>&1 || need+=(git)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing system packages: ${need[*]}"
   $SUDO apt-get update -qq
