@@ -170,14 +170,23 @@ async def test_step_mode_rows(tmp_path, smollm2_policy):
 
 
 async def test_a_broken_trajectory_is_recorded_and_the_others_finish(smollm2_policy):
+    """A JVM that cannot start (a 1 KB heap) breaks the ScienceWorld trajectory at reset; chess goes on."""
     chat = ChatTokenizer(smollm2_policy.tokenizer)
     config = RolloutConfig(env_ids=["Chess-v0", "ScienceWorld-v0"], num_trajectories=2, concurrency=2, max_turns=1,
-                           env_kwargs={"ScienceWorld-v0": {"task_name": "no-such-task"}})
+                           env_kwargs={"ScienceWorld-v0": {"java_heap": "1k"}})
     result = await run_rollouts(config, ExpertPolicy(), chat, progress=False)
     ok, bad = result.trajectories
     assert ok.error is None and ok.num_turns == 1
-    assert "no-such-task" in bad.error and bad.num_turns == 0
+    assert "ResourceStartError" in bad.error and "did not start" in bad.error and bad.num_turns == 0
     assert result.summary["errors"] == 1
+
+
+async def test_a_bad_env_setting_fails_before_any_rollout(smollm2_policy):
+    chat = ChatTokenizer(smollm2_policy.tokenizer)
+    config = RolloutConfig(env_ids=["Chess-v0", "ScienceWorld-v0"], num_trajectories=2,
+                           env_kwargs={"ScienceWorld-v0": {"task_name": "no-such-task"}})
+    with pytest.raises(ConfigError, match="no-such-task"):
+        await run_rollouts(config, ExpertPolicy(), chat, progress=False)
 
 
 def test_config_errors_name_the_value():
