@@ -187,3 +187,11 @@ def save_figure(res: "Result", fig) -> None:
     fig.savefig(res.png, dpi=110)
     plt().close(fig)
     print(f"[{res.name}] wrote {res.png}")
+
+
+def finish(res: "Result", plot) -> int:
+    """Clean the result's data for JSON, write it, draw its plot; the script's exit status (0)."""
+    res.data = clean(res.data)
+    res.save()
+    plot(res)
+    return 0

@@ -626,10 +626,7 @@ def main() -> int:
         for k, v in prev.get("skipped", {}).items():
             if k not in res.data["envs"] and k not in res.data["skipped"]:
                 res.data["skipped"][k] = v
-    res.data = C.clean(res.data)
-    res.save()
-    plot(res)
-    return 0
+    return C.finish(res, plot)
 
 
 def plot(res: C.Result) -> None:

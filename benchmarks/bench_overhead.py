@@ -162,10 +162,7 @@ def main() -> int:
         res.data["results"][name] = {"summary": s, "raw": raw}
         print(f"  {name}: ours {s['ours_median_s'] * 1e3:.2f} ms, raw {s['raw_median_s'] * 1e3:.2f} ms, "
               f"overhead {100 * s['overhead_vs_raw']:+.1f}%", flush=True)
-    res.data = C.clean(res.data)
-    res.save()
-    plot(res)
-    return 0
+    return C.finish(res, plot)
 
 
 def plot(res: C.Result) -> None:

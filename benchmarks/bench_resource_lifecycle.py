@@ -197,10 +197,7 @@ def main() -> int:
         res.data["results"][backend] = {
             "median": {m: {k: C.median(x[k] for x in v) for k in keys} for m, v in runs.items()},
             "runs": runs}
-    res.data = C.clean(res.data)
-    res.save()
-    plot(res)
-    return 0
+    return C.finish(res, plot)
 
 
 def plot(res: C.Result) -> None:

@@ -174,10 +174,7 @@ def main() -> int:
               f"{100 * nv['turn']['trajectory_share']:.0f}% trajectories, {100 * nv['turn']['token_share']:.2f}% "
               f"sampled tokens; ours: {ours['trajectories_drifted']} trajectories, {ours['tokens_changed']} tokens",
               flush=True)
-    res.data = C.clean(res.data)
-    res.save()
-    plot(res)
-    return 0
+    return C.finish(res, plot)
 
 
 def plot(res: C.Result) -> None:
