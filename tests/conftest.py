@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,36 @@ def _data_env(tmp_path_factory):
     os.environ.setdefault("AGENTFLY_GYM_DATA", str(SHARED_DATA))
     os.environ.setdefault("AGENTFLY_GYM_CACHE", str(Path.home() / ".cache" / "agentfly-gym"))
     yield
+
+
+def _engine_answers() -> bool:
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=20, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A docker-py client of a running engine, started with scripts/docker-engine.sh if none answers.
+
+    Without an engine the test is skipped, or fails when ``AGENTFLY_REQUIRE_DOCKER`` is set (CI sets it).
+    """
+    if not _engine_answers():
+        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120,
+                       check=False)
+    if not _engine_answers():
+        if os.environ.get("AGENTFLY_REQUIRE_DOCKER"):
+            pytest.fail("no Docker engine answers and AGENTFLY_REQUIRE_DOCKER is set")
+        pytest.skip("no Docker engine answers (set AGENTFLY_REQUIRE_DOCKER=1 to make this a failure)")
+    import docker
+
+    return docker.from_env(timeout=120)
+
+
+@pytest.fixture(scope="session")
+def r2e_docker_image(docker_client) -> str:
+    """The R2E-Gym base image, built offline if missing (envs/r2egym)."""
+    from agentfly_gym.images import build_image
+
+    return build_image(REPO / "envs" / "r2egym")

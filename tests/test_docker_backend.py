@@ -31,25 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker
 
 
-def _engine_answers() -> bool:
-    try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=20, check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 @pytest.fixture(scope="module", autouse=True)
-def engine():
+def engine(docker_client):
     """A running engine (started if needed); afterwards no container of this process may remain."""
-    if not _engine_answers():
-        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120, check=False)
-    if not _engine_answers():
-        if os.environ.get("AGENTFLY_REQUIRE_DOCKER"):
-            pytest.fail("no Docker engine answers and AGENTFLY_REQUIRE_DOCKER is set")
-        pytest.skip("no Docker engine answers (set AGENTFLY_REQUIRE_DOCKER=1 to make this a failure)")
-    import docker
-
-    client = docker.from_env(timeout=60)
+    client = docker_client
     yield client
     left = client.containers.list(all=True, filters={"label": ["agentfly=1", f"agentfly.pid={os.getpid()}"]})
     for c in left:

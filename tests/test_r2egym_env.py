@@ -10,9 +10,7 @@ with the project's ``agentfly/r2egym`` image when an engine answers (skipped oth
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -30,27 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 def _xml(tool: str, **params) -> str:
     body = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in params.items())
     return f"<function={tool}>\n{body}</function>"
-
-
-def _engine_answers() -> bool:
-    try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=20, check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@pytest.fixture(scope="session")
-def r2e_docker_image() -> str:
-    """The R2E-Gym base image (built offline if missing); skips without an engine unless AGENTFLY_REQUIRE_DOCKER."""
-    if not _engine_answers():
-        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120, check=False)
-    if not _engine_answers():
-        if os.environ.get("AGENTFLY_REQUIRE_DOCKER"):
-            pytest.fail("no Docker engine answers and AGENTFLY_REQUIRE_DOCKER is set")
-        pytest.skip("no Docker engine answers (set AGENTFLY_REQUIRE_DOCKER=1 to make this a failure)")
-    from agentfly_gym.images import build_image
-
-    return build_image(REPO / "envs" / "r2egym")
 
 
 @pytest.fixture(params=["sandbox", "docker"])

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -29,26 +27,6 @@ from agentfly_gym.resources import ResourceManager
 REPO = Path(__file__).resolve().parents[1]
 R2E_COLUMNS = ("repo_name", "docker_image", "commit_hash", "problem_statement", "expected_output_json",
                "parsed_commit_content", "modified_files", "relevant_files", "prompt")
-
-
-@pytest.fixture(scope="session")
-def r2e_docker_image() -> str:
-    """The R2E-Gym base image (built offline if missing); skips without an engine unless AGENTFLY_REQUIRE_DOCKER."""
-    def answers() -> bool:
-        try:
-            return subprocess.run(["docker", "info"], capture_output=True, timeout=20, check=False).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-
-    if not answers():
-        subprocess.run([str(REPO / "scripts" / "docker-engine.sh"), "start"], capture_output=True, timeout=120, check=False)
-    if not answers():
-        if os.environ.get("AGENTFLY_REQUIRE_DOCKER"):
-            pytest.fail("no Docker engine answers and AGENTFLY_REQUIRE_DOCKER is set")
-        pytest.skip("no Docker engine answers (set AGENTFLY_REQUIRE_DOCKER=1 to make this a failure)")
-    from agentfly_gym.images import build_image
-
-    return build_image(REPO / "envs" / "r2egym")
 
 
 @pytest.fixture(scope="session")
