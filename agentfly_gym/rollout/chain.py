@@ -22,7 +22,7 @@ from ..envs.base import AgentFlyEnv
 from .policy import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
 from .trajectory import Trajectory, Turn
 
-__all__ = ["run_chain_episode", "info_summary"]
+__all__ = ["run_chain_episode", "info_summary", "act_and_record", "finish_trajectory"]
 
 _INFO_KEYS = ("task_id", "step", "score", "won", "error")
 
@@ -30,6 +30,38 @@ _INFO_KEYS = ("task_id", "step", "score", "won", "error")
 def info_summary(info: dict[str, Any]) -> dict[str, Any]:
     """The JSON-able standard keys of an env info dict."""
     return {k: info[k] for k in _INFO_KEYS if k in info}
+
+
+async def act_and_record(env: AgentFlyEnv, traj: Trajectory, reply: str, sampled: list[int], finish: str,
+                         gen_s: float) -> tuple[str, str, float, bool, bool, dict[str, Any]]:
+    """Parse the action in ``reply``, step ``env`` with it, and record the turn in ``traj`` (shared by
+    chain and step mode): the reward is added to the return, a :class:`Turn` with the timings is
+    appended, and a handled fault is kept as ``traj.error``.
+
+    Returns:
+        ``(action, observation, reward, terminated, truncated, info)``.
+    """
+    action = env.agent_prompt.parse_action(reply)
+    t0 = time.monotonic()
+    obs, reward, terminated, truncated, info = await env.astep(action)
+    env_s = time.monotonic() - t0
+    traj.reward += reward
+    traj.turns.append(Turn(reply=reply, action=action, observation=obs, reward=reward, terminated=terminated,
+                           truncated=truncated, sampled_tokens=len(sampled), finish_reason=finish,
+                           generate_s=gen_s, env_s=env_s, info=info_summary(info)))
+    if info.get("error"):
+        traj.error = str(info["error"])
+    return action, obs, reward, terminated, truncated, info
+
+
+def finish_trajectory(traj: Trajectory, *, terminated: bool, truncated: bool, info: dict[str, Any], t_start: float,
+                      reset_s: float) -> Trajectory:
+    """Set how the episode ended, its success and its timings (seconds; summed over the turns)."""
+    traj.terminated, traj.truncated = terminated, truncated
+    traj.success = bool(info.get("won", False))
+    traj.timings = {"wall": time.monotonic() - t_start, "generate": sum(t.generate_s for t in traj.turns),
+                    "env": sum(t.env_s for t in traj.turns), "reset": reset_s}
+    return traj
 
 
 async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, chat, *, env_id: str = "",
@@ -69,7 +101,6 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
         traj = Trajectory(trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id or "",
                           env_id=env_id or env.env_name, task_id=str(info.get("task_id", "")), seed=seed,
                           mode="chain", prompt_ids=list(chat.prompt_ids(messages)))
-        gen_total = env_total = 0.0
         terminated = truncated = False
         for turn_idx in range(max_turns):
             if max_context_tokens is not None and \
@@ -86,18 +117,7 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
             traj.extend(sampled, 1, logprobs)
             traj.extend(chat.close_assistant_ids(sampled), 0)
             messages.append({"role": "assistant", "content": reply})
-            action = prompt.parse_action(reply)
-            t0 = time.monotonic()
-            obs, reward, terminated, truncated, info = await env.astep(action)
-            env_s = time.monotonic() - t0
-            gen_total += gen_s
-            env_total += env_s
-            traj.reward += reward
-            traj.turns.append(Turn(reply=reply, action=action, observation=obs, reward=reward, terminated=terminated,
-                                   truncated=truncated, sampled_tokens=len(sampled), finish_reason=finish,
-                                   generate_s=gen_s, env_s=env_s, info=info_summary(info)))
-            if info.get("error"):
-                traj.error = str(info["error"])
+            _, obs, _, terminated, truncated, info = await act_and_record(env, traj, reply, sampled, finish, gen_s)
             if terminated or truncated:
                 break
             if turn_idx == max_turns - 1:
@@ -106,10 +126,8 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
             user = {"role": "user", "content": prompt.turn_message(obs)}
             messages.append(user)
             traj.extend(chat.append_ids([user]), 0)
-        traj.terminated, traj.truncated = terminated, truncated
-        traj.success = bool(info.get("won", False))
         traj.messages = messages
-        traj.timings = {"wall": time.monotonic() - t_start, "generate": gen_total, "env": env_total, "reset": reset_s}
-        return traj
+        return finish_trajectory(traj, terminated=terminated, truncated=truncated, info=info, t_start=t_start,
+                                 reset_s=reset_s)
     finally:
         await env.aend_episode()

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ..envs.base import AgentFlyEnv
-from .chain import info_summary
+from .chain import act_and_record, finish_trajectory
 from .policy import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
-from .trajectory import Trajectory, Turn
+from .trajectory import Trajectory
 
 __all__ = ["StepRow", "run_step_episode", "render_step_prompt", "save_step_rows", "DEFAULT_HISTORY"]
 
@@ -107,7 +107,6 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
         traj = Trajectory(trajectory_id=traj_id, group_id=group_id or "", env_id=env_id or env.env_name,
                           task_id=str(info.get("task_id", "")), seed=seed, mode="step", prompt_ids=[])
         task_obs, past = obs, []
-        gen_total = env_total = 0.0
         terminated = truncated = False
         for step in range(max_turns):
             messages = render_step_prompt(env, task_obs, past, obs, step, history)
@@ -121,23 +120,13 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
             close = list(chat.close_assistant_ids(sampled))
             lps = list(logprobs) if logprobs is not None else [float("nan")] * len(sampled)
             anchor = obs
-            action = env.agent_prompt.parse_action(reply)
-            t0 = time.monotonic()
-            obs, reward, terminated, truncated, info = await env.astep(action)
-            env_s = time.monotonic() - t0
-            gen_total += gen_s
-            env_total += env_s
-            traj.reward += reward
+            action, obs, reward, terminated, truncated, info = await act_and_record(env, traj, reply, sampled, finish,
+                                                                                   gen_s)
             done = terminated or truncated or step == max_turns - 1
             traj.steps.append(StepRow(trajectory_id=traj_id, group_id=traj.group_id, step=step, prompt_ids=prompt_ids,
                                       response_ids=sampled + close, response_mask=[1] * len(sampled) + [0] * len(close),
                                       response_logprobs=lps + [0.0] * len(close), reward=float(reward),
                                       episode_return=0.0, anchor_obs=anchor, action=action, done=done))
-            traj.turns.append(Turn(reply=reply, action=action, observation=obs, reward=reward, terminated=terminated,
-                                   truncated=truncated, sampled_tokens=len(sampled), finish_reason=finish,
-                                   generate_s=gen_s, env_s=env_s, info=info_summary(info)))
-            if info.get("error"):
-                traj.error = str(info["error"])
             past.append((action, obs))
             if terminated or truncated:
                 break
@@ -145,10 +134,8 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
             truncated = True
         for row in traj.steps:
             row.episode_return = traj.reward
-        traj.terminated, traj.truncated = terminated, truncated
-        traj.success = bool(info.get("won", False))
-        traj.timings = {"wall": time.monotonic() - t_start, "generate": gen_total, "env": env_total, "reset": reset_s}
-        return traj
+        return finish_trajectory(traj, terminated=terminated, truncated=truncated, info=info, t_start=t_start,
+                                 reset_s=reset_s)
     finally:
         await env.aend_episode()
 
