@@ -71,3 +71,11 @@ def r2e_docker_image(docker_client) -> str:
     from agentfly_gym.images import build_image
 
     return build_image(REPO / "envs" / "r2egym")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(shared_data) -> Path:
+    """A random tiny Qwen2 model on the Qwen3 tokenizer (real model code, fast), built once and cached."""
+    from agentfly_gym.rollout.models import tiny_qwen_dir
+
+    return tiny_qwen_dir(shared_data / "tokenizers" / "qwen3")

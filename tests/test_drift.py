@@ -17,11 +17,10 @@ from agentfly_gym.rollout.drift import assistant_segments, drift_main, measure_d
 
 
 @pytest.fixture(scope="module")
-def qwen(shared_data):
-    from agentfly_gym.rollout.models import tiny_qwen_dir
+def qwen(tiny_qwen):
     from agentfly_gym.rollout.transformers_policy import TransformersPolicy
 
-    policy = TransformersPolicy(tiny_qwen_dir(shared_data / "tokenizers" / "qwen3"), seed=0, max_batch_size=4)
+    policy = TransformersPolicy(tiny_qwen, seed=0, max_batch_size=4)
     yield policy
     policy.close()
 

@@ -19,13 +19,8 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(shared_data):
-    return tiny_qwen_dir(shared_data / "tokenizers" / "qwen3")
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    policy = TransformersPolicy(tiny_dir, seed=0, max_batch_size=8, batch_wait_s=0.05)
+def tiny(tiny_qwen):
+    policy = TransformersPolicy(tiny_qwen, seed=0, max_batch_size=8, batch_wait_s=0.05)
     yield policy
     policy.close()
     assert policy._thread is None or not policy._thread.is_alive()
@@ -106,7 +101,7 @@ async def test_greedy_is_deterministic_and_top_k_1_is_greedy(tiny):
     assert a.logprobs == b.logprobs
 
 
-async def test_seeded_sampling_is_reproducible(tiny, tiny_dir):
+async def test_seeded_sampling_is_reproducible(tiny, tiny_qwen):
     prompt = prompts(tiny, 1)[0]
     s = SamplingParams(max_tokens=10, temperature=1.0, seed=1234)
     a, b = await tiny.generate(prompt, s), await tiny.generate(prompt, s)
@@ -116,7 +111,7 @@ async def test_seeded_sampling_is_reproducible(tiny, tiny_dir):
     # A policy-level seed makes unseeded requests reproducible across policies.
     outs = []
     for _ in range(2):
-        p = TransformersPolicy(tiny_dir, seed=7, batch_wait_s=0.0)
+        p = TransformersPolicy(tiny_qwen, seed=7, batch_wait_s=0.0)
         try:
             outs.append([(await p.generate(prompt, SamplingParams(max_tokens=6))).token_ids for _ in range(2)])
         finally:
@@ -215,8 +210,8 @@ async def test_bad_requests_get_clear_errors(tiny):
         TransformersPolicy("/nonexistent", max_batch_size=0)
 
 
-async def test_close_stops_the_worker_and_refuses_requests(tiny_dir):
-    p = TransformersPolicy(tiny_dir, batch_wait_s=0.0)
+async def test_close_stops_the_worker_and_refuses_requests(tiny_qwen):
+    p = TransformersPolicy(tiny_qwen, batch_wait_s=0.0)
     g = await p.generate([1, 2, 3], SamplingParams(max_tokens=2))
     assert len(g.token_ids) == 2
     thread = p._thread

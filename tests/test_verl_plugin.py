@@ -46,7 +46,6 @@ except ImportError as e:  # pragma: no cover
 import agentfly_gym  # noqa: F401,E402
 import agentfly_gym_verl  # noqa: E402
 from agentfly_gym.rollout.chat import ChatTokenizer  # noqa: E402
-from agentfly_gym.rollout.models import tiny_qwen_dir  # noqa: E402
 from agentfly_gym.rollout.policy import SamplingParams  # noqa: E402
 from agentfly_gym.rollout.transformers_policy import TransformersPolicy  # noqa: E402
 from agentfly_gym_verl.agent_loop import EXTRA_FIELD_DEFAULTS  # noqa: E402
@@ -106,13 +105,8 @@ def _children(names: tuple[str, ...]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def model_dir(shared_data):
-    return tiny_qwen_dir(shared_data / "tokenizers" / "qwen3")
-
-
-@pytest.fixture(scope="module")
-def policy(model_dir):
-    p = TransformersPolicy(model_dir, seed=0, max_batch_size=4, batch_wait_s=0.02)
+def policy(tiny_qwen):
+    p = TransformersPolicy(tiny_qwen, seed=0, max_batch_size=4, batch_wait_s=0.02)
     yield p
     p.close()
 
@@ -292,11 +286,11 @@ async def clean_runtime():
 
 # ---------------------------------------------------------------------- tests
 
-def test_dataset_builder_and_cli(tmp_path, model_dir):
+def test_dataset_builder_and_cli(tmp_path, tiny_qwen):
     """build_dataset writes what verl's RLHFDataset reads; the CLI entry writes the same and rejects bad input."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_qwen)
     cfg = _trainer_config()
     rows = _rows(tmp_path, tok, cfg, "Chess", [PUZZLE, "abc"], mode="step", max_turns=3, env_kwargs={"mode": "puzzle"},
                  check=False)  # a bad task id on purpose: the loop must turn it into an error row

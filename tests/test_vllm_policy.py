@@ -32,12 +32,11 @@ def test_without_gpu_or_vllm_construction_says_why():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (_gpu() and HAVE_VLLM), reason="needs a CUDA GPU and vLLM (not available on this machine)")
-async def test_vllm_policy_returns_sampled_ids_and_logprobs(shared_data):
-    from agentfly_gym.rollout.models import tiny_qwen_dir
+async def test_vllm_policy_returns_sampled_ids_and_logprobs(tiny_qwen):
     from agentfly_gym.rollout.policy import SamplingParams
     from agentfly_gym.rollout.vllm_policy import VLLMPolicy
 
-    policy = VLLMPolicy(str(tiny_qwen_dir(shared_data / "tokenizers" / "qwen3")), gpu_memory_utilization=0.2)
+    policy = VLLMPolicy(str(tiny_qwen), gpu_memory_utilization=0.2)
     try:
         prompt = policy.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
         gen = await policy.generate(list(prompt), SamplingParams(max_tokens=8, temperature=1.0, seed=0))
