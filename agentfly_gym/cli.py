@@ -185,7 +185,8 @@ def _run_delegated(argv: list[str]) -> int | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentfly-gym", description=__doc__.split("\n\n")[0])
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="-v: INFO logging (e.g. one line per finished trajectory); -vv: DEBUG (accepted anywhere)")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("rollout", help="roll out trajectories and save them with a summary")
@@ -230,11 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    verbose = "-v" in argv[:1] or "--verbose" in argv[:1]
-    if verbose:
-        argv = argv[1:]
-    level = logging.DEBUG if verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # -v (progress: one line per finished trajectory, INFO) or -vv (DEBUG), anywhere on the line: no command
+    # uses these flags for anything else
+    verbosity = sum({"-v": 1, "--verbose": 1, "-vv": 2}.get(a, 0) for a in argv)
+    argv = [a for a in argv if a not in ("-v", "--verbose", "-vv")]
+    level = logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity == 1 else logging.WARNING
+    # -v shows this library's INFO lines only; other libraries stay at WARNING unless -vv
+    logging.basicConfig(level=logging.DEBUG if verbosity >= 2 else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("agentfly_gym").setLevel(level)
     for handler in logging.getLogger().handlers:  # filter at the handler: some libraries force DEBUG on their loggers
         handler.setLevel(level)
     from .errors import AgentFlyError

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -40,23 +42,36 @@ def test_bad_rollout_arguments_are_clear_errors(args, message):
 
 
 def test_sigterm_saves_finished_trajectories_and_cleans_up(tmp_path):
-    """Quick WebShop episodes finish; games against a Stockfish thinking 10 s a move are still running at SIGTERM."""
+    """Two quick WebShop episodes finish; two games against a Stockfish thinking 60 s a move cannot end in
+    under two minutes (no mate before the engine's second move), so SIGTERM, sent as soon as the CLI's ``-v``
+    log reports both WebShop trajectories finished, must save exactly those two and stop every process."""
     out = tmp_path / "run"
-    kwargs = {"Chess-v0": {"mode": "play", "engine_depth": None, "engine_movetime": 10.0, "skill_level": 20},
+    kwargs = {"Chess-v0": {"mode": "play", "engine_depth": None, "engine_movetime": 60.0, "skill_level": 20},
               "WebShop-v0": {}}
     before = live_processes(["java", "stockfish"])
-    proc = subprocess.Popen([sys.executable, "-m", "agentfly_gym", "rollout", "--env", "WebShop-v0", "--env",
+    proc = subprocess.Popen([sys.executable, "-m", "agentfly_gym", "-v", "rollout", "--env", "WebShop-v0", "--env",
                              "Chess-v0", "--policy", "random", "--tokenizer", "qwen3", "-n", "4",
                              "--max-turns", "100", "--no-progress", "--env-kwargs", json.dumps(kwargs),
                              "--output-dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not live_processes(["stockfish"]) - before:
-        time.sleep(0.5)
-    time.sleep(12)  # the WebShop episodes are done by now; the games (10 s a move) are not
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    finished = re.compile(r"trajectory traj-\d+ \((agentfly/[\w-]+)\) finished")
+    t0 = time.monotonic()
+    done: list[str] = []
+    while time.monotonic() - t0 < 300 and proc.poll() is None:
+        done = [m.group(1) for m in map(finished.search, list(lines)) if m]
+        if len(done) >= 2:
+            break
+        time.sleep(0.2)
+    assert done == ["agentfly/WebShop-v0"] * 2, "".join(lines)
+    assert live_processes(["stockfish"]) - before, "the chess games should still be running"
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    assert proc.returncode == 130, "".join(lines)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["interrupted"] is True and summary["trajectories"] == 2 and summary["errors"] == 0
+    assert summary["interrupted"] is True, summary
+    assert (summary["trajectories"], summary["errors"]) == (2, 0), summary
     assert (out / "trajectories.parquet").exists()
     assert not wait_gone(live_processes(["java", "stockfish"]) - before, 20)

@@ -253,6 +253,8 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
         async with sem:
             res = await _one(config, k, policy, chat, manager)
         finished[k] = res
+        log.info("trajectory %s (%s) finished: %d turns, reward %.3f%s", res.trajectory_id, res.env_id,
+                 len(res.turns), res.reward, f", error: {res.error}" if res.error else "")
         if bar is not None:
             bar.update(1)
         return res
