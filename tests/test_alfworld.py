@@ -303,7 +303,7 @@ async def test_planner_timeout_kills_the_child(alfworld_root, fresh_cache):
     t0 = time.monotonic()
     with pytest.raises(ExpertPlanTimeout, match="planner_timeout"):
         await compute_plan(game, timeout=0.3)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 20  # killed at 0.3 s, not left to plan (margin for a loaded machine)
     assert not [c for c in _children() if "_plan_worker" in c]
     with pytest.raises(ExpertPlanError, match="not admissible"):
         await compute_plan(game, ["fly to the moon"], timeout=60)

@@ -92,7 +92,7 @@ def _run(engine, image: str, cmd: list[str]) -> str:
 def test_base_image_is_idempotent_and_keeps_its_rootfs(engine, base_image):
     t0 = time.monotonic()
     assert build_base_image() == base_image  # present: nothing rebuilt
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # a debootstrap takes minutes
     assert base_image == images.base_image_tag()
     assert engine.images.get(base_image).id == engine.images.get("agentfly/base:latest").id
     root = images.base_rootfs_dir()
@@ -122,7 +122,7 @@ def test_recipe_build_is_content_addressed(engine, base_image, tmp_path):
         lines.clear()
         t0 = time.monotonic()
         assert build_image(recipe, name="agentfly-test/hello", base=base_image, progress=lines.append) == tag
-        assert time.monotonic() - t0 < 5 and not any("Step" in line for line in lines)  # unchanged: no build
+        assert not any("Step" in line for line in lines)  # unchanged: no build
         assert engine.images.get(tag).id == image_id
         assert engine.images.get("agentfly-test/hello:latest").id == image_id
         (recipe / "msg.txt").write_text("two")

@@ -107,7 +107,7 @@ async def test_tool_semantics(manager, backend_kw):
     assert "Exit code: 3" in await bash("echo hi; exit 3")
     t = time.monotonic()
     o = await bash("sleep 30; echo never")
-    assert "took too long" in o and "never" not in o and time.monotonic() - t < 20
+    assert "took too long" in o and "never" not in o and time.monotonic() - t < 28
     o = await bash("yes abcdefgh | head -c 200000")
     assert len(o) < 3000
     # a malformed action is a handled observation

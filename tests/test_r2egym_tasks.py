@@ -56,9 +56,7 @@ def test_task_set_format(local_tasks_file):
 
 def test_rebuild_is_idempotent(local_tasks_file, capsys):
     before = local_tasks_file.read_bytes()
-    t = time.monotonic()
     assert build_tasks_main(["--only", LOCAL_BUGS[0].task_id]) == 0
-    assert time.monotonic() - t < 5
     assert "0 to build" in capsys.readouterr().out
     assert build_tasks_main(["--only", "no-such-task"]) == 2
     assert local_tasks_file.read_bytes() == before  # building a subset keeps the whole set listed

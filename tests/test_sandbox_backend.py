@@ -43,6 +43,17 @@ def _host_procs_with(marker: str) -> list[int]:
     return found
 
 
+async def _procs_settle(marker: str, *, present: bool, timeout: float = 10.0) -> bool:
+    """Wait up to ``timeout`` s until host processes with ``marker`` exist (``present``) or are gone; report which.
+
+    Polling, not a fixed sleep: a loaded CI machine may take a while to start or reap a sandboxed command.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    while bool(_host_procs_with(marker)) != present and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    return bool(_host_procs_with(marker)) == present
+
+
 def _sandbox_cgroups(name: str) -> list[Path]:
     roots = [Path("/sys/fs/cgroup") / sb.CGROUP_PARENT]
     roots += [b / sb.CGROUP_PARENT for b in (sb._cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
@@ -129,11 +140,7 @@ async def test_timeout_kills_the_whole_process_tree(make_box):
     # a child in the background plus a foreground sleep: both must die
     r = await box.exec(f"sleep 1{tag} & sleep 2{tag}", timeout=1.0)
     assert r.timed_out and r.exit_code == -1 and r.duration < 8
-    for _ in range(50):
-        if not _host_procs_with(tag):
-            break
-        await asyncio.sleep(0.1)
-    assert _host_procs_with(tag) == []
+    assert await _procs_settle(tag, present=False)
 
 
 async def test_processes_do_not_outlive_their_exec(make_box):
@@ -141,8 +148,7 @@ async def test_processes_do_not_outlive_their_exec(make_box):
     tag = f"{uuid.uuid4().int % 10**6}.5"
     r = await box.exec(f"(sleep 3{tag} &) ; echo started")
     assert r.ok and "started" in r.output
-    await asyncio.sleep(0.3)
-    assert _host_procs_with(tag) == []
+    assert await _procs_settle(tag, present=False)
 
 
 async def test_output_is_capped_head_and_tail(make_box):
@@ -166,7 +172,7 @@ async def test_files_persist_across_execs_and_reset_restores(make_box):
     # a long exec is running while reset comes: it is killed
     tag = f"{uuid.uuid4().int % 10**6}.25"
     long = asyncio.ensure_future(box.exec(f"sleep 9{tag}", timeout=30))
-    await asyncio.sleep(0.3)
+    assert await _procs_settle(tag, present=True)
     await box.reset()
     res = await asyncio.wait_for(long, 5)
     assert res.exit_code != 0 and _host_procs_with(tag) == []
@@ -216,7 +222,7 @@ async def test_two_instances_are_isolated(make_box):
     await a.put_files({"/testbed/only-a": "a"})
     assert (await a.exec("echo a > /tmp/t")).ok
     long = asyncio.ensure_future(a.exec(f"sleep 5{tag}", timeout=10))
-    await asyncio.sleep(0.3)
+    assert await _procs_settle(f"sleep\x005{tag}", present=True)
     r = await b.exec("ls -A /testbed /tmp")
     assert r.ok and "only-a" not in r.output and "t\n" not in r.output
     ps_a = (await a.exec("ps -eo args")).output.splitlines()
@@ -302,11 +308,7 @@ async def test_pid_limit_stops_a_bounded_fork_bomb(make_box):
     assert "stopped at" in r.output, r.output
     assert int(r.output.split()[2]) < 24
     # the spawned processes die with the exec
-    for _ in range(30):
-        if not _host_procs_with(tag):
-            break
-        await asyncio.sleep(0.1)
-    assert _host_procs_with(tag) == []
+    assert await _procs_settle(tag, present=False)
     assert (await box.exec("echo alive")).ok
 
 
@@ -384,8 +386,7 @@ async def test_manager_pool_semantics_and_no_leftovers(sandbox_dir):
         with pytest.raises(FileNotFoundError):  # ... and reset on reuse: no state leaks across rollouts
             await again.get_file("/testbed/secret")
         running = asyncio.ensure_future(again.exec(f"sleep 7{tag}", timeout=30))
-        await asyncio.sleep(0.3)
-        assert _host_procs_with(tag)
+        assert await _procs_settle(tag, present=True)
     assert manager.metrics()[spec.key]["resets"] == 1
     await manager.aclose()
     await asyncio.wait_for(running, 5)
@@ -452,13 +453,8 @@ async def test_cancelled_exec_kills_its_command(make_box):
     box = await make_box()
     tag = f"{uuid.uuid4().int % 10**6}.625"
     task = asyncio.ensure_future(box.exec(f"sleep 8{tag}", timeout=30))
-    await asyncio.sleep(0.3)
-    assert _host_procs_with(tag)
+    assert await _procs_settle(tag, present=True)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(30):
-        if not _host_procs_with(tag):
-            break
-        await asyncio.sleep(0.1)
-    assert _host_procs_with(tag) == []
+    assert await _procs_settle(tag, present=False)

@@ -177,7 +177,8 @@ async def test_event_loop_stays_free_while_generating(tiny):
     await tiny.generate(prompts(tiny, 1)[0], SamplingParams(max_tokens=48, temperature=1.0))
     elapsed = time.perf_counter() - t0
     t.cancel()
-    assert ticks >= max(3, int(elapsed / 0.002 * 0.2)), (ticks, elapsed)
+    # a blocked loop would tick about once; 5% of the ideal rate leaves room for a loaded machine
+    assert ticks >= max(3, int(elapsed / 0.002 * 0.05)), (ticks, elapsed)
 
 
 async def test_cancelled_request_leaves_the_policy_working(tiny):
