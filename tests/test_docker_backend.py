@@ -373,3 +373,22 @@ def test_process_end_removes_its_containers(engine, base_image, how):
             proc.wait()
     with pytest.raises(docker.errors.NotFound):
         engine.api.inspect_container(cid)
+
+
+async def test_fast_exec_output_is_never_lost_under_cpu_load(engine, base_image, manager):
+    """docker-py's ``exec_start`` drops output that arrives together with the HTTP response headers
+    (docker/docker-py#3332): under CPU load about 2% of quick ``echo`` execs came back empty with exit 0.
+    With busy processes loading the CPUs, every one of 400 quick execs must return its exact output."""
+    s = spec(base_image, max_instances=2)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        async with manager.scope("a") as a, manager.scope("b") as b:
+            boxes = [await a.acquire(s), await b.acquire(s)]
+            results = await asyncio.gather(*(boxes[i % 2].exec(f"echo a=1; echo ok-{i}") for i in range(400)))
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
+    lost = [(i, r.exit_code, r.output) for i, r in enumerate(results) if r.output != f"a=1\nok-{i}\n"]
+    assert not lost, f"{len(lost)} of 400 execs lost output, e.g. {lost[:3]}"
+    assert all(r.exit_code == 0 for r in results)
