@@ -138,6 +138,31 @@ async def test_mixed_sampling_params_in_one_batch(tiny):
         assert m.logprobs == pytest.approx(s.logprobs, abs=1e-4)
 
 
+async def test_requests_join_a_running_batch_with_their_solo_results(tiny):
+    """Continuous batching: requests that arrive while a long one decodes join it at the next step (their
+    KV cache left-padded to the batch's, the batch's cut again when rows leave) and give their solo greedy
+    tokens; the long request's tokens do not change either."""
+    ps = prompts(tiny, 4)
+    long_s = SamplingParams(max_tokens=300, temperature=1.0, seed=5)
+    solo_long = await tiny.generate(ps[3], long_s)
+    solo = [await tiny.generate(p, GREEDY) for p in ps[:3]]
+    j0, f0 = tiny.num_joined, tiny.num_forward_passes
+    long_task = asyncio.create_task(tiny.generate(ps[3], long_s))
+    while tiny.num_forward_passes < f0 + 3:
+        await asyncio.sleep(0.001)
+    first = await asyncio.gather(*(tiny.generate(p, GREEDY) for p in ps[:2]))  # shorter and longer prompts
+    third = await tiny.generate(ps[2], GREEDY)  # joins after the first two left
+    long = await long_task
+    assert long.finish_reason == "length" and len(long.token_ids) == 300
+    assert tiny.num_joined - j0 == 3
+    # shared passes: the long request's 300 plus one prefill per admitted group, never a wave of its own
+    assert tiny.num_forward_passes - f0 <= 300 + 3
+    assert long.token_ids == solo_long.token_ids
+    for g, s in zip([*first, third], solo):
+        assert g.token_ids == s.token_ids
+        assert g.logprobs == pytest.approx(s.logprobs, abs=1e-4)
+
+
 async def test_stop_token_ends_generation_and_is_included(tiny):
     prompt = prompts(tiny, 1)[0]
     greedy = await tiny.generate(prompt, GREEDY)

@@ -8,11 +8,15 @@ with different :class:`~agentfly_gym.rollout.policy.SamplingParams` share a batc
 a seeded request gives the same tokens whatever it was batched with (up to floating-point
 differences of padded batched matmuls, which can flip a near-tie).
 
-Rows that finish (stop token or their own ``max_tokens``) leave the running batch together with
-their KV-cache rows.  Requests that arrive while a batch runs wait for the next one (static
-batching in waves, no continuous batching); measured on a loaded 2-core machine with the bundled
-SmolLM2, 8 concurrent 32-token greedy requests ran 7x faster than 8 sequential ones with
-identical tokens.
+Batching is continuous: requests that arrive while a batch runs are prefilled together (one
+forward pass) and join the running batch at the next decoding step, their KV cache left-padded to
+the batch's; rows that finish (stop token or their own ``max_tokens``) or whose caller cancelled
+leave at once with their KV-cache rows, and cache columns that became padding for every row are
+cut.  So trajectories that drift apart in an asynchronous rollout still share forward passes
+instead of queueing behind a whole wave.  Joining needs a ``DynamicCache`` of plain full-attention
+layers (Llama/SmolLM2, Qwen2/3); other models run in static waves (new requests wait for the
+running batch).  Measured on a loaded 2-core machine with the bundled SmolLM2, 8 concurrent
+32-token greedy requests ran 7x faster than 8 sequential ones with identical tokens.
 
 The event loop never blocks: requests cross to the worker thread through a queue and come
 back through ``loop.call_soon_threadsafe``.
@@ -91,9 +95,10 @@ class TransformersPolicy:
         tokenizer: the Hugging Face tokenizer of ``model``.
         model: the loaded ``PreTrainedModel``.
         eos_token_ids: frozenset of ids that always stop generation.
-        num_batches: batched generations run so far (one per wave of collected requests).
-        num_forward_passes: model forward calls so far (one per decoded position per batch).
+        num_batches: prefill passes so far (one per group of requests admitted together).
+        num_forward_passes: model forward calls so far (prefills and decoding steps).
         num_requests: requests served so far.
+        num_joined: requests that joined a batch already running (continuous batching).
 
     Raises:
         ConfigError: a bad argument (the message names it).
@@ -149,6 +154,7 @@ class TransformersPolicy:
         self.num_batches = 0
         self.num_forward_passes = 0
         self.num_requests = 0
+        self.num_joined = 0
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -197,7 +203,7 @@ class TransformersPolicy:
         return await req.future
 
     def close(self) -> None:
-        """Stop the worker thread (after the batch in progress); waiting requests fail with
+        """Stop the worker thread (after the running batch finishes); waiting requests fail with
         :class:`PolicyError`.  Idempotent."""
         with self._lock:
             if self._closed:
@@ -251,37 +257,59 @@ class TransformersPolicy:
 
         if self.torch_threads is not None:
             torch.set_num_threads(self.torch_threads)
+        rows: _Rows | None = None
         stop = False
-        while not stop:
-            first = self._queue.get()
-            if first is _STOP:
-                break
-            batch = [first]
-            deadline = time.monotonic() + self.batch_wait_s
-            while len(batch) < self.max_batch_size:
-                remaining = deadline - time.monotonic()
-                try:
-                    item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-                except queue.Empty:
+        while True:
+            new: list[_Request] = []
+            if rows is None:
+                if stop:
                     break
-                if item is _STOP:
-                    stop = True
+                first = self._queue.get()
+                if first is _STOP:
                     break
-                batch.append(item)
-            batch = [r for r in batch if not r.future.cancelled()]
-            if not batch:
-                continue
+                new.append(first)
+                deadline = time.monotonic() + self.batch_wait_s
+                while len(new) < self.max_batch_size:
+                    remaining = deadline - time.monotonic()
+                    try:
+                        item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                        break
+                    new.append(item)
+            elif not stop and rows.joinable:
+                # continuous batching: requests that arrived meanwhile join the running batch now
+                while len(rows.reqs) + len(new) < self.max_batch_size:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                        break
+                    new.append(item)
+            new = [r for r in new if not r.future.cancelled()]
             try:
-                results = self._run_batch(batch)
-            except Exception as e:  # noqa: BLE001  (every waiting caller gets the error)
+                if new:
+                    fresh = self._prefill(new)
+                    if rows is None:
+                        rows = fresh
+                    else:
+                        rows.merge(fresh)
+                        self.num_joined += len(new)
+                elif rows is not None:
+                    self._decode(rows)
+                else:
+                    continue
+                rows = self._retire(rows)
+            except Exception as e:  # noqa: BLE001  (every caller in the failed forward pass gets the error)
                 err = PolicyError(f"generation failed: {type(e).__name__}: {e}")
                 err.__cause__ = e
-                for r in batch:
+                for r in {id(r): r for r in (rows.reqs if rows is not None else []) + new}.values():
                     _resolve(r, exc=err)
-                continue
-            for r, g in zip(batch, results):
-                g.latency = time.perf_counter() - r.t0
-                _resolve(r, result=g)
+                rows = None
         # Drain: whoever still waits learns that the policy closed.
         while True:
             try:
@@ -291,64 +319,160 @@ class TransformersPolicy:
             if item is not _STOP:
                 _resolve(item, exc=PolicyError("the policy was closed before this request ran"))
 
-    def _run_batch(self, batch: list[_Request]) -> list[Generation]:
-        """Decode ``batch`` together: left padding, one forward pass per position, KV cache."""
+    def _prefill(self, reqs: list[_Request]) -> _Rows:
+        """One forward pass over the left-padded prompts of ``reqs``; samples each one's first token."""
         import torch
 
-        n = len(batch)
+        n = len(reqs)
         self.num_batches += 1
         self.num_requests += n
-        width = max(len(r.prompt_ids) for r in batch)
+        width = max(len(r.prompt_ids) for r in reqs)
         input_ids = torch.full((n, width), self._pad_id, dtype=torch.long)
         attn = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(batch):
+        for i, r in enumerate(reqs):
             input_ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
             attn[i, width - len(r.prompt_ids):] = 1
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-        gens = [torch.Generator(device="cpu").manual_seed(r.seed) for r in batch]
-        stops = [self.eos_token_ids | set(r.sampling.stop_token_ids) for r in batch]
-        out_ids: list[list[int]] = [[] for _ in batch]
-        out_lp: list[list[float]] = [[] for _ in batch]
-        finish: list[str | None] = [None] * n
-        steps = max(r.sampling.max_tokens for r in batch)
-        active = list(range(n))  # rows of the running tensors -> request index
-        past = None
         with torch.inference_mode():
-            for _ in range(steps):
-                out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
-                                 past_key_values=past, use_cache=True)
-                self.num_forward_passes += 1
-                past = out.past_key_values
-                logits = out.logits[:, -1, :].float().cpu()
-                nxt = torch.full((len(active),), self._pad_id, dtype=torch.long)
-                for row, i in enumerate(active):
-                    if finish[i] is not None:  # only where the cache could not drop the row
-                        continue
-                    tok, lp = _sample(logits[row], batch[i].sampling, gens[i])
-                    out_ids[i].append(tok)
-                    out_lp[i].append(lp)
-                    nxt[row] = tok
-                    if tok in stops[i]:
-                        finish[i] = "stop"
-                    elif len(out_ids[i]) >= batch[i].sampling.max_tokens:
-                        finish[i] = "length"
-                keep = [row for row, i in enumerate(active) if finish[i] is None]
-                if not keep:
-                    break
-                if len(keep) < len(active) and hasattr(past, "batch_select_indices"):
-                    # Drop finished rows from the batch (and their KV cache) so that short
-                    # requests do not cost long ones anything.
-                    sel = torch.tensor(keep, device=self.device)
-                    past.batch_select_indices(sel)
-                    attn, position_ids, nxt = attn[sel], position_ids[sel], nxt[keep]
-                    active = [active[row] for row in keep]
-                input_ids = nxt.unsqueeze(1).to(self.device)
-                attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype, device=self.device)], dim=1)
-                position_ids = position_ids[:, -1:] + 1
-        return [Generation(token_ids=ids, logprobs=lps, finish_reason=f or "length",
-                           text=self.tokenizer.decode(ids, skip_special_tokens=True))
-                for ids, lps, f in zip(out_ids, out_lp, finish)]
+            out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True)
+        self.num_forward_passes += 1
+        rows = _Rows(reqs=list(reqs), gens=[torch.Generator(device="cpu").manual_seed(r.seed) for r in reqs],
+                     stops=[self.eos_token_ids | set(r.sampling.stop_token_ids) for r in reqs],
+                     out_ids=[[] for _ in reqs], out_lp=[[] for _ in reqs], finish=[None] * n,
+                     next_ids=input_ids[:, -1:], attn=attn, pos=position_ids[:, -1:], past=out.past_key_values)
+        rows.joinable = _joinable(rows.past)
+        self._sample_rows(rows, out.logits[:, -1, :])
+        return rows
+
+    def _decode(self, rows: _Rows) -> None:
+        """One forward pass of every running row on its pending token; samples the next one."""
+        import torch
+
+        with torch.inference_mode():
+            out = self.model(input_ids=rows.next_ids, attention_mask=rows.attn, position_ids=rows.pos,
+                             past_key_values=rows.past, use_cache=True)
+        self.num_forward_passes += 1
+        rows.past = out.past_key_values
+        self._sample_rows(rows, out.logits[:, -1, :])
+
+    def _sample_rows(self, rows: _Rows, logits: Any) -> None:
+        import torch
+
+        logits = logits.float().cpu()
+        nxt = torch.full((len(rows.reqs),), self._pad_id, dtype=torch.long)
+        for i, r in enumerate(rows.reqs):
+            if rows.finish[i] is not None:  # only where the cache could not drop the row
+                continue
+            tok, lp = _sample(logits[i], r.sampling, rows.gens[i])
+            rows.out_ids[i].append(tok)
+            rows.out_lp[i].append(lp)
+            nxt[i] = tok
+            if tok in rows.stops[i]:
+                rows.finish[i] = "stop"
+            elif len(rows.out_ids[i]) >= r.sampling.max_tokens:
+                rows.finish[i] = "length"
+        rows.next_ids = nxt.unsqueeze(1).to(self.device)
+        rows.attn = torch.cat([rows.attn, torch.ones((rows.attn.shape[0], 1), dtype=rows.attn.dtype,
+                                                     device=self.device)], dim=1)
+        rows.pos = rows.pos + 1
+
+    def _retire(self, rows: _Rows) -> _Rows | None:
+        """Resolve finished rows and drop them (and cancelled ones) with their KV-cache rows, so that short
+        requests cost long ones nothing; returns None when no row is left."""
+        for i, r in enumerate(rows.reqs):
+            if rows.finish[i] is not None and not rows.resolved[i]:
+                rows.resolved[i] = True
+                ids = rows.out_ids[i]
+                g = Generation(token_ids=ids, logprobs=rows.out_lp[i], finish_reason=rows.finish[i],
+                               text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                               latency=time.perf_counter() - r.t0)
+                _resolve(r, result=g)
+        keep = [i for i, r in enumerate(rows.reqs) if rows.finish[i] is None and not r.future.cancelled()]
+        if not keep:
+            return None
+        if len(keep) < len(rows.reqs) and hasattr(rows.past, "batch_select_indices"):
+            rows.select(keep)
+        return rows
+
+
+@dataclasses.dataclass
+class _Rows:
+    """The running batch of the worker thread: its requests, their KV cache and per-row decoding state.
+
+    Between forward passes the cache holds ``T`` positions (left-padded), ``attn`` is ``(B, T + 1)``
+    and covers them plus the pending token ``next_ids`` ``(B, 1)``, whose position is ``pos`` ``(B, 1)``.
+    """
+
+    reqs: list[_Request]
+    gens: list[Any]
+    stops: list[set[int]]
+    out_ids: list[list[int]]
+    out_lp: list[list[float]]
+    finish: list[str | None]
+    next_ids: Any
+    attn: Any
+    pos: Any
+    past: Any
+    joinable: bool = False
+    resolved: list[bool] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.resolved = [False] * len(self.reqs)
+
+    _LISTS = ("reqs", "gens", "stops", "out_ids", "out_lp", "finish", "resolved")
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only rows ``keep``, then cut the cache columns that every remaining row has as padding."""
+        import torch
+
+        sel = torch.tensor(keep, device=self.attn.device)
+        self.past.batch_select_indices(sel)
+        self.next_ids, self.attn, self.pos = self.next_ids[sel], self.attn[sel], self.pos[sel]
+        for name in self._LISTS:
+            setattr(self, name, [getattr(self, name)[i] for i in keep])
+        if self.joinable:
+            lead = int(self.attn.any(dim=0).long().argmax())  # first column some row attends to
+            if lead > 0:
+                self.attn = self.attn[:, lead:]
+                for layer in self.past.layers:
+                    layer.keys, layer.values = layer.keys[..., lead:, :], layer.values[..., lead:, :]
+
+    def merge(self, other: _Rows) -> None:
+        """Append ``other``'s rows (a fresh prefill) to this batch, left-padding the shorter KV cache."""
+        import torch
+
+        ta, tb = self.attn.shape[1], other.attn.shape[1]
+        width = max(ta, tb)
+
+        def left_pad(x: Any, n: int, dim: int) -> Any:
+            if n == 0:
+                return x
+            shape = list(x.shape)
+            shape[dim] = n
+            return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+        self.attn = torch.cat([left_pad(self.attn, width - ta, 1), left_pad(other.attn, width - tb, 1)], dim=0)
+        for mine, theirs in zip(self.past.layers, other.past.layers):
+            mine.keys = torch.cat([left_pad(mine.keys, width - ta, -2), left_pad(theirs.keys, width - tb, -2)])
+            mine.values = torch.cat([left_pad(mine.values, width - ta, -2),
+                                     left_pad(theirs.values, width - tb, -2)])
+        self.next_ids = torch.cat([self.next_ids, other.next_ids])
+        self.pos = torch.cat([self.pos, other.pos])
+        for name in self._LISTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def _joinable(past: Any) -> bool:
+    """Whether new rows can be merged into this KV cache: a DynamicCache of plain full-attention layers
+    (e.g. Llama/SmolLM2, Qwen2/3).  Other caches (sliding windows, linear attention) run in static waves."""
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:
+        return False
+    layers = getattr(past, "layers", None)
+    return (isinstance(past, DynamicCache) and bool(layers) and all(type(la) is DynamicLayer for la in layers)
+            and all(getattr(la, "keys", None) is not None and la.keys.dim() == 4 for la in layers))
 
 
 def _sample(z: Any, s: SamplingParams, gen: Any) -> tuple[int, float]:
