@@ -145,6 +145,14 @@ def _summ(name: str, wall: float, work: list[dict[str, Any]], slots: int) -> dic
             "step_s_max": max((x for w in work for x in w["env"]), default=0.0)}
 
 
+def _record(runs: dict[str, list[dict[str, Any]]], res: dict[str, Any], repeat: int, label: str) -> None:
+    """Keep one schedule's result under its name and print it."""
+    res["repeat"] = repeat
+    runs[res["schedule"]].append(res)
+    print(f"  {label} {res['schedule']:11s} rep {repeat}: {res['wall_s']:6.2f} s, {res['trajectories_per_s']:.4f} "
+          f"traj/s, efficiency {res['schedule_efficiency']:.2f}", flush=True)
+
+
 # ----------------------------------------------------------------------------- schedules
 async def run_lockstep(envs: list[Any], n: int, cfg: dict[str, Any], policy_for, seed: int) -> dict[str, Any]:
     """Batches of len(envs): generate all, step all, repeat until the whole batch is done."""
@@ -369,8 +377,26 @@ def run_gym_async(venv: Any, n: int, cfg: dict[str, Any], policy_for, seed: int)
 
 
 # ----------------------------------------------------------------------------- real model (small)
-async def real_model_runs(n: int, b: int, max_tokens: int, seed: int) -> list[dict[str, Any]]:
-    """Lockstep vs ours with the real SmolLM2 policy on Chess puzzles (same seeds, same sampling seeds)."""
+class _TurnSeeded:
+    """One trajectory's view of a policy: its turn t samples with seed ``base + 1000 t`` in every schedule, so
+    the schedules generate the same tokens and differ only in when the requests reach the policy."""
+
+    def __init__(self, policy: Any, base: int) -> None:
+        self.policy, self.base, self.turn = policy, base, 0
+
+    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        import dataclasses
+
+        s = dataclasses.replace(sampling, seed=self.base + 1000 * self.turn)
+        self.turn += 1
+        return await self.policy.generate(prompt_ids, s)
+
+
+async def real_model_runs(n: int, b: int, max_tokens: int, seed: int, repeats: int = 1,
+                          max_turns: int = 3) -> dict[str, list[dict[str, Any]]]:
+    """Lockstep vs ours with the real SmolLM2 policy on Chess puzzles, ours both with the policy's continuous
+    batching (``ours``) and with static waves (``ours_static``); same seeds and sampling seeds everywhere,
+    schedule order rotated per repeat."""
     import gymnasium
 
     from agentfly_gym.resources import ResourceManager
@@ -381,74 +407,127 @@ async def real_model_runs(n: int, b: int, max_tokens: int, seed: int) -> list[di
 
     policy = TransformersPolicy(smollm2_dir(), seed=seed, max_batch_size=b, torch_threads=1)
     chat = ChatTokenizer(policy.tokenizer)
-    max_turns = 3
-    out = []
+    runs: dict[str, list[dict[str, Any]]] = {"lockstep": [], "ours_static": [], "ours": []}
+
+    async def ours(m: Any) -> list[dict[str, Any]]:
+        sem = asyncio.Semaphore(b)
+
+        async def one(k: int):
+            async with sem:
+                env = gymnasium.make("agentfly/Chess-v0", manager=m).unwrapped
+                try:
+                    tr = await run_chain_episode(env, _TurnSeeded(policy, seed + k), chat, seed=seed + k,
+                                                 max_turns=max_turns, sampling=SamplingParams(max_tokens=max_tokens))
+                finally:
+                    await env.aclose()
+            return {"reset": tr.timings.get("reset", 0.0), "gen": [t.generate_s for t in tr.turns],
+                    "env": [t.env_s for t in tr.turns], "won": tr.success}
+
+        return list(await asyncio.gather(*(one(k) for k in range(n))))
+
+    async def lockstep(envs: list[Any]) -> list[dict[str, Any]]:
+        """Generate for the whole batch (its requests arrive together), then step all, until the batch is done."""
+        work = []
+        for start in range(0, n, b):
+            ks = list(range(start, min(n, start + b)))
+            recs = {k: {"reset": 0.0, "gen": [], "env": [], "won": False} for k in ks}
+            res = await asyncio.gather(*(envs[i].areset(seed=seed + k) for i, k in enumerate(ks)))
+            seqs = {k: chat.prompt_ids([{"role": "system", "content": envs[0].agent_prompt.system},
+                                        {"role": "user", "content": envs[0].agent_prompt.first_message(o)}])
+                    for k, (o, _) in zip(ks, res)}
+            live = list(range(len(ks)))
+            for turn in range(max_turns):
+                if not live:
+                    break
+                tg = time.monotonic()
+                gens = await asyncio.gather(*(policy.generate(seqs[ks[i]], SamplingParams(
+                    max_tokens=max_tokens, seed=seed + ks[i] + 1000 * turn)) for i in live))
+                dt = time.monotonic() - tg
+                acts = []
+                for i, g in zip(live, gens):
+                    recs[ks[i]]["gen"].append(dt)
+                    seqs[ks[i]] = seqs[ks[i]] + list(g.token_ids) + chat.close_assistant_ids(g.token_ids)
+                    acts.append(envs[0].agent_prompt.parse_action(g.text))
+
+                async def step(i: int, a: str):
+                    t1 = time.monotonic()
+                    o = await envs[i].astep(a)
+                    recs[ks[i]]["env"].append(time.monotonic() - t1)
+                    return o
+
+                outs = await asyncio.gather(*(step(i, a) for i, a in zip(live, acts)))
+                nxt = []
+                for i, (obs, _r, te, tr, info) in zip(live, outs):
+                    recs[ks[i]]["won"] = bool(info.get("won"))
+                    if not (te or tr) and turn < max_turns - 1:
+                        seqs[ks[i]] += chat.append_ids([{"role": "user",
+                                                         "content": envs[0].agent_prompt.turn_message(obs)}])
+                        nxt.append(i)
+                live = nxt
+            await asyncio.gather(*(e.aend_episode() for e in envs))
+            work.extend(recs[k] for k in ks)
+        return work
+
     try:
         async with ResourceManager() as m:
-            # ours
-            sem = asyncio.Semaphore(b)
-
-            async def one(k: int):
-                async with sem:
-                    env = gymnasium.make("agentfly/Chess-v0", manager=m).unwrapped
-                    try:
-                        tr = await run_chain_episode(env, policy, chat, seed=seed + k, max_turns=max_turns,
-                                                     sampling=SamplingParams(max_tokens=max_tokens, seed=seed + k))
-                    finally:
-                        await env.aclose()
-                return {"reset": tr.timings.get("reset", 0.0), "gen": [t.generate_s for t in tr.turns],
-                        "env": [t.env_s for t in tr.turns], "won": tr.success}
-
-            t0 = time.monotonic()
-            work = await asyncio.gather(*(one(k) for k in range(n)))
-            out.append(_summ("ours", time.monotonic() - t0, list(work), b))
-            # lockstep: generate for the whole batch (one batched call each), then step all
             envs = [gymnasium.make("agentfly/Chess-v0", manager=m).unwrapped for _ in range(b)]
-            work = []
-            t0 = time.monotonic()
-            for start in range(0, n, b):
-                ks = list(range(start, min(n, start + b)))
-                recs = {k: {"reset": 0.0, "gen": [], "env": [], "won": False} for k in ks}
-                res = await asyncio.gather(*(envs[i].areset(seed=seed + k) for i, k in enumerate(ks)))
-                seqs = {k: chat.prompt_ids([{"role": "system", "content": envs[0].agent_prompt.system},
-                                            {"role": "user", "content": envs[0].agent_prompt.first_message(o)}])
-                        for k, (o, _) in zip(ks, res)}
-                live = list(range(len(ks)))
-                for turn in range(max_turns):
-                    if not live:
-                        break
-                    tg = time.monotonic()
-                    gens = await asyncio.gather(*(policy.generate(seqs[ks[i]], SamplingParams(
-                        max_tokens=max_tokens, seed=seed + ks[i] + 1000 * turn)) for i in live))
-                    dt = time.monotonic() - tg
-                    acts = []
-                    for i, g in zip(live, gens):
-                        recs[ks[i]]["gen"].append(dt)
-                        seqs[ks[i]] = seqs[ks[i]] + list(g.token_ids) + chat.close_assistant_ids(g.token_ids)
-                        acts.append(envs[0].agent_prompt.parse_action(g.text))
-
-                    async def step(i: int, a: str):
-                        t1 = time.monotonic()
-                        o = await envs[i].astep(a)
-                        recs[ks[i]]["env"].append(time.monotonic() - t1)
-                        return o
-
-                    outs = await asyncio.gather(*(step(i, a) for i, a in zip(live, acts)))
-                    nxt = []
-                    for i, (obs, _r, te, tr, info) in zip(live, outs):
-                        recs[ks[i]]["won"] = bool(info.get("won"))
-                        if not (te or tr) and turn < max_turns - 1:
-                            seqs[ks[i]] += chat.append_ids([{"role": "user",
-                                                             "content": envs[0].agent_prompt.turn_message(obs)}])
-                            nxt.append(i)
-                    live = nxt
-                await asyncio.gather(*(e.aend_episode() for e in envs))
-                work.extend(recs[k] for k in ks)
-            out.append(_summ("lockstep", time.monotonic() - t0, work, b))
-            for e in envs:
-                await e.aclose()
+            try:
+                for r in range(repeats):
+                    order = ["lockstep", "ours_static", "ours"]
+                    order = order[r % 3:] + order[: r % 3]
+                    for sched in order:
+                        policy.continuous_batching = sched != "ours_static"
+                        t0 = time.monotonic()
+                        work = await (lockstep(envs) if sched == "lockstep" else ours(m))
+                        _record(runs, _summ(sched, time.monotonic() - t0, work, b), r, "real model")
+            finally:
+                for e in envs:
+                    await e.aclose()
     finally:
         await policy.aclose()
+    return runs
+
+
+async def policy_batching_runs(n: int, gap_s: float, max_tokens: int, max_batch: int, seed: int,
+                               repeats: int = 2) -> dict[str, Any]:
+    """The policy alone, requests arriving one every ``gap_s`` seconds (as trajectories that drifted apart send
+    them): continuous batching vs static waves of the same TransformersPolicy (same prompts, same sampling
+    seeds, so the same tokens).  Reports the makespan (first arrival to last reply) and the mean latency."""
+    from agentfly_gym.rollout import SamplingParams
+    from agentfly_gym.rollout.models import smollm2_dir
+    from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+
+    policy = TransformersPolicy(smollm2_dir(), seed=seed, max_batch_size=max_batch, torch_threads=1)
+    tok = policy.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Describe step {i} of making tea, briefly."}],
+                                       add_generation_prompt=True, tokenize=True, return_dict=False) for i in range(n)]
+    out: dict[str, Any] = {"n": n, "gap_s": gap_s, "max_tokens": max_tokens, "max_batch_size": max_batch,
+                           "runs": {"continuous": [], "static": []}}
+    try:
+        for r in range(repeats):
+            for mode in (["continuous", "static"] if r % 2 == 0 else ["static", "continuous"]):
+                policy.continuous_batching = mode == "continuous"
+                f0 = policy.num_forward_passes
+
+                async def one(i: int):
+                    await asyncio.sleep(i * gap_s)
+                    g = await policy.generate(prompts[i], SamplingParams(max_tokens=max_tokens, seed=seed + i))
+                    return g.latency, len(g.token_ids)
+
+                t0 = time.monotonic()
+                res = await asyncio.gather(*(one(i) for i in range(n)))
+                wall = time.monotonic() - t0
+                rec = {"repeat": r, "makespan_s": wall, "mean_latency_s": sum(x for x, _ in res) / n,
+                       "tokens": sum(t for _, t in res), "forward_passes": policy.num_forward_passes - f0}
+                out["runs"][mode].append(rec)
+                print(f"  policy batching {mode:10s} rep {r}: makespan {wall:6.1f} s, mean latency "
+                      f"{rec['mean_latency_s']:5.1f} s, {rec['forward_passes']} forward passes", flush=True)
+    finally:
+        await policy.aclose()
+    pairs = [s["makespan_s"] / c["makespan_s"] for c, s in zip(out["runs"]["continuous"], out["runs"]["static"])]
+    lat = [s["mean_latency_s"] / c["mean_latency_s"] for c, s in zip(out["runs"]["continuous"], out["runs"]["static"])]
+    out["static_over_continuous_makespan"] = C.median(pairs)
+    out["static_over_continuous_mean_latency"] = C.median(lat)
     return out
 
 
@@ -520,10 +599,7 @@ async def bench_env(name: str, n: int, b: int, repeats: int, model: LatencyModel
                         res = await asyncio.to_thread(run_gym_async, venv, n, cfg, policy_for, seed)
                     else:
                         continue
-                    res["repeat"] = r
-                    runs[sched].append(res)
-                    print(f"  {name} {sched:9s} rep {r}: {res['wall_s']:6.2f} s, {res['trajectories_per_s']:.3f} traj/s,"
-                          f" efficiency {res['schedule_efficiency']:.2f}", flush=True)
+                    _record(runs, res, r, name)
         finally:
             for e in envs:
                 await e.aclose()
@@ -557,6 +633,9 @@ def main() -> int:
     p.add_argument("--remeasure", action="store_true", help="measure the SmolLM2 latencies again")
     p.add_argument("--no-gym-async", action="store_true", help="skip Gymnasium's AsyncVectorEnv baseline")
     p.add_argument("--no-real-model", action="store_true", help="skip the small real-model comparison")
+    p.add_argument("--real-n", type=int, default=8, help="real-model comparison: trajectories")
+    p.add_argument("--real-slots", type=int, default=4, help="real-model comparison: slots (policy batch size)")
+    p.add_argument("--real-repeats", type=int, default=1, help="real-model comparison: repeats (order rotated)")
     p.add_argument("--merge", action="store_true",
                    help="keep the other envs' (and the real model's) numbers of an existing result file")
     args = p.parse_args()
@@ -606,14 +685,25 @@ def main() -> int:
             traceback.print_exc()
             res.skip(name, f"failed: {type(e).__name__}: {e}")
     if not (tiny or args.no_real_model):
-        print("[real model] SmolLM2 on Chess, lockstep vs ours", flush=True)
+        rn, rb, rt = args.real_n, args.real_slots, 12
+        print(f"[real model] SmolLM2 on Chess, N={rn} B={rb}: lockstep vs ours (continuous / static batching)",
+              flush=True)
         try:
-            rm = asyncio.run(real_model_runs(n=4, b=2, max_tokens=12, seed=args.seed))
-            res.data["real_model"] = {"env": "Chess (puzzle)", "n": 4, "slots": 2, "max_tokens": 12, "runs": rm}
-            lo, ou = {r["schedule"]: r for r in rm}["lockstep"], {r["schedule"]: r for r in rm}["ours"]
-            res.data["real_model"]["ours_over_lockstep"] = ou["trajectories_per_s"] / lo["trajectories_per_s"]
+            rm = asyncio.run(real_model_runs(n=rn, b=rb, max_tokens=rt, seed=args.seed, repeats=args.real_repeats))
+            res.data["real_model"] = {"env": "Chess (puzzle)", "n": rn, "slots": rb, "max_tokens": rt,
+                                      "max_turns": 3, "repeats": args.real_repeats, "runs": rm}
+            for a, base in (("ours", "lockstep"), ("ours_static", "lockstep"), ("ours", "ours_static")):
+                pairs = [x["trajectories_per_s"] / y["trajectories_per_s"] for x, y in zip(rm[a], rm[base])
+                         if y["trajectories_per_s"] > 0]
+                res.data["real_model"][f"{a}_over_{base}"] = C.median(pairs) if pairs else None
         except Exception as e:  # noqa: BLE001
             res.skip("real_model", f"{type(e).__name__}: {e}")
+        print("[policy batching] SmolLM2 alone, staggered arrivals: continuous batching vs static waves", flush=True)
+        try:
+            res.data["policy_batching"] = asyncio.run(policy_batching_runs(
+                n=12, gap_s=0.5, max_tokens=32, max_batch=8, seed=args.seed, repeats=args.real_repeats))
+        except Exception as e:  # noqa: BLE001
+            res.skip("policy_batching", f"{type(e).__name__}: {e}")
     old = Path(args.out) / "bench_async_rollout.json"
     if args.merge and old.is_file():
         prev = json.loads(old.read_text())
@@ -621,8 +711,9 @@ def main() -> int:
             if k not in res.data["envs"]:
                 v["from_earlier_run"] = prev.get("command")
                 res.data["envs"][k] = v
-        if "real_model" not in res.data and "real_model" in prev:
-            res.data["real_model"] = dict(prev["real_model"], from_earlier_run=prev.get("command"))
+        for key in ("real_model", "policy_batching"):
+            if key not in res.data and key in prev:
+                res.data[key] = dict(prev[key], from_earlier_run=prev.get("command"))
         for k, v in prev.get("skipped", {}).items():
             if k not in res.data["envs"] and k not in res.data["skipped"]:
                 res.data["skipped"][k] = v

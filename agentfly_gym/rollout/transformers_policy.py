@@ -90,6 +90,8 @@ class TransformersPolicy:
             order is reproducible; None draws them from the OS.
         dtype: torch dtype (or its name, e.g. "bfloat16") of the weights; None keeps the
             folder's (float32 for the bundled models).
+        continuous_batching: let requests join a running batch (default); False runs static
+            waves (a request arriving mid-batch waits for the whole batch), e.g. for comparison.
 
     Attributes:
         tokenizer: the Hugging Face tokenizer of ``model``.
@@ -107,7 +109,7 @@ class TransformersPolicy:
 
     def __init__(self, model: str | os.PathLike, *, device: str = "cpu", torch_threads: int | None = 1,
                  max_batch_size: int = 8, batch_wait_s: float = 0.02, seed: int | None = None,
-                 dtype: Any = None) -> None:
+                 dtype: Any = None, continuous_batching: bool = True) -> None:
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
         if batch_wait_s < 0:
@@ -137,6 +139,7 @@ class TransformersPolicy:
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.continuous_batching = bool(continuous_batching)
         self.torch_threads = torch_threads
         self.eos_token_ids = frozenset(self._eos_ids())
         if not self.eos_token_ids:
@@ -279,7 +282,7 @@ class TransformersPolicy:
                         stop = True
                         break
                     new.append(item)
-            elif not stop and rows.joinable:
+            elif not stop and rows.joinable and self.continuous_batching:
                 # continuous batching: requests that arrived meanwhile join the running batch now
                 while len(rows.reqs) + len(new) < self.max_batch_size:
                     try:
