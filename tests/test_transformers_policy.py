@@ -163,6 +163,35 @@ async def test_requests_join_a_running_batch_with_their_solo_results(tiny):
         assert g.logprobs == pytest.approx(s.logprobs, abs=1e-4)
 
 
+async def test_a_stream_of_newcomers_cannot_hold_back_running_rows(tiny_qwen):
+    """Twelve clients resubmit 1-token requests (done at their prefill) without pause while a 40-token
+    request decodes: each round admits at most one prefill and always decodes the running rows, so the long
+    request needs at most 2 x 40 forward passes.  (Preferring newcomers' prefills stalled it until the
+    clients stopped.)"""
+    p = TransformersPolicy(tiny_qwen, seed=0, max_batch_size=16, batch_wait_s=0.0)
+    ps = prompts(p, 12)
+    stop = False
+
+    async def client(i: int) -> None:
+        while not stop:
+            await p.generate(ps[i], SamplingParams(max_tokens=1, temperature=0.0))
+
+    clients = [asyncio.create_task(client(i)) for i in range(12)]
+    try:
+        await asyncio.sleep(0.3)
+        f0 = p.num_forward_passes
+        long_prompt = chat_ids(p, "word " * 300)
+        long = await asyncio.wait_for(p.generate(long_prompt, SamplingParams(max_tokens=40, temperature=1.0, seed=3)),
+                                      120)
+        passes = p.num_forward_passes - f0
+    finally:
+        stop = True
+        await asyncio.gather(*clients)
+        await p.aclose()
+    assert long.finish_reason == "length" and len(long.token_ids) == 40
+    assert passes <= 2 * 40 + 1, passes
+
+
 async def test_stop_token_ends_generation_and_is_included(tiny):
     prompt = prompts(tiny, 1)[0]
     greedy = await tiny.generate(prompt, GREEDY)

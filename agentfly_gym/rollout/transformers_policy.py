@@ -296,17 +296,24 @@ class TransformersPolicy:
             new = [r for r in new if not r.future.cancelled()]
             try:
                 if new:
+                    running = rows
                     fresh = self._prefill(new)
-                    if rows is None:
+                    if running is None:
                         rows = fresh
                     else:
-                        rows.merge(fresh)
+                        running.merge(fresh)
                         self.num_joined += len(new)
+                    rows = self._retire(rows)
+                    # the rows already running still decode in this round, so that a stream of newcomers'
+                    # prefills cannot hold them back (at most one prefill per decoding step)
+                    if running is not None and rows is not None:
+                        self._decode(rows)
+                        rows = self._retire(rows)
                 elif rows is not None:
                     self._decode(rows)
+                    rows = self._retire(rows)
                 else:
                     continue
-                rows = self._retire(rows)
             except Exception as e:  # noqa: BLE001  (every caller in the failed forward pass gets the error)
                 err = PolicyError(f"generation failed: {type(e).__name__}: {e}")
                 err.__cause__ = e
