@@ -17,6 +17,7 @@ import asyncio
 import importlib.util
 import json
 import logging
+import re
 import signal
 import sys
 from typing import Any
@@ -233,8 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # -v (progress: one line per finished trajectory, INFO) or -vv (DEBUG), anywhere on the line: no command
     # uses these flags for anything else
-    verbosity = sum({"-v": 1, "--verbose": 1, "-vv": 2}.get(a, 0) for a in argv)
-    argv = [a for a in argv if a not in ("-v", "--verbose", "-vv")]
+    def _v(a: str) -> int:
+        return 1 if a == "--verbose" else len(a) - 1 if re.fullmatch(r"-v+", a) else 0
+
+    verbosity = sum(_v(a) for a in argv)
+    argv = [a for a in argv if not _v(a)]
     level = logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity == 1 else logging.WARNING
     # -v shows this library's INFO lines only; other libraries stay at WARNING unless -vv
     logging.basicConfig(level=logging.DEBUG if verbosity >= 2 else logging.WARNING,

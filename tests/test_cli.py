@@ -27,6 +27,12 @@ def test_envs_lists_every_environment():
         assert name in r.stdout
 
 
+@pytest.mark.parametrize("argv", [["-vvv", "envs"], ["envs", "-vv"], ["envs", "--verbose", "-v"]])
+def test_verbosity_flags_are_accepted_anywhere(argv):
+    r = cli(*argv)
+    assert r.returncode == 0 and "Chess-v0" in r.stdout, r.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--env", "Checkers-v0"], "unknown environment"),
     (["--env", "Chess-v0", "-n", "0"], "num_trajectories"),

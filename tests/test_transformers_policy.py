@@ -277,6 +277,20 @@ async def test_close_stops_the_worker_and_refuses_requests(tiny_qwen):
     p.close()  # idempotent
 
 
+async def test_close_fails_queued_requests_and_lets_the_running_batch_finish(tiny_qwen):
+    p = TransformersPolicy(tiny_qwen, max_batch_size=2, batch_wait_s=0.0)
+    tasks = [asyncio.create_task(p.generate([1, 2, 3 + i], SamplingParams(max_tokens=200, temperature=1.0)))
+             for i in range(8)]
+    while p.num_forward_passes < 3:
+        await asyncio.sleep(0.005)
+    await p.aclose()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    done = [r for r in results if isinstance(r, Generation)]
+    failed = [r for r in results if isinstance(r, PolicyError)]
+    assert len(done) == 2 and all(len(g.token_ids) == 200 for g in done)  # the running batch finished
+    assert len(failed) == 6 and all("closed" in str(e) for e in failed)  # the queued ones did not run
+
+
 def test_model_folders_are_built_once_under_concurrency(shared_data, tmp_path):
     """Four threads ask for the same tiny model in an empty cache: one build, one folder."""
     from concurrent.futures import ThreadPoolExecutor

@@ -260,16 +260,25 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
         return res
 
     t0 = time.monotonic()
+    tasks = [asyncio.create_task(guarded(k)) for k in range(config.num_trajectories)]
     try:
-        trajectories = list(await asyncio.gather(*(guarded(k) for k in range(config.num_trajectories))))
+        # asyncio.wait, not gather: a cancellation reaches this task at once, so the finished trajectories
+        # are saved before the running ones are torn down (a second Ctrl-C during that tear-down loses nothing)
+        await asyncio.wait(tasks)
+        trajectories = [t.result() for t in tasks]
         return _finish(config, trajectories, time.monotonic() - t0, manager)
     except asyncio.CancelledError:
-        if finished and config.output_dir is not None:
+        if config.output_dir is not None:
             partial = [finished[k] for k in sorted(finished)]
+            # written even when nothing finished, so an earlier run's files in the folder are not mistaken
+            # for this run's
             _finish(config, partial, time.monotonic() - t0, manager, interrupted=True)
             log.warning("rollout interrupted: saved %d finished trajectories to %s", len(partial), config.output_dir)
         raise
     finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if bar is not None:
             bar.close()
         if own:

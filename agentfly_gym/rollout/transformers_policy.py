@@ -213,6 +213,14 @@ class TransformersPolicy:
                 return
             self._closed = True
             thread = self._thread
+            # requests still queued fail now instead of running (or joining the running batch) first
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not _STOP:
+                    _resolve(item, exc=PolicyError("the policy was closed before this request ran"))
             self._queue.put(_STOP)
         if thread is not None and thread is not threading.current_thread():
             thread.join()
