@@ -392,3 +392,20 @@ async def test_fast_exec_output_is_never_lost_under_cpu_load(engine, base_image,
     lost = [(i, r.exit_code, r.output) for i, r in enumerate(results) if r.output != f"a=1\nok-{i}\n"]
     assert not lost, f"{len(lost)} of 400 execs lost output, e.g. {lost[:3]}"
     assert all(r.exit_code == 0 for r in results)
+
+
+async def test_a_container_killed_during_an_exec_is_reported_dead(engine, base_image, manager):
+    """``docker kill`` from outside while a command runs: the exec raises ResourceDied (not an ordinary
+    exit 137 the agent would read as its own command's result)."""
+    s = spec(base_image)
+    async with manager.scope("k") as scope:
+        c = await scope.acquire(s)
+        running = asyncio.ensure_future(c.exec("sleep 20; echo never"))
+        for _ in range(100):
+            if any("sleep 20" in p for p in await procs(c)):
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(engine.api.kill, c.container_id)
+        with pytest.raises(ResourceDied, match="stopped during the command"):
+            await asyncio.wait_for(running, 30)
+        await scope.discard(c)

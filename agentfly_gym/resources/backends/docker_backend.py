@@ -640,7 +640,23 @@ class DockerContainer(ContainerResource):
         timed_out = use_timeout and code in (124, 137) and duration >= timeout
         if timed_out and mark:  # descendants that left the process group (setsid) die too
             self._kill_marked_sync(mark)
-        if code is None:  # the exec was cut off (container died)
+        if code is None or (code == 137 and not timed_out):
+            # cut off or SIGKILLed: if the container itself is gone (killed from outside, OOM), say so, so the
+            # env ends the episode with an error instead of showing the agent "exit 137"
+            running = True
+            for _ in range(20):  # the engine marks a killed container stopped a moment after its execs end
+                try:
+                    running = api.inspect_container(cid).get("State", {}).get("Running", False)
+                except docker.errors.NotFound:
+                    running = False
+                except docker.errors.APIError:
+                    break
+                if not running:
+                    break
+                time.sleep(0.1)
+            if not running:
+                raise ResourceDied(f"{self.id}: the container stopped during the command (exit {code})")
+        if code is None:
             code = -1
         return ExecResult(exit_code=-1 if timed_out else int(code), output=text, timed_out=timed_out,
                           truncated=truncated, duration=duration)
