@@ -190,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="-v: INFO logging (e.g. one line per finished trajectory); -vv: DEBUG (accepted anywhere)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("rollout", help="roll out trajectories and save them with a summary")
+    r = sub.add_parser("rollout", help="roll out trajectories and save them with a summary",
+                       epilog="-v logs one line per finished trajectory, -vv everything (anywhere on the line). "
+                              "Ctrl-C / SIGTERM saves the finished trajectories (summary: interrupted=true).")
     r.add_argument("--env", action="append", required=True,
                    help="environment id, e.g. Chess-v0 or agentfly/ScienceWorld-v0 (repeatable; groups alternate)")
     r.add_argument("--policy", default="smollm2",
