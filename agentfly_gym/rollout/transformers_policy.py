@@ -213,14 +213,7 @@ class TransformersPolicy:
                 return
             self._closed = True
             thread = self._thread
-            # requests still queued fail now instead of running (or joining the running batch) first
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not _STOP:
-                    _resolve(item, exc=PolicyError("the policy was closed before this request ran"))
+            self._fail_queued()  # queued requests fail now instead of running (or joining the running batch)
             self._queue.put(_STOP)
         if thread is not None and thread is not threading.current_thread():
             thread.join()
@@ -328,7 +321,10 @@ class TransformersPolicy:
                 for r in {id(r): r for r in (rows.reqs if rows is not None else []) + new}.values():
                     _resolve(r, exc=err)
                 rows = None
-        # Drain: whoever still waits learns that the policy closed.
+        self._fail_queued()  # whoever still waits learns that the policy closed
+
+    def _fail_queued(self) -> None:
+        """Take every request off the queue and fail it with PolicyError (the policy is closed)."""
         while True:
             try:
                 item = self._queue.get_nowait()
