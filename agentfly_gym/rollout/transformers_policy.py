@@ -272,28 +272,10 @@ class TransformersPolicy:
                 if first is _STOP:
                     break
                 new.append(first)
-                deadline = time.monotonic() + self.batch_wait_s
-                while len(new) < self.max_batch_size:
-                    remaining = deadline - time.monotonic()
-                    try:
-                        item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        stop = True
-                        break
-                    new.append(item)
+                stop = self._take_queued(new, self.max_batch_size, self.batch_wait_s)
             elif not stop and rows.joinable and self.continuous_batching:
                 # continuous batching: requests that arrived meanwhile join the running batch now
-                while len(rows.reqs) + len(new) < self.max_batch_size:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        stop = True
-                        break
-                    new.append(item)
+                stop = self._take_queued(new, self.max_batch_size - len(rows.reqs), 0.0)
             new = [r for r in new if not r.future.cancelled()]
             try:
                 if new:
@@ -322,6 +304,21 @@ class TransformersPolicy:
                     _resolve(r, exc=err)
                 rows = None
         self._fail_queued()  # whoever still waits learns that the policy closed
+
+    def _take_queued(self, new: list[_Request], limit: int, wait_s: float) -> bool:
+        """Move queued requests into ``new`` until it holds ``limit``, waiting up to ``wait_s`` seconds for
+        more; returns True when the stop sentinel was taken (the policy is closing)."""
+        deadline = time.monotonic() + wait_s
+        while len(new) < limit:
+            remaining = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return True
+            new.append(item)
+        return False
 
     def _fail_queued(self) -> None:
         """Take every request off the queue and fail it with PolicyError (the policy is closed)."""
