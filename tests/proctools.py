@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterable
 
@@ -58,3 +59,10 @@ def wait_gone(pids: Iterable[int], timeout: float = 20.0) -> set[int]:
         time.sleep(0.1)
         left = {p for p in left if alive(p)}
     return left
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a child that the test interrupts with SIGINT: a test run started in the background
+    (``make test &``) inherits SIGINT ignored, and Python then keeps ignoring it; the child gets the default
+    disposition, as an interactive user's Ctrl-C would find."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 import pytest
-from proctools import alive, wait_gone
+from proctools import alive, default_sigint, wait_gone
 
 CHILD = textwrap.dedent("""
     import sys, time, gymnasium, agentfly_gym
@@ -35,7 +35,8 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("how", ["exit", "error", "sigterm", "sigint"])
 def test_no_process_outlives_its_python(how):
     proc = subprocess.Popen([sys.executable, "-c", CHILD, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ))
+                            text=True, env=dict(os.environ),
+                            preexec_fn=default_sigint)
     line = proc.stdout.readline()
     assert line.strip(), proc.stderr.read()
     pids = [int(p) for p in line.split()]

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proctools import default_sigint
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceError
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
@@ -359,7 +360,8 @@ def test_process_end_removes_its_containers(engine, base_image, how):
     import docker
 
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, base_image, "exit" if how == "atexit" else "wait"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            preexec_fn=default_sigint)
     try:
         cid = proc.stdout.readline().strip()
         assert cid, proc.stderr.read()
