@@ -134,7 +134,22 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     async def run() -> Any:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)  # SIGTERM, like Ctrl-C: save what finished, clean up
+        stopping = False
+
+        def interrupt() -> None:
+            # the first Ctrl-C or SIGTERM cancels the run (it saves what finished, then releases resources); a
+            # repeated one must not break into that save or the tear-down
+            nonlocal stopping
+            if stopping:
+                print("agentfly-gym: already stopping (saving finished trajectories, releasing resources)",
+                      file=sys.stderr)
+                return
+            stopping = True
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, interrupt)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            loop.add_signal_handler(signal.SIGINT, interrupt)
         return await run_rollouts(config, policy, chat, progress=not args.no_progress)
 
     try:
@@ -185,7 +200,7 @@ def _run_delegated(argv: list[str]) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agentfly-gym", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="agentfly-gym", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="-v: INFO logging (e.g. one line per finished trajectory); -vv: DEBUG (accepted anywhere)")
     sub = p.add_subparsers(dest="command", required=True)

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from proctools import live_processes, wait_gone
+from proctools import default_sigint, live_processes, wait_gone
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -47,10 +47,12 @@ def test_bad_rollout_arguments_are_clear_errors(args, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_sigterm_saves_finished_trajectories_and_cleans_up(tmp_path):
+@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["sigterm", "double-ctrl-c"])
+def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals):
     """Two quick WebShop episodes finish; two games against a Stockfish thinking 60 s a move cannot end in
-    under two minutes (no mate before the engine's second move), so SIGTERM, sent as soon as the CLI's ``-v``
-    log reports both WebShop trajectories finished, must save exactly those two and stop every process."""
+    under two minutes (no mate before the engine's second move), so SIGTERM (or Ctrl-C pressed twice, the
+    second one during the save), sent as soon as the CLI's ``-v`` log reports both WebShop trajectories
+    finished, must save exactly those two and stop every process."""
     out = tmp_path / "run"
     kwargs = {"Chess-v0": {"mode": "play", "engine_depth": None, "engine_movetime": 60.0, "skill_level": 20},
               "WebShop-v0": {}}
@@ -58,7 +60,8 @@ def test_sigterm_saves_finished_trajectories_and_cleans_up(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "agentfly_gym", "-v", "rollout", "--env", "WebShop-v0", "--env",
                              "Chess-v0", "--policy", "random", "--tokenizer", "qwen3", "-n", "4",
                              "--max-turns", "100", "--no-progress", "--env-kwargs", json.dumps(kwargs),
-                             "--output-dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--output-dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
@@ -72,7 +75,10 @@ def test_sigterm_saves_finished_trajectories_and_cleans_up(tmp_path):
         time.sleep(0.2)
     assert done == ["agentfly/WebShop-v0"] * 2, "".join(lines)
     assert live_processes(["stockfish"]) - before, "the chess games should still be running"
-    proc.send_signal(signal.SIGTERM)
+    for i, sig in enumerate(signals):
+        if i:
+            time.sleep(0.05)
+        proc.send_signal(sig)
     proc.wait(timeout=120)
     reader.join(timeout=10)
     assert proc.returncode == 130, "".join(lines)
