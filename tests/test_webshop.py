@@ -394,6 +394,9 @@ async def test_server_in_its_own_process(data_dir):
         obs, _ = await env.areset(options={"task_id": 1})
         obs2, *_ = await env.astep("click[nonexistent]")
         assert obs2 == obs
+        text = (await env.goal())["instruction_text"]
+        _, info = await env.areset(options={"instruction": text})  # goal_index through the child process
+        assert info["instruction"] == text
         await env.aclose()
         proc = server.obj._proc
     assert not proc.is_alive()  # manager close stopped the child
