@@ -32,6 +32,15 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def shared_cases() -> Path:
+    """The shared held-back fidelity cases (``cases/`` beside the shared data folder).  Read-only."""
+    cases = SHARED_DATA.parent / "cases"
+    if not cases.is_dir():
+        pytest.fail(f"shared cases folder not found at {cases} (beside the data folder {SHARED_DATA})")
+    return cases
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _data_env(tmp_path_factory):
     """Point the library at the shared data and a writable cache for the whole session."""

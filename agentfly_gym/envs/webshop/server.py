@@ -14,6 +14,7 @@ factory); ``server_mode="process"`` runs the same server in a child process behi
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import multiprocessing
 import os
@@ -114,6 +115,7 @@ class WebShopServer:
         self.search_requires_search_bar = search_requires_search_bar
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
+        self._instruction_index: tuple[dict[str, int], dict[str, int]] | None = None
         self.load_seconds = time.perf_counter() - t0
         log.info("WebShop server: %d products, %d goals, loaded in %.1fs", len(self.catalog.products),
                  len(self.catalog.goals), self.load_seconds)
@@ -130,6 +132,36 @@ class WebShopServer:
             ConfigError: ``idx`` out of range.
         """
         return dict(self._goal(idx))
+
+    def goal_index(self, instruction: str) -> int:
+        """The index of the first goal whose ``instruction_text`` is ``instruction``.
+
+        Exact text first; else the first goal whose text equals it up to case and runs of
+        whitespace.  (Synthetic goals of one product can share a text; the first one is taken.)
+
+        Raises:
+            ConfigError: ``instruction`` is not a string, or no goal has that text (the message
+                quotes the closest goal texts).
+        """
+        if not isinstance(instruction, str):
+            raise ConfigError(f"instruction={instruction!r} must be a goal's instruction text (a str)")
+        with self._lock:
+            if self._instruction_index is None:
+                exact: dict[str, int] = {}
+                loose: dict[str, int] = {}
+                for i, g in enumerate(self.catalog.goals):
+                    exact.setdefault(g["instruction_text"], i)
+                    loose.setdefault(" ".join(g["instruction_text"].lower().split()), i)
+                self._instruction_index = (exact, loose)
+        exact, loose = self._instruction_index
+        idx = exact.get(instruction)
+        if idx is None:
+            idx = loose.get(" ".join(instruction.lower().split()))
+        if idx is None:
+            close = difflib.get_close_matches(instruction, list(exact), n=2, cutoff=0.6)
+            hint = f"; closest: {close}" if close else ""
+            raise ConfigError(f"no goal has the instruction {instruction!r} ({len(self.catalog.goals)} goals){hint}")
+        return idx
 
     def split_indices(self, split: str) -> list[int]:
         """Goal indices of ``split``: ``"all"``, or upstream's ``"test"`` (0-499), ``"eval"`` (500-1499),
@@ -385,7 +417,7 @@ class WebShopServer:
 
 # ---------------------------------------------------------------------- process mode
 _PROCESS_METHODS = frozenset({"num_goals", "goal", "split_indices", "goal_weights", "stats", "new_session",
-                              "end_session", "observe", "step", "expert_action"})
+                              "end_session", "observe", "step", "expert_action", "goal_index"})
 
 
 def _serve(conn: Any, kwargs: dict[str, Any]) -> None:  # runs in the child process
