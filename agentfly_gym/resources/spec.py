@@ -165,9 +165,9 @@ class ContainerSpec(ResourceSpec):
         user: user to run as where the image has it ("" means the image's default).
         backend: ``"docker"``, ``"sandbox"`` or ``"auto"`` (docker when an engine answers).
         command: the keep-alive command of the container.
-        reset_paths: absolute paths (files or folders) whose content right after start is restored
-            by ``reset()``; paths absent at start are removed by it.  See
-            :class:`~agentfly_gym.resources.container.ContainerResource` for the whole reset contract.
+        reset_paths: kept for compatibility and validated, no longer needed: ``reset()`` restores the
+            whole writable file system on every backend (see
+            :class:`~agentfly_gym.resources.container.ContainerResource` for the reset contract).
     """
 
     kind: ClassVar[str] = "container"
