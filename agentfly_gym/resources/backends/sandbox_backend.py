@@ -1224,13 +1224,17 @@ def _owner_alive(marker: dict[str, Any]) -> bool:
     return start is not None and start == marker.get("owner_start")
 
 
-def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLike | None = None) -> list[str]:
-    """Remove sandboxes left behind: kill their processes, remove their cgroups and folders.
+def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLike | None = None,
+                         older_than: float = 0, dry_run: bool = False) -> list[str]:
+    """Remove sandboxes left behind: kill their processes, remove their cgroups, unmount their
+    disk volume and remove their folders.
 
     Args:
         manager_id: reap every sandbox labelled with this manager id (do not pass a live
             manager's id); ``None`` reaps those whose owner process is gone.
         root: the sandbox root (default :func:`sandbox_root`).
+        older_than: only sandboxes created at least this many seconds ago.
+        dry_run: list what would be removed without removing anything.
 
     Returns:
         The names (``sbx-<hex>``) of the sandboxes removed.  Empty ``agentfly-gym`` cgroups
@@ -1247,15 +1251,22 @@ def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLi
                 marker = json.loads(marker_file.read_text())
             except (OSError, ValueError):
                 # a folder whose start died before the marker was written; reap when old
-                if time.time() - d.stat().st_mtime > 600:
+                if time.time() - d.stat().st_mtime > max(600, older_than):
+                    reaped.append(d.name)
+                    if dry_run:
+                        continue
                     _unmount_under(d)
                     shutil.rmtree(d, ignore_errors=True)
-                    reaped.append(d.name)
                 continue
             if manager_id is not None:
                 if marker.get("labels", {}).get("agentfly.manager") != manager_id:
                     continue
             elif _owner_alive(marker):
+                continue
+            if older_than and time.time() - float(marker.get("created") or 0) < older_than:
+                continue
+            if dry_run:
+                reaped.append(d.name)
                 continue
             cgroups = [c for c in marker.get("cgroups", []) if CGROUP_PARENT in c]
             _kill_cgroups(cgroups)
@@ -1264,6 +1275,8 @@ def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLi
             _unmount_under(d)
             shutil.rmtree(d, ignore_errors=True)
             reaped.append(d.name)
+    if dry_run:
+        return reaped
     # stray cgroups of sandboxes whose folder is gone (only empty ones: they may belong to another root)
     parents = [_CGROUP_FS / CGROUP_PARENT] + [b / CGROUP_PARENT for b in
                                               (_cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
