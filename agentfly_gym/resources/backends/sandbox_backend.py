@@ -583,7 +583,7 @@ class SandboxContainer(ContainerResource):
         self.host_uid = SANDBOX_UID_BASE + secrets.randbelow(1 << 24) if root_host else os.geteuid()
         self.host_gid = self.host_uid if root_host else os.getegid()
         self._volume: Path | None = None            # the loop-mounted file system of the disk limit
-        self._reach_cache: dict[str, bool] = {}
+        self._reach_cache: dict[str, str | None] = {}
         self._procs: set[asyncio.subprocess.Process] = set()
         self._released = False
         self.start_time: float | None = None
@@ -688,12 +688,14 @@ class SandboxContainer(ContainerResource):
 
         def src(path: str | Path) -> str:
             path = str(path)
-            if not unprivileged or self._reachable(path):
+            point = self._stage_point(path) if unprivileged else None
+            if point is None:
                 return path
-            if path == _STAGE or path.startswith(_STAGE + "/"):
+            if point == _STAGE or point.startswith(_STAGE + "/"):
                 raise ConfigError(f"sandbox bind source {path!r} is below {_STAGE}, where execs stage sources")
-            staged.append(path)
-            return f"{_STAGE}/{len(staged) - 1}"
+            if point not in staged:
+                staged.append(point)
+            return f"{_STAGE}/{staged.index(point)}{path[len(point):]}"
 
         a = [self._bwrap or "bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
         if spec.network:
@@ -752,22 +754,24 @@ class SandboxContainer(ContainerResource):
             a = ["/bin/sh", "-ec", "; ".join(steps) + '; exec "$@"', "sh", *a]
         return a
 
-    def _reachable(self, path: str) -> bool:
-        """Whether the instance's host user may search every folder above ``path`` (cached)."""
-        ok = self._reach_cache.get(path)
-        if ok is None:
-            ok = True
-            for parent in Path(path).parents:
-                try:
-                    st = os.stat(parent)
-                except OSError:
-                    ok = False
-                    break
-                if not (st.st_mode & stat.S_IXOTH or (st.st_uid == self.host_uid and st.st_mode & stat.S_IXUSR)):
-                    ok = False
-                    break
-            self._reach_cache[path] = ok
-        return ok
+    def _stage_point(self, path: str) -> str | None:
+        """``None`` when the instance's host user may search every folder above ``path``; else the
+        folder to stage for it: the child, on the way to ``path``, of the deepest folder closed to
+        that user (one staged folder serves every source below it, e.g. a whole rootfs).  Cached."""
+        if path in self._reach_cache:
+            return self._reach_cache[path]
+        point: str | None = None
+        p = Path(path)
+        chain = [*reversed(p.parents), p]  # "/", ..., path
+        for i, folder in enumerate(chain[:-1]):
+            try:
+                st = os.stat(folder)
+            except OSError:
+                continue
+            if not (st.st_mode & stat.S_IXOTH or (st.st_uid == self.host_uid and st.st_mode & stat.S_IXUSR)):
+                point = str(chain[i + 1])
+        self._reach_cache[path] = point
+        return point
 
     def _preexec(self) -> None:  # pragma: no cover - runs in the child between fork and exec
         if self.spec.memory:
