@@ -537,7 +537,8 @@ class SandboxContainer(ContainerResource):
     keep-alive command of Docker containers) is not used: nothing runs between execs.
     ``spec.user`` / ``exec(user=...)``: ``""``, ``"root"`` or ``"0"`` run as root inside; a
     number ``"uid[:gid]"`` or a user name of the rootfs's ``/etc/passwd`` runs as that user
-    (a user namespace maps it onto the host user running the manager).
+    (a user namespace maps it, like root, onto the instance's unprivileged host uid
+    :attr:`host_uid`).
 
     Args:
         spec: the container spec (``backend`` may be anything; this class is the sandbox).
@@ -547,7 +548,9 @@ class SandboxContainer(ContainerResource):
         limits: ``"auto"`` (best available), ``"cgroup2"``, ``"cgroup1"`` or ``"rlimit"``.
 
     Timing (measured on a shared 2-core VM): start 0.04 s (host image) to 0.12 s (Debian
-    base rootfs), exec overhead about 0.03-0.05 s, reset 0.007 s for an empty state and
+    base rootfs), plus about 0.15-0.3 s for the disk volume (mkfs.ext4 + loop mount) and
+    0.1-0.2 s more at release (unmount); exec overhead about 0.03-0.05 s, plus about 0.05 s
+    under load when a bind source must be staged (see ``_argv``); reset 0.007 s for an empty state and
     about 0.65 s when the snapshot holds 2000 files: reset restores the private state by
     copying the snapshot taken at start (``cp -a``), so it grows with the state's size, while
     a start also copies the image's content of the writable paths.
