@@ -17,7 +17,8 @@ Model of an instance:
   ``<sandbox root>/sbx-<hex>/state/`` holding one directory per writable path
   (``/tmp``, ``/root`` and ``spec.workdir`` when it is not ``/``).  For a rootfs image the
   rootfs's own content of those paths is copied in at start.  Read-write ``spec.mounts``
-  are shared host folders, not private state.
+  are shared host folders, not private state; the sandbox writes them as its unprivileged
+  host uid, so they must be writable to it (e.g. mode 1777).
 * **Root inside is an unprivileged host user.**  Every exec runs in a new user namespace in
   which root (or ``spec.user``) is mapped onto one unprivileged host uid of the instance
   (:data:`SANDBOX_UID_BASE` plus a random offset when the manager runs as root; the manager's
