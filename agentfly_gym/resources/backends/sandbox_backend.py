@@ -272,6 +272,20 @@ def resolve_rootfs(image: str) -> Path | None:
         "or use image='host'")
 
 
+_bwrap_help: list[str] = []
+
+
+def _bwrap_has(option: str) -> bool:
+    """Whether the installed bwrap knows ``option`` (its ``--help``, read once per process)."""
+    if not _bwrap_help:
+        try:
+            r = subprocess.run([find_bwrap(), "--help"], capture_output=True, text=True, timeout=30, check=False)
+            _bwrap_help.append(r.stdout + r.stderr)
+        except (OSError, subprocess.SubprocessError):
+            _bwrap_help.append("")
+    return option in _bwrap_help[0]
+
+
 def _setpriv() -> str:
     """The ``setpriv`` program (util-linux) that drops the exec to the instance's host user.
 
@@ -706,7 +720,9 @@ class SandboxContainer(ContainerResource):
             a.append("--share-net")
         ids = self._lookup_user(user)
         uid, gid = (ids[0], ids[1]) if ids is not None else (0, 0)
-        a += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--disable-userns", "--cap-drop", "ALL"]
+        a += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL"]
+        if _bwrap_has("--disable-userns"):  # bubblewrap >= 0.8; the seccomp filter refuses CLONE_NEWUSER anyway
+            a.append("--disable-userns")
         for c, h in self._ro:
             a += ["--ro-bind", src(h), c]
         for c, target in self._links.items():
