@@ -114,6 +114,11 @@ async def test_no_remount_no_sysctl_write_no_capabilities(backend_spec, manager)
         # nested namespaces (the way around the above) are refused
         r = await box.exec("unshare -U -m true || unshare -m true", user="root")
         assert r.exit_code != 0, r.output
+        if os.uname().machine == "x86_64":  # keyctl (250) works for any unprivileged process unless filtered
+            keyctl = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+                      "r = libc.syscall(250, 0, -3, 1); print(r, os.strerror(ctypes.get_errno()))")
+            r = await box.exec(["python3", "-c", keyctl], user="root")
+            assert r.output.startswith("-1 Operation not permitted"), r.output
 
 
 async def test_sandbox_root_is_an_unprivileged_host_user(backend_spec, manager):
