@@ -765,6 +765,8 @@ class DockerContainer(ContainerResource):
                 raise ResourceDied(f"{self.id}: the container is not running ({e.explanation or e})") from e
             raise ResourceError(f"{self.id}: exec failed: {e.explanation or e}") from e
         duration = time.monotonic() - t0
+        if self._death_reason is not None:  # the disk watchdog killed the container meanwhile
+            raise ResourceDied(f"{self.id}: {self._death_reason}")
         text, truncated = buf.text(max_output)
         timed_out = use_timeout and code in (124, 137) and duration >= timeout
         if timed_out and mark:  # descendants that left the process group (setsid) die too

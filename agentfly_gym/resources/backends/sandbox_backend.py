@@ -762,7 +762,7 @@ class SandboxContainer(ContainerResource):
             stage = [f"mount -t tmpfs -o mode=0755,size=1m agentfly-stage {_STAGE}"]
             for i, path in enumerate(staged):
                 make = f"mkdir {_STAGE}/{i}" if os.path.isdir(path) else f": > {_STAGE}/{i}"
-                stage.append(f"{make} && mount --bind {q(path)} {_STAGE}/{i}")
+                stage.append(f"{make} && mount --rbind {q(path)} {_STAGE}/{i}")  # with the disk volume below it
             a = [_unshare(), "--mount", "--propagation", "private", "--",
                  "/bin/sh", "-ec", "; ".join(stage) + '; exec "$@"', "sh", *a]
         steps = []
@@ -828,9 +828,15 @@ class SandboxContainer(ContainerResource):
 
     def _make_private_folder(self, root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o711)  # others may pass, not list: the sandboxes' host users never need more
+        # the sandboxes' host users pass through (never list) on the way to their state, so that bwrap
+        # reaches it without staging (see _argv)
+        with contextlib.suppress(OSError):
+            st = root.stat()
+            if st.st_uid == os.geteuid() and not st.st_mode & stat.S_IXOTH:
+                os.chmod(root, stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
         self.dir = root / self.name
-        self.dir.mkdir(mode=0o700)
+        self.dir.mkdir()
+        os.chmod(self.dir, 0o711)
         self._write_marker()  # first, so that gc finds whatever a start that dies midway leaves
         if self.spec.disk and os.geteuid() == 0:
             self._volume = self._mount_volume(self.dir, self.spec.disk, self.host_uid, self.host_gid)
@@ -881,7 +887,7 @@ class SandboxContainer(ContainerResource):
             log.info("sandbox: no mkfs.ext4; the disk limit holds per file only")
             return None
         try:
-            with open(img, "wb") as f:
+            with open(os.open(img, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
                 f.truncate(size)
             vol.mkdir()
             subprocess.run([mkfs, "-q", "-F", "-t", "ext4", "-m", "0", "-O", "^has_journal",
