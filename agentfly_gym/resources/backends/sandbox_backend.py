@@ -873,6 +873,8 @@ class SandboxContainer(ContainerResource):
                 break
             except OSError as e:
                 log.info("sandbox %s: %s limits unavailable (%s); trying the next mode", self.name, m, e)
+        # True: a file system of spec.disk bytes; False: none (no limit, or RLIMIT_FSIZE per file only)
+        self.limits_enforced["disk"] = self._volume is not None
         self._write_marker()
 
     @staticmethod
