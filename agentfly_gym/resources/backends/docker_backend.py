@@ -20,8 +20,8 @@ Containers run with (``ContainerSpec`` field -> Docker setting):
   ``agentfly.manager=<manager id>``, ``agentfly.pool=<spec key>``, ``agentfly.pid``,
   ``agentfly.pid_start`` and ``agentfly.host`` (so :func:`reap_orphans` can tell a dead owner).
 
-Images must provide ``/bin/sh``, ``cp``, ``find`` and ``timeout`` (coreutils); ``rsync`` makes
-resets cheaper.  The project's base image (:mod:`agentfly_gym.images`) has them.
+Images must provide ``/bin/sh`` and ``timeout`` (coreutils).  The project's base image
+(:mod:`agentfly_gym.images`) has them.
 
 Episode isolation: ``reset()`` (on every re-acquisition) replaces the container with a fresh one
 of the same image and settings, so nothing written in one episode (``/root``, ``/etc``,
