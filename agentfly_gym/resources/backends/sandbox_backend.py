@@ -816,8 +816,14 @@ class SandboxContainer(ContainerResource):
             await asyncio.to_thread(self._make_private_folder, root)
             res = await self.exec(["/bin/sh", "-c", "true"], timeout=60.0, workdir="/")
             if not res.ok:
+                hint = ""
+                if "namespace" in res.output:
+                    hint = (" (the sandbox runs model code as an unprivileged user in a user namespace: enable "
+                            "unprivileged user namespaces, e.g. sysctl user.max_user_namespaces=15000 and, on "
+                            "Ubuntu, kernel.apparmor_restrict_unprivileged_userns=0, or use backend='docker')")
                 raise ResourceStartError(
-                    f"sandbox for image={self.spec.image!r} does not run (exit {res.exit_code}): {res.output.strip()[:2000]}")
+                    f"sandbox for image={self.spec.image!r} does not run (exit {res.exit_code}): "
+                    f"{res.output.strip()[:2000]}{hint}")
             await asyncio.to_thread(self._copy_tree, self.state_dir, self.dir / "snapshot")
         except BaseException:  # a failed or cancelled start leaves no folder, mount or cgroup behind
             self._status = ResourceStatus.UNHEALTHY
