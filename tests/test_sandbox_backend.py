@@ -513,3 +513,20 @@ def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
     assert not _host_procs_with(tag)
     if os.geteuid() == 0:
         assert had_volume  # the disk limit's file system was there, and is unmounted now
+
+
+async def test_an_exec_left_running_dies_when_the_instance_goes_idle(sandbox_dir):
+    """A rollout that ends while one of its commands still runs: parking the idle instance kills it."""
+    spec = ContainerSpec(image="host", backend="sandbox", max_instances=1)
+    manager = ResourceManager(backend_factory=create_sandbox)
+    tag = f"{uuid.uuid4().int % 10**6}.4375"
+    try:
+        async with manager.scope("rollout-1") as scope:
+            box = await scope.acquire(spec)
+            left = asyncio.ensure_future(box.exec(f"sleep 9{tag}", timeout=60))
+            assert await _procs_settle(tag, present=True)
+        assert await _procs_settle(tag, present=False), "the command outlived its rollout"
+        assert (await asyncio.wait_for(left, 10)).exit_code != 0
+        assert manager.metrics()[spec.key]["idle"] == 1
+    finally:
+        await manager.aclose()

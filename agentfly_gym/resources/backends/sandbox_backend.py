@@ -952,6 +952,13 @@ class SandboxContainer(ContainerResource):
         await asyncio.to_thread(self._restore)
         self.last_reset_time = time.monotonic() - t0
 
+    async def park(self) -> None:
+        """The pool keeps this instance idle: kill any exec still running (e.g. one whose caller
+        gave up without cancelling it), so nothing of the last rollout runs while idle.  Never raises."""
+        if not self._released and (self._procs or self._cgroups):
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._kill_all)
+
     def _restore(self) -> None:
         assert self.dir is not None
         trash = self.state_dir.parent / f"trash-{uuid.uuid4().hex[:6]}"
