@@ -177,8 +177,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 #: command words -> (module, function taking the remaining argv list and returning an exit status)
 DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("images",): ("agentfly_gym.images", "images_main", "build container images offline: images build [names] [--force]"),
-    ("resources", "gc"): ("agentfly_gym.resources.backends.docker_backend", "gc_main",
-                          "remove containers left by dead managers: [--manager ID] [--older-than S] [--dry-run]"),
+    ("resources", "gc"): ("agentfly_gym.resources.backends.containers", "gc_main",
+                          "remove containers and sandboxes left by dead managers: [--manager ID] [--older-than S] [--dry-run]"),
     ("r2e", "build-tasks"): ("agentfly_gym.envs.r2egym.local_tasks", "build_tasks_main",
                              "build the local R2E-Gym task set from PyPI sdists: [--out DIR] [--force] [--only ID ...]"),
     ("drift",): ("agentfly_gym.rollout.drift", "drift_main",

@@ -13,6 +13,11 @@ need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 { command -v stockfish >/dev/null 2>&1 || [ -x /usr/games/stockfish ]; } || need+=(stockfish)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+# the sandbox runs as an unprivileged uid (setpriv, unshare), under a seccomp filter (libseccomp) and a
+# loop-mounted ext4 disk limit (mkfs.ext4)
+{ command -v setpriv >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1; } || need+=(util-linux)
+command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || need+=(libseccomp2)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v patch >/dev/null 2>&1 || need+=(patch)      # R2E-Gym task builds apply gold patches

@@ -126,37 +126,49 @@ async def test_pool_cap_waiter_proceeds_after_release(base_image, manager):
     await second.aclose()
 
 
-async def test_reset_restores_state_and_is_cheaper_than_start(base_image, manager):
-    s = spec(base_image, reset_paths=("/root", "/srv/new", "/home/agent/work"))
+async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(base_image, manager):
+    """reset() gives a fresh container (files anywhere, processes, /tmp); the pool parks an idle
+    instance, so the next acquisition waits for nothing like a start."""
+    s = spec(base_image, max_instances=1)
     async with manager.scope("r") as scope:
         c = await scope.acquire(s)
         original = await c.get_file("/root/.bashrc")
         profile = await c.get_file("/root/.profile")
         r = await c.exec(
             "echo changed > /root/.bashrc; rm /root/.profile; mkdir -p /root/junk && echo x > /root/junk/f; "
-            "mkdir -p /srv/new && echo y > /srv/new/f; echo z > /tmp/z; mkdir /var/tmp/d; "
+            "mkdir -p /srv/new && echo y > /srv/new/f; echo z > /tmp/z; mkdir /var/tmp/d; echo e > /etc/planted; "
             "(setsid sleep 1001 >/dev/null 2>&1 &); (nohup sleep 1002 >/dev/null 2>&1 &); echo ok")
         assert r.output == "ok\n"
         await c.put_files({"/home/agent/work/a.py": "print(1)\n"})
         assert any("sleep 1001" in p for p in await procs(c))
-        times = []
-        for _ in range(3):
-            t0 = time.monotonic()
-            await c.reset()
-            times.append(time.monotonic() - t0)
-        reset_time = min(times)
+        first = c.container_id
+        await c.reset()  # not parked (still in use): replaced now
+        assert c.container_id != first and c.last_reset_time is not None
         assert await c.get_file("/root/.bashrc") == original
         assert await c.get_file("/root/.profile") == profile
-        for gone in ("/root/junk", "/srv/new", "/home/agent/work"):  # absent at start -> removed
+        for gone in ("/root/junk", "/srv/new", "/home/agent/work", "/etc/planted"):
             assert (await c.exec(f"test -e {gone}")).exit_code == 1, gone
         assert (await c.exec("ls -A /tmp /var/tmp")).output == "/tmp:\n\n/var/tmp:\n"
         live = await procs(c)
         assert not any("sleep 100" in p for p in live), live
-        assert any(p.startswith("sleep infinity") for p in live)  # the keep-alive survives
+        assert any(p.startswith("sleep infinity") for p in live)  # the keep-alive is there
         assert await c.status() == ResourceStatus.READY
         start_time = c.start_duration
-    print(f"\ndocker: start {start_time:.3f}s, reset {reset_time:.3f}s (best of 3: {times})")
-    assert reset_time < start_time, (reset_time, start_time)
+        await c.exec("echo used > /root/used")
+    # released with no waiter: parked, i.e. replaced in the background while idle
+    for _ in range(600):
+        if c._park_future is not None and c._park_future.done():
+            break
+        await asyncio.sleep(0.05)
+    assert c._park_future is not None and c._park_future.exception() is None
+    async with manager.scope("r2") as scope:
+        t0 = time.monotonic()
+        again = await scope.acquire(s)
+        reuse_time = time.monotonic() - t0
+        assert again is c
+        assert (await c.exec("test -e /root/used")).exit_code == 1
+    print(f"\ndocker: start {start_time:.3f}s, reuse after parking {reuse_time:.3f}s")
+    assert reuse_time < start_time, (reuse_time, start_time)
 
 
 async def test_exec_timeout_kills_command_and_children(base_image, manager):

@@ -290,7 +290,8 @@ async def test_memory_hog_fails_inside_its_limit(make_box):
 async def test_memory_limit_in_rlimit_mode(make_box):
     box = await make_box(memory="256m", limits="rlimit")
     assert box.limit_mode == "rlimit" and box.limits_enforced["memory"]
-    assert box.limits_enforced["pids"] == (os.geteuid() != 0)
+    assert box.limits_enforced["pids"]  # the sandbox never runs as host root, so RLIMIT_NPROC holds
+    assert box.host_uid != 0
     r = await box.exec(["python3", "-c", "b = b'x' * (600 * 1024 * 1024); print('survived')"], timeout=60)
     assert r.exit_code != 0 and "MemoryError" in r.output
 
@@ -458,3 +459,74 @@ async def test_cancelled_exec_kills_its_command(make_box):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await _procs_settle(tag, present=False)
+
+
+def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
+    """`agentfly-gym resources gc` after a SIGKILLed manager: its processes, cgroups, loop-mounted
+    disk and folder are all gone (the command reaps every backend, Docker and sandbox)."""
+    import signal
+    import sys
+    import textwrap
+
+    tag = f"{uuid.uuid4().int % 10**6}.875"
+    script = textwrap.dedent(f"""
+        import asyncio, os, signal
+        from agentfly_gym.resources import ContainerSpec
+        from agentfly_gym.resources.backends.sandbox_backend import SandboxContainer
+
+        async def main():
+            box = SandboxContainer(ContainerSpec(image="host", backend="sandbox", disk="64m"),
+                                   labels={{"agentfly.manager": "gc-test"}})
+            await box.start()
+            task = asyncio.ensure_future(box.exec("sleep 6{tag}", timeout=60))
+            await asyncio.sleep(0.5)
+            print(box.name, box.describe()["limits_enforced"].get("disk"), flush=True)
+            while True:
+                await asyncio.sleep(0.1)
+
+        asyncio.run(main())
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        name = child.stdout.readline().split()[0]
+        deadline = threading.Event()
+        for _ in range(200):  # the sandboxed sleep is running
+            if _host_procs_with(tag):
+                break
+            deadline.wait(0.05)
+        assert _host_procs_with(tag)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    folder = sandbox_dir / name
+    assert folder.exists() and _sandbox_cgroups(name)
+    had_volume = str(folder) in Path("/proc/self/mounts").read_text()
+    # restricted to this test's manager id: the Docker engine may be shared with other live runs
+    r = subprocess.run([sys.executable, "-m", "agentfly_gym", "resources", "gc", "--manager", "gc-test"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert name in r.stdout.split(), (r.stdout, r.stderr)
+    assert "sandbox(es)" in r.stderr
+    assert not folder.exists() and not _sandbox_cgroups(name)
+    assert str(folder) not in Path("/proc/self/mounts").read_text()
+    assert not _host_procs_with(tag)
+    if os.geteuid() == 0:
+        assert had_volume  # the disk limit's file system was there, and is unmounted now
+
+
+async def test_an_exec_left_running_dies_when_the_instance_goes_idle(sandbox_dir):
+    """A rollout that ends while one of its commands still runs: parking the idle instance kills it."""
+    spec = ContainerSpec(image="host", backend="sandbox", max_instances=1)
+    manager = ResourceManager(backend_factory=create_sandbox)
+    tag = f"{uuid.uuid4().int % 10**6}.4375"
+    try:
+        async with manager.scope("rollout-1") as scope:
+            box = await scope.acquire(spec)
+            left = asyncio.ensure_future(box.exec(f"sleep 9{tag}", timeout=60))
+            assert await _procs_settle(tag, present=True)
+        assert await _procs_settle(tag, present=False), "the command outlived its rollout"
+        assert (await asyncio.wait_for(left, 10)).exit_code != 0
+        assert manager.metrics()[spec.key]["idle"] == 1
+    finally:
+        await manager.aclose()

@@ -71,6 +71,13 @@ class Resource(abc.ABC):
     async def release(self) -> None:
         """Stop the instance and free everything it holds; idempotent, never raises."""
 
+    async def park(self) -> None:
+        """Called by the pool when this instance goes back idle (no waiter took it): stop the last
+        rollout's work now, e.g. its background processes, so an idle instance costs nothing.
+
+        Default: nothing.  Never raises.  The next acquisition still calls :meth:`reset` first.
+        """
+
     def terminate_sync(self) -> None:
         """Best-effort synchronous teardown used at interpreter exit; default does nothing."""
 

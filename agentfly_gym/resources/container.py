@@ -46,14 +46,18 @@ class ContainerResource(Resource, abc.ABC):
     ``backend_name`` is ``"docker"`` or ``"sandbox"``.  ``reset()`` restores the state the
     container had right after start (see the backend for how) and kills stray processes.
 
-    Reset contract, the same on every backend (``ContainerSpec.reset_paths`` drives it):
+    Reset contract, the same on every backend: after ``reset()`` the instance is as it was right
+    after ``start()``:
 
-    * every process started after ``start()`` (by ``exec`` or its children) is killed;
-    * the contents of ``/tmp`` and ``/var/tmp`` are removed;
-    * each path in ``spec.reset_paths`` gets back the content it had right after ``start()``
-      (a snapshot taken at start); a path that did not exist then is removed;
-    * anything else written since start survives; recycle instances with ``spec.max_uses``
-      where full isolation matters.
+    * every process started after ``start()`` (by ``exec`` or its children) is gone;
+    * the whole writable file system is restored, whatever was written where (``/root``, ``/etc``,
+      ``/usr/local``, site-packages, ``/tmp``, the workdir): Docker replaces the container with a
+      fresh one of the same image; the sandbox, whose only writable places are its private state,
+      restores that state from the snapshot taken at start.  Read-write ``spec.mounts`` are shared
+      host folders and are not restored.
+
+    Pools also call ``park()`` when an instance goes idle, so no process of the last rollout keeps
+    running (or burning a core) while it waits for the next.
     """
 
     backend_name: str = "abstract"

@@ -289,7 +289,14 @@ class ResourcePool:
             w.set_result(r)
         else:
             self._idle.append(r)
+            self._spawn(self._safe_park(r))
         self._sync_counts()
+
+    async def _safe_park(self, r: Resource) -> None:
+        try:
+            await r.park()
+        except Exception:
+            log.warning("park of %r failed", r, exc_info=True)
 
     def _wake_for_slot(self) -> None:
         """A capacity slot is free: the first waiter may start a new instance (result ``None``)."""

@@ -151,6 +151,12 @@ class ContainerSpec(ResourceSpec):
         image: the image name (Docker) or a rootfs folder (sandbox).
         cpus: CPU limit in cores (fractional allowed).
         memory: memory limit in bytes (``"512m"`` style strings are parsed).
+        disk: limit in bytes on what the container may write (``"10g"`` style strings are parsed;
+            ``None`` for no limit).  Sandbox: the private writable state lives on a file system of
+            this size (a loop-mounted ext4 image; writes past it fail with ``ENOSPC``).  Docker: the
+            engine's ``--storage-opt size`` where its storage driver supports it, else no file may
+            grow past it (``RLIMIT_FSIZE``) and a host-side watchdog stops the container's processes
+            once its writable layer exceeds it.  ``describe()["limits_enforced"]["disk"]`` says which.
         pids: process-count limit (stops fork bombs).
         network: whether the container gets a network; off by default.
         mounts: host paths to mount.
@@ -159,9 +165,9 @@ class ContainerSpec(ResourceSpec):
         user: user to run as where the image has it ("" means the image's default).
         backend: ``"docker"``, ``"sandbox"`` or ``"auto"`` (docker when an engine answers).
         command: the keep-alive command of the container.
-        reset_paths: absolute paths (files or folders) whose content right after start is restored
-            by ``reset()``; paths absent at start are removed by it.  See
-            :class:`~agentfly_gym.resources.container.ContainerResource` for the whole reset contract.
+        reset_paths: kept for compatibility and validated, no longer needed: ``reset()`` restores the
+            whole writable file system on every backend (see
+            :class:`~agentfly_gym.resources.container.ContainerResource` for the reset contract).
     """
 
     kind: ClassVar[str] = "container"
@@ -169,6 +175,7 @@ class ContainerSpec(ResourceSpec):
     image: str
     cpus: float = 1.0
     memory: int | str | None = "1g"
+    disk: int | str | None = "10g"
     pids: int = 256
     network: bool = False
     mounts: tuple[Mount, ...] = ()
@@ -196,6 +203,7 @@ class ContainerSpec(ResourceSpec):
         if not isinstance(self.pids, int) or self.pids < 1:
             raise ConfigError(f"pids={self.pids!r} must be an integer >= 1")
         object.__setattr__(self, "memory", parse_bytes(self.memory))
+        object.__setattr__(self, "disk", parse_bytes(self.disk, field="disk"))
         if isinstance(self.command, str):
             object.__setattr__(self, "command", (self.command,))
         for m in self.mounts:

@@ -7,6 +7,12 @@ Containers run with (``ContainerSpec`` field -> Docker setting):
 
 * ``cpus`` -> ``nano_cpus``; ``memory`` -> ``mem_limit`` = ``memswap_limit`` (no swap beyond the
   limit, so a memory hog is OOM-killed inside it); ``pids`` -> ``pids_limit`` (stops fork bombs);
+* ``disk`` -> ``storage_opt={"size": disk}`` where the engine's storage driver supports it (overlay2
+  on xfs with ``pquota``, btrfs, zfs; probed once per process).  Elsewhere (e.g. overlay2 on ext4)
+  ``ulimits`` ``fsize=disk`` (no file grows past it: ``EFBIG``) and a host-side watchdog that sums the
+  container's writable layer (``GraphDriver.Data.UpperDir``, when the engine is local) every
+  :data:`DISK_POLL` seconds and kills the container once it exceeds ``disk``: its exec then raises
+  :class:`~agentfly_gym.errors.ResourceDied` saying so, and the pool replaces it;
 * ``network=False`` -> ``network_mode="none"`` (loopback only), ``True`` -> the default bridge;
 * ``mounts`` -> bind mounts, read-only where ``Mount.read_only``; ``env``, ``user``, ``workdir``;
 * always: ``init=True`` (docker-init reaps zombies as PID 1), ``security_opt=["no-new-privileges"]``,
@@ -14,8 +20,14 @@ Containers run with (``ContainerSpec`` field -> Docker setting):
   ``agentfly.manager=<manager id>``, ``agentfly.pool=<spec key>``, ``agentfly.pid``,
   ``agentfly.pid_start`` and ``agentfly.host`` (so :func:`reap_orphans` can tell a dead owner).
 
-Images must provide ``/bin/sh``, ``cp``, ``find`` and ``timeout`` (coreutils); ``rsync`` makes
-resets cheaper.  The project's base image (:mod:`agentfly_gym.images`) has them.
+Images must provide ``/bin/sh`` and ``timeout`` (coreutils).  The project's base image
+(:mod:`agentfly_gym.images`) has them.
+
+Episode isolation: ``reset()`` (on every re-acquisition) replaces the container with a fresh one
+of the same image and settings, so nothing written in one episode (``/root``, ``/etc``,
+``/usr/local``, a ``.pth`` in site-packages) is seen by the next; ``park()`` (when the pool keeps the
+instance idle) does it at once, so no process of the last episode keeps running while idle and the
+next acquisition finds a fresh container ready.
 
 Cleanup: :meth:`DockerContainer.release` removes the container (``manager.aclose()`` releases
 every pool); :meth:`DockerContainer.terminate_sync` is called by the manager's ``atexit`` hook;
@@ -29,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import io
 import logging
 import os
@@ -75,6 +88,8 @@ _LABEL = "agentfly"
 _STATE_DIR = "/.agentfly"
 _EXEC_MARK = "AGENTFLY_EXEC"
 _KILL_GRACE = 5.0  # seconds past an exec's timeout before the host-side kill
+DISK_POLL = 1.0
+"""Seconds between two measurements of a container's writable layer by the disk watchdog."""
 _MARKER = "\n[... {n} characters cut ...]\n"
 
 # ------------------------------------------------------------------------------- engine access
@@ -83,6 +98,7 @@ _client_lock = threading.Lock()
 _client: Any = None
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _probe: bool | None = None
+_storage_opt_ok: bool | None = None  # whether the engine accepts storage_opt size (None: not tried yet)
 
 
 def _docker():
@@ -206,63 +222,79 @@ def install_signal_handlers() -> bool:
     return True
 
 
+# ------------------------------------------------------------------------------- disk watchdog
+
+_watched: dict[str, DockerContainer] = {}  # container id -> instance whose disk limit the watchdog holds
+_watch_thread: threading.Thread | None = None
+
+
+def _tree_bytes(root: str, stop_at: int) -> int:
+    """Bytes allocated below ``root`` (``st_blocks * 512``, hard links once), stopping past ``stop_at``."""
+    total, seen = 0, set()
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        try:
+            it = os.scandir(d)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_nlink > 1:
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+        if total > stop_at:
+            break
+    return total
+
+
+def _watch(box: DockerContainer) -> None:
+    """Hold ``box``'s disk limit from the host (engines without ``storage_opt size``)."""
+    global _watch_thread
+    with _live_lock:
+        if box.container_id:
+            _watched[box.container_id] = box
+        if _watch_thread is None or not _watch_thread.is_alive():
+            _watch_thread = threading.Thread(target=_watch_loop, name="afg-docker-disk", daemon=True)
+            _watch_thread.start()
+
+
+def _watch_loop() -> None:
+    while True:
+        time.sleep(DISK_POLL)
+        with _live_lock:
+            items = list(_watched.items())
+        for cid, box in items:
+            if box.container_id != cid or box._upper_dir is None or box.spec.disk is None:
+                with _live_lock:
+                    _watched.pop(cid, None)
+                continue
+            used = _tree_bytes(box._upper_dir, box.spec.disk)
+            if used > box.spec.disk:
+                box._death_reason = (f"its disk limit of {box.spec.disk} bytes was exceeded "
+                                     f"(writable layer at {used} bytes or more)")
+                log.warning("%s: %s; killing the container", box.id, box._death_reason)
+                with contextlib.suppress(Exception):
+                    _get_client().api.kill(cid)
+                with _live_lock:
+                    _watched.pop(cid, None)
+
+
 # ------------------------------------------------------------------------------- shell scripts
 
-# Run as root right after start.  Args: the reset paths.  Records the processes alive now (kept by
-# reset), snapshots the reset paths, reports the tools present and the user's uid/gid.
+# Run as root right after start: reports the tools present and the user's uid/gid.
 _SETUP = r"""
-S=/.agentfly
-mkdir -p "$S/snapshot" && chmod 700 "$S" || exit 3
-keep=""
-for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || keep="$keep $p"; done
-echo "$keep" > "$S/keep" || exit 3
-i=0
-for p in "$@"; do
-  if [ -e "$p" ] || [ -L "$p" ]; then cp -a "$p" "$S/snapshot/$i" || exit 4; else : > "$S/snapshot/$i.absent"; fi
-  i=$((i+1))
-done
 if command -v timeout >/dev/null 2>&1; then echo timeout=1; else echo timeout=0; fi
-if command -v rsync >/dev/null 2>&1; then echo rsync=1; else echo rsync=0; fi
 if [ -n "${AFG_USER:-}" ]; then echo "uid=$(id -u "$AFG_USER")"; echo "gid=$(id -g "$AFG_USER")"; fi
 echo setup-ok
-"""
-
-# Run as root by reset().  Freezes every other process at once (kill(-1) is atomic with respect to
-# fork, so even a fork bomb cannot outrun it), resumes the ones alive at start, kills the rest,
-# empties /tmp and /var/tmp and restores the reset paths from the snapshot.
-_RESET = r"""
-S=/.agentfly
-[ -r "$S/keep" ] || { echo "no snapshot in $S"; exit 3; }
-read -r keep < "$S/keep"
-kill -s STOP -1 2>/dev/null
-for p in $keep; do kill -s CONT "$p" 2>/dev/null; done
-n=0
-while :; do
-  left=0
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    case " 1 $$ $keep " in *" $p "*) continue ;; esac
-    [ -r "$d/stat" ] || continue
-    read -r st < "$d/stat" 2>/dev/null || continue
-    case "$st" in *") Z "*) continue ;; esac
-    kill -s KILL "$p" 2>/dev/null; left=1
-  done
-  [ $left = 0 ] && break
-  n=$((n+1)); [ $n -gt 100 ] && { echo "processes survive SIGKILL"; exit 5; }
-  sleep 0.02
-done
-for t in /tmp /var/tmp; do [ -d "$t" ] && find "$t" -mindepth 1 -maxdepth 1 -exec rm -rf {} +; done
-i=0
-for p in "$@"; do
-  s="$S/snapshot/$i"
-  if [ -e "$s.absent" ]; then rm -rf "$p"
-  elif [ "$RSYNC" = 1 ] && [ -d "$s" ] && [ ! -L "$s" ] && [ -d "$p" ] && [ ! -L "$p" ]; then rsync -a --delete "$s/" "$p/"
-  elif [ -e "$s" ] || [ -L "$s" ]; then rm -rf "$p" && cp -a "$s" "$p"
-  else echo "snapshot of $p missing"; exit 4
-  fi || { echo "restoring $p failed"; exit 4; }
-  i=$((i+1))
-done
-echo reset-ok
 """
 
 # Kill every process whose environment holds the exec marker (host-side backstop of exec timeouts).
@@ -373,16 +405,15 @@ class DockerContainer(ContainerResource):
 
     * ``start()``: checks the image exists locally (images named ``agentfly/...`` are never pulled;
       others are pulled once), creates and starts the container with the spec's limits (see the
-      module docstring), then runs a setup step that records the processes alive at start and
-      snapshots ``spec.reset_paths`` into ``/.agentfly/snapshot`` (mode 700, root only).
-      Reset paths must not hold mount points (Docker bind-mounts ``/etc/hostname``, ``/etc/hosts``
-      and ``/etc/resolv.conf``, so ``/etc`` cannot be a reset path; name the files or folders under it).
-    * ``reset()``: one ``exec`` that freezes all processes at once (``kill -STOP -1``), resumes those
-      alive at start, SIGKILLs the rest, empties ``/tmp`` and ``/var/tmp`` and restores each reset
-      path (``rsync -a --delete`` from the snapshot where rsync exists, else ``rm -rf`` + ``cp -a``).
-      Cost: one exec plus the bytes that changed; ~0.1-0.3 s against ~0.5-2 s for a new container.
-      Raises :class:`~agentfly_gym.errors.ResourceError` if it fails, so the pool replaces the container.
-    * ``status()``: ``UNHEALTHY`` when the container is gone, not running, or was OOM-killed.
+      module docstring), then runs a setup step that checks the tools and the spec's user.
+    * ``park()`` (the pool keeps the instance idle): removes the container, with every process of
+      the episode, and starts a fresh one in its place in the background.
+    * ``reset()``: waits for that fresh container, or makes one now (an instance handed straight to
+      a waiter, or used since): the whole writable file system and every process are as right
+      after ``start()``, whatever the episode wrote (``spec.reset_paths`` is not needed).  Raises
+      :class:`~agentfly_gym.errors.ResourceError` if it fails, so the pool replaces the instance.
+    * ``status()``: ``UNHEALTHY`` when the container is gone, not running, was OOM-killed or went
+      past its disk limit.
     * ``release()``: ``docker rm -f``; idempotent, never raises.
     """
 
@@ -405,9 +436,15 @@ class DockerContainer(ContainerResource):
         self._lock = threading.Lock()
         self._released = False
         self._has_timeout = True
-        self._has_rsync = False
         self._owner: tuple[int, int] = (0, 0)
         self.start_duration: float | None = None
+        self.last_reset_time: float | None = None
+        self._generation = 0
+        self._fresh = False              # no exec or file write since the container was made
+        self._park_future: concurrent.futures.Future | None = None
+        self.disk_mode: str | None = None  # "storage-opt", "watchdog", "fsize" or None (no limit)
+        self._upper_dir: str | None = None
+        self._death_reason: str | None = None
 
     # -- lifecycle
     async def start(self) -> None:
@@ -423,10 +460,13 @@ class DockerContainer(ContainerResource):
         self._status = ResourceStatus.READY
 
     def _start_sync(self) -> None:
+        global _storage_opt_ok
         docker = _docker()
         client = _get_client()
         api = client.api
         spec = self.spec
+        self._death_reason = None
+        self._upper_dir = None
         try:
             api.inspect_image(spec.image)
         except docker.errors.ImageNotFound:
@@ -440,27 +480,62 @@ class DockerContainer(ContainerResource):
                 raise ResourceStartError(f"image {spec.image!r} is not here and pulling it failed: {e}") from e
         except docker.errors.APIError as e:
             raise ResourceStartError(f"docker engine error looking up image {spec.image!r}: {e}") from e
-        host_config = api.create_host_config(
-            nano_cpus=int(spec.cpus * 1e9),
-            mem_limit=spec.memory,
-            memswap_limit=spec.memory,
-            pids_limit=spec.pids,
-            network_mode="bridge" if spec.network else "none",
-            security_opt=["no-new-privileges"],
-            cap_drop=["ALL"],
-            cap_add=list(CAP_ADD),
-            binds={m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts} or None,
-            init=True,
-        )
+        def host_config(storage_opt: bool) -> Any:
+            extra: dict[str, Any] = {}
+            if spec.disk and storage_opt:
+                extra["storage_opt"] = {"size": str(spec.disk)}
+            elif spec.disk:
+                extra["ulimits"] = [docker.types.Ulimit(name="fsize", soft=spec.disk, hard=spec.disk)]
+            return api.create_host_config(
+                nano_cpus=int(spec.cpus * 1e9),
+                mem_limit=spec.memory,
+                memswap_limit=spec.memory,
+                pids_limit=spec.pids,
+                network_mode="bridge" if spec.network else "none",
+                security_opt=["no-new-privileges"],
+                cap_drop=["ALL"],
+                cap_add=list(CAP_ADD),
+                binds={m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts} or None,
+                init=True,
+                **extra,
+            )
+
         env = {k: v for k, v in spec.env} if spec.env else {}
+        self._generation += 1
+        name = self.name if self._generation == 1 else f"{self.name}-{self._generation}"
+
+        def create(storage_opt: bool) -> dict[str, Any]:
+            return api.create_container(
+                spec.image, command=list(spec.command), name=name, labels=self.labels, environment=env or None,
+                working_dir=spec.workdir or None, user=spec.user or None, host_config=host_config(storage_opt),
+                hostname="agentfly", detach=True, tty=False, stdin_open=False)
+
+        use_opt = bool(spec.disk) and _storage_opt_ok is not False
         try:
-            created = api.create_container(
-                spec.image, command=list(spec.command), name=self.name, labels=self.labels, environment=env or None,
-                working_dir=spec.workdir or None, user=spec.user or None, host_config=host_config, hostname="agentfly",
-                detach=True, tty=False, stdin_open=False)
+            try:
+                created = create(use_opt)
+            except docker.errors.APIError as e:
+                if not use_opt or not re.search(r"storage.?opt|quota|not supported", str(e.explanation or e), re.I):
+                    raise
+                log.info("the Docker engine cannot limit a container's disk (%s); using RLIMIT_FSIZE and a watchdog",
+                         e.explanation or e)
+                _storage_opt_ok, use_opt = False, False
+                created = create(False)
+            else:
+                if use_opt:
+                    _storage_opt_ok = True
         except docker.errors.APIError as e:
             raise ResourceStartError(f"creating a container of {spec.image!r} failed: {e.explanation or e}") from e
         cid = created["Id"]
+        if spec.disk and not use_opt:
+            try:
+                upper = (api.inspect_container(cid).get("GraphDriver") or {}).get("Data", {}).get("UpperDir")
+            except docker.errors.APIError:
+                upper = None
+            self._upper_dir = upper if upper and os.path.isdir(upper) else None
+            self.disk_mode = "watchdog" if self._upper_dir else "fsize"
+        else:
+            self.disk_mode = "storage-opt" if spec.disk else None
         with self._lock:
             if self._released:  # released (e.g. start timeout) while the engine was creating it
                 self._remove_sync(cid)
@@ -472,7 +547,7 @@ class DockerContainer(ContainerResource):
             api.start(cid)
         except docker.errors.APIError as e:
             raise ResourceStartError(f"starting a container of {spec.image!r} failed: {e.explanation or e}") from e
-        res = self._exec_sync(["/bin/sh", "-c", _SETUP, "sh", *spec.reset_paths], timeout=120, workdir="/",
+        res = self._exec_sync(["/bin/sh", "-c", _SETUP, "sh"], timeout=120, workdir="/",
                               env={"AFG_USER": spec.user} if spec.user else None, user="root",
                               max_output=10_000, use_timeout=False)
         if res.exit_code != 0 or "setup-ok" not in res.output:
@@ -481,25 +556,72 @@ class DockerContainer(ContainerResource):
                 f"the image needs /bin/sh, cp and timeout: {res.output[-2000:]}")
         info = dict(line.split("=", 1) for line in res.output.splitlines() if "=" in line)
         self._has_timeout = info.get("timeout") == "1"
-        self._has_rsync = info.get("rsync") == "1"
         if "uid" in info:
             try:
                 self._owner = (int(info["uid"]), int(info["gid"]))
             except (KeyError, ValueError):
                 raise ResourceStartError(f"{self.id}: user {spec.user!r} does not exist in {spec.image!r}") from None
+        if self.disk_mode == "watchdog":
+            _watch(self)
+        self._fresh = True
+
+    def _replace_sync(self) -> None:
+        """Remove the current container (every process with it) and make a fresh one in its place."""
+        with self._lock:
+            if self._released:
+                raise ResourceDied(f"{self.id} was released")
+            cid, self.container_id = self.container_id, None
+            self._fresh = False
+        if cid is not None:
+            with _live_lock:
+                _live.pop(cid, None)
+            self._remove_sync(cid)
+        self._start_sync()
+
+    async def park(self) -> None:
+        """The pool keeps this instance idle: end the episode's processes now, get a fresh container ready.
+
+        Never raises; a failure shows in the next :meth:`reset`.
+        """
+        if self._released or self._park_future is not None or self._fresh:
+            return
+        fut = _docker_pool().submit(self._replace_sync)
+        self._park_future = fut
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(asyncio.wrap_future(fut))
 
     async def reset(self) -> None:
-        if self.container_id is None or self._released:
+        """Make this instance a fresh container of its spec (see the class docstring).
+
+        Raises:
+            ResourceDied: released.
+            ResourceError / ResourceStartError: the fresh container could not be made.
+        """
+        if self._released:
             raise ResourceDied(f"{self.id} is not running")
-        res = await self._exec_async(["/bin/sh", "-c", _RESET, "sh", *self.spec.reset_paths], timeout=120,
-                                     workdir="/", env={"RSYNC": "1" if self._has_rsync else "0"}, user="root",
-                                     max_output=10_000, use_timeout=False)
-        if res.exit_code != 0 or "reset-ok" not in res.output:
+        t0 = time.monotonic()
+        fut, self._park_future = self._park_future, None
+        try:
+            if fut is not None:
+                await asyncio.shield(asyncio.wrap_future(fut))
+            if not self._fresh or self.container_id is None:
+                await asyncio.shield(_in_thread(self._replace_sync))
+        except ResourceError:
             self._status = ResourceStatus.UNHEALTHY
-            raise ResourceError(f"{self.id}: reset failed (exit {res.exit_code}): {res.output[-2000:]}")
+            raise
+        except Exception as e:
+            self._status = ResourceStatus.UNHEALTHY
+            raise ResourceError(f"{self.id}: reset failed: {e}") from e
+        self._status = ResourceStatus.READY
+        self.last_reset_time = time.monotonic() - t0
 
     async def status(self) -> ResourceStatus:
         if self._status in (ResourceStatus.STOPPED, ResourceStatus.CREATED, ResourceStatus.STARTING):
+            return self._status
+        if self._park_future is not None:  # being replaced by a fresh container: reset() tells
+            return self._status
+        if self._death_reason is not None:
+            self._status = ResourceStatus.UNHEALTHY
             return self._status
         if self.container_id is None:
             self._status = ResourceStatus.UNHEALTHY
@@ -520,6 +642,10 @@ class DockerContainer(ContainerResource):
             return None
 
     async def release(self) -> None:
+        fut = self._park_future
+        if fut is not None:  # let a replacement in flight finish, so its container is removed too
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(asyncio.wrap_future(fut))
         try:
             await _in_thread(self.terminate_sync)
         except Exception:  # never raises
@@ -614,6 +740,9 @@ class DockerContainer(ContainerResource):
         cid = self.container_id
         if cid is None:
             raise ResourceDied(f"{self.id} was released")
+        if self._death_reason is not None:
+            raise ResourceDied(f"{self.id}: {self._death_reason}")
+        self._fresh = False
         api = _get_client().api
         environment = dict(env or {})
         if mark:
@@ -636,6 +765,8 @@ class DockerContainer(ContainerResource):
                 raise ResourceDied(f"{self.id}: the container is not running ({e.explanation or e})") from e
             raise ResourceError(f"{self.id}: exec failed: {e.explanation or e}") from e
         duration = time.monotonic() - t0
+        if self._death_reason is not None:  # the disk watchdog killed the container meanwhile
+            raise ResourceDied(f"{self.id}: {self._death_reason}")
         text, truncated = buf.text(max_output)
         timed_out = use_timeout and code in (124, 137) and duration >= timeout
         if timed_out and mark:  # descendants that left the process group (setsid) die too
@@ -655,7 +786,8 @@ class DockerContainer(ContainerResource):
                     break
                 time.sleep(0.1)
             if not running:
-                raise ResourceDied(f"{self.id}: the container stopped during the command (exit {code})")
+                why = f": {self._death_reason}" if self._death_reason else ""
+                raise ResourceDied(f"{self.id}: the container stopped during the command (exit {code}){why}")
         if code is None:
             code = -1
         return ExecResult(exit_code=-1 if timed_out else int(code), output=text, timed_out=timed_out,
@@ -693,6 +825,7 @@ class DockerContainer(ContainerResource):
     def _put_sync(self, payload: bytes) -> None:
         docker = _docker()
         cid = self._require_cid()
+        self._fresh = False
         try:
             _get_client().api.put_archive(cid, "/", payload)
         except docker.errors.NotFound as e:
@@ -756,7 +889,8 @@ class DockerContainer(ContainerResource):
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
-        d.update(backend="docker", container=(self.container_id or "")[:12], name=self.name, image=self.spec.image)
+        d.update(backend="docker", container=(self.container_id or "")[:12], name=self.name, image=self.spec.image,
+                 disk=self.spec.disk, limits_enforced={"disk": self.disk_mode}, last_reset_time=self.last_reset_time)
         return d
 
 

@@ -17,7 +17,24 @@ Model of an instance:
   ``<sandbox root>/sbx-<hex>/state/`` holding one directory per writable path
   (``/tmp``, ``/root`` and ``spec.workdir`` when it is not ``/``).  For a rootfs image the
   rootfs's own content of those paths is copied in at start.  Read-write ``spec.mounts``
-  are shared host folders, not private state.
+  are shared host folders, not private state; the sandbox writes them as its unprivileged
+  host uid, so they must be writable to it (e.g. mode 1777).
+* **Root inside is an unprivileged host user.**  Every exec runs in a new user namespace in
+  which root (or ``spec.user``) is mapped onto one unprivileged host uid of the instance
+  (:data:`SANDBOX_UID_BASE` plus a random offset when the manager runs as root; the manager's
+  own uid otherwise).  All capabilities are dropped (``--cap-drop ALL``), nested user
+  namespaces are disabled (``--disable-userns``), ``/proc/sys`` is bound read-only, and a
+  seccomp filter (:func:`seccomp_filter_bpf`, built with libseccomp through ``pyseccomp``)
+  refuses mount, namespace, keyring, module, kexec, bpf and similar calls with ``EPERM``.  The
+  host folders that user cannot reach (e.g. below ``/root``) are first bound by root in a
+  private mount namespace of the exec (see ``SandboxContainer._argv``).  With ``image="host"`` every
+  entry of ``/etc`` that is not world-readable (``shadow``, ``gshadow``, ``sudoers``, ssh host
+  keys, ...) is masked, and no home folder is bound (``/root`` is private state).
+* **Disk limit** (``spec.disk``).  When the manager runs as root, the private state lives on
+  an ext4 file system of ``spec.disk`` bytes in a sparse image file, loop-mounted at
+  ``<sandbox root>/sbx-<hex>/vol`` (writes past it fail with ``ENOSPC``;
+  ``limits_enforced["disk"]`` is ``True``).  Elsewhere only ``RLIMIT_FSIZE`` holds (no single
+  file past ``spec.disk``).
 * **One process tree per exec.**  Each :meth:`SandboxContainer.exec` starts a new ``bwrap``
   (``--unshare-all``: new user, pid, ipc, uts, cgroup and network namespaces;
   ``--share-net`` only when ``spec.network``; ``--die-with-parent``; ``--new-session``;
@@ -43,7 +60,8 @@ Model of an instance:
 
 Orphans: an instance's folder holds ``agentfly-sandbox.json`` with the labels (the manager
 id as ``agentfly.manager``), the owner process id and its start time, and the cgroup
-folders, so :func:`reap_sandbox_orphans` can clean up after a manager that died.
+folders, so :func:`reap_sandbox_orphans` (``agentfly-gym resources gc``) can kill its
+processes and remove its cgroups, its loop mount and its folder after a manager that died.
 """
 
 from __future__ import annotations
@@ -57,6 +75,7 @@ import os
 import posixpath
 import re
 import resource as _rlimit
+import secrets
 import shlex
 import shutil
 import signal
@@ -88,6 +107,7 @@ __all__ = [
     "reap_sandbox_orphans",
     "resolve_rootfs",
     "sandbox_root",
+    "seccomp_filter_bpf",
 ]
 
 log = logging.getLogger(__name__)
@@ -107,6 +127,30 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SKIP_ROOTFS = {"proc", "dev", "sys", "tmp", "root", "run", "mnt", "media", "lost+found"}
 _CGROUP_FS = Path("/sys/fs/cgroup")
 _LIMIT_MODES = ("cgroup2", "cgroup1", "rlimit")
+_STAGE = "/run"  # where an exec's private mount namespace stages bind sources its host user cannot reach
+
+SANDBOX_UID_BASE = 1_600_000_000
+"""First host uid (and gid) of the range sandboxes run as when the manager is root: each
+instance draws ``SANDBOX_UID_BASE + randbelow(2**24)``, an id no account uses."""
+
+#: Calls the seccomp filter refuses with EPERM: mounting, namespaces, keyrings, kernel modules,
+#: kexec, eBPF, perf, userfaultfd, handle-based opens, swap, clock and accounting changes,
+#: raw port I/O.  (After Docker's default profile, which allows them only with capabilities
+#: that the sandbox never has.)
+SECCOMP_DENY = (
+    "mount", "umount", "umount2", "pivot_root", "chroot", "unshare", "setns",
+    "mount_setattr", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
+    "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load", "init_module",
+    "finit_module", "delete_module", "bpf", "perf_event_open", "userfaultfd", "open_by_handle_at",
+    "name_to_handle_at", "reboot", "swapon", "swapoff", "syslog", "acct", "quotactl",
+    "quotactl_fd", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm",
+    "lookup_dcookie", "vhangup", "nfsservctl",
+)
+#: clone flags that create namespaces (``CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER |
+#: NEWPID | NEWNET``); ``clone`` with any of them is refused, ``clone3`` answers ENOSYS so that
+#: the C library falls back to ``clone`` where the flags can be inspected (as Docker does).
+_CLONE_NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+_seccomp_cache: list[bytes | None] = []
 
 
 class SandboxPathError(ConfigError):
@@ -127,6 +171,45 @@ def find_bwrap() -> str:
             "the sandbox container backend needs bubblewrap: 'bwrap' was not found on PATH; "
             "install the system package 'bubblewrap' (apt-get install bubblewrap) or use backend='docker'")
     return path
+
+
+def seccomp_filter_bpf() -> bytes | None:
+    """The sandbox's seccomp filter as a raw BPF program (for ``bwrap --seccomp FD``), or ``None``.
+
+    Built once per process with libseccomp (the ``pyseccomp`` bindings, package
+    ``agentfly-gym[sandbox]``, over the system's ``libseccomp.so.2``): allow by default, refuse
+    :data:`SECCOMP_DENY` and namespace-creating ``clone`` with ``EPERM``, ``clone3`` with ``ENOSYS``;
+    calls of a foreign architecture (e.g. 32-bit ``int 0x80`` on x86-64) kill the process.
+    ``None`` (logged once) when the bindings or the library are missing; the sandbox then still
+    runs unprivileged, without capabilities and without nested user namespaces.
+    """
+    if _seccomp_cache:
+        return _seccomp_cache[0]
+    bpf: bytes | None = None
+    try:
+        import errno as _errno
+
+        import pyseccomp as seccomp
+
+        f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+        for name in SECCOMP_DENY:
+            with contextlib.suppress(Exception):  # a call this architecture or libseccomp lacks
+                f.add_rule(seccomp.ERRNO(_errno.EPERM), name)
+        for bit in range(32):  # one rule per namespace flag: libseccomp matches a masked equality
+            flag = 1 << bit
+            if _CLONE_NS_FLAGS & flag:
+                f.add_rule(seccomp.ERRNO(_errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        with contextlib.suppress(Exception):
+            f.add_rule(seccomp.ERRNO(_errno.ENOSYS), "clone3")
+        with tempfile.TemporaryFile() as tmp:
+            f.export_bpf(tmp)
+            tmp.seek(0)
+            bpf = tmp.read()
+    except Exception as e:  # ImportError, or OSError when libseccomp.so.2 is missing
+        log.warning("sandbox: no seccomp filter (%s); install agentfly-gym[sandbox] (pyseccomp) and libseccomp2", e)
+        bpf = None
+    _seccomp_cache.append(bpf)
+    return bpf
 
 
 def sandbox_root() -> Path:
@@ -187,6 +270,70 @@ def resolve_rootfs(image: str) -> Path | None:
         f"image={image!r} has no rootfs folder for the sandbox backend (searched: {', '.join(tried)}); "
         "build or export the image into one of these folders, pass an absolute rootfs path, "
         "or use image='host'")
+
+
+_bwrap_help: list[str] = []
+
+
+def _bwrap_has(option: str) -> bool:
+    """Whether the installed bwrap knows ``option`` (its ``--help``, read once per process)."""
+    if not _bwrap_help:
+        try:
+            r = subprocess.run([find_bwrap(), "--help"], capture_output=True, text=True, timeout=30, check=False)
+            _bwrap_help.append(r.stdout + r.stderr)
+        except (OSError, subprocess.SubprocessError):
+            _bwrap_help.append("")
+    return option in _bwrap_help[0]
+
+
+def _setpriv() -> str:
+    """The ``setpriv`` program (util-linux) that drops the exec to the instance's host user.
+
+    Raises:
+        ResourceUnavailable: not installed.
+    """
+    path = shutil.which("setpriv")
+    if path is None:
+        raise ResourceUnavailable("the sandbox backend run as root needs 'setpriv' (util-linux) to run "
+                                  "sandboxes as an unprivileged host user; install util-linux")
+    return path
+
+
+def _unshare() -> str:
+    path = shutil.which("unshare")
+    if path is None:
+        raise ResourceUnavailable("the sandbox backend run as root needs 'unshare' (util-linux); install util-linux")
+    return path
+
+
+def _host_secrets(etc: str = "/etc") -> list[tuple[str, bool]]:
+    """Entries of the host's ``/etc`` (two levels) that are not world-readable: ``(path, is_dir)``.
+
+    ``image="host"`` masks them (an empty file or folder), so the sandbox never shows e.g.
+    ``/etc/shadow``, ``/etc/gshadow``, ``/etc/sudoers`` or ssh host keys, whatever the host holds.
+    """
+    found: list[tuple[str, bool]] = []
+
+    def scan(d: str, depth: int) -> None:
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            return
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if not st.st_mode & (stat.S_IXOTH if is_dir else stat.S_IROTH) or (is_dir and not st.st_mode & stat.S_IROTH):
+                found.append((e.path, is_dir))
+            elif is_dir and depth < 2:
+                scan(e.path, depth + 1)
+
+    scan(etc, 1)
+    return sorted(found)
 
 
 def _cgroup2_usable() -> bool:
@@ -405,7 +552,8 @@ class SandboxContainer(ContainerResource):
     keep-alive command of Docker containers) is not used: nothing runs between execs.
     ``spec.user`` / ``exec(user=...)``: ``""``, ``"root"`` or ``"0"`` run as root inside; a
     number ``"uid[:gid]"`` or a user name of the rootfs's ``/etc/passwd`` runs as that user
-    (a user namespace maps it onto the host user running the manager).
+    (a user namespace maps it, like root, onto the instance's unprivileged host uid
+    :attr:`host_uid`).
 
     Args:
         spec: the container spec (``backend`` may be anything; this class is the sandbox).
@@ -415,7 +563,9 @@ class SandboxContainer(ContainerResource):
         limits: ``"auto"`` (best available), ``"cgroup2"``, ``"cgroup1"`` or ``"rlimit"``.
 
     Timing (measured on a shared 2-core VM): start 0.04 s (host image) to 0.12 s (Debian
-    base rootfs), exec overhead about 0.03-0.05 s, reset 0.007 s for an empty state and
+    base rootfs), plus about 0.15-0.3 s for the disk volume (mkfs.ext4 + loop mount) and
+    0.1-0.2 s more at release (unmount); exec overhead about 0.03-0.05 s, plus about 0.05 s
+    under load when a bind source must be staged (see ``_argv``); reset 0.007 s for an empty state and
     about 0.65 s when the snapshot holds 2000 files: reset restores the private state by
     copying the snapshot taken at start (``cp -a``), so it grows with the state's size, while
     a start also copies the image's content of the writable paths.
@@ -445,6 +595,13 @@ class SandboxContainer(ContainerResource):
         self._writable: list[str] = []              # container paths of the private state
         self._mounts: list[tuple[str, str, bool]] = []  # (container, host, writable) from spec.mounts
         self._extra_path = ""
+        self._masks: list[tuple[str, bool]] = []    # (container path, is a folder) hidden from the sandbox
+        root_host = os.geteuid() == 0
+        #: the host uid/gid that root (or spec.user) inside is mapped onto
+        self.host_uid = SANDBOX_UID_BASE + secrets.randbelow(1 << 24) if root_host else os.geteuid()
+        self.host_gid = self.host_uid if root_host else os.getegid()
+        self._volume: Path | None = None            # the loop-mounted file system of the disk limit
+        self._reach_cache: dict[str, str | None] = {}
         self._procs: set[asyncio.subprocess.Process] = set()
         self._released = False
         self.start_time: float | None = None
@@ -454,7 +611,7 @@ class SandboxContainer(ContainerResource):
     @property
     def state_dir(self) -> Path:
         assert self.dir is not None
-        return self.dir / "state"
+        return (self._volume or self.dir) / "state"
 
     @staticmethod
     def _state_name(cpath: str) -> str:
@@ -491,6 +648,7 @@ class SandboxContainer(ContainerResource):
             else:
                 self._ro.append((f"/{n}", str(p)))
         if self._rootfs is None:
+            self._masks = _host_secrets()
             # the running interpreter (e.g. a pyenv or venv Python outside /usr) with its packages
             for prefix in dict.fromkeys([sys.base_prefix, sys.prefix]):
                 if prefix and not prefix.startswith("/usr/") and os.path.isdir(prefix):
@@ -531,26 +689,61 @@ class SandboxContainer(ContainerResource):
                     return int(f[2]), int(f[3]), f[5] or "/tmp"
         raise ConfigError(f"user={user!r} is unknown: not a number 'uid[:gid]' and not in {passwd}")
 
-    def _argv(self, cmd: list[str], workdir: str, env: dict[str, str], user: str) -> list[str]:
+    def _argv(self, cmd: list[str], workdir: str, env: dict[str, str], user: str,
+              fds: list[int]) -> list[str]:
+        """The command line of one exec; the descriptors it passes are appended to ``fds``
+        (the caller closes them once the process has started).
+
+        bwrap runs as the instance's unprivileged host user, so it can only bind host folders
+        that user may reach.  A source below a folder closed to others (e.g. a Python or a
+        rootfs under ``/root``, a sandbox root under a private temp folder) is first bound by
+        root onto ``/run/<i>`` in a private mount namespace of this exec (``unshare -m``), and
+        bwrap binds it from there; nothing of it outlives the exec.
+        """
         spec = self.spec
+        staged: list[str] = []
+        unprivileged = os.geteuid() == 0
+
+        def src(path: str | Path) -> str:
+            path = str(path)
+            point = self._stage_point(path) if unprivileged else None
+            if point is None:
+                return path
+            if point == _STAGE or point.startswith(_STAGE + "/"):
+                raise ConfigError(f"sandbox bind source {path!r} is below {_STAGE}, where execs stage sources")
+            if point not in staged:
+                staged.append(point)
+            return f"{_STAGE}/{staged.index(point)}{path[len(point):]}"
+
         a = [self._bwrap or "bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
         if spec.network:
             a.append("--share-net")
         ids = self._lookup_user(user)
-        if ids is not None:
-            a += ["--unshare-user", "--uid", str(ids[0]), "--gid", str(ids[1])]
+        uid, gid = (ids[0], ids[1]) if ids is not None else (0, 0)
+        a += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL"]
+        if _bwrap_has("--disable-userns"):  # bubblewrap >= 0.8; the seccomp filter refuses CLONE_NEWUSER anyway
+            a.append("--disable-userns")
         for c, h in self._ro:
-            a += ["--ro-bind", h, c]
+            a += ["--ro-bind", src(h), c]
         for c, target in self._links.items():
             a += ["--symlink", target, c]
-        a += ["--proc", "/proc", "--dev", "/dev"]
+        a += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"]
+        for c, is_dir in self._masks:
+            a += ["--tmpfs", c, "--remount-ro", c] if is_dir else ["--ro-bind", "/dev/null", c]
         for w in self._writable:
-            a += ["--bind", str(self._host_of_writable(w)), w]
+            a += ["--bind", src(self._host_of_writable(w)), w]
         for c, h in self._late_ro:
-            a += ["--ro-bind", h, c]
+            a += ["--ro-bind", src(h), c]
         for c, h, rw in self._mounts:
-            a += ["--bind" if rw else "--ro-bind", h, c]
+            a += ["--bind" if rw else "--ro-bind", src(h), c]
         a += ["--remount-ro", "/"]
+        bpf = seccomp_filter_bpf()
+        if bpf is not None:
+            mfd = os.memfd_create("agentfly-seccomp", os.MFD_CLOEXEC)
+            fds.append(mfd)
+            os.write(mfd, bpf)
+            os.lseek(mfd, 0, os.SEEK_SET)
+            a += ["--seccomp", str(mfd)]
         home = ids[2] if ids is not None else "/root"
         full_env = {"PATH": self._extra_path + DEFAULT_PATH, "HOME": home, "LANG": "C.UTF-8"}
         full_env.update({str(k): str(v) for k, v in (spec.env or ())})
@@ -560,10 +753,45 @@ class SandboxContainer(ContainerResource):
             a += ["--setenv", k, v]
         a += ["--chdir", workdir, "--"]
         a += cmd
+        # run as root only long enough to join the cgroups (and stage sources), then become the
+        # instance's host user
+        if unprivileged:
+            a = [_setpriv(), f"--reuid={self.host_uid}", f"--regid={self.host_gid}", "--clear-groups", "--", *a]
+        if staged:
+            q = shlex.quote
+            stage = [f"mount -t tmpfs -o mode=0755,size=1m agentfly-stage {_STAGE}"]
+            for i, path in enumerate(staged):
+                make = f"mkdir {_STAGE}/{i}" if os.path.isdir(path) else f": > {_STAGE}/{i}"
+                stage.append(f"{make} && mount --rbind {q(path)} {_STAGE}/{i}")  # with the disk volume below it
+            a = [_unshare(), "--mount", "--propagation", "private", "--",
+                 "/bin/sh", "-ec", "; ".join(stage) + '; exec "$@"', "sh", *a]
+        steps = []
         if self.limit_mode in ("cgroup1", "cgroup2") and self._cgroups:
-            script = "; ".join(f"echo $$ > {shlex.quote(str(Path(d, 'cgroup.procs')))}" for d in self._cgroups)
-            a = ["/bin/sh", "-ec", script + '; exec "$@"', "sh", *a]
+            steps += [f"echo $$ > {shlex.quote(str(Path(d, 'cgroup.procs')))}" for d in self._cgroups]
+        if spec.disk and self._volume is None:  # no file system of its own: at least no file past the limit
+            steps.append(f"ulimit -f {max(1, spec.disk // 512)}")
+        if steps:
+            a = ["/bin/sh", "-ec", "; ".join(steps) + '; exec "$@"', "sh", *a]
         return a
+
+    def _stage_point(self, path: str) -> str | None:
+        """``None`` when the instance's host user may search every folder above ``path``; else the
+        folder to stage for it: the child, on the way to ``path``, of the deepest folder closed to
+        that user (one staged folder serves every source below it, e.g. a whole rootfs).  Cached."""
+        if path in self._reach_cache:
+            return self._reach_cache[path]
+        point: str | None = None
+        p = Path(path)
+        chain = [*reversed(p.parents), p]  # "/", ..., path
+        for i, folder in enumerate(chain[:-1]):
+            try:
+                st = os.stat(folder)
+            except OSError:
+                continue
+            if not (st.st_mode & stat.S_IXOTH or (st.st_uid == self.host_uid and st.st_mode & stat.S_IXUSR)):
+                point = str(chain[i + 1])
+        self._reach_cache[path] = point
+        return point
 
     def _preexec(self) -> None:  # pragma: no cover - runs in the child between fork and exec
         if self.spec.memory:
@@ -584,39 +812,66 @@ class SandboxContainer(ContainerResource):
         self._bwrap = find_bwrap()
         self._plan_mounts()
         root = self._root or sandbox_root()
-        await asyncio.to_thread(self._make_private_folder, root)
-        res = await self.exec(["/bin/sh", "-c", "true"], timeout=60.0, workdir="/")
-        if not res.ok:
-            raise ResourceStartError(
-                f"sandbox for image={self.spec.image!r} does not run (exit {res.exit_code}): {res.output.strip()[:2000]}")
-        await asyncio.to_thread(self._copy_tree, self.state_dir, self.dir / "snapshot")
+        try:
+            await asyncio.to_thread(self._make_private_folder, root)
+            res = await self.exec(["/bin/sh", "-c", "true"], timeout=60.0, workdir="/")
+            if not res.ok:
+                hint = ""
+                if "namespace" in res.output:
+                    hint = (" (the sandbox runs model code as an unprivileged user in a user namespace: enable "
+                            "unprivileged user namespaces, e.g. sysctl user.max_user_namespaces=15000 and, on "
+                            "Ubuntu, kernel.apparmor_restrict_unprivileged_userns=0, or use backend='docker')")
+                raise ResourceStartError(
+                    f"sandbox for image={self.spec.image!r} does not run (exit {res.exit_code}): "
+                    f"{res.output.strip()[:2000]}{hint}")
+            await asyncio.to_thread(self._copy_tree, self.state_dir, self.dir / "snapshot")
+        except BaseException:  # a failed or cancelled start leaves no folder, mount or cgroup behind
+            self._status = ResourceStatus.UNHEALTHY
+            await asyncio.shield(asyncio.to_thread(self._teardown))
+            raise
         self._status = ResourceStatus.READY
         self.start_time = time.monotonic() - t0
 
     def _make_private_folder(self, root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
+        # the sandboxes' host users pass through (never list) on the way to their state, so that bwrap
+        # reaches it without staging (see _argv)
+        with contextlib.suppress(OSError):
+            st = root.stat()
+            if st.st_uid == os.geteuid() and not st.st_mode & stat.S_IXOTH:
+                os.chmod(root, stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
         self.dir = root / self.name
         self.dir.mkdir()
+        os.chmod(self.dir, 0o711)
+        self._write_marker()  # first, so that gc finds whatever a start that dies midway leaves
+        if self.spec.disk and os.geteuid() == 0:
+            self._volume = self._mount_volume(self.dir, self.spec.disk, self.host_uid, self.host_gid)
+            self._write_marker()
         self.state_dir.mkdir()
+        owner = f"{self.host_uid}:{self.host_gid}"
         for w in self._writable:
             host = self._host_of_writable(w)
             src = self._rootfs / w.lstrip("/") if self._rootfs is not None else None
             if src is not None and src.is_dir() and not src.is_symlink():
-                self._copy_tree(src, host)
-                # the private state belongs to whoever runs the execs: a user namespace maps the
-                # exec's user (root or spec.user) onto this host user
-                subprocess.run(["chown", "-R", "--no-dereference", f"{os.geteuid()}:{os.getegid()}", str(host)],
-                               capture_output=True, check=False)
+                try:
+                    self._copy_tree(src, host)
+                except ResourceStartError as e:
+                    if self._volume is not None and "No space left" in str(e):
+                        raise ResourceStartError(
+                            f"image {self.spec.image!r}: its {w} does not fit in disk={self.spec.disk} bytes") from e
+                    raise
             else:
                 host.mkdir(parents=True)
             if w == "/tmp":
                 host.chmod(0o1777)
+        # the private state belongs to the instance's host user: a user namespace maps the exec's
+        # user (root or spec.user) onto it
+        subprocess.run(["chown", "-R", "--no-dereference", owner, str(self.state_dir)], capture_output=True, check=False)
         mode = self._limits_wanted if self._limits_wanted != "auto" else detect_limit_mode()
         for m in _LIMIT_MODES[_LIMIT_MODES.index(mode):]:
             if m == "rlimit":
-                self.limit_mode = "rlimit"
-                root_user = os.geteuid() == 0
-                self.limits_enforced = {"memory": bool(self.spec.memory), "pids": not root_user, "cpu": False}
+                self.limit_mode = "rlimit"  # RLIMIT_NPROC holds for any host user but root
+                self.limits_enforced = {"memory": bool(self.spec.memory), "pids": self.host_uid != 0, "cpu": False}
                 break
             try:
                 self._cgroups, self.limits_enforced = _make_cgroups(m, self.name, self.spec)
@@ -624,12 +879,45 @@ class SandboxContainer(ContainerResource):
                 break
             except OSError as e:
                 log.info("sandbox %s: %s limits unavailable (%s); trying the next mode", self.name, m, e)
+        # True: a file system of spec.disk bytes; False: none (no limit, or RLIMIT_FSIZE per file only)
+        self.limits_enforced["disk"] = self._volume is not None
         self._write_marker()
+
+    @staticmethod
+    def _mount_volume(d: Path, size: int, uid: int, gid: int) -> Path | None:
+        """A fresh ext4 file system of ``size`` bytes (sparse image ``d/disk.img``) mounted at ``d/vol``.
+
+        ``None`` (logged) when it cannot be made here (no loop devices, no mkfs.ext4, a mount refused).
+        """
+        img, vol = d / "disk.img", d / "vol"
+        mkfs = shutil.which("mkfs.ext4") or shutil.which("mke2fs")
+        if mkfs is None:
+            log.info("sandbox: no mkfs.ext4; the disk limit holds per file only")
+            return None
+        try:
+            with open(os.open(img, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                f.truncate(size)
+            vol.mkdir()
+            subprocess.run([mkfs, "-q", "-F", "-t", "ext4", "-m", "0", "-O", "^has_journal",
+                            "-E", f"lazy_itable_init=1,root_owner={uid}:{gid}", str(img)],
+                           check=True, capture_output=True, text=True, timeout=120)
+            subprocess.run(["mount", "-o", "loop,nosuid,nodev", str(img), str(vol)],
+                           check=True, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = getattr(e, "stderr", "") or e
+            log.info("sandbox: no loop-mounted disk (%s); the disk limit holds per file only", str(detail).strip())
+            with contextlib.suppress(OSError):
+                vol.rmdir()
+            with contextlib.suppress(OSError):
+                img.unlink()
+            return None
+        return vol
 
     def _write_marker(self) -> None:
         assert self.dir is not None
         data = {"name": self.name, "labels": self.labels, "owner_pid": os.getpid(),
                 "owner_start": _proc_start_time(os.getpid()), "cgroups": self._cgroups,
+                "volume": str(self._volume) if self._volume else None, "host_uid": self.host_uid,
                 "image": self.spec.image, "pool": self.spec.key, "created": time.time()}
         tmp = self.dir / (MARKER_NAME + ".tmp")
         tmp.write_text(json.dumps(data, indent=1))
@@ -664,13 +952,20 @@ class SandboxContainer(ContainerResource):
         await asyncio.to_thread(self._restore)
         self.last_reset_time = time.monotonic() - t0
 
+    async def park(self) -> None:
+        """The pool keeps this instance idle: kill any exec still running (e.g. one whose caller
+        gave up without cancelling it), so nothing of the last rollout runs while idle.  Never raises."""
+        if not self._released and (self._procs or self._cgroups):
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._kill_all)
+
     def _restore(self) -> None:
         assert self.dir is not None
-        trash = self.dir / f"trash-{uuid.uuid4().hex[:6]}"
+        trash = self.state_dir.parent / f"trash-{uuid.uuid4().hex[:6]}"
         if self.state_dir.exists():
             self.state_dir.rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)  # first: on a disk-limited volume the copy needs the room
         self._copy_tree(self.dir / "snapshot", self.state_dir)
-        shutil.rmtree(trash, ignore_errors=True)
 
     async def status(self) -> ResourceStatus:
         """``READY`` while started and the private folder exists; ``STOPPED`` after release;
@@ -704,6 +999,7 @@ class SandboxContainer(ContainerResource):
         _remove_cgroups(self._cgroups)
         self._cgroups = []
         if self.dir is not None:
+            _unmount_under(self.dir)
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def _check_alive(self) -> None:
@@ -719,6 +1015,7 @@ class SandboxContainer(ContainerResource):
         d.update(backend="sandbox", image=self.spec.image, name=self.name, limits=self.limit_mode,
                  limits_enforced=dict(self.limits_enforced), private_dir=str(self.dir) if self.dir else None,
                  writable=list(self._writable), network=self.spec.network, start_time=self.start_time,
+                 host_uid=self.host_uid, seccomp=seccomp_filter_bpf() is not None, disk=self.spec.disk,
                  last_reset_time=self.last_reset_time)
         return d
 
@@ -748,12 +1045,20 @@ class SandboxContainer(ContainerResource):
         if max_output < 1:
             raise ConfigError(f"max_output={max_output!r} must be >= 1 characters")
         wd = workdir or self.spec.workdir or "/"
-        argv = self._argv(argv_cmd, wd, dict(env or {}), self.spec.user if user is None else user)
+        fds: list[int] = []
         t0 = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, env={"PATH": os.environ.get("PATH", DEFAULT_PATH)},
-            preexec_fn=self._preexec if self.limit_mode == "rlimit" else None)
+        try:
+            argv = self._argv(argv_cmd, wd, dict(env or {}), self.spec.user if user is None else user, fds)
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True, env={"PATH": os.environ.get("PATH", DEFAULT_PATH)}, pass_fds=fds,
+                preexec_fn=self._preexec if self.limit_mode == "rlimit" else None)
+        except FileNotFoundError as e:  # a bind source vanished under us (e.g. released meanwhile)
+            self._check_alive()
+            raise ResourceDied(f"sandbox {self.name}: {e}") from e
+        finally:
+            for fd in fds:
+                os.close(fd)
         self._procs.add(proc)
         out = _OutputCollector(max_output)
         timed_out = False
@@ -852,16 +1157,22 @@ class SandboxContainer(ContainerResource):
         """
         self._check_alive()
         plan = [(self._host_path(p, write=True), data) for p, data in files.items()]
-        await asyncio.to_thread(self._write_files, plan, mode)
+        await asyncio.to_thread(self._write_files, plan, mode, (self.host_uid, self.host_gid))
 
     @staticmethod
-    def _write_files(plan: list[tuple[Path, bytes | str]], mode: int) -> None:
+    def _write_files(plan: list[tuple[Path, bytes | str]], mode: int, owner: tuple[int, int]) -> None:
         for host, data in plan:
+            missing = [p for p in [host.parent, *host.parent.parents] if not p.exists()]
             host.parent.mkdir(parents=True, exist_ok=True)
+            for p in missing:  # new folders belong to the sandbox's user, like the files
+                with contextlib.suppress(OSError):
+                    os.chown(p, *owner, follow_symlinks=False)
             blob = data.encode() if isinstance(data, str) else bytes(data)
             fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
             with os.fdopen(fd, "wb") as f:
                 f.write(blob)
+                with contextlib.suppress(OSError):
+                    os.fchown(f.fileno(), *owner)
             os.chmod(host, mode)
 
     async def get_file(self, path: str, *, max_bytes: int = 10_000_000) -> bytes:
@@ -869,23 +1180,30 @@ class SandboxContainer(ContainerResource):
 
         Raises:
             FileNotFoundError: no such file (or it is a directory).
-            SandboxPathError: a relative path, or one not reachable from the host (``/proc``, ``/dev``).
+            SandboxPathError: a relative path, one not reachable from the host (``/proc``, ``/dev``),
+                or one the sandbox's user may not read (e.g. a masked host secret).
             ConfigError: the file is larger than ``max_bytes``.
             ResourceDied: the sandbox was released or its private folder is gone.
         """
         self._check_alive()
+        cpath = self._resolve(path)
+        if any(cpath == c or cpath.startswith(c + "/") for c, _ in self._masks):
+            raise SandboxPathError(f"path {path!r} is hidden from the sandbox")
         host = self._host_path(path, write=False)
-        return await asyncio.to_thread(self._read_file, path, host, max_bytes)
+        return await asyncio.to_thread(self._read_file, path, host, max_bytes, self.host_uid)
 
     @staticmethod
-    def _read_file(path: str, host: Path, max_bytes: int) -> bytes:
+    def _read_file(path: str, host: Path, max_bytes: int, uid: int) -> bytes:
         try:
             fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
         except (FileNotFoundError, NotADirectoryError):
             raise FileNotFoundError(f"no such file in the sandbox: {path}") from None
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
                 raise FileNotFoundError(f"not a regular file in the sandbox: {path}")
+            if st.st_uid != uid and not st.st_mode & stat.S_IROTH:  # what the sandbox's user could read
+                raise SandboxPathError(f"path {path!r} is not readable inside the sandbox")
             data = f.read(max_bytes + 1)
         if len(data) > max_bytes:
             raise ConfigError(f"{path} is larger than max_bytes={max_bytes}")
@@ -909,6 +1227,40 @@ def create_sandbox(spec: ContainerSpec, manager: ResourceManager | None) -> Sand
     return SandboxContainer(spec, labels=labels)
 
 
+def _unmount_under(d: Path) -> None:
+    """Unmount every mount at or below ``d`` (deepest first; lazily if busy).  The loop device of
+    a ``-o loop`` mount is freed with it."""
+    prefix = str(d).rstrip("/") + "/"
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return
+    points = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) > 1:
+            mp = parts[1].encode().decode("unicode_escape")  # /proc/mounts octal-escapes spaces
+            if mp.startswith(prefix) or mp == str(d):
+                points.append(mp)
+    for mp in sorted(points, key=len, reverse=True):
+        r = subprocess.run(["umount", mp], capture_output=True, check=False)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", mp], capture_output=True, check=False)
+
+
+def _kill_host_user(uid: Any) -> None:
+    """SIGKILL every process of a sandbox's own host uid (never root or an ordinary account)."""
+    if not isinstance(uid, int) or uid < SANDBOX_UID_BASE:
+        return
+    for _ in range(3):
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if d.stat().st_uid == uid:
+                    os.kill(int(d.name), signal.SIGKILL)
+
+
 def _owner_alive(marker: dict[str, Any]) -> bool:
     pid = marker.get("owner_pid")
     if not isinstance(pid, int):
@@ -917,13 +1269,17 @@ def _owner_alive(marker: dict[str, Any]) -> bool:
     return start is not None and start == marker.get("owner_start")
 
 
-def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLike | None = None) -> list[str]:
-    """Remove sandboxes left behind: kill their processes, remove their cgroups and folders.
+def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLike | None = None,
+                         older_than: float = 0, dry_run: bool = False) -> list[str]:
+    """Remove sandboxes left behind: kill their processes, remove their cgroups, unmount their
+    disk volume and remove their folders.
 
     Args:
         manager_id: reap every sandbox labelled with this manager id (do not pass a live
             manager's id); ``None`` reaps those whose owner process is gone.
         root: the sandbox root (default :func:`sandbox_root`).
+        older_than: only sandboxes created at least this many seconds ago.
+        dry_run: list what would be removed without removing anything.
 
     Returns:
         The names (``sbx-<hex>``) of the sandboxes removed.  Empty ``agentfly-gym`` cgroups
@@ -940,18 +1296,32 @@ def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLi
                 marker = json.loads(marker_file.read_text())
             except (OSError, ValueError):
                 # a folder whose start died before the marker was written; reap when old
-                if time.time() - d.stat().st_mtime > 600:
-                    shutil.rmtree(d, ignore_errors=True)
+                if time.time() - d.stat().st_mtime > max(600, older_than):
                     reaped.append(d.name)
+                    if dry_run:
+                        continue
+                    _unmount_under(d)
+                    shutil.rmtree(d, ignore_errors=True)
                 continue
             if manager_id is not None:
                 if marker.get("labels", {}).get("agentfly.manager") != manager_id:
                     continue
             elif _owner_alive(marker):
                 continue
-            _remove_cgroups([c for c in marker.get("cgroups", []) if CGROUP_PARENT in c])
+            if older_than and time.time() - float(marker.get("created") or 0) < older_than:
+                continue
+            if dry_run:
+                reaped.append(d.name)
+                continue
+            cgroups = [c for c in marker.get("cgroups", []) if CGROUP_PARENT in c]
+            _kill_cgroups(cgroups)
+            _kill_host_user(marker.get("host_uid"))
+            _remove_cgroups(cgroups)
+            _unmount_under(d)
             shutil.rmtree(d, ignore_errors=True)
             reaped.append(d.name)
+    if dry_run:
+        return reaped
     # stray cgroups of sandboxes whose folder is gone (only empty ones: they may belong to another root)
     parents = [_CGROUP_FS / CGROUP_PARENT] + [b / CGROUP_PARENT for b in
                                               (_cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
