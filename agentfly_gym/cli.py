@@ -104,6 +104,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ConfigError(f"--env-kwargs is not JSON ({e}): {args.env_kwargs!r}") from None
     if not isinstance(env_kwargs, dict) or not all(isinstance(v, dict) for v in env_kwargs.values()):
         raise ConfigError('--env-kwargs must map env ids to keyword dicts, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
+    if args.policy == "random":  # it picks among info["admissible_actions"], which ScienceWorld lists only on request
+        from .rollout.runner import normalize_env_id
+
+        env_kwargs = {normalize_env_id(k): dict(v) for k, v in env_kwargs.items()}
+        if "agentfly/ScienceWorld-v0" in map(normalize_env_id, args.env):
+            env_kwargs.setdefault("agentfly/ScienceWorld-v0", {}).setdefault("with_admissible_actions", True)
     config = RolloutConfig(
         env_ids=args.env, num_trajectories=args.num_trajectories, group_size=args.group_size,
         concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode, history=args.history,
