@@ -12,6 +12,9 @@ file changes upstream (the Lichess dump is re-published every month) or it could
 records the digest in ``<folder>/.agentfly-data.json`` (trust on first use, said on screen);
 ``verify`` then needs a pin, from this module, from that record, or given with ``--sha256 FILE=HEX``.
 No digest in this module was made up: each pinned one names its source.
+
+Archives are kept next to what they were unpacked into, so ``verify`` can recheck them later (delete them
+by hand to save space; ``verify`` then reports them missing).
 """
 
 from __future__ import annotations

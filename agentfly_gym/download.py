@@ -5,10 +5,12 @@ once it is complete and its SHA-256 matches the expected one.  An interrupted do
 ``.part`` file and the next call resumes it with an HTTP ``Range: bytes=N-`` request (RFC 9110
 §14); a server that ignores ``Range`` (answers 200 instead of 206) is read again from the start.
 A file whose checksum does not match is deleted and refused with :class:`~agentfly_gym.errors.ChecksumError`.
+The ``.part`` file is locked (``flock``) while a download runs, so two processes never write one file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import http.client
 import os
@@ -104,12 +106,35 @@ def download_file(url: str, dest: str | os.PathLike, *, sha256: str | None = Non
         return digest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    have = part.stat().st_size if part.is_file() else 0
+    with open(part, "a+b") as f:  # one handle for lock, hash and writes (appends always go to the end)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DownloadError(f"another process is downloading {dest} (it holds {part}); wait for it to "
+                                "finish") from None
+        try:
+            digest = _fetch_into(f, url, dest, part, progress=progress, timeout=timeout)
+        except DownloadError:
+            if part.is_file() and part.stat().st_size == 0:  # nothing to resume: leave no empty file behind
+                part.unlink()
+            raise
+        if expected is not None and digest != expected:
+            part.unlink(missing_ok=True)
+            raise ChecksumError(f"{url} gave a file whose sha256 is {digest}, not the pinned {expected}: refused and "
+                                f"deleted (nothing written to {dest}). The file upstream may have changed, or the "
+                                "transfer was corrupted; run again, and if it persists check the data set's page.")
+        os.replace(part, dest)  # still under the lock, so no other process reopens the part meanwhile
+    return digest
+
+
+def _fetch_into(f, url: str, dest: Path, part: Path, *, progress: bool, timeout: float) -> str:
+    """Append the rest of ``url`` to the open ``.part`` file ``f`` (resuming, or restarting), return its SHA-256."""
+    f.seek(0)
     h = hashlib.sha256()
-    if have:
-        with open(part, "rb") as f:
-            while chunk := f.read(CHUNK_BYTES):
-                h.update(chunk)
+    have = 0
+    while chunk := f.read(CHUNK_BYTES):
+        h.update(chunk)
+        have += len(chunk)
     headers = {"User-Agent": _USER_AGENT, "Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"
@@ -117,60 +142,53 @@ def download_file(url: str, dest: str | os.PathLike, *, sha256: str | None = Non
     try:
         resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
     except urllib.error.HTTPError as e:
-        if e.code == 416 and have:  # nothing left to send: the .part file is already whole
-            resp = None
-        else:
-            raise DownloadError(f"{url} answered HTTP {e.code} {e.reason}; the file may have moved (check the data "
-                                f"set's page) or the host refuses this client. Nothing was written to {dest}.") from None
+        size = re.fullmatch(r"bytes \*/(\d+)", e.headers.get("Content-Range") or "") if e.code == 416 else None
+        if size and have and int(size.group(1)) == have:  # nothing left to send: the .part file is whole
+            return h.hexdigest()
+        if e.code == 416:
+            part.unlink(missing_ok=True)
+            raise DownloadError(f"{url} refused the range bytes={have}- (Content-Range "
+                                f"{e.headers.get('Content-Range')!r}): the partial file {part} does not fit the file "
+                                "upstream and was removed; run the same command again.") from None
+        raise DownloadError(f"{url} answered HTTP {e.code} {e.reason}; the file may have moved (check the data "
+                            f"set's page) or the host refuses this client. Nothing was written to {dest}.") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", e)
         raise DownloadError(f"cannot download {url}: cannot reach {host} ({reason}). {offline_hint(dest)}") from None
-    if resp is not None:
-        with resp:
-            status = resp.status
-            if have and status == 206 and _content_range_start(resp.headers.get("Content-Range")) == have:
-                mode = "ab"
-            elif status == 206:
-                part.unlink(missing_ok=True)
-                raise DownloadError(f"{url} answered a range other than the one asked for (Content-Range "
-                                    f"{resp.headers.get('Content-Range')!r}, asked bytes={have}-); the partial file "
-                                    "was removed: run the same command again to download it whole.")
-            else:  # 200: the server ignored Range (or this is a fresh start): read it all again
-                mode, have, h = "wb", 0, hashlib.sha256()
-            ctype = (resp.headers.get("Content-Type") or "").lower()
-            if ctype.startswith("text/html") and not dest.name.endswith((".html", ".htm")):
-                raise DownloadError(f"{url} answered a web page (Content-Type {ctype}) instead of {dest.name}: the "
-                                    "host may ask for a sign-in or a confirmation, or its quota is spent. Download the "
-                                    f"file in a browser and put it at {dest}, then run `agentfly-gym data verify`.")
-            length = resp.headers.get("Content-Length")
-            total = have + int(length) if length and length.isdigit() else None
-            bar = _bar(total, have, dest.name) if progress else None
-            got = have
-            try:
-                with open(part, mode) as f:
-                    while True:
-                        chunk = resp.read(CHUNK_BYTES)
-                        if not chunk:
-                            break
-                        f.write(chunk)
-                        h.update(chunk)
-                        got += len(chunk)
-                        if bar is not None:
-                            bar.update(len(chunk))
-            except (OSError, http.client.HTTPException, socket.timeout) as e:
-                raise DownloadError(f"download of {url} stopped at {got:,} of {total or '?'} bytes ({e}); run the "
-                                    f"same command again to resume from {part}.") from None
-            finally:
+    with resp:
+        status = resp.status
+        ctype = (resp.headers.get("Content-Type") or "").lower()
+        if ctype.startswith("text/html") and not dest.name.endswith((".html", ".htm")):
+            raise DownloadError(f"{url} answered a web page (Content-Type {ctype}) instead of {dest.name}: the "
+                                "host may ask for a sign-in or a confirmation, or its quota is spent. Download the "
+                                f"file in a browser and put it at {dest}, then run `agentfly-gym data verify`.")
+        if status == 206 and _content_range_start(resp.headers.get("Content-Range")) != have:
+            part.unlink(missing_ok=True)
+            raise DownloadError(f"{url} answered a range other than the one asked for (Content-Range "
+                                f"{resp.headers.get('Content-Range')!r}, asked bytes={have}-); the partial file "
+                                "was removed: run the same command again to download it whole.")
+        if status != 206 and have:  # 200: the server ignored Range: read it all again
+            f.truncate(0)
+            have, h = 0, hashlib.sha256()
+        length = resp.headers.get("Content-Length")
+        total = have + int(length) if length and length.isdigit() else None
+        bar = _bar(total, have, dest.name) if progress else None
+        got = have
+        try:
+            while chunk := resp.read(CHUNK_BYTES):
+                f.write(chunk)
+                h.update(chunk)
+                got += len(chunk)
                 if bar is not None:
-                    bar.close()
-            if total is not None and got < total:
-                raise DownloadError(f"download of {url} stopped at {got:,} of {total:,} bytes (the connection "
-                                    f"closed early); run the same command again to resume from {part}.")
-    digest = h.hexdigest()
-    if expected is not None and digest != expected:
-        part.unlink(missing_ok=True)
-        raise ChecksumError(f"{url} gave a file whose sha256 is {digest}, not the pinned {expected}: refused and "
-                            f"deleted (nothing written to {dest}). The file upstream may have changed, or the transfer "
-                            "was corrupted; run again, and if it persists check the data set's page.")
-    os.replace(part, dest)
-    return digest
+                    bar.update(len(chunk))
+            f.flush()
+        except (OSError, http.client.HTTPException, socket.timeout) as e:
+            raise DownloadError(f"download of {url} stopped at {got:,} of {total or '?'} bytes ({e}); run the "
+                                f"same command again to resume from {part}.") from None
+        finally:
+            if bar is not None:
+                bar.close()
+        if total is not None and got < total:
+            raise DownloadError(f"download of {url} stopped at {got:,} of {total:,} bytes (the connection "
+                                f"closed early); run the same command again to resume from {part}.")
+    return h.hexdigest()

@@ -157,13 +157,38 @@ def test_corrupted_file_is_refused_and_deleted(server, tmp_path):
     assert download_file(f"{server.url}/f.bin", dest, sha256=pin, progress=False) == pin
 
 
+def test_a_partial_file_that_does_not_fit_upstream_is_dropped(server, tmp_path):
+    body = _payload(10_000)
+    server.files["/f.bin"] = body
+    (tmp_path / "f.bin.part").write_bytes(b"Z" * 20_000)  # longer than the file upstream: the server answers 416
+    with pytest.raises(DownloadError, match="does not fit the file upstream"):
+        download_file(f"{server.url}/f.bin", tmp_path / "f.bin", progress=False)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f.bin.part").write_bytes(body)  # exactly whole: 416 means done, nothing is fetched
+    assert download_file(f"{server.url}/f.bin", tmp_path / "f.bin", progress=False) == hashlib.sha256(body).hexdigest()
+    assert (tmp_path / "f.bin").read_bytes() == body
+
+
+def test_a_second_download_of_the_same_file_is_refused_while_one_runs(server, tmp_path):
+    import fcntl
+
+    server.files["/f.bin"] = _payload(1000)
+    part = tmp_path / "f.bin.part"
+    with open(part, "a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(DownloadError, match="another process is downloading"):
+            download_file(f"{server.url}/f.bin", tmp_path / "f.bin", progress=False)
+    assert download_file(f"{server.url}/f.bin", tmp_path / "f.bin", progress=False)
+    assert server.requests == [("/f.bin", None)]
+
+
 def test_offline_says_what_to_do(tmp_path):
     dest = tmp_path / "chess" / "lichess_db_puzzle.csv.zst"
     with pytest.raises(DownloadError) as info:
         download_file(f"http://127.0.0.1:{_closed_port()}/x.zst", dest, progress=False)
     msg = str(info.value)
     assert "cannot reach 127.0.0.1" in msg and "offline" in msg and "agentfly-gym data verify" in msg
-    assert "--dest" in msg and "resumes" in msg
+    assert "--dest" in msg and "resumes" in msg and not dest.parent.joinpath(dest.name + ".part").exists()
     # through the command: exit 1, the same advice, no traceback
     env = {k: v for k, v in os.environ.items() if k not in ("AGENTFLY_GYM_DATA",)}
     r = subprocess.run([sys.executable, "-m", "agentfly_gym", "data", "download", "chess", "--no-progress",
