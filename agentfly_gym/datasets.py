@@ -415,16 +415,16 @@ def _alfworld() -> tuple[str, str]:
 
 def _webshop() -> tuple[str, str]:
     from .data import resolve_data_dir
-    from .envs.webshop.catalog import find_data_files
+    from .envs.webshop.catalog import find_data_files, load_catalog
 
     folder = resolve_data_dir("webshop")
-    products, _attrs, _human = find_data_files(folder, human_goals=False)
+    products, attrs, _human = find_data_files(folder, human_goals=False)
     size = products.stat().st_size
     if size > 64 << 20:  # a full catalog: counting means parsing gigabytes
         return f"{_label('webshop', folder)}: {products}", f"{size / (1 << 30):.1f} GiB of products (not counted)"
-    with open(products, encoding="utf-8") as f:
-        n = len(json.load(f))
-    return f"{_label('webshop', folder)}: {products}", f"{n:,} products"
+    catalog = load_catalog(products, attrs, human_goals=False)
+    return (f"{_label('webshop', folder)}: {products}",
+            f"{len(catalog.products):,} products, {len(catalog.goals):,} synthetic goals")
 
 
 def _scienceworld() -> tuple[str, str]:

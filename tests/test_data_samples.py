@@ -75,6 +75,7 @@ def test_webshop_sample_matches_the_pinned_upstream_file(bare):
     assert human is None and len(json.loads(products.read_text(encoding="utf-8"))) == 29
     pin = next(f.sha256 for f in DATASETS["webshop-small"].files if f.name == attributes.name)
     assert sha256_file(attributes) == pin  # the bundled file is upstream's, byte for byte
+    assert env_data_source("agentfly/WebShop-v0") == (f"bundled sample: {products}", "29 products, 149 synthetic goals")
 
 
 def test_configured_data_wins_and_explicit_dir_never_falls_back(bare, monkeypatch):
