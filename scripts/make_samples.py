@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rebuild the small public samples shipped in ``agentfly_gym/samples/`` from a data root.
 
-Usage: ``python3 scripts/make_samples.py SRC_ROOT`` where SRC_ROOT holds ``chess/``, ``alfworld/`` and
+Usage: ``python3 scripts/make_samples.py SRC_ROOT [OUT]`` (OUT defaults to the package's samples folder) where SRC_ROOT holds ``chess/``, ``alfworld/`` and
 ``webshop/`` in the layout of the project's shared data folder (see ``agentfly_gym/samples/README.md``).
 The choice is deterministic (no randomness), so rerunning on the same source gives the same files.
 
@@ -79,17 +79,18 @@ def webshop(src: Path, out: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not Path(argv[0]).is_dir():
+    if len(argv) not in (1, 2) or not Path(argv[0]).is_dir():
         print(__doc__, file=sys.stderr)
         return 2
     src = Path(argv[0])
+    out = Path(argv[1]) if len(argv) == 2 else OUT
     for name, fn in (("chess", chess), ("alfworld", alfworld), ("webshop", webshop)):
-        for p in (OUT / name).glob("*"):  # keep README/LICENSE files, replace the data
+        for p in (out / name).glob("*"):  # keep README/LICENSE files, replace the data
             if p.is_dir():
                 shutil.rmtree(p)
             elif p.name not in ("README.md", "LICENSE"):
                 p.unlink()
-        fn(src / name, OUT / name)
+        fn(src / name, out / name)
     return 0
 
 

@@ -4,7 +4,10 @@ the data resolution order (a configured data set always wins; an explicit ``data
 from __future__ import annotations
 
 import csv
+import filecmp
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,16 @@ def test_configured_data_wins_and_explicit_dir_never_falls_back(bare, monkeypatc
         resolve_data_dir("alfworld", bare / "empty", must_contain="json_2.1.1")
     assert env_data_source("agentfly/ALFWorld-v0") == (f"bundled sample: {SAMPLES / 'alfworld'}",
                                                       "solvable games: train 24, valid_seen 24, valid_unseen 24")
+
+
+def test_samples_are_rebuilt_identically_from_the_shared_data(shared_data, tmp_path):
+    """scripts/make_samples.py is deterministic: rerun on the shared data it gives the shipped files."""
+    r = subprocess.run([sys.executable, str(SAMPLES.parents[1] / "scripts" / "make_samples.py"), str(shared_data),
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    built = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    shipped = sorted(p.relative_to(SAMPLES) for p in SAMPLES.rglob("*") if p.is_file()
+                     and p.name not in ("README.md", "LICENSE"))
+    assert built == shipped
+    _, mismatch, errors = filecmp.cmpfiles(tmp_path, SAMPLES, [str(p) for p in built], shallow=False)
+    assert mismatch == [] and errors == []
