@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_rollout)
 
-    e = sub.add_parser("envs", help="list registered environments and their data status")
+    e = sub.add_parser("envs", help="list registered environments, the data each one reads and how many tasks")
     e.set_defaults(func=cmd_envs)
 
     groups: dict[str, argparse._SubParsersAction] = {}
