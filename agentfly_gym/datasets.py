@@ -314,8 +314,7 @@ def _status_rows() -> list[tuple[str, ...]]:
 def _in_use_rows() -> list[tuple[str, str, str]]:
     rows = []
     for folder_name, marker in (("chess", ("lichess_db_puzzle.csv", "lichess_puzzles_sample.csv")),
-                                ("alfworld", ("json_2.1.1",)), ("webshop", ("items_shuffle*.json",)),
-                                ("r2egym", ("local-v1/tasks.jsonl", "*.parquet"))):
+                                ("alfworld", ("json_2.1.1",)), ("webshop", ("items_shuffle*.json",))):
         found = "none (the environment raises DataNotFoundError)"
         for m in marker:
             hit = next(((label, p) for label, p in data_candidates(folder_name) if p.is_dir() and list(p.glob(m))),
@@ -324,6 +323,11 @@ def _in_use_rows() -> list[tuple[str, str, str]]:
                 found = f"{hit[1]} ({hit[0]})"
                 break
         rows.append((folder_name, found, ", ".join(marker)))
+    from .envs.r2egym.local_tasks import default_tasks_dir
+
+    tasks = default_tasks_dir() / "tasks.jsonl"  # R2EGym-v0's default; downloaded rows are passed as tasks=
+    rows.append(("r2egym", str(tasks) if tasks.is_file() else "none: run `agentfly-gym r2e build-tasks`",
+                 "the local task set (downloaded rows are passed as tasks=<file>)"))
     return rows
 
 
