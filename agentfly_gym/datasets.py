@@ -451,7 +451,7 @@ _SOURCES = {"agentfly/Chess-v0": _chess, "agentfly/ALFWorld-v0": _alfworld, "age
 
 
 def env_data_source(env_id: str) -> tuple[str, str]:
-    """``(source, tasks)`` for ``agentfly-gym envs``: where ``env_id`` reads its data by default and how many tasks it holds.
+    """``(source, tasks)`` for ``agentfly-gym envs``: where ``env_id`` reads its data, how many tasks it holds.
 
     The source starts with the resolution step it came from (``bundled sample``, ``AGENTFLY_GYM_DATA``,
     ``cache``, ...; see :mod:`agentfly_gym.data`).  Never raises: a missing data set or package is

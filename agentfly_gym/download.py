@@ -53,7 +53,8 @@ def offline_hint(dest: Path) -> str:
     """What to do when the host cannot be reached (part of every network error's message)."""
     return (f"This machine seems to be offline or cannot reach the host. Run the same command on a machine with "
             f"internet access (add --dest DIR to choose the folder), copy the folder here as {dest.parent}, and run "
-            f"`agentfly-gym data verify` on it; a partial download stays as {dest.name}.part and resumes on the next try.")
+            f"`agentfly-gym data verify` on it; a partial download stays as {dest.name}.part and resumes on the next "
+            "try.")
 
 
 def _bar(total: int | None, initial: int, desc: str):

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Rebuild the small public samples shipped in ``agentfly_gym/samples/`` from a data root.
 
-Usage: ``python3 scripts/make_samples.py SRC_ROOT [OUT]`` (OUT defaults to the package's samples folder) where SRC_ROOT holds ``chess/``, ``alfworld/`` and
-``webshop/`` in the layout of the project's shared data folder (see ``agentfly_gym/samples/README.md``).
+Usage: ``python3 scripts/make_samples.py SRC_ROOT [OUT]`` (OUT defaults to the package's samples folder), where
+SRC_ROOT holds ``chess/``, ``alfworld/`` and ``webshop/`` in the layout of the project's shared data folder
+(see ``agentfly_gym/samples/README.md``).
 The choice is deterministic (no randomness), so rerunning on the same source gives the same files.
 
 - chess: ``PUZZLES`` rows of ``lichess_puzzles_sample.csv``: first every theme's lowest-numbered row not yet

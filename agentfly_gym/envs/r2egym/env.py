@@ -162,9 +162,11 @@ class R2EGymEnv(AgentFlyEnv):
     #: well-formed tool calls the ``random`` policy chooses among (the action space is free text, so there
     #: are no ``admissible_actions``): look around, run a command, search, or give up
     random_actions: tuple[str, ...] = (
-        f"<function=file_editor>\n<parameter=command>view</parameter>\n<parameter=path>{TESTBED}</parameter>\n</function>",
+        f"<function=file_editor>\n<parameter=command>view</parameter>\n<parameter=path>{TESTBED}</parameter>\n"
+        "</function>",
         f"<function=execute_bash>\n<parameter=cmd>ls {TESTBED}</parameter>\n</function>",
-        f"<function=search>\n<parameter=search_term>def </parameter>\n<parameter=path>{TESTBED}</parameter>\n</function>",
+        f"<function=search>\n<parameter=search_term>def </parameter>\n<parameter=path>{TESTBED}</parameter>\n"
+        "</function>",
         "<function=finish>\n</function>",
     )
 
