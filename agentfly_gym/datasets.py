@@ -227,14 +227,18 @@ def download_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None 
         log: printer for one-line messages (``None`` for silence).
 
     Raises:
-        ConfigError: unknown data set, bad ``sha256`` value.
+        ConfigError: unknown data set, bad ``sha256`` value, a folder that cannot be created.
         DownloadError: see :func:`agentfly_gym.download.download_file` (offline, HTTP error, cut off).
         ChecksumError: a file does not match its pin (it was refused and deleted).
     """
     ds = _get(name_or_set) if isinstance(name_or_set, str) else name_or_set
     say = log or (lambda _m: None)
     folder = Path(dest).expanduser() if dest is not None else default_download_dir(ds.folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create the data set's folder {folder} ({e.strerror}); choose a writable one with "
+                          "--dest DIR (or dest=...)") from None
     given = {k: v.lower() for k, v in (sha256 or {}).items()}
     manifest = _read_manifest(folder)
     for f in ds.files:

@@ -212,6 +212,9 @@ def test_bad_arguments_are_config_errors(tmp_path):
         download_file("http://127.0.0.1/y", tmp_path / "y", sha256="abc")
     with pytest.raises(ConfigError, match="unknown data set 'nope'; choose one of chess"):
         download_dataset("nope", tmp_path)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="cannot create the data set's folder .*--dest"):
+        download_dataset("chess", tmp_path / "file" / "chess")
 
 
 def test_chess_download_records_the_digest_decompresses_and_verifies(server, tmp_path, capsys):
