@@ -382,7 +382,7 @@ def data_main(argv: list[str]) -> int:
         print(f"agentfly-gym data: error: {e}", file=sys.stderr)
         return 1
     except (OSError, zipfile.BadZipFile) as e:  # e.g. a full disk while unpacking, a broken archive
-        print(f"agentfly-gym data: error while preparing {args.name}: {e}; the downloaded files are kept, "
+        print(f"agentfly-gym data: error while preparing {getattr(args, "name", "the data")}: {e}; the downloaded files are kept, "
               "free the space or fix the cause and run the command again", file=sys.stderr)
         return 1
 
