@@ -382,8 +382,9 @@ def data_main(argv: list[str]) -> int:
         print(f"agentfly-gym data: error: {e}", file=sys.stderr)
         return 1
     except (OSError, zipfile.BadZipFile) as e:  # e.g. a full disk while unpacking, a broken archive
-        print(f"agentfly-gym data: error while preparing {getattr(args, "name", "the data")}: {e}; the downloaded files are kept, "
-              "free the space or fix the cause and run the command again", file=sys.stderr)
+        what = getattr(args, "name", "the data")
+        print(f"agentfly-gym data: error while preparing {what}: {e}; the downloaded files are kept, free the space "
+              "or fix the cause and run the command again", file=sys.stderr)
         return 1
 
 
