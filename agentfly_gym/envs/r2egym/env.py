@@ -161,6 +161,16 @@ class R2EGymEnv(AgentFlyEnv):
     env_name = "R2EGym"
     agent_prompt = R2EAgentPrompt(system=SYSTEM_PROMPT)
     max_observation_length = 1 << 20
+    #: well-formed tool calls the ``random`` policy chooses among (the action space is free text, so there
+    #: are no ``admissible_actions``): look around, run a command, search, or give up
+    random_actions: tuple[str, ...] = (
+        f"<function=file_editor>\n<parameter=command>view</parameter>\n<parameter=path>{TESTBED}</parameter>\n"
+        "</function>",
+        f"<function=execute_bash>\n<parameter=cmd>ls {TESTBED}</parameter>\n</function>",
+        f"<function=search>\n<parameter=search_term>def </parameter>\n<parameter=path>{TESTBED}</parameter>\n"
+        "</function>",
+        "<function=finish>\n</function>",
+    )
 
     def __init__(self, *, tasks: str | os.PathLike | Sequence[R2ETask] | None = None, backend: str = "auto",
                  image: str | None = None, cpus: float = 1.0, memory: int | str | None = "2g", pids: int = 512,
