@@ -8,6 +8,7 @@ Subcommands:
     r2e build-tasks  build the local R2E-Gym task set
     drift            measure re-tokenization drift on saved trajectories
     dataset          write a verl training dataset (needs the verl plugin)
+    serve            serve an environment through OpenEnv's server interface (needs the openenv extra)
 """
 
 from __future__ import annotations
@@ -185,6 +186,8 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("drift",): ("agentfly_gym.rollout.drift", "drift_main",
                  "measure what re-tokenizing saved trajectories would change: FILE [--tokenizer ...]"),
     ("dataset",): ("agentfly_gym_verl.dataset", "dataset_main", "write a verl training parquet for an environment"),
+    ("serve",): ("agentfly_gym.bridges.openenv", "serve_main",
+                 "serve an environment to OpenEnv clients: --env ID --openenv [--port P] [--max-sessions N]"),
 }
 
 
