@@ -131,7 +131,8 @@ def test_clear_errors():
 def test_selectable_in_a_fresh_trainer_process():
     """verl's VERL_USE_EXTERNAL_MODULES hook imports the module; then 'gigpo' is in the registry."""
     env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="agentfly_gym_verl.gigpo",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "plugins" / "verl"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(ROOT / "plugins" / "verl"), str(ROOT),
+                                           os.environ.get("PYTHONPATH", "")]))
     code = ("import verl\nfrom verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
             "print(get_adv_estimator_fn('gigpo').__module__)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

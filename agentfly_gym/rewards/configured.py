@@ -11,8 +11,8 @@ plugin's agent-loop YAML key ``reward: SPEC``:
   - or ``serve=transformers`` (CPU) / ``serve=vllm`` (GPU) + ``model`` (a folder, a hub name, or
     ``smollm2`` for the bundled model): a local server started as a global resource
     (``ModelServiceSpec``) and used through the same client;
-  - ``concurrency`` (most judge requests in flight, default 4; 1 for ``serve=transformers``), ``retries`` (on HTTP 429/5xx and
-    connection errors, with exponential backoff; default 3), ``timeout`` (seconds per request,
+  - ``concurrency`` (most judge requests in flight, default 4; 1 for ``serve=transformers``), ``retries``
+    (on HTTP 429/5xx and connection errors, with exponential backoff; default 3), ``timeout`` (seconds per request,
     120), ``max_tokens`` (judge reply budget, 128), ``default`` (reward when the reply holds no
     rating, 0.0), ``combine`` (``replace``: the judge's score becomes the episode reward;
     ``add``: reward = env return + ``weight`` * score; default ``replace``), ``weight`` (1.0).
@@ -176,7 +176,6 @@ class JudgeReward(EpisodeReward):
         self.concurrency, self.retries, self.timeout = concurrency, retries, float(timeout)
         self.max_tokens, self.default, self.combine, self.weight = max_tokens, float(default), combine, float(weight)
         self.max_chars, self.spec = max_chars, spec
-        self._lock: asyncio.Lock | None = None
 
     async def api_spec(self, manager: ResourceManager) -> ModelAPISpec:
         """The endpoint's spec; for ``serve=...`` the local server is acquired (global scope) first."""
@@ -222,7 +221,8 @@ def _number(fields: dict[str, Any], key: str, kind: type, default: Any, spec: st
     try:
         return kind(v)
     except (TypeError, ValueError):
-        raise ConfigError(f"reward spec {spec!r}: {key}={v!r} is not a{'n integer' if kind is int else ' number'}") from None
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"reward spec {spec!r}: {key}={v!r} is not {what}") from None
 
 
 def parse_reward(spec: str | EpisodeReward | None) -> EpisodeReward | None:
@@ -254,7 +254,8 @@ def parse_reward(spec: str | EpisodeReward | None) -> EpisodeReward | None:
                               f"retries={retries} >= 0, timeout={timeout} seconds > 0")
         common = dict(concurrency=concurrency, retries=retries, timeout=timeout,
                       max_tokens=_number(fields, "max_tokens", int, 128, spec),
-                      default=_number(fields, "default", float, 0.0, spec), combine=str(fields.get("combine", "replace")),
+                      default=_number(fields, "default", float, 0.0, spec),
+                      combine=str(fields.get("combine", "replace")),
                       weight=_number(fields, "weight", float, 1.0, spec),
                       max_chars=_number(fields, "max_chars", int, 6000, spec), spec=spec)
         if "serve" in fields:
