@@ -9,6 +9,7 @@ Subcommands:
     drift            measure re-tokenization drift on saved trajectories
     dataset          write a verl training dataset (needs the verl plugin)
     data             the full public data sets: status | download NAME | verify NAME
+    serve            serve an environment through OpenEnv's server interface (needs the openenv extra)
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         env_ids=args.env, num_trajectories=args.num_trajectories, group_size=args.group_size,
         concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode, history=args.history,
         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p),
-        max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir)
+        max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir,
+        reward=args.reward)
     check_config(config)  # fail on a typo before the model is loaded
     policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
 
@@ -173,6 +175,8 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("dataset",): ("agentfly_gym_verl.dataset", "dataset_main", "write a verl training parquet for an environment"),
     ("data",): ("agentfly_gym.datasets", "data_main",
                 "the full public data sets: status | download NAME | verify NAME (resumable, checksummed)"),
+    ("serve",): ("agentfly_gym.bridges.openenv", "serve_main",
+                 "serve an environment to OpenEnv clients: --env ID --openenv [--port P] [--max-sessions N]"),
 }
 
 
@@ -217,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--history", type=int, default=3, help="step mode: past (action, observation) pairs per prompt")
     r.add_argument("--env-kwargs", default=None,
                    help='JSON: per env id, constructor kwargs, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
+    r.add_argument("--reward", default=None,
+                   help="episode reward from configuration: 'judge:model=M,base_url=URL[,api_key_env=VAR,concurrency=4,"
+                        "retries=3,combine=replace|add]' (an OpenAI-compatible API), 'judge:serve=transformers,"
+                        "model=smollm2' (a local server), or 'MODULE:FUNCTION' (FUNCTION(trajectory) -> float)")
     r.add_argument("--output-dir", default="runs/latest")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_rollout)

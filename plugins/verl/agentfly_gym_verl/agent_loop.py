@@ -46,7 +46,8 @@ from typing import Any
 
 import gymnasium
 
-from agentfly_gym.errors import ConfigError
+from agentfly_gym.errors import ConfigError, ResourceError
+from agentfly_gym.rewards.configured import parse_reward
 from agentfly_gym.rollout.chain import run_chain_episode
 from agentfly_gym.rollout.policy import SamplingParams
 from agentfly_gym.rollout.runner import normalize_env_id
@@ -174,6 +175,9 @@ class AgentFlyAgentLoop(AgentLoopBase):
         history: step mode: past (action, observation) pairs shown in each prompt, when a row gives none.
         max_tokens_per_turn: most tokens sampled per turn (None: ``rollout.response_length``).
         env_kwargs: constructor kwargs for every env, under the row's own ``env_kwargs``.
+        reward: an episode reward from configuration (``"judge:..."`` or ``"MODULE:FUNCTION"``, see
+            :mod:`agentfly_gym.rewards.configured`) that replaces or adds to the env return; a judge that
+            fails after its retries makes the trajectory an error row.
         (all other arguments: see verl's ``AgentLoopBase``.)
 
     Raises:
@@ -182,7 +186,8 @@ class AgentFlyAgentLoop(AgentLoopBase):
     """
 
     def __init__(self, *args: Any, mode: str | None = None, max_turns: int = 10, history: int = DEFAULT_HISTORY,
-                 max_tokens_per_turn: int | None = None, env_kwargs: Any = None, **kwargs: Any) -> None:
+                 max_tokens_per_turn: int | None = None, env_kwargs: Any = None, reward: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if mode is not None and mode not in MODES:
             raise ConfigError(f"agent loop mode={mode!r} is not one of {MODES} (or null: per row)")
@@ -195,6 +200,7 @@ class AgentFlyAgentLoop(AgentLoopBase):
         self.response_length = int(self.rollout_config.response_length)
         self.max_tokens_per_turn = max_tokens_per_turn or self.response_length
         self.default_env_kwargs = _as_dict(env_kwargs, "env_kwargs")
+        self.reward = parse_reward(reward)
 
     # ------------------------------------------------------------------ verl entry point
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
@@ -243,8 +249,10 @@ class AgentFlyAgentLoop(AgentLoopBase):
                           options=row["options"], trajectory_id=traj_id, group_id=group_id)
             if mode == "chain":
                 traj = await run_chain_episode(env, policy, chat, max_response_tokens=self.response_length, **common)
+                await self._apply_reward(traj)
                 return self._chain_output(traj, policy, want_logprobs, row)
             traj = await run_step_episode(env, policy, chat, history=row["history"], **common)
+            await self._apply_reward(traj)
             return self._step_outputs(traj, policy, want_logprobs, row, kwargs)
         except asyncio.CancelledError:
             raise
@@ -256,6 +264,15 @@ class AgentFlyAgentLoop(AgentLoopBase):
         finally:
             if env is not None:
                 await env.aclose()
+
+    async def _apply_reward(self, traj: Trajectory) -> None:
+        """The configured episode reward, if any; its failure becomes this trajectory's error row."""
+        if self.reward is None:
+            return
+        before = traj.error
+        await self.reward.apply(traj, manager=get_manager())
+        if traj.error != before:
+            raise ResourceError(traj.error)
 
     # ------------------------------------------------------------------ outputs
     def _logprobs(self, lps: list[float], mask: list[int], want: bool) -> list[float] | None:
