@@ -280,8 +280,8 @@ class ChatTokenizer:
         conv = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": _USER}]
         try:
             first = self.render(conv, True)
-            later = self.render(conv + [{"role": "assistant", "content": _MARK}, {"role": "user", "content": _USER_ALT}],
-                                True)
+            reply = [{"role": "assistant", "content": _MARK}, {"role": "user", "content": _USER_ALT}]
+            later = self.render(conv + reply, True)
         except Exception:  # noqa: BLE001  (no system role at all: nothing can move)
             return False
         m = later.find(_MARK)

@@ -359,7 +359,8 @@ class AgentFlyAgentLoop(AgentLoopBase):
         fallback = getattr(self, "_global_steps", None)
         lo = fallback if lo is None else lo
         hi = fallback if hi is None else hi
-        return {"min_global_steps": None if lo is None else int(lo), "max_global_steps": None if hi is None else int(hi)}
+        return {"min_global_steps": None if lo is None else int(lo),
+                "max_global_steps": None if hi is None else int(hi)}
 
     def _chain_output(self, traj: Trajectory, policy: VerlServerPolicy, want_logprobs: bool,
                       row: dict[str, Any]) -> AgentLoopOutput:
