@@ -180,7 +180,7 @@ async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: R
         log.warning("trajectory %s (%s) failed: %s", traj_id, env_id, e)
         log.debug("%s", traceback.format_exc())
         return Trajectory(trajectory_id=traj_id, group_id=group_id, env_id=env_id, task_id="", seed=seed,
-                          mode=config.mode, prompt_ids=[], error=f"{type(e).__name__}: {e}",
+                          mode=config.mode, prompt_ids=[], error=f"{type(e).__name__}: {e}", status="error",
                           timings={"wall": time.monotonic() - t0})
     finally:
         if env is not None:
