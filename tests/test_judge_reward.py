@@ -146,7 +146,9 @@ def test_cli_custom_function_reward(tmp_path):
     out = tmp_path / "run"
     assert main(["rollout", *CHESS, "-n", "2", "--mode", "step", "--reward", "test_judge_reward:constant_reward",
                  "--output-dir", str(out)]) == 0
-    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    from agentfly_gym.rollout.trajectory import read_jsonl_records
+
+    _version, rows = read_jsonl_records(out / "trajectories.jsonl")   # the header line is the schema's
     assert [r["reward"] for r in rows] == [0.25 * r["num_turns"] for r in rows] and rows[0]["num_turns"] >= 1
     import pyarrow.parquet as pq
 
@@ -162,7 +164,9 @@ def test_cli_rollout_with_a_local_transformers_serve_judge(tmp_path):
     spec = "judge:serve=transformers,model=smollm2,max_tokens=8,max_chars=400,timeout=300,default=0.05"
     assert main(["rollout", *CHESS[:-3], "--max-turns", "1", "--no-progress", "-n", "2", "--reward", spec,
                  "--output-dir", str(out)]) == 0
-    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    from agentfly_gym.rollout.trajectory import read_jsonl_records
+
+    _version, rows = read_jsonl_records(out / "trajectories.jsonl")   # the header line is the schema's
     assert len(rows) == 2
     for r in rows:
         info = r["turns"][-1]["info"]
