@@ -198,7 +198,7 @@ def _server_alive(log) -> bool:
 
 async def test_verl_agent_loop_yaml_reward_key(tmp_path, tiny_qwen, slow_judge):
     """The plugin's YAML key ``reward:``: a custom function sets ``reward_score`` of every step row; a judge that
-    keeps failing turns the trajectory into an error row (reward 0, nothing trained), not a failed batch."""
+    keeps failing fails only that trajectory: under V1 it leaves no row and is counted in failure_metrics()."""
     hydra = pytest.importorskip("hydra")
     pytest.importorskip("verl.experimental.agent_loop.agent_loop")
     import sys
@@ -244,8 +244,10 @@ async def test_verl_agent_loop_yaml_reward_key(tmp_path, tiny_qwen, slow_judge):
         assert len(outs) == 2 and [o.reward_score for o in outs] == [0.5, 0.5]      # 0.25 per turn, 2 turns
         assert not outs[0].extra_fields["error"] and outs[0].extra_fields["env_return"] == 0.5
         _SlowJudge.fail = 100
-        (err,) = await loop(f"judge:base_url={slow_judge},model=m,retries=0").run(dict(sampling), **row)
-        assert err.reward_score == 0.0 and err.response_mask == [0] and "503" in err.extra_fields["error"]
+        before = agentfly_gym_verl.failure_metrics()["by_error"].get("ResourceError", 0)
+        outs = await loop(f"judge:base_url={slow_judge},model=m,retries=0").run(dict(sampling), **row)
+        assert outs == []            # V1: a failed session leaves no row (verl's convention), it is counted instead
+        assert agentfly_gym_verl.failure_metrics()["by_error"]["ResourceError"] == before + 1
     finally:
         await ashutdown()
     with pytest.raises(Exception, match="unknown keys") as ei:          # hydra wraps the ConfigError
