@@ -206,3 +206,40 @@ def test_alfworld_planner_child_dies_with_its_parent():
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+R2E_FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "r2e", "tasks.jsonl")
+MALFORMED_R2E_ACTIONS = [
+    '{"name": "execute_bash", "arguments": ' + '{"a": ' * 5000 + "1" + "}" * 5001,  # RecursionError in json
+    '{"name": "execute_bash", "arguments": "' + "[" * 5000 + '"}',
+    "<function=execute_bash>\n<parameter=cmd>echo a\x00b</parameter>\n</function>",  # NUL in argv
+    '{"name": "execute_bash", "arguments": {"cmd": "ls\\u0000"}}',
+    "<function=file_editor>\n<parameter=command>view</parameter>\n<parameter=path>/testbed/\x00</parameter>\n</function>",
+    "<function=a>" * 5000,
+    "<tool_call>" * 5000,
+    "\ud800 lone surrogate <function=execute_bash><parameter=cmd>echo \udfff</parameter></function>",
+]
+
+
+@pytest.fixture(params=["sandbox", "docker"])
+def r2e_backend(request) -> dict:
+    if request.param == "docker":
+        return {"backend": "docker", "image": request.getfixturevalue("r2e_docker_image")}
+    return {"backend": "sandbox", "image": "host"}
+
+
+async def test_malformed_r2e_actions_are_error_observations_not_episode_ends(r2e_backend):
+    from agentfly_gym.envs.r2egym import R2EGymEnv
+
+    async with ResourceManager() as m:
+        env = R2EGymEnv(tasks=R2E_FIXTURES, manager=m, bash_timeout=10.0, **r2e_backend)
+        await env.areset(seed=0)
+        for action in MALFORMED_R2E_ACTIONS:
+            t0 = time.monotonic()
+            obs, reward, terminated, truncated, info = await env.astep(action)
+            assert not (terminated or truncated) and info["error"] is None, (action[:80], obs[:300], info["error"])
+            assert "ERROR" in obs or "Exit code" in obs, obs[:300]
+            assert time.monotonic() - t0 < 30
+        obs, *_ = await env.astep("<function=execute_bash>\n<parameter=cmd>echo still-here</parameter>\n</function>")
+        assert "still-here" in obs
+        await env.aclose()
