@@ -52,7 +52,7 @@ ENVS: dict[str, dict[str, Any]] = {
               "faults": ["sigkill", "sigstop"], "tokens": ["e2e4", "Nf3", "O-O", "Action:", "**", "```", "\n", " "]},
     "ScienceWorld": {"id": "agentfly/ScienceWorld-v0", "kwargs": {"max_simulators": 2}, "faults": ["sigkill", "sigstop"],
                      "tokens": SW_OK + ["open", "door", "to", "\n", " "]},
-    "ALFWorld": {"id": "agentfly/ALFWorld-v0", "kwargs": {"max_simulators": 2}, "faults": [],
+    "ALFWorld": {"id": "agentfly/ALFWorld-v0", "kwargs": {"max_instances": 2}, "faults": [],
                  "tokens": ["go to", "take", "from", "bowl 1", "desklamp 1", "\n", " "]},
     "WebShop": {"id": "agentfly/WebShop-v0", "kwargs": {}, "faults": ["sigkill"],
                 "tokens": ["search[", "click[", "[", "]", "Buy Now", "red shoes", "\n", " "]},
@@ -191,7 +191,8 @@ def named_leftovers(manager_ids: set[str]) -> dict[str, list[str]]:
 async def inject(kind: str, env, info: dict[str, Any], stopped: list[int]) -> str | None:
     """Apply one fault to the running episode of ``env``; returns what was hit (None: nothing to hit)."""
     if kind == "docker_kill":
-        cid = info.get("container")
+        box = getattr(env, "_box", None)
+        cid = getattr(box, "container_id", None)
         if not cid:
             return None
         import docker
@@ -220,11 +221,11 @@ async def one_rollout(k: int, name: str, manager, pool: list[str], args, stats, 
     s["rollouts"] += 1
     fault = rng.choice(spec["faults"]) if spec["faults"] and rng.random() < args.fault_rate else None
     fault_step = rng.randrange(args.max_steps) if fault else -1
-    env = gymnasium.make(spec["id"], manager=manager, step_timeout=args.step_timeout,
-                         reset_timeout=args.reset_timeout, **spec["kwargs"]).unwrapped
-    hit = None
+    hit, env = None, None
     stopped: list[int] = []  # processes this episode stopped
     try:
+        env = gymnasium.make(spec["id"], manager=manager, step_timeout=args.step_timeout,
+                             reset_timeout=args.reset_timeout, **spec["kwargs"]).unwrapped
         async with asyncio.timeout(args.guard):
             try:
                 obs, info = await env.areset(seed=rng.randrange(1 << 30))
@@ -263,8 +264,9 @@ async def one_rollout(k: int, name: str, manager, pool: list[str], args, stats, 
         s["unhandled"] += 1
         s["errors"].append(f"rollout {k} (fault {fault} {hit}): {type(e).__name__}: {e}"[:300])
     finally:
-        with contextlib.suppress(Exception):
-            await env.aclose()
+        if env is not None:
+            with contextlib.suppress(Exception):
+                await env.aclose()
         all_stopped.extend(stopped)
         for pid in stopped:  # a stopped process the env did not kill: let it go on (or die)
             with contextlib.suppress(ProcessLookupError):
