@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import gymnasium
@@ -243,3 +244,50 @@ async def test_malformed_r2e_actions_are_error_observations_not_episode_ends(r2e
         obs, *_ = await env.astep("<function=execute_bash>\n<parameter=cmd>echo still-here</parameter>\n</function>")
         assert "still-here" in obs
         await env.aclose()
+
+
+class SlowThing:
+    """A factory product whose construction waits for the test's ``gate``; records its closing."""
+
+    built: list[SlowThing] = []
+    building = threading.Event()
+    gate = threading.Event()
+
+    def __init__(self) -> None:
+        SlowThing.building.set()
+        assert SlowThing.gate.wait(60)
+        self.closed = False
+        SlowThing.built.append(self)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_cut_short_in_process_start_is_closed_and_holds_its_slot():
+    from agentfly_gym.errors import ResourceTimeout
+    from agentfly_gym.resources import InProcessSpec
+
+    SlowThing.built.clear()
+    SlowThing.building.clear()
+    SlowThing.gate.clear()
+    spec = InProcessSpec(factory="test_faults:SlowThing", max_instances=1)
+    async with ResourceManager() as m:
+        pool = m.pool(spec)
+        acquire = asyncio.ensure_future(pool.acquire())
+        assert await asyncio.to_thread(SlowThing.building.wait, 60)
+        acquire.cancel()  # the caller gives up while the factory runs
+        with pytest.raises(asyncio.CancelledError):
+            await acquire
+        assert pool.size == 1  # the factory still runs: its slot stays taken
+        with pytest.raises(ResourceTimeout):
+            await pool.acquire(timeout=0.05)
+        SlowThing.gate.set()  # the factory returns now
+        for _ in range(500):
+            if pool.size == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert pool.size == 0 and len(SlowThing.built) == 1 and SlowThing.built[0].closed
+        r = await pool.acquire()  # the slot is usable again
+        assert isinstance(r.obj, SlowThing) and not r.obj.closed
+        await pool.release(r)
+    assert len(SlowThing.built) == 2 and all(t.closed for t in SlowThing.built)
