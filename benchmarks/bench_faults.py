@@ -438,6 +438,9 @@ def plot(res: C.Result) -> None:
     axes[0].legend(fontsize=7)
     leaks = r.get("leak_totals", {})
     axes[1].bar(list(leaks), list(leaks.values()), color="tab:red")
+    axes[1].set_ylim(0, max([1, *leaks.values()]) * 1.25)
+    for i, v in enumerate(leaks.values()):
+        axes[1].text(i, v, str(v), ha="center", va="bottom")
     axes[1].set_title("leaks and unhandled (goal: 0)")
     axes[1].tick_params(axis="x", labelsize=7, rotation=20)
     C.save_figure(res, fig)
