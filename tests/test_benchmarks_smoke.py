@@ -1,6 +1,6 @@
 """Smoke test of the benchmark scripts: each runs at its smallest size (``--scale 0``) on the real
 environments and writes valid, strict JSON (machine info, package versions, seed, command) and a
-PNG.  The five scripts are started together (they are mostly waiting on simulators) and each test
+PNG.  The scripts are started together (they are mostly waiting on simulators) and each test
 checks one of them."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ SCRIPTS = {
     "bench_pool_scaling": [],
     "bench_token_drift": ["--envs", "Chess"],
     "bench_overhead": ["--envs", "ScienceWorld,Chess"],
+    "bench_faults": ["--envs", "Chess", "--drivers", "0"],
 }
 
 

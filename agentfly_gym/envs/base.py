@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import gymnasium
 
-from ..errors import ConfigError, ResetNeeded, ResourceError, ResourceTimeout
+from ..errors import ConfigError, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
 from ..resources.inprocess import InProcessResource
 from ..resources.manager import ResourceManager, RolloutScope, default_manager, install_signal_handlers
 from ..spaces import TextSpace
@@ -171,7 +171,7 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         self._steps = 0
         try:
             async with asyncio.timeout(self.reset_timeout):
-                obs, info = await self._reset_episode(self._scope, dict(options or {}))
+                obs, info = await self._reset_with_retry(dict(options or {}))
         except TimeoutError as e:
             await self._finish_episode()
             if isinstance(e, ResourceError):
@@ -264,6 +264,28 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         return self._last_obs if self.render_mode == "ansi" else None
 
     # ------------------------------------------------------------------ internals
+    async def _reset_with_retry(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """``_reset_episode``, tried once more on fresh instances if a resource died during it.
+
+        A simulator killed while it loads a task (a JVM or engine process gone, a broken pipe)
+        would otherwise lose the whole trajectory; the retry draws the same task (``np_random`` is
+        rewound) and its resources replace the dead ones, which are discarded.
+        """
+        scope = self._scope
+        assert scope is not None
+        rng_state = self.np_random.bit_generator.state
+        try:
+            return await self._reset_episode(scope, dict(options))
+        except (ResourceDied, BrokenPipeError, ConnectionError, EOFError) as e:
+            log.warning("%s episode %s: a resource died during reset (%s: %s); retrying once on a fresh instance",
+                        self.env_name, self._episode_id, type(e).__name__, e)
+            for r in list(scope.resources.values()):
+                if isinstance(r, InProcessResource):
+                    r.mark_dead(f"{type(e).__name__}: {e}")
+                await scope.discard(r)
+        self.np_random.bit_generator.state = rng_state
+        return await self._reset_episode(scope, dict(options))
+
     def _complete_info(self, info: dict[str, Any], *, reset: bool = False) -> dict[str, Any]:
         out = {"task_id": self._task_id, "step": self._steps, "score": 0.0, "won": False, "error": None}
         if reset:

@@ -12,8 +12,56 @@ import re
 
 __all__ = ["AgentPrompt", "extract_action"]
 
-_ACTION_RE = re.compile(r"(?:^|\n)\s*(?:\*\*)?action(?:\*\*)?\s*[:=]\s*(.+)", re.IGNORECASE)
-_FENCE_RE = re.compile(r"```(?:\w+)?\s*\n?(.*?)```", re.DOTALL)
+# Parsing runs on every reply, on the event loop, so it is linear in the reply's length.  The regexes
+# this module used before, ``(?:^|\n)\s*(?:\*\*)?action(?:\*\*)?\s*[:=]\s*(.+)`` and a fence pattern
+# with a lazy ``(.*?)`` body, took seconds on 20,000 newlines or on an unclosed fence, holding the
+# GIL.  The functions below return exactly what ``re.findall`` returned with them (pinned by property
+# tests in tests/test_action_parsing.py): regexes only find anchors, ``str.find`` does the rest.
+_ACTION_KEY_RE = re.compile(r"(?:\*\*)?action(?:\*\*)?\s*[:=]", re.IGNORECASE)
+_WORD_SPACE_RE = re.compile(r"\w*\s*")
+_SPACE_RE = re.compile(r"\s*")
+_FENCE = "```"
+
+
+def _action_lines(text: str) -> list[str]:
+    """The values of ``Action: <value>`` lines, in order (``findall`` of the former regex)."""
+    out: list[str] = []
+    end = 0  # the previous match's end: matches do not overlap
+    for m in _ACTION_KEY_RE.finditer(text):
+        k = m.start()
+        if k < end:
+            continue
+        # the key must begin a line: only whitespace, holding a newline, since the text's start or a newline
+        j = k
+        while j > end and text[j - 1].isspace():
+            j -= 1
+        if not (j == 0 or "\n" in text[j:k]):
+            continue
+        v = _SPACE_RE.match(text, m.end()).end()
+        if v < len(text):
+            nl = text.find("\n", v)
+            end = len(text) if nl < 0 else nl
+            out.append(text[v:end])
+        else:  # only whitespace follows: ".+" takes its last character that is not a newline
+            tail = text[m.end():].rstrip("\n")
+            if tail:
+                out.append(tail[-1])
+            end = len(text)
+    return out
+
+
+def _fence_bodies(text: str) -> list[str]:
+    """The contents of fenced code blocks, in order, without the info word (``findall`` of the former regex)."""
+    out: list[str] = []
+    i = text.find(_FENCE)
+    while i >= 0:
+        body = _WORD_SPACE_RE.match(text, i + 3).end()
+        close = text.find(_FENCE, body)
+        if close < 0:
+            break
+        out.append(text[body:close])
+        i = text.find(_FENCE, close + 3)
+    return out
 
 
 def extract_action(text: str) -> str:
@@ -21,16 +69,17 @@ def extract_action(text: str) -> str:
 
     Rules, in order: the last ``Action: ...`` line (case-insensitive, ``**Action**:`` too);
     else the content of the last fenced code block; else the last non-empty line.  Surrounding
-    quotes, backticks and whitespace are stripped.  Returns ``""`` for an empty reply.
+    quotes, backticks and whitespace are stripped.  Returns ``""`` for an empty reply.  Takes time
+    linear in ``len(text)``.
 
     >>> extract_action("I should search.\\nAction: search[red shoes]")
     'search[red shoes]'
     """
-    matches = _ACTION_RE.findall(text)
+    matches = _action_lines(text)
     if matches:
         candidate = matches[-1]
     else:
-        fences = _FENCE_RE.findall(text)
+        fences = _fence_bodies(text)
         if fences and fences[-1].strip():
             candidate = fences[-1].strip().splitlines()[-1]
         else:

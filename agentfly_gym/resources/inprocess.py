@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import importlib
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -41,29 +42,99 @@ def load_factory(path: str) -> Callable[..., Any]:
     return obj
 
 
+class _DaemonWorker:
+    """One daemon thread running submitted calls in order (a one-thread executor).
+
+    ``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit, before
+    ``atexit`` hooks run, so one call stuck in a dead simulator (a stopped JVM, an engine that never
+    answers) would keep the interpreter from exiting.  A daemon thread never does.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future, Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._name = name
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError(f"{self._name}: cannot schedule new calls after shutdown")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._queue.put((fut, fn))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fut, fn = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+            del fut, fn, item
+
+    def shutdown(self) -> None:
+        """Cancel queued calls and let the thread end after the running one (never waits)."""
+        with self._lock:
+            self._shutdown = True
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+            self._queue.put(None)
+
+
 class InProcessResource(Resource):
     """An object made by ``spec.factory(**spec.kwargs)``, owned by one worker thread.
 
     Every call (:meth:`call`, :meth:`run`, start, reset, health check) runs on that
-    thread, one at a time, so the event loop never blocks on the object and a
+    (daemon) thread, one at a time, so the event loop never blocks on the object and a
     non-thread-safe object is never entered twice.  ``close()`` runs on a separate
     thread with ``spec.close_timeout`` so a stuck instance can still be abandoned.
+
+    A start that is abandoned (its caller cancelled or timed out) keeps running on the worker
+    thread: whatever the factory eventually returns is closed as soon as it returns, and
+    :meth:`release` waits for that (up to ``spec.start_timeout`` seconds), so the pool counts
+    the instance against its capacity until it is really gone.
     """
 
     def __init__(self, spec: InProcessSpec, *, labels: dict[str, str] | None = None) -> None:
         super().__init__(spec, labels=labels)
         self.spec: InProcessSpec = spec
         self.obj: Any = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"afg-{self.id}")
+        self._worker = _DaemonWorker(f"afg-{self.id}")
         self._dead: str | None = None
         self._closed = threading.Event()
+        self._lock = threading.Lock()  # orders the factory's completion against release
+        self._start_future: concurrent.futures.Future | None = None
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(*args, **kwargs)`` on the instance's thread and return its result."""
+        """Run ``fn(*args, **kwargs)`` on the instance's thread and return its result.
+
+        Raises:
+            ResourceDied: the instance was released.
+        """
         if self._closed.is_set():
             raise ResourceDied(f"{self.id} was released")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        try:
+            fut = self._worker.submit(lambda: fn(*args, **kwargs))
+        except RuntimeError:
+            raise ResourceDied(f"{self.id} was released") from None
+        return await asyncio.wrap_future(fut)
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``self.obj.<method>(*args, **kwargs)`` on the instance's thread."""
@@ -76,14 +147,36 @@ class InProcessResource(Resource):
 
     async def start(self) -> None:
         factory = load_factory(self.spec.factory)
+        kwargs = dict(self.spec.factory_kwargs)
         self._status = ResourceStatus.STARTING
+        if self._closed.is_set():
+            raise ResourceDied(f"{self.id} was released before it started")
+        fut = self._worker.submit(lambda: factory(**kwargs))
+        self._start_future = fut
+        fut.add_done_callback(self._factory_done)  # runs first, on the worker thread
         try:
-            self.obj = await self.run(factory, **self.spec.factory_kwargs)
+            await asyncio.wrap_future(fut)  # cancelling this cancels the factory only if it has not begun
         except ConfigError:
             raise
         except Exception as e:
             raise ResourceStartError(f"{self.spec.label}: factory {self.spec.factory} failed: {type(e).__name__}: {e}") from e
+        if self.obj is None:  # released while the factory ran: _factory_done closed its object
+            raise ResourceDied(f"{self.id} was released while it started")
         self._status = ResourceStatus.READY
+
+    def _factory_done(self, fut: concurrent.futures.Future) -> None:
+        """The factory returned: hand the object to the resource, or close it if the resource was released."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        obj = fut.result()
+        with self._lock:
+            if not self._closed.is_set():
+                self.obj = obj
+                return
+        log.info("%s: closing the object of a start that was abandoned", self.id)
+        close = getattr(obj, "close", None)
+        if callable(close):
+            self._close_quietly(close)
 
     async def reset(self) -> None:
         fn = getattr(self.obj, "reset", None)
@@ -103,12 +196,32 @@ class InProcessResource(Resource):
                 self._status = ResourceStatus.UNHEALTHY
         return self._status
 
-    async def release(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        obj, self.obj = self.obj, None
+    def _take(self) -> tuple[bool, Any]:
+        """Mark the resource closed; returns (whether this call closed it, the object to close)."""
+        with self._lock:
+            if self._closed.is_set():
+                return False, None
+            self._closed.set()
+            obj, self.obj = self.obj, None
         self._status = ResourceStatus.STOPPED
+        return True, obj
+
+    async def release(self) -> None:
+        first, obj = self._take()
+        if not first:
+            return
+        start = self._start_future
+        if start is not None and not start.done():
+            # an abandoned start: wait until the factory returns and _factory_done has closed its object
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(start)), self.spec.start_timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001, S110 - a failed factory left nothing to close
+                pass
+            if not start.done():
+                log.warning("%s: the abandoned start did not return within start_timeout=%.0fs; its object will be "
+                            "closed when it does", self.id, self.spec.start_timeout)
         close = getattr(obj, "close", None)
         if callable(close):
             closer = threading.Thread(target=self._close_quietly, args=(close,), daemon=True, name=f"afg-close-{self.id}")
@@ -116,17 +229,19 @@ class InProcessResource(Resource):
             await asyncio.get_running_loop().run_in_executor(None, closer.join, self.spec.close_timeout)
             if closer.is_alive():
                 log.warning("%s: close() did not return within %.0fs; abandoning it", self.id, self.spec.close_timeout)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._worker.shutdown()
 
     def terminate_sync(self) -> None:
-        if self._closed.is_set():
+        first, obj = self._take()
+        if not first:
             return
-        self._closed.set()
-        obj, self.obj = self.obj, None
+        start = self._start_future
+        if start is not None and not start.done():  # give an abandoned start a moment to return and be closed
+            concurrent.futures.wait([start], timeout=min(self.spec.start_timeout, 10.0))
         close = getattr(obj, "close", None)
         if callable(close):
             self._close_quietly(close)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._worker.shutdown()
 
     def _close_quietly(self, close: Callable[[], Any]) -> None:
         try:

@@ -13,7 +13,10 @@ Guarantees (pinned by tests/test_pool.py):
   side, so no rollout sees the previous one's state;
 * an instance whose ``status()`` is not ``READY`` (or whose reset fails) is released and
   replaced by a fresh one;
-* a cancelled or timed-out acquisition never strands an instance or a capacity slot.
+* a cancelled or timed-out acquisition never strands an instance or a capacity slot;
+* an instance whose start failed or was abandoned keeps its capacity slot until its
+  ``release()`` has finished (an in-process start that is cut short is closed when its
+  factory returns), so the cap holds for processes, not only for handed-out instances.
 """
 
 from __future__ import annotations
@@ -133,6 +136,7 @@ class ResourcePool:
         self._warming = 0  # pre-warm starts scheduled and not finished
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._background: set[asyncio.Task] = set()
+        self._stopping: set[Resource] = set()  # failed or abandoned starts whose release is running
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics = PoolMetrics(key=spec.key, label=spec.label, capacity=spec.max_instances)
@@ -224,7 +228,7 @@ class ResourcePool:
 
     def terminate_sync(self) -> None:
         """Interpreter-exit fallback: synchronous best-effort teardown of every instance."""
-        for r in list(self._idle) + list(self._in_use):
+        for r in list(self._idle) + list(self._in_use) + list(self._stopping):
             try:
                 r.terminate_sync()
             except Exception:  # pragma: no cover - best effort at exit
@@ -335,16 +339,10 @@ class ResourcePool:
     async def _start_into_idle(self) -> None:
         """Pre-warm one instance into the idle queue (the caller reserved a slot and a ``_warming`` count)."""
         try:
-            r = await self._start_new()
+            r = await self._start_new()  # on failure it frees the slot itself, once the instance is stopped
         except Exception:
             log.warning("pre-warming an instance of %s failed", self.spec.label, exc_info=True)
-            self._size -= 1
-            self._wake_for_slot()
             return
-        except BaseException:
-            self._size -= 1
-            self._wake_for_slot()
-            raise
         finally:
             self._warming -= 1
         if self._closed:
@@ -354,7 +352,11 @@ class ResourcePool:
         self._hand_over(r)
 
     async def _start_new(self) -> Resource:
-        """Build and start one instance (the caller holds a capacity slot)."""
+        """Build and start one instance (the caller holds a capacity slot).
+
+        On failure or cancellation the slot is freed here, once the instance's ``release()`` has
+        finished: a start cut short may still be bringing a process up, and it counts until it is gone.
+        """
         r = self._factory(self.spec)
         self._starting += 1
         self._sync_counts()
@@ -364,9 +366,12 @@ class ResourcePool:
                 await r.start()
         except BaseException as e:
             self.metrics.start_failures += 1
-            self._spawn(self._safe_release(r))
+            self._stopping.add(r)
+            stopping = self._spawn(self._release_then_free_slot(r))
             if isinstance(e, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
                 raise
+            # the start has ended: let the caller see its slot free again (the release goes on if cancelled)
+            await asyncio.shield(stopping)
             if isinstance(e, TimeoutError):
                 raise ResourceStartError(f"{self.spec.label}: start took longer than start_timeout={self.spec.start_timeout}s") from e
             if isinstance(e, AgentFlyError):
@@ -380,6 +385,14 @@ class ResourcePool:
         m.start_time_total += dt
         m.start_time_max = max(m.start_time_max, dt)
         return r
+
+    async def _release_then_free_slot(self, r: Resource) -> None:
+        try:
+            await self._safe_release(r)
+        finally:
+            self._stopping.discard(r)
+            self._size -= 1
+            self._wake_for_slot()
 
     def _expire_idle(self) -> None:
         ttl = self.spec.max_idle_time
@@ -448,7 +461,8 @@ class ResourcePool:
     async def _make_ready(self, grant: Resource | None) -> Resource:
         """Turn a grant into a healthy, reset instance; the caller holds its capacity slot.
 
-        On any failure (including cancellation) the slot is returned to the pool.
+        On any failure (including cancellation) the slot is returned to the pool (by
+        :meth:`_start_new` itself, after the release, when the failure is a start's).
         """
         r = grant
         try:
@@ -474,7 +488,6 @@ class ResourcePool:
                 self.metrics.replaced += 1
                 self._spawn(self._safe_release(r))
                 r = None
-            return await self._start_new()
         except BaseException:
             if r is not None:
                 # cancelled during status/reset: the instance's state is unknown, so replace it
@@ -482,3 +495,4 @@ class ResourcePool:
             self._size -= 1
             self._wake_for_slot()
             raise
+        return await self._start_new()

@@ -1,7 +1,7 @@
 """Child process of the ALFWorld expert planner (run as a script, never imported by the library).
 
-Reads one JSON request from stdin: ``{"game_file": str, "history": [str, ...]}``; loads the
-game exactly as the simulator does (PddlEnv + ALFWorld's demangler), replays ``history``,
+Run as ``python -P _plan_worker.py <parent pid>``; it exits as soon as that parent is gone.  Reads
+one JSON request from stdin: ``{"game_file": str, "history": [str, ...]}``; loads the game exactly as the simulator does (PddlEnv + ALFWorld's demangler), replays ``history``,
 asks Fast Downward for a plan from that state (``PddlState.replan``, the source of ALFWorld's
 ``policy_commands`` / planner expert) and writes one JSON line to stdout:
 ``{"plan": [str, ...]}`` or ``{"error": str}``.  It runs in its own process so that a plan that
@@ -11,7 +11,11 @@ takes minutes or hundreds of MB can be timed out and its memory returned by kill
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
+import time
 
 
 def _plan(game_file: str, history: list[str]) -> dict:
@@ -35,7 +39,31 @@ def _plan(game_file: str, history: list[str]) -> dict:
     return {"plan": [str(c) for c in plan]}
 
 
+def _die_with_parent(parent: int) -> None:
+    """End this process as soon as ``parent`` (the library's process) is gone, so a plan that takes minutes
+    and hundreds of MB never outlives it: the kernel's parent-death signal on Linux (it fires even while
+    Fast Downward holds the GIL), and a thread that watches the parent pid everywhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main() -> int:
+    if len(sys.argv) > 1:
+        _die_with_parent(int(sys.argv[1]))
     request = json.loads(sys.stdin.read())
     try:
         result = _plan(request["game_file"], list(request.get("history", [])))

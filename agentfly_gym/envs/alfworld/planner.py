@@ -103,7 +103,7 @@ async def compute_plan(game_file: str | os.PathLike, history: Sequence[str] = ()
     t0 = time.monotonic()
     # -P: the worker's own folder (which holds env.py, games.py, ...) must not shadow top-level modules.
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-P", str(_WORKER), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-P", str(_WORKER), str(os.getpid()), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     request = json.dumps({"game_file": game_file, "history": history}).encode()
     try:

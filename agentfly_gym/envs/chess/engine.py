@@ -9,10 +9,13 @@ every call runs on the instance's own worker thread, and the pool uses :meth:`St
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 import chess
@@ -85,6 +88,44 @@ def engine_spec(path: str, *, max_engines: int = 4, threads: int = 1, hash_mb: i
                          max_instances=max_engines, start_timeout=60.0, close_timeout=15.0, name="stockfish")
 
 
+def _popen_uci(path: str, timeout: float) -> chess.engine.SimpleEngine:
+    """``SimpleEngine.popen_uci([path], timeout=timeout)``, with the engine's event loop on a daemon thread.
+
+    python-chess runs each ``SimpleEngine``'s loop on a non-daemon thread that lives as long as the
+    engine, and the interpreter joins non-daemon threads before it runs ``atexit`` hooks: a script
+    that never closed its environment would never exit, because the hook that closes the engine
+    never gets to run.  On a daemon thread the hook runs (and quits the engine); if even that is
+    skipped, Stockfish exits on its own when its stdin closes with this process.
+
+    Raises:
+        chess.engine.EngineError, OSError, TimeoutError: as ``SimpleEngine.popen_uci``.
+    """
+    ready: concurrent.futures.Future[chess.engine.SimpleEngine] = concurrent.futures.Future()
+
+    async def serve() -> None:
+        transport, protocol = await chess.engine.UciProtocol.popen([path])
+        engine = chess.engine.SimpleEngine(transport, protocol, timeout=timeout)
+        try:
+            await asyncio.wait_for(protocol.initialize(), timeout)
+            ready.set_result(engine)
+            engine.returncode.set_result(await protocol.returncode)
+        finally:
+            engine.close()
+        await engine.shutdown_event.wait()
+
+    def run() -> None:
+        try:
+            asyncio.run(serve())
+        except BaseException as e:  # noqa: BLE001 - reported to the caller if it is still waiting
+            if not ready.done():
+                ready.set_exception(e)
+        if not ready.done():
+            ready.cancel()
+
+    threading.Thread(target=run, name=f"stockfish-loop ({path})", daemon=True).start()
+    return ready.result()
+
+
 class StockfishEngine:
     """One Stockfish process driven through python-chess's blocking ``SimpleEngine``.
 
@@ -108,7 +149,7 @@ class StockfishEngine:
 
     def __init__(self, path: str | None = None, *, threads: int = 1, hash_mb: int = 16, timeout: float = 10.0) -> None:
         self.path = find_stockfish(path)
-        self._engine = chess.engine.SimpleEngine.popen_uci([self.path], timeout=timeout)
+        self._engine = _popen_uci(self.path, timeout)
         try:
             self.pid: int = self._engine.transport.get_pid()
             self._engine.configure({"Threads": threads, "Hash": hash_mb})

@@ -19,7 +19,8 @@ from ..prompting import extract_action
 
 __all__ = ["MoveError", "parse_move", "legal_moves_uci"]
 
-_LABEL_RE = re.compile(r"(?i)\b(?:action|move|answer)\b\s*\**\s*[:=]")
+# ``\s*(?:\*+\s*)?`` is ``\s*\**\s*`` without its quadratic backtracking on a long run of spaces
+_LABEL_RE = re.compile(r"(?i)\b(?:action|move|answer)\b\s*(?:\*+\s*)?[:=]")
 _STRIP_CHARS = "*`\"'\u201c\u201d\u2018\u2019<>[](){}"
 _MOVE_NUMBER_RE = re.compile(r"^\d+\s*\.+")
 _SQUARE_RE = re.compile(r"^[a-h][1-8]$")

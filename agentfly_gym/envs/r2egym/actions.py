@@ -60,10 +60,37 @@ FORMAT_HELP = (
     "search(search_term, path), execute_bash(cmd), finish()."
 )
 
-_FUNC_RE = re.compile(r"<function\s*=\s*([^>\s]+)\s*>(.*?)</function>", re.DOTALL)
-_FUNC_OPEN_RE = re.compile(r"<function\s*=\s*([^>\s]+)\s*>(.*)\Z", re.DOTALL)
-_PARAM_RE = re.compile(r"<parameter\s*=\s*([^>\s]+)\s*>(.*?)</parameter>", re.DOTALL)
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+# Parsing is linear in the action's length (it runs on the event loop): regexes only find opening
+# tags, whose names are bounded, and the body of a block ends at the first closing tag after it
+# (str.find), as with a lazy ``(.*?)``; a lazy body regex takes seconds on a repeated
+# ``<function=a>`` with no closing tag.  JSON is scanned within a budget, and nesting too deep
+# for the decoder is a parse error.
+_MAX_NAME = 256
+_FUNC_OPEN_RE = re.compile(r"<function\s*=\s*([^>\s]{1,%d})\s*>" % _MAX_NAME)
+_PARAM_OPEN_RE = re.compile(r"<parameter\s*=\s*([^>\s]{1,%d})\s*>" % _MAX_NAME)
+_TOOL_CALL_OPEN_RE = re.compile(r"<tool_call>")
+_OBJECT_START_RE = re.compile(r"\{\s*\"")  # where an object with a "name" key can start
+_JSON_SCAN_FACTOR = 8  # characters the JSON decoder may read per character of the action
+_JSON_MAX_FAILURES = 1000  # failed decodes per block (each costs O(position): the error counts lines)
+
+
+def find_blocks(text: str, opening: re.Pattern[str], closing: str) -> list[tuple[re.Match[str], str]]:
+    """Non-overlapping ``opening ... closing`` blocks of ``text``, left to right, as ``(opening match, body)``.
+
+    The same blocks as ``re.findall(opening.pattern + "(.*?)" + re.escape(closing), text, re.DOTALL)``
+    when ``opening`` cannot match across a ``closing``, in time linear in ``len(text)``.
+    """
+    out: list[tuple[re.Match[str], str]] = []
+    pos = 0
+    while True:
+        m = opening.search(text, pos)
+        if m is None:
+            return out
+        end = text.find(closing, m.end())
+        if end < 0:  # no later opening can be closed either
+            return out
+        out.append((m, text[m.end():end]))
+        pos = end + len(closing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,35 +120,51 @@ def _trim(value: str) -> str:
 
 
 def _from_xml(text: str) -> tuple[str, dict[str, Any]] | None:
-    calls = _FUNC_RE.findall(text)
+    calls = find_blocks(text, _FUNC_OPEN_RE, "</function>")
     if not calls:
         m = _FUNC_OPEN_RE.search(text)
         if m is None:
             return None
         raise ActionParseError(f"the XML tool call <function={m.group(1)}> has no closing </function>. {FORMAT_HELP}")
-    name, body = calls[-1]
-    params = {k.strip(): _trim(v) for k, v in _PARAM_RE.findall(body)}
-    return name.strip(), params
+    head, body = calls[-1]
+    params = {k.group(1).strip(): _trim(v) for k, v in find_blocks(body, _PARAM_OPEN_RE, "</parameter>")}
+    return head.group(1).strip(), params
+
+
+def _too_deep() -> ActionParseError:
+    return ActionParseError(f"the JSON tool call is nested too deeply to decode. {FORMAT_HELP}")
 
 
 def _json_candidates(text: str) -> list[Any]:
     found: list[Any] = []
-    blocks = _TOOL_CALL_RE.findall(text)
+    blocks = [body for _, body in find_blocks(text, _TOOL_CALL_OPEN_RE, "</tool_call>")]
+    dec = json.JSONDecoder()
     for b in blocks or [text]:
         b = b.strip()
         try:
             found.append(json.loads(b))
             continue
-        except (json.JSONDecodeError, ValueError):
+        except RecursionError:
+            raise _too_deep() from None
+        except ValueError:
             pass
-        dec = json.JSONDecoder()
-        for i, ch in enumerate(b):
-            if ch != "{":
-                continue
+        # each '{"' may start a call; the decoder reads a bounded number of characters in all
+        budget, failures = _JSON_SCAN_FACTOR * len(b), 0
+        m = _OBJECT_START_RE.search(b)
+        while m is not None and budget > 0 and failures < _JSON_MAX_FAILURES:
+            i = m.start()
             try:
-                obj, _ = dec.raw_decode(b, i)
-            except (json.JSONDecodeError, ValueError):
+                obj, end = dec.raw_decode(b, i)
+            except RecursionError:
+                raise _too_deep() from None
+            except json.JSONDecodeError as e:
+                budget -= max(e.pos - i, 1)
+                failures += 1
+                m = _OBJECT_START_RE.search(b, i + 1)
                 continue
+            budget -= end - i
+            # objects inside a call are not calls
+            m = _OBJECT_START_RE.search(b, end if isinstance(obj, dict) and "name" in obj else i + 1)
             if isinstance(obj, dict) and "name" in obj:
                 found.append(obj)
     return [o for o in found if isinstance(o, dict) and "name" in o]
@@ -138,7 +181,9 @@ def _from_json(text: str) -> tuple[str, dict[str, Any]] | None:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
+        except RecursionError:
+            raise _too_deep() from None
+        except ValueError as e:
             raise ActionParseError(f"the JSON tool call's \"arguments\" string is not valid JSON ({e}). {FORMAT_HELP}") from None
     if not isinstance(args, dict):
         raise ActionParseError(f"the JSON tool call's \"arguments\" must be an object, got {type(args).__name__}. {FORMAT_HELP}")

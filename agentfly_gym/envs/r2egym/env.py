@@ -36,7 +36,7 @@ from ...resources.manager import ResourceManager, RolloutScope
 from ...resources.spec import ContainerSpec
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
-from .actions import ActionParseError, ToolCall, parse_action
+from .actions import ActionParseError, ToolCall, find_blocks, parse_action
 from .grading import reward_from_log
 from .local_tasks import TESTBED, default_tasks_dir
 from .tasks import R2ETask, load_tasks
@@ -85,8 +85,8 @@ INSTANCE_TEMPLATE = """Repository root: /testbed
 
 Resolve the issue with minimal changes to non-test files, then call finish."""
 
-_XML_BLOCK = re.compile(r"<function\s*=.*?</function>", re.DOTALL)
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+_XML_OPEN = re.compile(r"<function\s*=")
+_TOOL_CALL_OPEN = re.compile(r"<tool_call>")
 
 
 class R2EAgentPrompt(AgentPrompt):
@@ -95,10 +95,11 @@ class R2EAgentPrompt(AgentPrompt):
     def parse_action(self, text: str) -> str:
         """The last ``<function=...>...</function>`` or ``<tool_call>...</tool_call>`` block of ``text``;
         else ``text`` stripped (the environment then parses a bare JSON call or reports the error)."""
-        for rx in (_XML_BLOCK, _TOOL_CALL_BLOCK):
-            blocks = rx.findall(text)
+        for opening, closing in ((_XML_OPEN, "</function>"), (_TOOL_CALL_OPEN, "</tool_call>")):
+            blocks = find_blocks(text, opening, closing)  # linear; a lazy-body regex is quadratic here
             if blocks:
-                return blocks[-1]
+                m, body = blocks[-1]
+                return m.group(0) + body + closing
         return text.strip()
 
 
@@ -317,6 +318,9 @@ class R2EGymEnv(AgentFlyEnv):
         box = self._box
         assert box is not None
         if call.name == "execute_bash":
+            if "\x00" in call.arguments["cmd"]:  # no argv can hold it; both backends would raise deep inside
+                return ("ERROR: the command contains a NUL byte (\\x00), which a shell command line cannot hold; "
+                        "remove it and call execute_bash again.")
             r = await box.exec(["bash", "-c", call.arguments["cmd"]], timeout=self.bash_timeout, workdir=TESTBED,
                                env=self._exec_env(), max_output=self.max_output)
             if r.timed_out:

@@ -14,6 +14,7 @@ calls the server's ``step``, ``getScore``, ``getCompleted`` and ``getNumMoves`` 
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
@@ -101,6 +102,12 @@ class ScienceWorldSimulator:
                     os.environ["JAVA_TOOL_OPTIONS"] = old
         self._server = self._env.server
         self._process: subprocess.Popen = self._env._gateway.java_process
+        # py4j tells the JVM about every Java object proxy the garbage collector frees, from inside
+        # the collection, on whatever thread it interrupted: with a stopped (SIGSTOP) JVM that call
+        # never returns, and on the event loop's thread it froze every rollout.  The proxies'
+        # finalizers now only queue the id; _call sends the queue from this simulator's own thread.
+        self._freed_ids: collections.deque[str] = collections.deque()
+        self._env._gateway._gateway_client.garbage_collect_object = self._freed_ids.append
 
     @property
     def pid(self) -> int:
@@ -338,6 +345,7 @@ class ScienceWorldSimulator:
         from py4j.protocol import Py4JError, Py4JJavaError
 
         try:
+            self._send_freed_ids()
             return getattr(self._server, method)(*args)
         except Py4JJavaError as e:  # an exception inside a live JVM
             raise EnvError(f"ScienceWorld raised: {str(e)[:500]}") from e
@@ -346,3 +354,12 @@ class ScienceWorldSimulator:
             if self._process.poll() is not None:
                 self._disconnect()
             raise ResourceDied(f"ScienceWorld JVM (pid {self.pid}) {state}: {type(e).__name__}: {str(e)[:200]}") from e
+
+    def _send_freed_ids(self) -> None:
+        """Tell the JVM which Java objects Python no longer references (py4j's memory management)."""
+        if not self._freed_ids:
+            return
+        client = self._env._gateway._gateway_client
+        send = type(client).garbage_collect_object  # the class's method: the instance's one only queues
+        while self._freed_ids:
+            send(client, self._freed_ids.popleft())
