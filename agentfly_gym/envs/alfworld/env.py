@@ -39,8 +39,8 @@ class ALFWorldEnv(AgentFlyEnv):
     Observation and action are text.  ``reset`` picks a solvable game of the split (uniformly
     with ``self.np_random``, or ``options={"task_id": ...}``) and returns the engine's intro,
     which ends with ``"Your task is to: <goal>."``; each step applies one command such as
-    ``"go to countertop 1"``.  A command that is not admissible (also an empty or overlong one)
-    changes nothing and gives ``"Nothing happens."``.
+    ``"go to countertop 1"``.  A command that is not admissible (also an empty or overlong one, or
+    one in other letter case) changes nothing and gives ``"Nothing happens."``.
 
     Observations, admissible commands (sorted, as TextWorld gives them), reward and the end of the
     episode are those of alfworld 0.4.2's ``AlfredTWEnv`` (``alfred_tw_env.py``; checked side by
@@ -81,7 +81,8 @@ class ALFWorldEnv(AgentFlyEnv):
         upgrade_games: play json_2.1.1 game files as alfworld 0.4.2 plays its own download
             (release 2.1.2); ``False``: play every game file as stored.
         normalize_actions: when an action is not admissible as given, retry it lower-cased with
-            runs of whitespace collapsed (``"Go to  Desk 1"`` -> ``"go to desk 1"``).
+            runs of whitespace collapsed (``"Go to  Desk 1"`` -> ``"go to desk 1"``).  Off by
+            default: ALFWorld answers such a command with ``"Nothing happens."``.
         manager, step_timeout, reset_timeout, max_episode_steps, render_mode: see
             :class:`~agentfly_gym.envs.base.AgentFlyEnv`.
 
@@ -99,7 +100,7 @@ class ALFWorldEnv(AgentFlyEnv):
                  task_types: int | str | Iterable[int | str] | None = None, max_instances: int = 32,
                  max_uses: int | None = 500, max_rss_growth: int | str | None = "2g",
                  planner_timeout: float | None = 300.0, plan_cache: bool = True, upgrade_games: bool = True,
-                 normalize_actions: bool = True,
+                 normalize_actions: bool = False,
                  manager: ResourceManager | None = None, step_timeout: float | None = 60.0,
                  reset_timeout: float | None = 900.0, max_episode_steps: int | None = 50,
                  render_mode: str | None = None) -> None:
