@@ -93,6 +93,25 @@ async def test_issue_example_as_stored_matches_alfredtwenv_on_the_same_files(alf
                             ("go to drawer 3", "Nothing happens."), ("help", "Nothing happens.")]
 
 
+async def test_the_comparison_catches_the_2_1_1_answers(alfworld_root, tmp_path):
+    """The check can fail: our env playing the stored 2.1.1 files differs from AlfredTWEnv on 2.1.2 ones."""
+    async with ResourceManager() as manager:
+        env = ALFWorldEnv(data_dir=alfworld_root, split="valid_unseen", manager=manager, max_instances=1,
+                          upgrade_games=False)
+        trial = fidelity.make_reference_copy(env.index.by_task_id(EXAMPLE).game_file, tmp_path / "ref", patch=True)
+        ref = fidelity.Reference(trial.parent)
+        try:
+            r = await fidelity.compare_game(env, EXAMPLE, ref, script=["go to drawer 1"],
+                                            engine_lock=sim_module._ENGINE_LOCK)
+        finally:
+            ref.close()
+        await env.aclose()
+    assert {(m["step"], m["field"]) for m in r["mismatches"]} == {(0, "admissible"), (1, "observation"),
+                                                                  (1, "admissible")}  # "help" is missing
+    assert [m["ours"] for m in r["mismatches"] if m["field"] == "observation"] == [
+        "You arrive at loc 6. The drawer 1 is closed."]
+
+
 @pytest.mark.parametrize("task_id", [LOOK_BOWL, COOL_EGG])
 async def test_handcoded_expert_with_probes_matches_alfredtwenv(alfworld_root, tmp_path, task_id):
     """ALFWorld's hand-coded expert drives both; every 3rd step is a probe (help, look, inventory, an
