@@ -228,7 +228,8 @@ async def test_expert_solves_games_and_plans_once(alfworld_root, fresh_cache, mo
 
 async def test_invalid_empty_and_long_actions_are_handled(alfworld_root):
     async with ResourceManager() as manager:
-        env = ALFWorldEnv(data_dir=alfworld_root, split="valid_seen", manager=manager, max_instances=1)
+        env = ALFWorldEnv(data_dir=alfworld_root, split="valid_seen", manager=manager, max_instances=1,
+                          normalize_actions=True)
         _obs0, info0 = await env.areset(options={"task_id": PLACE_BOOK})
         admissible = info0["admissible_actions"]
         for bad in ("", "   ", "fly to the moon", "go to desk 999", "x" * 100_000, "go to\ndesk 1", "é🙂"):

@@ -1,7 +1,8 @@
 """ALFWorld (Shridhar et al., 2021, MIT licence) as ``agentfly/ALFWorld-v0``.
 
 Pieces: :mod:`.games` (data location, splits, task types, the cached index of solvable
-games), :mod:`.simulator` (the TextWorld PDDL engine with ALFWorld's demangler, run as an
+games), :mod:`.logic` (game-file releases 2.1.1/2.1.2 and the upgrade to what alfworld 0.4
+plays), :mod:`.simulator` (the TextWorld PDDL engine with ALFWorld's demangler, run as an
 in-process resource), :mod:`.planner` (the expert's plans, computed in a child process and
 cached on disk) and :mod:`.env` (the Gymnasium environment).  Importing this package imports
 neither ``alfworld`` nor ``textworld``; the simulator does when it is built.
@@ -16,6 +17,7 @@ from .games import (
     parse_task_types,
     resolve_alfworld_root,
 )
+from .logic import game_version, upgrade_game
 from .planner import ExpertPlanError, ExpertPlanTimeout, compute_plan
 from .simulator import NOTHING_HAPPENS, ALFWorldSimulator
 
@@ -30,7 +32,9 @@ __all__ = [
     "GameIndex",
     "GameRecord",
     "compute_plan",
+    "game_version",
     "load_index",
     "parse_task_types",
     "resolve_alfworld_root",
+    "upgrade_game",
 ]

@@ -1,7 +1,9 @@
 """Child process of the ALFWorld expert planner (run as a script, never imported by the library).
 
-Run as ``python -P _plan_worker.py <parent pid>``; it exits as soon as that parent is gone.  Reads
-one JSON request from stdin: ``{"game_file": str, "history": [str, ...]}``; loads the game exactly as the simulator does (PddlEnv + ALFWorld's demangler), replays ``history``,
+Run as ``python -P _plan_worker.py <parent pid>``; it exits as soon as that parent is gone.
+Reads one JSON request from stdin: ``{"game": {...}, "game_file": str, "history": [str, ...]}``
+(``game``: the game file's JSON as the simulator plays it, upgraded or not); loads the game
+exactly as the simulator does (PddlEnv + ALFWorld's demangler), replays ``history``,
 asks Fast Downward for a plan from that state (``PddlState.replan``, the source of ALFWorld's
 ``policy_commands`` / planner expert) and writes one JSON line to stdout:
 ``{"plan": [str, ...]}`` or ``{"error": str}``.  It runs in its own process so that a plan that
@@ -18,13 +20,13 @@ import threading
 import time
 
 
-def _plan(game_file: str, history: list[str]) -> dict:
+def _plan(game: dict, history: list[str]) -> dict:
     import textworld
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
     from textworld.envs.pddl import PddlEnv
 
     env = AlfredInfos(AlfredDemangler(PddlEnv(textworld.EnvInfos(admissible_commands=True, won=True)), shuffle=False))
-    env.load(game_file)
+    env.load(game)
     state = env.reset()
     for i, command in enumerate(history):
         if command not in state["admissible_commands"]:
@@ -66,7 +68,7 @@ def main() -> int:
         _die_with_parent(int(sys.argv[1]))
     request = json.loads(sys.stdin.read())
     try:
-        result = _plan(request["game_file"], list(request.get("history", [])))
+        result = _plan(request["game"], list(request.get("history", [])))
     except Exception as e:  # noqa: BLE001  (any failure is reported to the parent, which raises ExpertPlanError)
         result = {"error": f"{type(e).__name__}: {e}"}
     sys.stdout.write("\n" + json.dumps(result) + "\n")

@@ -19,15 +19,18 @@ __all__ = ["SIMULATOR_FACTORY", "ALFWorldEnv"]
 
 SIMULATOR_FACTORY = "agentfly_gym.envs.alfworld.simulator:ALFWorldSimulator"
 
-_SYSTEM_PROMPT = """\
+_SYSTEM_TEMPLATE = """\
 You are an agent in a household (ALFWorld, the text version of the ALFRED benchmark). The first \
 observation describes the room and ends with "Your task is to: ...". Act with one text command per turn. \
 Commands: go to <receptacle>, open <receptacle>, close <receptacle>, take <object> from <receptacle>, \
-put <object> in/on <receptacle>, clean <object> with <receptacle>, heat <object> with <receptacle>, \
-cool <object> with <receptacle>, use <object>, examine <object or receptacle>, look, inventory. \
+{put}, clean <object> with <receptacle>, heat <object> with <receptacle>, \
+cool <object> with <receptacle>, use <object>, examine <object or receptacle>, look, inventory{help}. \
 Name things exactly as the observations do, with their number (e.g. "take apple 1 from countertop 2"). \
 A command that cannot be done gives "Nothing happens.". \
 Think briefly, then end each reply with one line: Action: <command>"""
+# alfworld 0.4 (game files 2.1.2, the default) and game files played as stored (2.1.1 wording).
+_SYSTEM_PROMPT = _SYSTEM_TEMPLATE.format(put="move <object> to <receptacle>", help=", help")
+_SYSTEM_PROMPT_2_1_1 = _SYSTEM_TEMPLATE.format(put="put <object> in/on <receptacle>", help="")
 
 
 class ALFWorldEnv(AgentFlyEnv):
@@ -36,11 +39,21 @@ class ALFWorldEnv(AgentFlyEnv):
     Observation and action are text.  ``reset`` picks a solvable game of the split (uniformly
     with ``self.np_random``, or ``options={"task_id": ...}``) and returns the engine's intro,
     which ends with ``"Your task is to: <goal>."``; each step applies one command such as
-    ``"go to countertop 1"``.  A command that is not admissible (also an empty or overlong one)
-    changes nothing and gives ``"Nothing happens."``.
+    ``"go to countertop 1"``.  A command that is not admissible (also an empty or overlong one, or
+    one in other letter case) changes nothing and gives ``"Nothing happens."``.
+
+    Observations, admissible commands (sorted, as TextWorld gives them), reward and the end of the
+    episode are those of alfworld 0.4.2's ``AlfredTWEnv`` (``alfred_tw_env.py``; checked side by
+    side by ``tests/test_alfworld_fidelity.py`` and ``benchmarks/fidelity_alfworld.py``).  ALFWorld
+    0.4 plays game files of release 2.1.2; a json_2.1.1 file (as older downloads hold) is upgraded
+    to it in memory (:mod:`~agentfly_gym.envs.alfworld.logic`), so walking answers ``"You arrive at
+    drawer 1. ..."``, objects are put down with ``move <object> to <receptacle>`` and ``help`` is a
+    command.  ``upgrade_games=False`` plays the files as stored (2.1.1: ``"You arrive at loc 6.
+    ..."``, ``put <object> in/on <receptacle>``, as alfworld <= 0.3 and prompts written for it).
 
     Reward: 1.0 on the step that wins the game, else 0.0 (ALFWorld's score); ``terminated`` when
-    won.  Episodes are truncated after ``max_episode_steps`` (50, ALFWorld's evaluation budget).
+    won.  Episodes are truncated after ``max_episode_steps`` (50, ALFWorld's evaluation budget;
+    ``AlfredTWEnv`` reports such a step as done with its ``Limit`` wrapper).
 
     Info keys besides the standard ones: ``admissible_actions`` (sorted list[str]),
     ``task_type`` (str), ``goal`` (str, reset only), ``applied`` (bool, step only: whether the
@@ -65,8 +78,11 @@ class ALFWorldEnv(AgentFlyEnv):
             replaced (see ``ALFWorldSimulator``); ``None`` disables the watch.
         planner_timeout: seconds the expert planner may take for one plan.
         plan_cache: keep expert plans on disk (``$AGENTFLY_GYM_CACHE/alfworld/plans``).
+        upgrade_games: play json_2.1.1 game files as alfworld 0.4.2 plays its own download
+            (release 2.1.2); ``False``: play every game file as stored.
         normalize_actions: when an action is not admissible as given, retry it lower-cased with
-            runs of whitespace collapsed (``"Go to  Desk 1"`` -> ``"go to desk 1"``).
+            runs of whitespace collapsed (``"Go to  Desk 1"`` -> ``"go to desk 1"``).  Off by
+            default: ALFWorld answers such a command with ``"Nothing happens."``.
         manager, step_timeout, reset_timeout, max_episode_steps, render_mode: see
             :class:`~agentfly_gym.envs.base.AgentFlyEnv`.
 
@@ -83,7 +99,8 @@ class ALFWorldEnv(AgentFlyEnv):
     def __init__(self, *, data_dir: str | os.PathLike | None = None, split: str = "train",
                  task_types: int | str | Iterable[int | str] | None = None, max_instances: int = 32,
                  max_uses: int | None = 500, max_rss_growth: int | str | None = "2g",
-                 planner_timeout: float | None = 300.0, plan_cache: bool = True, normalize_actions: bool = True,
+                 planner_timeout: float | None = 300.0, plan_cache: bool = True, upgrade_games: bool = True,
+                 normalize_actions: bool = False,
                  manager: ResourceManager | None = None, step_timeout: float | None = 60.0,
                  reset_timeout: float | None = 900.0, max_episode_steps: int | None = 50,
                  render_mode: str | None = None) -> None:
@@ -94,7 +111,11 @@ class ALFWorldEnv(AgentFlyEnv):
         self.data_root = resolve_alfworld_root(data_dir)
         self.index: GameIndex = load_index(self.data_root, split, task_types)
         rss = parse_bytes(max_rss_growth, field="max_rss_growth")
-        self.simulator_spec = InProcessSpec(factory=SIMULATOR_FACTORY, kwargs={"max_rss_growth": rss},
+        self.upgrade_games = bool(upgrade_games)
+        if not self.upgrade_games:
+            self.agent_prompt = AgentPrompt(system=_SYSTEM_PROMPT_2_1_1)
+        self.simulator_spec = InProcessSpec(factory=SIMULATOR_FACTORY,
+                                            kwargs={"max_rss_growth": rss, "upgrade_games": self.upgrade_games},
                                             max_instances=max_instances, max_uses=max_uses, start_timeout=120.0,
                                             name="alfworld-simulator")
         self.planner_timeout = planner_timeout
@@ -185,7 +206,7 @@ class ALFWorldEnv(AgentFlyEnv):
                 or len(done) >= len(self._plan)):
             base = list(self._history)
             plan = await compute_plan(self._game.game_file, base, timeout=self.planner_timeout,
-                                      use_cache=self.plan_cache)
+                                      use_cache=self.plan_cache, upgrade=self.upgrade_games)
             if not plan:
                 raise ExpertPlanError(f"ALFWorld expert: the planner returned an empty plan for {self._task_id} "
                                       "although the game is not won")

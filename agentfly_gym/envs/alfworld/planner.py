@@ -9,7 +9,9 @@ need 150-215 s and 500+ MB for one plan, so here a plan is
   cancellation, so neither the event loop nor a simulator thread is ever stuck in the planner
   and its memory is returned when it exits;
 * cached on disk under ``$AGENTFLY_GYM_CACHE/alfworld/plans/``, keyed by the SHA-256 of the game
-  file's bytes and of the commands applied so far, so each game's plan is computed once per machine.
+  file's bytes, of the game-file version played (see :mod:`.logic`: an upgraded 2.1.1 game names
+  its commands as 2.1.2 does, ``move <o> to <r>``) and of the commands applied so far, so each
+  game's plan is computed once per machine.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from ...data import cache_dir
 from ...errors import EnvError
+from .logic import upgrade_game
 
 __all__ = ["ExpertPlanError", "ExpertPlanTimeout", "compute_plan", "plan_cache_path"]
 
@@ -43,12 +46,17 @@ class ExpertPlanTimeout(ExpertPlanError, TimeoutError):
     """The planner did not finish within its timeout (some ALFWorld games need minutes)."""
 
 
-def plan_cache_path(game_file: str | os.PathLike, history: Sequence[str]) -> Path:
-    """Cache file of the plan for ``game_file`` after ``history`` (blocking: hashes the game file)."""
+def plan_cache_path(game_file: str | os.PathLike, history: Sequence[str], upgrade: bool = True) -> Path:
+    """Cache file of the plan for ``game_file`` after ``history`` (blocking: hashes the game file).
+
+    ``upgrade``: whether the game is played upgraded to 2.1.2 (see :func:`compute_plan`).
+    """
     h = hashlib.sha256()
     h.update(Path(game_file).read_bytes())
     h.update(b"\0")
     h.update(json.dumps(list(history)).encode())
+    if upgrade:
+        h.update(b"\0game-2.1.2")
     digest = h.hexdigest()
     return cache_dir("alfworld", "plans", digest[:2], digest + ".json")
 
@@ -75,8 +83,17 @@ def _write_cache(path: Path, game_file: str, history: Sequence[str], plan: list[
         log.warning("ALFWorld: cannot write plan cache %s: %s", path, e)
 
 
+def _request(game_file: str, history: list[str], upgrade: bool) -> bytes:
+    """The worker's stdin: the game's data as played (upgraded or as stored) and the history."""
+    with open(game_file, encoding="utf-8") as f:
+        game = json.load(f)
+    if upgrade:
+        game = upgrade_game(game)
+    return json.dumps({"game": game, "game_file": game_file, "history": history}).encode()
+
+
 async def compute_plan(game_file: str | os.PathLike, history: Sequence[str] = (), *, timeout: float | None = 300.0,
-                       use_cache: bool = True) -> list[str]:
+                       use_cache: bool = True, upgrade: bool = True) -> list[str]:
     """The expert's command sequence that wins ``game_file`` from the state after ``history``.
 
     Args:
@@ -84,28 +101,34 @@ async def compute_plan(game_file: str | os.PathLike, history: Sequence[str] = ()
         history: admissible commands already applied, in order.
         timeout: seconds the planner may run (``None``: no limit); the child process is killed after it.
         use_cache: read and write the on-disk plan cache.
+        upgrade: plan the game as the simulator plays it with ``upgrade_games=True`` (a json 2.1.1
+            file upgraded to 2.1.2, :func:`~agentfly_gym.envs.alfworld.logic.upgrade_game`);
+            ``False``: as stored.  The commands differ (``move`` vs ``put ... in/on``).
 
     Returns:
         The plan as a list of admissible commands (empty if ``history`` already wins).
 
     Raises:
         ExpertPlanTimeout: the planner ran longer than ``timeout`` seconds.
-        ExpertPlanError: the planner found no plan, a history command was not admissible, or the
-            child process failed.
+        ExpertPlanError: the planner found no plan, a history command was not admissible, the
+            game file cannot be read, or the child process failed.
     """
     game_file = str(game_file)
     history = [str(c) for c in history]
-    path = await asyncio.to_thread(plan_cache_path, game_file, history) if use_cache else None
+    path = await asyncio.to_thread(plan_cache_path, game_file, history, upgrade) if use_cache else None
     if path is not None:
         cached = await asyncio.to_thread(_read_cache, path)
         if cached is not None:
             return cached
+    try:
+        request = await asyncio.to_thread(_request, game_file, history, bool(upgrade))
+    except (OSError, ValueError, EnvError) as e:
+        raise ExpertPlanError(f"ALFWorld expert: cannot read the game file {game_file}: {e}") from e
     t0 = time.monotonic()
     # -P: the worker's own folder (which holds env.py, games.py, ...) must not shadow top-level modules.
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-P", str(_WORKER), str(os.getpid()), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
-    request = json.dumps({"game_file": game_file, "history": history}).encode()
     try:
         async with asyncio.timeout(timeout):
             out, err = await proc.communicate(request)

@@ -5,7 +5,9 @@ This is the light path of ALFWorld's ``AlfredTWEnv`` (``alfworld/agents/environm
 ``Apple_bar__plus_00_dot_12...`` become ``apple 1``; ``shuffle=False`` as upstream uses for
 evaluation) and ``AlfredInfos``.  Observations are the engine's own text: the first one is
 ``"-= Welcome to TextWorld, ALFRED! =-\\n\\n<room>\\n\\nYour task is to: <goal>."`` and a command
-that is not admissible gives ``"Nothing happens."``.
+that is not admissible gives ``"Nothing happens."``.  By default a game file of the older release
+(json 2.1.1) is played as alfworld 0.4 has it (json 2.1.2, see :mod:`.logic`): ``"You arrive at
+drawer 1."``, ``move <o> to <r>``, ``help``.
 
 One :class:`ALFWorldSimulator` holds one ``PddlEnv`` (and so one private copy of Fast Downward's
 shared library, which is never unloaded) for its whole life and loads one game per episode.
@@ -16,6 +18,7 @@ run on the instance's own worker thread.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -24,6 +27,7 @@ from typing import Any
 
 from ...errors import EnvError
 from ...resources.spec import parse_bytes
+from .logic import upgrade_game
 
 __all__ = ["NOTHING_HAPPENS", "ALFWorldSimulator", "current_rss"]
 
@@ -64,12 +68,15 @@ class ALFWorldSimulator:
             string) since the simulator was built, so the pool replaces it.  The measure is
             process-wide (simulators share the process), so it is a safety valve against slow
             growth over many games, not a per-simulator account.  ``None`` disables it.
+        upgrade_games: play game files of the json 2.1.1 release as alfworld 0.4.2 plays its own
+            (2.1.2) download (:func:`~agentfly_gym.envs.alfworld.logic.upgrade_game`); ``False``
+            plays every game file exactly as stored.
 
     Raises:
         ImportError: ``alfworld``/``textworld`` (with ``fast-downward-textworld``) are not installed.
     """
 
-    def __init__(self, max_rss_growth: int | str | None = None) -> None:
+    def __init__(self, max_rss_growth: int | str | None = None, upgrade_games: bool = True) -> None:
         try:
             import textworld
             from alfworld.agents.environment.alfred_tw_env import (
@@ -81,6 +88,7 @@ class ALFWorldSimulator:
             raise ImportError(f"ALFWorld needs `pip install agentfly-gym[alfworld]` (alfworld 0.4.2, textworld 1.7.0 "
                               f"with fast-downward-textworld): {e}") from e
         self.max_rss_growth = parse_bytes(max_rss_growth, field="max_rss_growth")
+        self.upgrade_games = bool(upgrade_games)
         infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
         self._env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
         self._baseline_rss = current_rss()
@@ -113,7 +121,7 @@ class ALFWorldSimulator:
                     # Parsing the game's grammar and PDDL costs ~1-3 s; a game that is played again
                     # (e.g. a group of rollouts of one task) skips it and only restarts the game.
                     self._parsed = None
-                    self._env.load(game_file)
+                    self._env.load(self.game_data(game_file))
                     self._parsed = (game_file, stamp)
                 state = self._env.reset()  # a fresh PddlState: nothing of an earlier episode survives
         except Exception as e:
@@ -131,6 +139,17 @@ class ALFWorldSimulator:
             goal = obs.rsplit(marker, 1)[1].strip()
         return obs, {"admissible_actions": list(self._admissible), "won": self._won, "goal": goal,
                      "game_file": game_file}
+
+    def game_data(self, game_file: str | os.PathLike) -> dict[str, Any]:
+        """The JSON of ``game_file`` as this simulator plays it (upgraded to 2.1.2 if ``upgrade_games``).
+
+        Raises:
+            OSError, ValueError: the file cannot be read or is not JSON.
+            EnvError: it is not a game file.
+        """
+        with open(game_file, encoding="utf-8") as f:
+            data = json.load(f)
+        return upgrade_game(data) if self.upgrade_games else data
 
     def step(self, command: str) -> tuple[str, bool, list[str], bool]:
         """Apply one text command.
