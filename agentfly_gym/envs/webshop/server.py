@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ...data import cache_dir
 from ...errors import ConfigError, EnvError, ResourceDied
 from .catalog import Catalog, load_catalog
 from .pages import (
@@ -96,6 +97,10 @@ class WebShopServer:
         spacy_model: spaCy model for the reward's type match.
         search_requires_search_bar: refuse ``search[...]`` on pages without the search bar
             (upstream's text env accepts a search from any page; default False).
+        cache: where the parsed catalog and its search index are cached, keyed by the catalog's
+            content hash: True (``agentfly_gym.data.cache_dir("webshop")``, subfolders ``catalog``
+            and ``bm25``), a folder (the same subfolders in it), or False (nothing written; every
+            start parses and indexes again).  See :func:`.catalog.load_catalog`.
 
     Raises:
         ConfigError, OSError, ImportError: bad data or a missing dependency.
@@ -104,11 +109,12 @@ class WebShopServer:
     def __init__(self, products_path: str, attributes_path: str, human_path: str | None = None, *,
                  num_products: int | None = None, human_goals: bool = False, show_attrs: bool = False,
                  price_seed: int = 42, spacy_model: str = DEFAULT_SPACY_MODEL,
-                 search_requires_search_bar: bool = False) -> None:
+                 search_requires_search_bar: bool = False, cache: bool | str | os.PathLike = True) -> None:
         t0 = time.perf_counter()
         self.catalog: Catalog = load_catalog(products_path, attributes_path, human_path, num_products=num_products,
-                                             human_goals=human_goals, price_seed=price_seed)
-        self.search_engine = ProductSearch(self.catalog.products)
+                                             human_goals=human_goals, price_seed=price_seed, cache=cache)
+        index_cache = None if cache is False else cache_dir("webshop", "bm25") if cache is True else Path(cache) / "bm25"
+        self.search_engine = ProductSearch(self.catalog.products, cache=index_cache, key=self.catalog.content_hash)
         self.nouns = SpacyNouns(spacy_model)
         self.show_attrs = show_attrs
         self.search_requires_search_bar = search_requires_search_bar
@@ -148,7 +154,7 @@ class WebShopServer:
 
     def goal_weights(self) -> list[float]:
         """Per-goal sampling weights (upstream's ``goal["weight"]``)."""
-        return [float(g["weight"]) for g in self.catalog.goals]
+        return self.catalog.goals.weights()
 
     def stats(self) -> dict[str, Any]:
         """Products, goals, live sessions, load time in seconds."""
@@ -258,14 +264,14 @@ class WebShopServer:
         if head == "<r>":
             return rng.sample(cat.products, k=min(SEARCH_RETURN_N, len(cat.products)))
         if head == "<a>":
-            asins = cat.attribute_to_asins.get(" ".join(keywords[1:]).strip(), set())
-            return [p for p in cat.products if p["asin"] in asins]
+            rows = cat.attribute_index.get(" ".join(keywords[1:]).strip(), ())
+            return [cat.products[i] for i in rows]
         if head == "<c>":
             category = keywords[1].strip() if len(keywords) > 1 else ""
-            return [p for p in cat.products if p["category"] == category]
+            return [cat.products[i] for i in cat.category_index.get(category, ())]
         if head == "<q>":
             query = " ".join(keywords[1:]).strip()
-            return [p for p in cat.products if p["query"] == query]
+            return [cat.products[i] for i in cat.query_index.get(query, ())]
         return [cat.by_asin[a] for a in self.search_engine.search(" ".join(keywords), SEARCH_RETURN_N) if a in cat.by_asin]
 
     def _search(self, s: _Session, keywords: list[str], page_num: int) -> None:
