@@ -24,6 +24,7 @@ SCRIPTS = {
     "bench_pool_scaling": [],
     "bench_token_drift": ["--envs", "Chess"],
     "bench_overhead": ["--envs", "ScienceWorld,Chess"],
+    "bench_webshop_scale": [],
 }
 
 

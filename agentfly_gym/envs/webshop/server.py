@@ -111,9 +111,11 @@ class WebShopServer:
                  price_seed: int = 42, spacy_model: str = DEFAULT_SPACY_MODEL,
                  search_requires_search_bar: bool = False, cache: bool | str | os.PathLike = True) -> None:
         t0 = time.perf_counter()
+        root = None if cache is False else cache_dir("webshop") if cache is True else Path(cache)
         self.catalog: Catalog = load_catalog(products_path, attributes_path, human_path, num_products=num_products,
-                                             human_goals=human_goals, price_seed=price_seed, cache=cache)
-        index_cache = None if cache is False else cache_dir("webshop", "bm25") if cache is True else Path(cache) / "bm25"
+                                             human_goals=human_goals, price_seed=price_seed,
+                                             cache=False if root is None else root / "catalog")
+        index_cache = None if root is None else root / "bm25"
         self.search_engine = ProductSearch(self.catalog.products, cache=index_cache, key=self.catalog.content_hash)
         self.nouns = SpacyNouns(spacy_model)
         self.show_attrs = show_attrs
