@@ -183,5 +183,9 @@ class ProductSearch:
             return []
         scores = np.asarray(self._bm25.get_scores(terms), dtype=np.float64)
         hits = np.flatnonzero(scores > 0)
+        if 0 < k < len(hits):  # keep the k best and every tie of the k-th: the sort below is then exact
+            hit_scores = scores[hits]
+            kth = np.partition(hit_scores, len(hits) - k)[len(hits) - k]
+            hits = hits[hit_scores >= kth]
         order = hits[np.lexsort((hits, -scores[hits]))][:k]
         return [self.asins[i] for i in order]
