@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 
@@ -127,7 +128,7 @@ def test_catalog_cache_round_trip(synth, tmp_path):
     second = load_catalog(*synth, human_goals=False, cache=tmp_path)
     assert plain.cache_path is None and first.cache_path == second.cache_path == tmp_path / first.content_hash
     assert sorted(p.name for p in first.cache_path.iterdir()) == ["meta.json", "offsets.npy", "products.jsonl"]
-    assert [x.name for x in tmp_path.iterdir()] == [first.content_hash]  # no temporary folder left
+    assert sorted(x.name for x in tmp_path.iterdir()) == [first.content_hash, "file-hashes"]  # no temporary folder
     assert len(plain.products) == len(second.products) == 600
     assert list(plain.products) == list(second.products)
     assert dict(plain.prices) == dict(second.prices)
@@ -144,6 +145,21 @@ def test_catalog_cache_round_trip(synth, tmp_path):
         p = plain.by_asin[g["asin"]]
         assert g["instruction_text"].startswith(p["instruction_text"])
         assert all(p["options"][k] and v in p["options"][k] for k, v in g["goal_options"].items())
+
+
+def test_changed_file_gets_a_new_cache_entry(sample, tmp_path):
+    """The remembered file hashes follow the file: rewriting it (same name) gives the new content."""
+    products = tmp_path / "items_shuffle.json"
+    records = json.loads((sample / PRODUCTS).read_text(encoding="utf-8"))
+    products.write_text(json.dumps(records), encoding="utf-8")
+    first = load_catalog(products, sample / ATTRS, human_goals=False, cache=tmp_path / "cache")
+    assert load_catalog(products, sample / ATTRS, human_goals=False, cache=tmp_path / "cache").content_hash == \
+        first.content_hash
+    records[0]["name"] = "Renamed Console Table"
+    products.write_text(json.dumps(records), encoding="utf-8")
+    second = load_catalog(products, sample / ATTRS, human_goals=False, cache=tmp_path / "cache")
+    assert second.content_hash != first.content_hash
+    assert second.products[0]["Title"] == "Renamed Console Table" != first.products[0]["Title"]
 
 
 def test_corrupt_catalog_cache_is_rebuilt(synth, tmp_path):
@@ -246,15 +262,11 @@ def test_server_second_start_uses_both_caches(synth, tmp_path):
             rewards.append((out["reward"], out["asin"], out["observation"]))
             server.end_session(sid)
         assert rewards[0] == rewards[1]
-    # the <c>, <q> and <a> searches read the catalog's indexes
-    p = second.catalog.products[3]
-    second.new_session("x", 0)
-    s = second._session("x")
-    assert [q["asin"] for q in second._top_n(["<q>", *p["query"].split(" ")], s.rng)] == \
-        [q["asin"] for q in second.catalog.products if q["query"] == p["query"]]
-    assert [q["asin"] for q in second._top_n(["<c>", p["category"]], s.rng)] == \
-        [q["asin"] for q in second.catalog.products if q["category"] == p["category"]]
-    if p["Attributes"]:
-        attr = p["Attributes"][0]
-        assert [q["asin"] for q in second._top_n(["<a>", *attr.split(" ")], s.rng)] == \
-            [q["asin"] for q in second.catalog.products if attr in q["Attributes"]]
+    # the <c>, <q> and <a> searches read the catalog's indexes; <r> draws as sampling the product list
+    products = list(second.catalog.products)
+    p = next(q for q in products[3:] if q["Attributes"])
+    assert second._top_n(["<q>", *p["query"].split(" ")], None) == [q["asin"] for q in products if q["query"] == p["query"]]
+    assert second._top_n(["<c>", p["category"]], None) == [q["asin"] for q in products if q["category"] == p["category"]]
+    attr = p["Attributes"][0]
+    assert second._top_n(["<a>", *attr.split(" ")], None) == [q["asin"] for q in products if attr in q["Attributes"]]
+    assert second._top_n(["<r>"], random.Random(5)) == [q["asin"] for q in random.Random(5).sample(products, k=50)]

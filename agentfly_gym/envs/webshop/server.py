@@ -77,7 +77,7 @@ class _Session:
     asins: set[str] = dataclasses.field(default_factory=set)
     options: dict[str, str] = dataclasses.field(default_factory=dict)
     actions: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
-    results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    results: list[str] = dataclasses.field(default_factory=list)  # ASINs
     page: Page | None = None
     done: bool = False
     reward: float = 0.0
@@ -258,30 +258,35 @@ class WebShopServer:
         s.asins, s.options, s.actions, s.results = set(), {}, defaultdict(int), []
         s.page = render_index(s.goal["instruction_text"])
 
-    def _top_n(self, keywords: list[str], rng: random.Random) -> list[dict[str, Any]]:
-        """Upstream's ``get_top_n_product_from_keywords``, with its special first keywords
-        ``<r>`` (random products), ``<a> attribute``, ``<c> category``, ``<q> query``."""
+    def _top_n(self, keywords: list[str], rng: random.Random) -> list[str]:
+        """ASINs of upstream's ``get_top_n_product_from_keywords``, with its special first keywords
+        ``<r>`` (random products), ``<a> attribute``, ``<c> category``, ``<q> query``.
+
+        ASINs, not product dicts: a ``<c>`` search can match a large share of the catalog, and a
+        results page decodes only the products it shows."""
         cat = self.catalog
+        asins = cat.products.asins
         head = keywords[0] if keywords else ""
-        if head == "<r>":
-            return rng.sample(cat.products, k=min(SEARCH_RETURN_N, len(cat.products)))
+        if head == "<r>":  # the same draws as sampling the product list itself
+            return [asins[i] for i in rng.sample(range(len(asins)), k=min(SEARCH_RETURN_N, len(asins)))]
         if head == "<a>":
             rows = cat.attribute_index.get(" ".join(keywords[1:]).strip(), ())
-            return [cat.products[i] for i in rows]
+            return [asins[i] for i in rows]
         if head == "<c>":
             category = keywords[1].strip() if len(keywords) > 1 else ""
-            return [cat.products[i] for i in cat.category_index.get(category, ())]
+            return [asins[i] for i in cat.category_index.get(category, ())]
         if head == "<q>":
             query = " ".join(keywords[1:]).strip()
-            return [cat.products[i] for i in cat.query_index.get(query, ())]
-        return [cat.by_asin[a] for a in self.search_engine.search(" ".join(keywords), SEARCH_RETURN_N) if a in cat.by_asin]
+            return [asins[i] for i in cat.query_index.get(query, ())]
+        return [a for a in self.search_engine.search(" ".join(keywords), SEARCH_RETURN_N) if a in cat.by_asin]
 
     def _search(self, s: _Session, keywords: list[str], page_num: int) -> None:
         if keywords != s.keywords or not s.results:
             s.results = self._top_n(keywords, s.rng)
         s.kind, s.keywords, s.page_num, s.asin, s.options = "search_results", keywords, page_num, None, {}
         s.actions["search"] += 1
-        shown = s.results[(page_num - 1) * PRODUCT_WINDOW: page_num * PRODUCT_WINDOW]
+        shown = [self.catalog.by_asin[a]
+                 for a in s.results[(page_num - 1) * PRODUCT_WINDOW: page_num * PRODUCT_WINDOW]]
         s.page = render_results(s.goal["instruction_text"], shown, page_num, len(s.results))
 
     def _item(self, s: _Session) -> None:
@@ -337,7 +342,7 @@ class WebShopServer:
                           "<q> " + self._clean_query(goal["query"])]
             s.plan = (candidates[0], None)
             for q in candidates:
-                asins = [p["asin"] for p in self._top_n(q.split(" "), s.rng)]
+                asins = self._top_n(q.split(" "), s.rng)
                 if goal["asin"] in asins:
                     s.plan = (q, asins.index(goal["asin"]) // PRODUCT_WINDOW + 1)
                     break
