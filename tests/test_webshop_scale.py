@@ -127,7 +127,8 @@ def test_catalog_cache_round_trip(synth, tmp_path):
     first = load_catalog(*synth, human_goals=False, cache=tmp_path)
     second = load_catalog(*synth, human_goals=False, cache=tmp_path)
     assert plain.cache_path is None and first.cache_path == second.cache_path == tmp_path / first.content_hash
-    assert sorted(p.name for p in first.cache_path.iterdir()) == ["meta.json", "offsets.npy", "products.jsonl"]
+    assert sorted(p.name for p in first.cache_path.iterdir()) == ["goals-synthetic-seed42.npz", "meta.json",
+                                                                   "offsets.npy", "products.jsonl"]
     assert sorted(x.name for x in tmp_path.iterdir()) == [first.content_hash, "file-hashes"]  # no temporary folder
     assert len(plain.products) == len(second.products) == 600
     assert list(plain.products) == list(second.products)
@@ -160,6 +161,18 @@ def test_changed_file_gets_a_new_cache_entry(sample, tmp_path):
     second = load_catalog(products, sample / ATTRS, human_goals=False, cache=tmp_path / "cache")
     assert second.content_hash != first.content_hash
     assert second.products[0]["Title"] == "Renamed Console Table" != first.products[0]["Title"]
+
+
+def test_cached_goals_follow_the_price_seed(synth, tmp_path):
+    """Goals and prices are cached per price seed; another seed draws (and caches) its own."""
+    for seed in (42, 7):
+        plain = load_catalog(*synth, human_goals=False, price_seed=seed, cache=False)
+        for _ in range(2):  # the first call draws and saves, the second reads the saved draws
+            cached = load_catalog(*synth, human_goals=False, price_seed=seed, cache=tmp_path)
+            assert dict(cached.prices) == dict(plain.prices)
+            assert [g["instruction_text"] for g in cached.goals] == [g["instruction_text"] for g in plain.goals]
+    assert (cached.cache_path / "goals-synthetic-seed7.npz").is_file()
+    assert dict(cached.prices) != dict(load_catalog(*synth, human_goals=False, cache=tmp_path).prices)
 
 
 def test_corrupt_catalog_cache_is_rebuilt(synth, tmp_path):

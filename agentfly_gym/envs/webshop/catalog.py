@@ -647,6 +647,37 @@ def _make_goals(products: ProductStore, human: bool, sources: list[list[Any]], p
                     np.asarray(uppers, dtype=np.float64), weights, np.asarray(order, dtype=np.int64))
 
 
+def _prices_and_goals(store: ProductStore, meta: dict[str, Any], human: bool, price_seed: int,
+                      cache_path: Path | None) -> tuple[np.ndarray, GoalList]:
+    """Draw the prices and build the goals; with a cache folder, remember both per seed (the
+    draws and the shuffle are the bulk of a second start) and read them back next time."""
+    arrays = ("prices", "rows", "subs", "uppers", "weights", "order")
+    saved = cache_path / f"goals-{'human' if human else 'synthetic'}-seed{int(price_seed)}.npz" if cache_path else None
+    if saved is not None and saved.is_file():
+        try:
+            with np.load(saved) as z:
+                a = {k: z[k] for k in arrays}
+            if len(a["prices"]) == len(store) and len(a["order"]) == len(a["rows"]):
+                return a["prices"], GoalList(store, human, a["rows"], a["subs"], a["uppers"], a["weights"], a["order"])
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("cached WebShop goals %s are unreadable (%s); drawing them again", saved, e)
+    rng = random.Random(price_seed)
+    prices = np.empty(len(store), dtype=np.float64)
+    for i, pricing in enumerate(meta["pricing"]):
+        prices[i] = 100.0 if not pricing else pricing[0] if len(pricing) == 1 else rng.uniform(*pricing[:2])
+    goals = _make_goals(store, human, meta["goal_sources"], prices, rng)
+    if saved is not None:
+        tmp = saved.with_name(f".{saved.stem}.{os.getpid()}.{threading.get_ident()}.npz")
+        try:
+            np.savez(tmp, prices=prices, rows=goals._rows, subs=goals._subs, uppers=goals._uppers,
+                     weights=goals._weights, order=goals._order)
+            os.replace(tmp, saved)
+        except OSError as e:
+            log.warning("cannot cache WebShop goals in %s: %s", saved, e)
+            tmp.unlink(missing_ok=True)
+    return prices, goals
+
+
 def load_catalog(products_path: str | Path, attributes_path: str | Path, human_path: str | Path | None = None, *,
                  num_products: int | None = None, human_goals: bool = True, price_seed: int = 42,
                  cache: bool | str | os.PathLike = True) -> Catalog:
@@ -683,11 +714,7 @@ def load_catalog(products_path: str | Path, attributes_path: str | Path, human_p
     key = catalog_hash(products_path, attributes_path, human_path, num_products,
                        memo=folder / "file-hashes" if folder is not None else None)
     store, meta, cache_path = _load_store(Path(products_path), attributes_path, human_path, num_products, key, folder)
-    rng = random.Random(price_seed)
-    prices = np.empty(len(store), dtype=np.float64)
-    for i, pricing in enumerate(meta["pricing"]):
-        prices[i] = 100.0 if not pricing else pricing[0] if len(pricing) == 1 else rng.uniform(*pricing[:2])
-    goals = _make_goals(store, bool(human_goals), meta["goal_sources"], prices, rng)
+    prices, goals = _prices_and_goals(store, meta, bool(human_goals), price_seed, cache_path)
     attribute_rows: dict[str, list[int]] = defaultdict(list)
     for i, attrs in enumerate(meta["attributes"]):
         for a in attrs:
