@@ -41,10 +41,11 @@ GOALS = {"second_start_s": 10.0, "bytes_per_product_beyond_text": 2048, "search_
 
 
 # ---------------------------------------------------------------------- child (a fresh interpreter)
-def _rss() -> int:
+def _rss(field: str = "VmRSS") -> int:
+    """Resident bytes: ``VmRSS`` (all), ``RssAnon`` (private heap) or ``RssFile`` (mapped files)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -79,7 +80,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         out["server_start_s"] = time.perf_counter() - t0
         out["index_loaded_from_cache"] = server.search_engine.loaded_from_cache
         return out
-    rss0 = _rss()
+    rss0, file0, anon0 = _rss(), _rss("RssFile"), _rss("RssAnon")
     t0 = time.perf_counter()
     catalog = load_catalog(spec["products"], spec["attributes"], human_goals=False, cache=cache / "catalog")
     t1 = time.perf_counter()
@@ -108,6 +109,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             assert all(h["asin"] for h in hits)
         out[f"search_{kind}_s"] = lat
     out["rss_after_searches_delta"] = _rss() - rss0
+    out["rss_file_after_searches_delta"] = _rss("RssFile") - file0  # mapped cache pages read by the searches
+    out["rss_anon_after_searches_delta"] = _rss("RssAnon") - anon0
     out["store_bytes"] = catalog.products.text_bytes()
     if not spec.get("reference"):
         return out
@@ -147,6 +150,8 @@ def summarize(cold: dict[str, Any], warm: list[dict[str, Any]], server: list[dic
          "store_bytes_per_product": w["store_bytes"] / n,
          "bytes_per_product_beyond_text": beyond,
          "rss_after_searches_per_product": w["rss_after_searches_delta"] / n,
+         "rss_file_after_searches_per_product": w["rss_file_after_searches_delta"] / n,
+         "rss_anon_after_searches_per_product": w["rss_anon_after_searches_delta"] / n,
          "plain_dicts_bytes_per_product": w["rss_growth_plain_dicts"] / n,
          "plain_dicts_beyond_text_per_product": (w["rss_growth_plain_dicts"] - w["raw_text_bytes"]) / n}
     for kind in ("instruction", "short"):
