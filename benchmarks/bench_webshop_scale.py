@@ -251,7 +251,8 @@ def plot(res: C.Result) -> None:
     ax.plot(ns, [x["second_start_s"] for x in s], "o-", label="second start (catalog + index)")
     ax.plot(ns, [x["server_second_start_s"] or float("nan") for x in s], "o-", label="second start, server (+ spaCy)")
     ax.axhline(GOALS["second_start_s"], color="grey", ls="--", lw=1, label="goal: second start < 10 s")
-    ax.set_ylabel("seconds")
+    ax.set_ylabel("seconds (log)")
+    ax.set_yscale("log")
     ax.set_title("Load time", fontsize=10)
     ax = axes[1]
     ax.plot(ns, [x["bytes_per_product_beyond_text"] for x in s], "o-", label="ours: RSS delta per product")
