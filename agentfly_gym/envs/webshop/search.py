@@ -18,17 +18,34 @@ term by its count).  Ties are broken by catalog order (as Lucene breaks them by 
 Known differences from Lucene: Unicode word segmentation is a regular expression, not UAX#29, and
 document lengths are exact (Lucene stores them lossily), so scores of near-ties can order
 differently.
+
+The index is built once per catalog and cached on disk (``bm25s``' own ``save`` / ``load``) under
+``<cache>/<key>/``, where the key hashes the catalog's content hash (:func:`.catalog.catalog_hash`),
+k1, b, :data:`ANALYZER_VERSION` and bm25s' version; a later start loads it memory-mapped instead
+of analysing every document again.  Loading changes nothing: the saved arrays are the built ones.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 import re
+import shutil
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["LUCENE_STOPWORDS", "SEARCH_RETURN_N", "ProductSearch", "analyze", "document_text"]
+__all__ = ["ANALYZER_VERSION", "LUCENE_STOPWORDS", "SEARCH_RETURN_N", "ProductSearch", "analyze", "document_text"]
+
+log = logging.getLogger(__name__)
+
+#: Bump when :func:`analyze` or :func:`document_text` changes what is indexed: it is part of the
+#: cache key, so an index built by older code is never loaded.
+ANALYZER_VERSION = 1
 
 SEARCH_RETURN_N = 50
 LUCENE_STOPWORDS = frozenset((
@@ -71,17 +88,93 @@ def document_text(product: dict[str, Any]) -> str:
 class ProductSearch:
     """A BM25 index over ``products`` (k1=0.9, b=0.4, Lucene's formula).
 
-    Read-only after construction; :meth:`search` may be called from several threads.
+    Args:
+        products: the catalog's products in order (dicts with ``asin`` and the fields of
+            :func:`document_text`).
+        k1, b: BM25 parameters (upstream's pyserini defaults).
+        cache: a folder holding built indexes, or None (build in memory, nothing written).
+        key: the catalog's content hash; the index is cached only when both ``cache`` and ``key``
+            are given.
+
+    Attributes:
+        cache_path: the index folder it was loaded from or saved to, else None.
+        loaded_from_cache: whether the index was loaded (True) or built (False).
+
+    Read-only after construction; :meth:`search` may be called from several threads.  An
+    unreadable cached index is rebuilt; an unwritable cache only logs a warning.
     """
 
-    def __init__(self, products: Sequence[dict[str, Any]], *, k1: float = 0.9, b: float = 0.4) -> None:
+    def __init__(self, products: Sequence[dict[str, Any]], *, k1: float = 0.9, b: float = 0.4,
+                 cache: str | os.PathLike | None = None, key: str | None = None) -> None:
+        self.asins = [p["asin"] for p in products] if not hasattr(products, "asins") else list(products.asins)
+        self.k1, self.b = k1, b
+        self.cache_path: Path | None = None
+        self.loaded_from_cache = False
+        folder = Path(cache) / self.index_key(key, k1, b) if cache is not None and key else None
+        bm25 = self._load(folder, len(self.asins)) if folder is not None else None
+        if bm25 is None:
+            bm25 = self._build(products, k1, b)
+            if folder is not None:
+                self._save(bm25, folder)
+        else:
+            self.cache_path, self.loaded_from_cache = folder, True
+        self._bm25 = bm25
+        self._vocab = bm25.vocab_dict
+
+    @staticmethod
+    def index_key(key: str, k1: float = 0.9, b: float = 0.4) -> str:
+        """Folder name of the cached index of the catalog with content hash ``key``."""
         import bm25s
 
-        self.asins = [p["asin"] for p in products]
-        corpus = [analyze(document_text(p)) or ["\x00empty"] for p in products]
-        self._bm25 = bm25s.BM25(method="lucene", k1=k1, b=b)
-        self._bm25.index(corpus, show_progress=False)
-        self._vocab = self._bm25.vocab_dict
+        text = f"{key}\0k1={k1!r}\0b={b!r}\0analyzer={ANALYZER_VERSION}\0bm25s={bm25s.__version__}"
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    @staticmethod
+    def _build(products: Sequence[dict[str, Any]], k1: float, b: float) -> Any:
+        import bm25s
+
+        vocab: dict[str, int] = {}
+        corpus_ids: list[list[int]] = []
+        for p in products:
+            tokens = analyze(document_text(p)) or ["\x00empty"]
+            corpus_ids.append([vocab.setdefault(t, len(vocab)) for t in tokens])
+        bm25 = bm25s.BM25(method="lucene", k1=k1, b=b)
+        bm25.index((corpus_ids, vocab), show_progress=False)
+        return bm25
+
+    def _load(self, folder: Path, num_docs: int) -> Any:
+        import bm25s
+
+        if not (folder / "params.index.json").is_file():
+            return None
+        try:
+            bm25 = bm25s.BM25.load(folder, mmap=True, show_progress=False)
+            if bm25.scores["num_docs"] != num_docs or (bm25.method, bm25.k1, bm25.b) != ("lucene", self.k1, self.b):
+                raise ValueError(f"holds {bm25.scores['num_docs']} documents with method={bm25.method!r}, "
+                                 f"k1={bm25.k1}, b={bm25.b}; want {num_docs}, 'lucene', {self.k1}, {self.b}")
+            return bm25
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("cached WebShop search index %s is unusable (%s); rebuilding it", folder, e)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+
+    def _save(self, bm25: Any, folder: Path) -> None:
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+            try:
+                bm25.save(tmp, show_progress=False)
+                try:
+                    os.rename(tmp, folder)
+                except OSError:
+                    if not (folder / "params.index.json").is_file():  # not a race lost to another builder
+                        raise
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+            self.cache_path = folder
+        except OSError as e:
+            log.warning("WebShop search index cannot be cached in %s (%s); it stays in memory", folder.parent, e)
 
     def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[str]:
         """ASINs of the at most ``k`` best products sharing a term with ``query``, best first."""
@@ -90,5 +183,9 @@ class ProductSearch:
             return []
         scores = np.asarray(self._bm25.get_scores(terms), dtype=np.float64)
         hits = np.flatnonzero(scores > 0)
+        if 0 < k < len(hits):  # keep the k best and every tie of the k-th: the sort below is then exact
+            hit_scores = scores[hits]
+            kth = np.partition(hit_scores, len(hits) - k)[len(hits) - k]
+            hits = hits[hit_scores >= kth]
         order = hits[np.lexsort((hits, -scores[hits]))][:k]
         return [self.asins[i] for i in order]

@@ -26,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ...data import cache_dir
 from ...errors import ConfigError, EnvError, ResourceDied
 from .catalog import Catalog, load_catalog
 from .pages import (
@@ -86,7 +87,7 @@ class _Session:
     asins: set[str] = dataclasses.field(default_factory=set)
     options: dict[str, str] = dataclasses.field(default_factory=dict)
     actions: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
-    results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    results: list[str] = dataclasses.field(default_factory=list)  # ASINs
     page: Page | None = None
     done: bool = False
     reward: float = 0.0
@@ -106,6 +107,10 @@ class WebShopServer:
         spacy_model: spaCy model for the reward's type match.
         search_requires_search_bar: refuse ``search[...]`` on pages without the search bar
             (upstream's text env accepts a search from any page; default False).
+        cache: where the parsed catalog and its search index are cached, keyed by the catalog's
+            content hash: True (``agentfly_gym.data.cache_dir("webshop")``, subfolders ``catalog``
+            and ``bm25``), a folder (the same subfolders in it), or False (nothing written; every
+            start parses and indexes again).  See :func:`.catalog.load_catalog`.
 
     Raises:
         ConfigError, OSError, ImportError: bad data or a missing dependency.
@@ -114,11 +119,14 @@ class WebShopServer:
     def __init__(self, products_path: str, attributes_path: str, human_path: str | None = None, *,
                  num_products: int | None = None, human_goals: bool = False, show_attrs: bool = False,
                  price_seed: int = 42, spacy_model: str = DEFAULT_SPACY_MODEL,
-                 search_requires_search_bar: bool = False) -> None:
+                 search_requires_search_bar: bool = False, cache: bool | str | os.PathLike = True) -> None:
         t0 = time.perf_counter()
+        root = None if cache is False else cache_dir("webshop") if cache is True else Path(cache)
         self.catalog: Catalog = load_catalog(products_path, attributes_path, human_path, num_products=num_products,
-                                             human_goals=human_goals, price_seed=price_seed)
-        self.search_engine = ProductSearch(self.catalog.products)
+                                             human_goals=human_goals, price_seed=price_seed,
+                                             cache=False if root is None else root / "catalog")
+        index_cache = None if root is None else root / "bm25"
+        self.search_engine = ProductSearch(self.catalog.products, cache=index_cache, key=self.catalog.content_hash)
         self.nouns = SpacyNouns(spacy_model)
         self.show_attrs = show_attrs
         self.search_requires_search_bar = search_requires_search_bar
@@ -189,7 +197,7 @@ class WebShopServer:
 
     def goal_weights(self) -> list[float]:
         """Per-goal sampling weights (upstream's ``goal["weight"]``)."""
-        return [float(g["weight"]) for g in self.catalog.goals]
+        return self.catalog.goals.weights()
 
     def stats(self) -> dict[str, Any]:
         """Products, goals, live sessions, load time in seconds."""
@@ -291,30 +299,35 @@ class WebShopServer:
         s.asins, s.options, s.actions, s.results = set(), {}, defaultdict(int), []
         s.page = render_index(s.goal["instruction_text"])
 
-    def _top_n(self, keywords: list[str], rng: random.Random) -> list[dict[str, Any]]:
-        """Upstream's ``get_top_n_product_from_keywords``, with its special first keywords
-        ``<r>`` (random products), ``<a> attribute``, ``<c> category``, ``<q> query``."""
+    def _top_n(self, keywords: list[str], rng: random.Random) -> list[str]:
+        """ASINs of upstream's ``get_top_n_product_from_keywords``, with its special first keywords
+        ``<r>`` (random products), ``<a> attribute``, ``<c> category``, ``<q> query``.
+
+        ASINs, not product dicts: a ``<c>`` search can match a large share of the catalog, and a
+        results page decodes only the products it shows."""
         cat = self.catalog
+        asins = cat.products.asins
         head = keywords[0] if keywords else ""
-        if head == "<r>":
-            return rng.sample(cat.products, k=min(SEARCH_RETURN_N, len(cat.products)))
+        if head == "<r>":  # the same draws as sampling the product list itself
+            return [asins[i] for i in rng.sample(range(len(asins)), k=min(SEARCH_RETURN_N, len(asins)))]
         if head == "<a>":
-            asins = cat.attribute_to_asins.get(" ".join(keywords[1:]).strip(), set())
-            return [p for p in cat.products if p["asin"] in asins]
+            rows = cat.attribute_index.get(" ".join(keywords[1:]).strip(), ())
+            return [asins[i] for i in rows]
         if head == "<c>":
             category = keywords[1].strip() if len(keywords) > 1 else ""
-            return [p for p in cat.products if p["category"] == category]
+            return [asins[i] for i in cat.category_index.get(category, ())]
         if head == "<q>":
             query = " ".join(keywords[1:]).strip()
-            return [p for p in cat.products if p["query"] == query]
-        return [cat.by_asin[a] for a in self.search_engine.search(" ".join(keywords), SEARCH_RETURN_N) if a in cat.by_asin]
+            return [asins[i] for i in cat.query_index.get(query, ())]
+        return [a for a in self.search_engine.search(" ".join(keywords), SEARCH_RETURN_N) if a in cat.by_asin]
 
     def _search(self, s: _Session, keywords: list[str], page_num: int) -> None:
         if keywords != s.keywords or not s.results:
             s.results = self._top_n(keywords, s.rng)
         s.kind, s.keywords, s.page_num, s.asin, s.options = "search_results", keywords, page_num, None, {}
         s.actions["search"] += 1
-        shown = s.results[(page_num - 1) * PRODUCT_WINDOW: page_num * PRODUCT_WINDOW]
+        shown = [self.catalog.by_asin[a]
+                 for a in s.results[(page_num - 1) * PRODUCT_WINDOW: page_num * PRODUCT_WINDOW]]
         s.page = render_results(s.goal["instruction_text"], shown, page_num, len(s.results))
 
     def _item(self, s: _Session) -> None:
@@ -370,7 +383,7 @@ class WebShopServer:
                           "<q> " + self._clean_query(goal["query"])]
             s.plan = (candidates[0], None)
             for q in candidates:
-                asins = [p["asin"] for p in self._top_n(q.split(" "), s.rng)]
+                asins = self._top_n(q.split(" "), s.rng)
                 if goal["asin"] in asins:
                     s.plan = (q, asins.index(goal["asin"]) // PRODUCT_WINDOW + 1)
                     break
