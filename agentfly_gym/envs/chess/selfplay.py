@@ -389,6 +389,11 @@ class ChessSelfPlayEnv(AECEnv):
             self.infos = {a: self._info(a) for a in self.agents}
         self._accumulate_rewards()
 
+    async def aend_game(self) -> None:
+        """End the running game now, releasing its rollout scope; the next call must be a reset."""
+        await self._end_game()
+        self.agents = []
+
     async def aclose(self) -> None:
         """End the running game (releasing its resources); the shared manager stays open."""
         await self._end_game()
