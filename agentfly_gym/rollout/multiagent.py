@@ -80,8 +80,9 @@ def _as_map(value: Any, agents: list[str], name: str) -> dict[str, Any]:
 
 async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str = "chain",
                               sampling: SamplingParams | None = None, max_turns: int = 200,
-                              max_context_tokens: int | None = None, history: int = DEFAULT_HISTORY,
-                              seed: int | None = None, options: dict[str, Any] | None = None,
+                              max_context_tokens: int | None = None, max_response_tokens: int | None = None,
+                              history: int = DEFAULT_HISTORY, seed: int | None = None,
+                              options: dict[str, Any] | None = None,
                               env_id: str = "agentfly/ChessSelfPlay-v0", game_id: str | None = None,
                               trajectory_prefix: str | None = None) -> list[PlayerTrajectory]:
     """Play one game of the AEC ``env`` and return one :class:`PlayerTrajectory` per agent (in
@@ -101,6 +102,8 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
             (``termination="max turns"``).
         max_context_tokens: chain mode: a player whose next turn could exceed this many tokens ends
             the game truncated (``termination="context"``).
+        max_response_tokens: chain mode: a player whose response already holds at least this many
+            tokens ends the game truncated (``termination="context"``; a trainer's response budget).
         history: step mode: past (action, observation) pairs in each fresh prompt.
         seed, options: passed to ``env.areset``.
         game_id: the game's id (default: the env's game id); trajectories are ``<prefix>-<agent>``.
@@ -161,6 +164,9 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
                 pl.pending_user = False
                 if max_context_tokens is not None and \
                         len(tr.prompt_ids) + len(tr.response_ids) + sampling.max_tokens > max_context_tokens:
+                    stop = "context"
+                    break
+                if max_response_tokens is not None and len(tr.response_ids) >= max_response_tokens:
                     stop = "context"
                     break
                 prompt_ids = tr.prompt_ids + tr.response_ids
@@ -229,7 +235,11 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
         outcome = env.outcome if hasattr(env, "outcome") else None
         for a, pl in players.items():
             tr = pl.traj
-            if mode == "chain":
+            if pl.task_obs is None:  # the game ended before this player's first turn: its prompt, nothing sampled
+                pl.messages = [{"role": "system", "content": prompt.system},
+                               {"role": "user", "content": prompt.first_message(str(env.observe(a)))}]
+                tr.prompt_ids = list(pl.chat.prompt_ids(pl.messages))
+            if mode == "chain" or not tr.messages:
                 tr.messages = pl.messages
             for row in tr.steps:
                 row.episode_return = tr.reward
