@@ -226,3 +226,24 @@ async def test_tiny_model_self_play_keeps_exact_ids_in_chain_and_step_mode(tiny_
             await env.aclose()
     finally:
         policy.close()
+
+
+def test_cli_rollout_reports_per_side_results(tmp_path, capsys):
+    """`agentfly-gym rollout --env ChessSelfPlay-v0` plays games, prints per-side results and saves them."""
+    import json
+
+    from agentfly_gym.cli import main
+
+    rc = main(["rollout", "--env", "ChessSelfPlay-v0", "--policy", "expert", "--opponent", "random",
+               "--tokenizer", "qwen3", "-n", "2", "--max-turns", "100", "--no-progress",
+               "--env-kwargs", '{"ChessSelfPlay-v0": {"max_moves": 30}}', "--output-dir", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    for label in ("white wins", "black wins", "draws", "illegal-move rate"):
+        assert label in out
+    games = json.loads((tmp_path / "summary.json").read_text())["games"]
+    assert games["games"] == 2 and games["failed"] == 0 and games["illegal_move_rate"] == 0.0
+    assert games["white_wins"] + games["black_wins"] + games["draws"] + games["no_result"] == 2
+    assert set(games["per_agent"]) == {"white", "black"}
+    assert main(["rollout", "--env", "ChessSelfPlay-v0", "--env", "Chess-v0", "--policy", "random"]) != 0
+    assert "a multi-agent environment is rolled out on its own" in capsys.readouterr().err
