@@ -21,7 +21,16 @@ from agentfly_gym.rollout import ExpertPolicy, RandomPolicy, SamplingParams  # n
 from agentfly_gym.rollout.chat import ChatTokenizer  # noqa: E402
 from agentfly_gym.rollout.multiagent import run_multiagent_game, run_multiagent_rollouts, summarize_games  # noqa: E402
 
+from proctools import live_processes, wait_gone  # noqa: E402
+
 MATE_IN_ONE = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"  # Ra8#
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_engines():
+    before = live_processes(["stockfish"])
+    yield
+    assert not wait_gone(live_processes(["stockfish"]) - before), "a Stockfish process outlived its test"
 
 
 def _env(**kw):
