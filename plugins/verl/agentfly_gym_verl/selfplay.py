@@ -61,6 +61,7 @@ class _Game:
 # (uid, game index) -> game, per worker process (one event loop: verl's agent-loop worker)
 _GAMES: dict[tuple[str, int], _Game] = {}
 _ARRIVALS: dict[str, itertools.count] = {}
+_MAX_ARRIVALS = 100_000
 
 
 def pending_games() -> int:
@@ -195,7 +196,9 @@ class SelfPlayAgentLoop(AgentFlyAgentLoop):
             raise ConfigError("agentfly self-play step mode returns one row per turn, which only verl's V1 trainer "
                               "accepts: set trainer.use_v1=true (or use chain mode)")
         session = _scalar(kwargs.get("session_id"))
-        if session is None:
+        if session is None:  # the legacy trainer gives no session id: pair by arrival order
+            if uid not in _ARRIVALS and len(_ARRIVALS) >= _MAX_ARRIVALS:
+                _ARRIVALS.pop(next(iter(_ARRIVALS)))  # forget the oldest row's counter (bounded memory)
             session = next(_ARRIVALS.setdefault(uid, itertools.count()))
         session = int(session)
         key, side = (uid, session // 2), session % 2
