@@ -81,13 +81,13 @@ class ScriptedServer(ModelServer):
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
 
 
-def _cfg():
+def _cfg(use_v1: bool = True):
     import verl
 
     cfg = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
     cfg.data.max_prompt_length = PROMPT_LEN
     cfg.data.max_response_length = RESPONSE_LEN
-    cfg.trainer.use_v1 = True
+    cfg.trainer.use_v1 = use_v1
     cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path = str(agentfly_gym_verl.config_path())
     return cfg
 
@@ -114,12 +114,14 @@ def _row(tmp_path, tokenizer, cfg, **kw) -> dict:
     return row
 
 
-async def _sessions(cfg, server, tok, row, n=2, **overrides):
-    """The ``rollout.n`` sessions of one row, as verl's V1 worker runs them (concurrent tasks)."""
+async def _sessions(cfg, server, tok, row, n=2, legacy=False, **overrides):
+    """The ``rollout.n`` sessions of one row, as verl's V1 worker runs them (concurrent tasks with a
+    ``session_id``), or as the legacy worker does (``legacy=True``: repeated rows, no session id)."""
     r = cfg.actor_rollout_ref.rollout
     sampling = dict(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, logprobs=True)
     loops = [_loop(server, tok, cfg, **overrides) for _ in range(n)]
-    return await asyncio.gather(*(lp.run(sampling, session_id=i, **row) for i, lp in enumerate(loops)))
+    ids = [{} if legacy else {"session_id": i} for i in range(n)]
+    return await asyncio.gather(*(lp.run(sampling, **ids[i], **row) for i, lp in enumerate(loops)))
 
 
 def _postprocess(outs) -> None:
@@ -213,6 +215,20 @@ async def test_tiny_model_self_play_exact_ids_and_unpaired_session(tmp_path, tin
         selfplay._purge(0.0)
     finally:
         policy.close()
+
+
+async def test_legacy_trainer_pairs_by_arrival_and_refuses_step_mode(tmp_path, qwen_tok, clean_runtime):
+    cfg = _cfg(use_v1=False)
+    row = _row(tmp_path, qwen_tok, cfg)
+    row["uid"] = "uid-legacy"
+    white, black = await _sessions(cfg, ScriptedServer(qwen_tok, FOOLS_MATE), qwen_tok, row, legacy=True, mode="chain")
+    _postprocess([white, black])
+    assert (white.reward_score, black.reward_score) == (-1.0, 1.0)
+    assert white.extra_fields["group_id"] == black.extra_fields["group_id"] == "uid-legacy-g0"
+    from agentfly_gym.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="use_v1"):
+        await _sessions(cfg, ScriptedServer(qwen_tok, FOOLS_MATE), qwen_tok, row, n=1, legacy=True, mode="step")
 
 
 async def test_bad_row_gives_an_error_row(tmp_path, qwen_tok, clean_runtime):
