@@ -70,6 +70,11 @@ def cmd_envs(args: argparse.Namespace) -> int:
         pkg, data_name, pattern, hint = _ENV_DATA.get(env_id, (None, None, None, ""))
         pkg_ok = "yes" if pkg is None or importlib.util.find_spec(pkg) is not None else f"missing ({pkg})"
         table.add_row(env_id, str(spec.entry_point), pkg_ok, _data_status(data_name, pattern, hint))
+    from .registration import MULTIAGENT_ENVS
+
+    for name, (entry_point, _) in sorted(MULTIAGENT_ENVS.items()):  # PettingZoo envs (make_multiagent)
+        pkg_ok = "yes" if importlib.util.find_spec("pettingzoo") is not None else "missing (pettingzoo)"
+        table.add_row(f"agentfly/{name} (multi-agent)", entry_point, pkg_ok, "none needed")
     Console().print(table)
     return 0
 

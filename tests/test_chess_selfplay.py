@@ -256,3 +256,5 @@ def test_cli_rollout_reports_per_side_results(tmp_path, capsys):
     assert set(games["per_agent"]) == {"white", "black"}
     assert main(["rollout", "--env", "ChessSelfPlay-v0", "--env", "Chess-v0", "--policy", "random"]) != 0
     assert "a multi-agent environment is rolled out on its own" in capsys.readouterr().err
+    assert main(["envs"]) == 0
+    assert "agentfly/ChessSelfPlay-v0 (multi-agent)" in capsys.readouterr().out.replace("\n", "")
