@@ -2,9 +2,8 @@
 # Both install what is missing first (scripts/setup.sh, idempotent).
 
 PY ?= python3
-# The public data sets: $AGENTFLY_GYM_DATA if set, else ../shared/data beside the repository.
-AGENTFLY_GYM_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
-export AGENTFLY_GYM_DATA
+# No data folder is needed: the envs fall back to the samples shipped in the package. A data root you
+# export yourself (AGENTFLY_GYM_DATA=...) is passed through; `agentfly-gym data download NAME` gets full sets.
 
 .PHONY: setup demo test
 setup: .setup.stamp

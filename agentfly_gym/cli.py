@@ -2,12 +2,14 @@
 
 Subcommands:
     rollout          roll out trajectories of one or more environments with a policy
-    envs             list the registered environments and whether their data is present
+    envs             list the registered environments, where their data comes from and how many tasks
     images build     build container images offline
     resources gc     reap containers and sandboxes left by dead managers
     r2e build-tasks  build the local R2E-Gym task set
     drift            measure re-tokenization drift on saved trajectories
     dataset          write a verl training dataset (needs the verl plugin)
+    data             the full public data sets: status | download NAME | verify NAME
+    serve            serve an environment through OpenEnv's server interface (needs the openenv extra)
 """
 
 from __future__ import annotations
@@ -26,31 +28,9 @@ __all__ = ["main"]
 
 
 # ----------------------------------------------------------------------------- envs
-#: env id -> (python package it needs, data set name, file pattern, how to get the data)
-_ENV_DATA = {
-    "agentfly/Chess-v0": ("chess", "chess", "lichess_puzzles_sample.csv|lichess_db_puzzle.csv",
-                          "the Lichess puzzle CSV (database.lichess.org) in $AGENTFLY_GYM_DATA/chess"),
-    "agentfly/ScienceWorld-v0": ("scienceworld", None, None, ""),
-    "agentfly/ALFWorld-v0": ("alfworld", "alfworld", "json_2.1.1", "run alfworld-download; set ALFWORLD_DATA"),
-    "agentfly/WebShop-v0": ("spacy", "webshop", "items_shuffle*.json", "WebShop's setup.sh data; set WEBSHOP_DATA"),
-    "agentfly/R2EGym-v0": ("docker", "r2egym", "local-v1/tasks.jsonl", "run: agentfly-gym r2e build-tasks"),
-}
-
-
-def _data_status(name: str | None, pattern: str | None, hint: str) -> str:
-    if name is None:
-        return "bundled with the package"
-    from .data import resolve_data_dir
-    from .errors import DataNotFoundError
-
-    try:
-        d = resolve_data_dir(name)
-    except DataNotFoundError:
-        return f"missing: {hint}"
-    for pat in (pattern or "").split("|"):
-        if not pat or list(d.glob(pat)):
-            return f"found: {d}"
-    return f"missing ({d} lacks {pattern}): {hint}"
+#: env id -> the python package it needs
+_ENV_PACKAGE = {"agentfly/Chess-v0": "chess", "agentfly/ScienceWorld-v0": "scienceworld",
+                "agentfly/ALFWorld-v0": "alfworld", "agentfly/WebShop-v0": "spacy", "agentfly/R2EGym-v0": "docker"}
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
@@ -60,21 +40,23 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
     import agentfly_gym  # noqa: F401
 
-    table = Table(title="agentfly-gym environments")
+    from .datasets import env_data_source
+
+    table = Table(title="agentfly-gym environments (full data sets: agentfly-gym data status)")
     table.add_column("id", no_wrap=True)
-    for col in ("entry point", "package", "data"):
+    for col in ("package", "data source", "tasks"):
         table.add_column(col, overflow="fold")
     for env_id, spec in sorted(gymnasium.registry.items()):
         if not env_id.startswith("agentfly/"):
             continue
-        pkg, data_name, pattern, hint = _ENV_DATA.get(env_id, (None, None, None, ""))
+        pkg = _ENV_PACKAGE.get(env_id)
         pkg_ok = "yes" if pkg is None or importlib.util.find_spec(pkg) is not None else f"missing ({pkg})"
-        table.add_row(env_id, str(spec.entry_point), pkg_ok, _data_status(data_name, pattern, hint))
+        table.add_row(env_id, pkg_ok, *env_data_source(env_id))
     from .registration import MULTIAGENT_ENVS
 
-    for name, (entry_point, _) in sorted(MULTIAGENT_ENVS.items()):  # PettingZoo envs (make_multiagent)
+    for name in sorted(MULTIAGENT_ENVS):  # PettingZoo envs (make_multiagent)
         pkg_ok = "yes" if importlib.util.find_spec("pettingzoo") is not None else "missing (pettingzoo)"
-        table.add_row(f"agentfly/{name} (multi-agent)", entry_point, pkg_ok, "none needed")
+        table.add_row(f"agentfly/{name} (multi-agent)", pkg_ok, "none needed", "games from the start or a FEN")
     Console().print(table)
     return 0
 
@@ -130,11 +112,18 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ConfigError('--env-kwargs must map env ids to keyword dicts, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
     if _is_multiagent(args.env):
         return _rollout_multiagent(args, env_kwargs)
+    if args.policy == "random":  # it picks among info["admissible_actions"], which ScienceWorld lists only on request
+        from .rollout.runner import normalize_env_id
+
+        env_kwargs = {normalize_env_id(k): dict(v) for k, v in env_kwargs.items()}
+        if "agentfly/ScienceWorld-v0" in map(normalize_env_id, args.env):
+            env_kwargs.setdefault("agentfly/ScienceWorld-v0", {}).setdefault("with_admissible_actions", True)
     config = RolloutConfig(
         env_ids=args.env, num_trajectories=args.num_trajectories, group_size=args.group_size,
         concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode, history=args.history,
         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p),
-        max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir)
+        max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir,
+        reward=args.reward)
     check_config(config)  # fail on a typo before the model is loaded
     policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
 
@@ -262,6 +251,10 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("drift",): ("agentfly_gym.rollout.drift", "drift_main",
                  "measure what re-tokenizing saved trajectories would change: FILE [--tokenizer ...]"),
     ("dataset",): ("agentfly_gym_verl.dataset", "dataset_main", "write a verl training parquet for an environment"),
+    ("data",): ("agentfly_gym.datasets", "data_main",
+                "the full public data sets: status | download NAME | verify NAME (resumable, checksummed)"),
+    ("serve",): ("agentfly_gym.bridges.openenv", "serve_main",
+                 "serve an environment to OpenEnv clients: --env ID --openenv [--port P] [--max-sessions N]"),
 }
 
 
@@ -309,11 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--history", type=int, default=3, help="step mode: past (action, observation) pairs per prompt")
     r.add_argument("--env-kwargs", default=None,
                    help='JSON: per env id, constructor kwargs, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
+    r.add_argument("--reward", default=None,
+                   help="episode reward from configuration: 'judge:model=M,base_url=URL[,api_key_env=VAR,concurrency=4,"
+                        "retries=3,combine=replace|add]' (an OpenAI-compatible API), 'judge:serve=transformers,"
+                        "model=smollm2' (a local server), or 'MODULE:FUNCTION' (FUNCTION(trajectory) -> float)")
     r.add_argument("--output-dir", default="runs/latest")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_rollout)
 
-    e = sub.add_parser("envs", help="list registered environments and their data status")
+    e = sub.add_parser("envs", help="list registered environments, the data each one reads and how many tasks")
     e.set_defaults(func=cmd_envs)
 
     groups: dict[str, argparse._SubParsersAction] = {}

@@ -8,7 +8,11 @@ Resolution order for a data set ``name`` (``"alfworld"``, ``"webshop"``, ``"ches
 3. ``$AGENTFLY_GYM_DATA/<name>`` (one root holding every data set, the layout of the
    project's shared data folder);
 4. the default cache folder, ``~/.cache/<name>`` for ALFWorld (upstream's default) and
-   ``~/.cache/agentfly-gym/<name>`` otherwise.
+   ``~/.cache/agentfly-gym/<name>`` otherwise (where ``agentfly-gym data download`` writes);
+5. the small public sample shipped inside the package (``agentfly_gym/samples/<name>``; see its
+   README for what it holds and where it comes from), so every environment runs with no data set up.
+
+Steps 2-5 are only tried when no ``data_dir=`` is given: an explicit folder never falls back.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from pathlib import Path
 
 from .errors import DataNotFoundError
 
-__all__ = ["resolve_data_dir", "DATA_ROOT_ENV", "cache_dir"]
+__all__ = ["resolve_data_dir", "data_candidates", "sample_dir", "default_download_dir", "DATA_ROOT_ENV", "cache_dir"]
 
 DATA_ROOT_ENV = "AGENTFLY_GYM_DATA"
 
 _OWN_ENV = {"alfworld": "ALFWORLD_DATA", "webshop": "WEBSHOP_DATA"}
 _DEFAULTS = {"alfworld": "~/.cache/alfworld"}
+#: data sets with a sample shipped in the package (folder names under ``agentfly_gym/samples``)
+_SAMPLES = ("chess", "alfworld", "webshop")
 
 
 def cache_dir(*parts: str) -> Path:
@@ -32,13 +38,54 @@ def cache_dir(*parts: str) -> Path:
     return Path(root, *parts)
 
 
+def sample_dir(name: str) -> Path | None:
+    """The folder of the sample of data set ``name`` shipped in the package, or ``None`` if there is none."""
+    if name not in _SAMPLES:
+        return None
+    p = Path(__file__).resolve().parent / "samples" / name
+    return p if p.is_dir() else None
+
+
+def default_download_dir(name: str) -> Path:
+    """Where ``agentfly-gym data download`` puts data set ``name`` by default.
+
+    ``$AGENTFLY_GYM_DATA/<name>`` when that variable is set, else the default cache folder of step 4
+    (``~/.cache/alfworld`` for ALFWorld, ``~/.cache/agentfly-gym/<name>`` otherwise), so that the
+    resolution order finds what was downloaded.
+    """
+    if os.environ.get(DATA_ROOT_ENV):
+        return Path(os.environ[DATA_ROOT_ENV]).expanduser() / name
+    return Path(_DEFAULTS.get(name, str(cache_dir(name)))).expanduser()
+
+
+def data_candidates(name: str, data_dir: str | os.PathLike | None = None) -> list[tuple[str, Path]]:
+    """The folders searched for data set ``name``, in order, each with a label saying where it comes from.
+
+    Labels: ``"data_dir"``, the variable's name (``"ALFWORLD_DATA"``, ``"WEBSHOP_DATA"``,
+    ``"AGENTFLY_GYM_DATA"``), ``"cache"`` and ``"bundled sample"``.  The folders need not exist.
+    """
+    if data_dir is not None:
+        return [("data_dir", Path(data_dir).expanduser())]
+    out: list[tuple[str, Path]] = []
+    own = _OWN_ENV.get(name)
+    if own and os.environ.get(own):
+        out.append((own, Path(os.environ[own]).expanduser()))
+    if os.environ.get(DATA_ROOT_ENV):
+        out.append((DATA_ROOT_ENV, Path(os.environ[DATA_ROOT_ENV]).expanduser() / name))
+    out.append(("cache", Path(_DEFAULTS.get(name, str(cache_dir(name)))).expanduser()))
+    sample = sample_dir(name)
+    if sample is not None:
+        out.append(("bundled sample", sample))
+    return out
+
+
 def resolve_data_dir(name: str, data_dir: str | os.PathLike | None = None, *, must_contain: str | None = None,
                      how_to_get: str = "") -> Path:
     """The folder of data set ``name`` (see the module docstring for the order).
 
     Args:
         name: data set name.
-        data_dir: explicit folder, wins over everything else.
+        data_dir: explicit folder, wins over everything else (and is the only one tried).
         must_contain: a relative path that must exist inside the folder.
         how_to_get: instructions appended to the error message.
 
@@ -46,16 +93,7 @@ def resolve_data_dir(name: str, data_dir: str | os.PathLike | None = None, *, mu
         DataNotFoundError: no candidate folder exists (or lacks ``must_contain``); the
             message lists the places searched and how to obtain the data.
     """
-    candidates: list[Path] = []
-    if data_dir is not None:
-        candidates.append(Path(data_dir).expanduser())
-    else:
-        own = _OWN_ENV.get(name)
-        if own and os.environ.get(own):
-            candidates.append(Path(os.environ[own]).expanduser())
-        if os.environ.get(DATA_ROOT_ENV):
-            candidates.append(Path(os.environ[DATA_ROOT_ENV]).expanduser() / name)
-        candidates.append(Path(_DEFAULTS.get(name, str(cache_dir(name)))).expanduser())
+    candidates = [p for _label, p in data_candidates(name, data_dir)]
     for c in candidates:
         if c.is_dir() and (must_contain is None or (c / must_contain).exists()):
             return c

@@ -20,6 +20,14 @@ class DataNotFoundError(AgentFlyError, FileNotFoundError):
     """A data set an environment needs is missing; the message says how to obtain it."""
 
 
+class DownloadError(AgentFlyError):
+    """A data file could not be downloaded (offline, HTTP error, cut off); the message says what to do."""
+
+
+class ChecksumError(DownloadError):
+    """A downloaded or stored file does not match its pinned SHA-256; the file was refused."""
+
+
 class ResourceError(AgentFlyError):
     """A resource could not be started, reset, checked or released."""
 

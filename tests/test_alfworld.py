@@ -16,6 +16,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentfly_gym  # noqa: F401  (registers the environments)
+from agentfly_gym.data import sample_dir
 from agentfly_gym.envs.alfworld import (
     NOTHING_HAPPENS,
     TASK_TYPES,
@@ -128,16 +129,17 @@ def test_task_type_filter(alfworld_root):
             parse_task_types(bad)
 
 
-def test_missing_data_says_how_to_get_it(tmp_path, monkeypatch):
+def test_missing_data_says_how_to_get_it_or_uses_the_sample(tmp_path, monkeypatch):
     with pytest.raises(DataNotFoundError, match="alfworld-download") as info:
         ALFWorldEnv(data_dir=tmp_path / "nowhere")
     assert "nowhere" in str(info.value)
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "empty"))
     monkeypatch.setenv("AGENTFLY_GYM_DATA", str(tmp_path / "empty"))
     monkeypatch.setenv("HOME", str(tmp_path))
-    with pytest.raises(DataNotFoundError, match="ALFWORLD_DATA") as info:
-        gymnasium.make("agentfly/ALFWorld-v0")
-    assert "json_2.1.1" in str(info.value)
+    # configured folders without json_2.1.1 fall through to the sample shipped in the package
+    env = gymnasium.make("agentfly/ALFWorld-v0")
+    assert env.unwrapped.data_root == sample_dir("alfworld")
+    env.close()
 
 
 # ---------------------------------------------------------------------------------------------- env

@@ -132,6 +132,27 @@ async def test_same_container_across_turns_and_clean_reuse(manager, backend_kw):
     await env.aclose()
 
 
+async def test_disk_limit_holds_for_a_model_that_fills_the_disk(manager, backend_kw):
+    """The env's ``disk`` limit reaches the container: a 160 MB write under a 64 MB limit fails in
+    the sandbox (no space left) or ends the episode on Docker (its watchdog kills the container);
+    either way the host never receives the 160 MB and the next episode starts clean."""
+    env = _env(manager, backend_kw, disk="64m", max_containers=1, bash_timeout=60.0)
+    await env.areset(seed=0)
+    box = next(iter(env.scope.resources.values()))
+    assert box.spec.disk == 64 * 1024 * 1024
+    o, r, term, trunc, info = await env.astep(
+        _xml("execute_bash", cmd="dd if=/dev/zero of=/testbed/big bs=1M count=160 2>&1; du -m /testbed/big"))
+    if not trunc:
+        sizes = [int(line.split()[0]) for line in o.splitlines() if line.strip().endswith("/testbed/big")]
+        assert sizes and sizes[-1] <= 64, o
+    else:
+        assert info["error"], o
+    await env.areset(seed=1)
+    o, *_ = await env.astep(_xml("execute_bash", cmd="ls /testbed"))
+    assert "big" not in o.split() and "minicalc" in o
+    await env.aclose()
+
+
 def _kill(box) -> None:
     if box.backend_name == "docker":
         import docker

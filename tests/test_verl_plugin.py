@@ -182,7 +182,7 @@ def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _check_schema(out: AgentLoopOutput) -> None:
+def _check_schema(out: AgentLoopOutput, prompt_length: int = PROMPT_LEN) -> None:
     assert set(out.extra_fields) == set(EXTRA_FIELD_DEFAULTS)
     for k, v in EXTRA_FIELD_DEFAULTS.items():
         if v is not None:
@@ -190,7 +190,10 @@ def _check_schema(out: AgentLoopOutput) -> None:
     n = len(out.response_ids)
     assert n >= 1
     assert len(out.response_mask) == n and len(out.response_logprobs) == n
-    assert len(out.prompt_ids) <= PROMPT_LEN
+    assert len(out.prompt_ids) <= prompt_length
+    # verl puts the reward on the last token: it must be a sampled one (or nothing was sampled at all)
+    assert out.response_mask[-1] == 1 or set(out.response_mask) == {0}
+    assert isinstance(out.extra_fields["min_global_steps"], int | None)
     # what verl's V1 trainer does with the output (agent_loop_tq._agent_loop_postprocess) works on it
     field = out.as_dict()
     assert field["prompts"].shape[0] == len(out.prompt_ids) and field["rm_scores"][-1] == out.reward_score
@@ -234,9 +237,12 @@ async def _check_chain(out: AgentLoopOutput, server: ModelServer, tokenizer, env
         expected_ids += env_ids
         expected_mask += [0] * len(env_ids)
         expected_lp += [0.0] * len(env_ids)
-    n = len(out.response_ids)
-    assert n == min(len(expected_ids), response_length)
     assert ef["response_truncated"] == (len(expected_ids) > response_length)
+    # cut to response_length, then the trailing ids the policy did not sample are dropped
+    n = min(len(expected_ids), response_length)
+    while n and expected_mask[n - 1] == 0:
+        n -= 1
+    assert len(out.response_ids) == n and n > 0
     assert out.response_ids == expected_ids[:n]          # sampled ids verbatim, env/template ids exact
     assert out.response_mask == expected_mask[:n]
     assert all(math.isclose(a, b, rel_tol=0, abs_tol=1e-6) for a, b in zip(out.response_logprobs, expected_lp[:n]))
@@ -248,10 +254,10 @@ async def _check_chain(out: AgentLoopOutput, server: ModelServer, tokenizer, env
 
 
 async def _check_steps(outs: list[AgentLoopOutput], server: ModelServer, tokenizer, env_id, env_kwargs, seed,
-                       options):
+                       options, prompt_length: int = PROMPT_LEN):
     assert isinstance(outs, list) and outs
     for o in outs:
-        _check_schema(o)
+        _check_schema(o, prompt_length)
     ef0 = outs[0].extra_fields
     assert not ef0["error"], ef0["error"]
     calls = server.of(ef0["trajectory_id"])
@@ -266,10 +272,11 @@ async def _check_steps(outs: list[AgentLoopOutput], server: ModelServer, tokeniz
         assert ef["step"] == i and ef["trajectory_id"] == ef0["trajectory_id"] and ef["group_id"] == ef0["group_id"]
         assert ef["anchor_obs"] == anchors[i]
         assert o.prompt_ids == c["prompt_ids"]                       # the fresh prompt the server saw
-        close = chat.close_assistant_ids(c["token_ids"])
-        assert o.response_ids == c["token_ids"] + close               # sampled ids verbatim
-        assert o.response_mask == [1] * len(c["token_ids"]) + [0] * len(close)
-        assert o.response_logprobs == pytest.approx(c["log_probs"] + [0.0] * len(close), abs=1e-6)
+        if c["token_ids"]:                                           # sampled ids verbatim, nothing after them
+            assert o.response_ids == c["token_ids"] and o.response_mask == [1] * len(c["token_ids"])
+            assert o.response_logprobs == pytest.approx(c["log_probs"], abs=1e-6)
+        else:                                                        # nothing sampled: verl's one mask-0 token
+            assert o.response_ids == [chat.eot_token_id] and o.response_mask == [0]
         assert math.isclose(o.reward_score, total)
     assert math.isclose(sum(o.extra_fields["step_reward"] for o in outs), total)
 
@@ -394,30 +401,71 @@ async def test_scienceworld_chain_and_step(tmp_path, policy, clean_runtime):
     assert pool["started"] == 1                        # one JVM served both trajectories and both replays
 
 
-async def test_failing_env_gives_an_error_row(tmp_path, policy, clean_runtime):
-    """A bad task id, an unknown env or bad env kwargs: a row with reward 0, mask 0 and the error; no exception."""
+async def test_failing_env_leaves_no_row_under_v1_and_an_error_row_under_the_legacy_trainer(tmp_path, policy,
+                                                                                           clean_runtime):
+    """A bad task id, an unknown env or bad env kwargs never raise.  V1: no row (verl's convention), the
+    failure counted per worker; legacy trainer (one output per trajectory): a row with reward 0, mask 0,
+    the error text and verl's global step as its weights version."""
+    from agentfly_gym_verl.runtime import failure_metrics, reset_failure_metrics
+
     tok = policy.tokenizer
     cfg = _trainer_config()
     server = ModelServer(policy)
     (row,) = _rows(tmp_path, tok, cfg, "Chess", ["no-such-puzzle"], max_turns=2, env_kwargs={"mode": "puzzle"},
                    check=False)  # written unchecked on purpose
-    out = await _make_loop("agentfly_chain", server, tok, cfg).run(_sampling(cfg), **row)
+    reset_failure_metrics()
+    bad_env = dict(row, extra_info=dict(row["extra_info"], env_id="agentfly/Nope-v0"))
+    bad_kw = dict(row, extra_info=dict(row["extra_info"], env_kwargs='{"mode": "blitz"}'))
+    for name, r in (("agentfly_chain", row), ("agentfly_step", row), ("agentfly_chain", bad_env),
+                    ("agentfly_chain", bad_kw)):
+        assert await _make_loop(name, server, tok, cfg).run(_sampling(cfg), **r, global_steps=3) == []
+    counts = failure_metrics()
+    assert counts["failed_trajectories"] == 4 and counts["by_error"] == {"ConfigError": 4}
+    assert counts["by_mode"] == {"chain": 3, "step": 1} and server.calls == []
+    cfg_v0 = _trainer_config(use_v1=False)
+    out = await _make_loop("agentfly_chain", server, tok, cfg_v0).run(_sampling(cfg_v0), **row, global_steps=3)
     assert isinstance(out, AgentLoopOutput) and out.reward_score == 0.0
     assert "ConfigError" in out.extra_fields["error"] and "no-such-puzzle" in out.extra_fields["error"]
-    assert set(out.response_mask) == {0} and server.calls == []
+    assert set(out.response_mask) == {0} and server.calls == [] and out.extra_fields["status"] == "error"
+    assert out.extra_fields["min_global_steps"] == out.extra_fields["max_global_steps"] == 3
     _check_schema(out)
-    outs = await _make_loop("agentfly_step", server, tok, cfg).run(_sampling(cfg), **row)
-    assert len(outs) == 1 and outs[0].reward_score == 0.0 and "no-such-puzzle" in outs[0].extra_fields["error"]
-    bad_env = dict(row, extra_info=dict(row["extra_info"], env_id="agentfly/Nope-v0"))
-    out = await _make_loop("agentfly_chain", server, tok, cfg).run(_sampling(cfg), **bad_env)
+    out = await _make_loop("agentfly_chain", server, tok, cfg_v0).run(_sampling(cfg_v0), **bad_env)
     assert "unknown environment" in out.extra_fields["error"] and out.reward_score == 0.0
-    bad_kw = dict(row, extra_info=dict(row["extra_info"], env_kwargs='{"mode": "blitz"}'))
-    out = await _make_loop("agentfly_chain", server, tok, cfg).run(_sampling(cfg), **bad_kw)
+    out = await _make_loop("agentfly_chain", server, tok, cfg_v0).run(_sampling(cfg_v0), **bad_kw)
     assert "blitz" in out.extra_fields["error"]
+    reset_failure_metrics()
     # step mode under the legacy trainer is a configuration error, said loudly
-    cfg_v0 = _trainer_config(use_v1=False)
     with pytest.raises(agentfly_gym.errors.ConfigError, match="use_v1"):
         await _make_loop("agentfly_step", server, tok, cfg_v0).run(_sampling(cfg_v0), **row)
+
+
+async def test_step_prompts_over_prompt_length_keep_the_system_prompt(tmp_path, policy, clean_runtime):
+    """A prompt_length that the full history does not fit: the oldest history goes first, the system
+    prompt stays whole, what the server saw is what the row holds, and the row says what was dropped."""
+    tok = policy.tokenizer
+    replies = [f"Best is {m}.\nAction: {m}" for m in ("e5e3", "f6a1", "a8a1")]
+    (row,) = _rows(tmp_path, tok, _trainer_config(), "Chess", [PUZZLE], mode="step", max_turns=3, history=2,
+                   env_kwargs={"mode": "puzzle"})
+    server = ScriptedServer(tok, replies)
+    cfg = _trainer_config()
+    cfg.data.max_prompt_length = 8192
+    full = await _make_loop("agentfly_step", server, tok, cfg).run(_sampling(cfg), **row)
+    sizes = [len(o.prompt_ids) for o in full]
+    assert [o.extra_fields["history_shown"] for o in full] == [0, 1, 2] and sizes[2] > sizes[1] > sizes[0]
+    assert not any(o.extra_fields["prompt_truncated"] for o in full)
+    cfg.data.max_prompt_length = sizes[2] - 1                 # step 2 cannot show both past steps
+    server = ScriptedServer(tok, replies)
+    outs = await _make_loop("agentfly_step", server, tok, cfg).run(_sampling(cfg), **row)
+    await _check_steps(outs, server, tok, "agentfly/Chess-v0", {"mode": "puzzle"}, 0, {"task_id": PUZZLE},
+                       prompt_length=sizes[2] - 1)
+    assert [o.prompt_ids for o in outs[:2]] == [o.prompt_ids for o in full[:2]]
+    last = outs[2]
+    assert len(last.prompt_ids) <= sizes[2] - 1 and last.extra_fields["history_shown"] == 1
+    assert last.extra_fields["prompt_truncated"] and last.extra_fields["prompt_cut"] == 0
+    system = tok.apply_chat_template(row["raw_prompt"][:1], tokenize=True, return_dict=False)
+    assert all(o.prompt_ids[:len(system)] == system for o in outs)
+    text = tok.decode(last.prompt_ids)
+    assert "[Step 2]" in text and "[Step 1]" not in text      # the newest past step stays, the oldest goes
 
 
 def test_dataset_builder_rejects_tasks_and_options_the_env_rejects(tmp_path):

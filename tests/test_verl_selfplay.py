@@ -231,10 +231,15 @@ async def test_legacy_trainer_pairs_by_arrival_and_refuses_step_mode(tmp_path, q
         await _sessions(cfg, ScriptedServer(qwen_tok, FOOLS_MATE), qwen_tok, row, n=1, legacy=True, mode="step")
 
 
-async def test_bad_row_gives_an_error_row(tmp_path, qwen_tok, clean_runtime):
-    cfg = _cfg()
-    row = _row(tmp_path, qwen_tok, cfg)
-    row["extra_info"] = dict(row["extra_info"], env_id="agentfly/Chess-v0")
-    (out,) = await _sessions(cfg, ScriptedServer(qwen_tok, FOOLS_MATE), qwen_tok, row, n=1, mode="chain")
-    _postprocess([out])
-    assert "not a multi-agent environment" in out.extra_fields["error"] and out.reward_score == 0.0
+async def test_bad_row_leaves_no_row_under_v1_and_an_error_row_under_legacy(tmp_path, qwen_tok, clean_runtime):
+    for use_v1 in (True, False):
+        cfg = _cfg(use_v1=use_v1)
+        row = _row(tmp_path, qwen_tok, cfg)
+        row["extra_info"] = dict(row["extra_info"], env_id="agentfly/Chess-v0")
+        (out,) = await _sessions(cfg, ScriptedServer(qwen_tok, FOOLS_MATE), qwen_tok, row, n=1, legacy=not use_v1,
+                                 mode="chain")
+        if use_v1:
+            assert out == []
+        else:
+            _postprocess([out])
+            assert "not a multi-agent environment" in out.extra_fields["error"] and out.reward_score == 0.0

@@ -11,14 +11,17 @@ __all__ = ["RandomPolicy", "ExpertPolicy"]
 
 
 class RandomPolicy:
-    """Uniformly random choice among ``info["admissible_actions"]``.
+    """Uniformly random choice among ``info["admissible_actions"]``, else among the env's ``random_actions``.
+
+    An env with a free-text action space (R2E-Gym) lists no admissible actions; it may instead name a few
+    well-formed actions in a ``random_actions`` attribute (a sequence of str) for this policy to choose among.
 
     Args:
         seed: seeds the policy's own ``random.Random``.
-        fallback: action used when the env lists no admissible actions; ``None`` raises.
+        fallback: action used when the env lists neither; ``None`` raises.
 
     Raises (from :meth:`act`):
-        PolicyError: the env gives no admissible actions and no fallback is set.
+        PolicyError: the env gives no admissible actions, has no ``random_actions`` and no fallback is set.
     """
 
     def __init__(self, seed: int | None = None, fallback: str | None = None) -> None:
@@ -26,7 +29,7 @@ class RandomPolicy:
         self.fallback = fallback
 
     async def act(self, observation: str, info: dict[str, Any], env: Any) -> str:
-        actions = info.get("admissible_actions")
+        actions = info.get("admissible_actions") or getattr(getattr(env, "unwrapped", env), "random_actions", None)
         if not actions:
             if self.fallback is None:
                 raise PolicyError(f"{type(env).__name__} gives no admissible_actions; RandomPolicy needs them "

@@ -55,9 +55,24 @@ async def act_and_record(env: AgentFlyEnv, traj: Trajectory, reply: str, sampled
 
 
 def finish_trajectory(traj: Trajectory, *, terminated: bool, truncated: bool, info: dict[str, Any], t_start: float,
-                      reset_s: float) -> Trajectory:
-    """Set how the episode ended, its success and its timings (seconds; summed over the turns)."""
+                      reset_s: float, token_budget: bool = False) -> Trajectory:
+    """Set how the episode ended, its success, its ``status`` and its timings (seconds; summed over
+    the turns).
+
+    ``status`` (see :data:`~agentfly_gym.rollout.trajectory.STATUSES`): ``error`` if a fault was
+    recorded, ``interrupted`` if the last generation was aborted by the server, ``token_budget``
+    if ``token_budget`` (the episode was stopped by a token limit), else ``complete`` when the env
+    terminated it and ``truncated`` otherwise.
+    """
     traj.terminated, traj.truncated = terminated, truncated
+    if traj.error:
+        traj.status = "error"
+    elif traj.turns and traj.turns[-1].finish_reason == "aborted":
+        traj.status = "interrupted"
+    elif token_budget and not terminated:
+        traj.status = "token_budget"
+    else:
+        traj.status = "complete" if terminated else "truncated"
     traj.success = bool(info.get("won", False))
     traj.timings = {"wall": time.monotonic() - t_start, "generate": sum(t.generate_s for t in traj.turns),
                     "env": sum(t.env_s for t in traj.turns), "reset": reset_s}
@@ -101,14 +116,14 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
         traj = Trajectory(trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id or "",
                           env_id=env_id or env.env_name, task_id=str(info.get("task_id", "")), seed=seed,
                           mode="chain", prompt_ids=list(chat.prompt_ids(messages)))
-        terminated = truncated = False
+        terminated = truncated = budget = False
         for turn_idx in range(max_turns):
             if max_context_tokens is not None and \
                     len(traj.prompt_ids) + len(traj.response_ids) + sampling.max_tokens > max_context_tokens:
-                truncated = True
+                truncated = budget = True
                 break
             if max_response_tokens is not None and len(traj.response_ids) >= max_response_tokens:
-                truncated = True
+                truncated = budget = True
                 break
             t0 = time.monotonic()
             sampled, logprobs, finish, reply = await take_turn(policy, chat, traj.prompt_ids + traj.response_ids,
@@ -128,6 +143,6 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
             traj.extend(chat.append_ids([user]), 0)
         traj.messages = messages
         return finish_trajectory(traj, terminated=terminated, truncated=truncated, info=info, t_start=t_start,
-                                 reset_s=reset_s)
+                                 reset_s=reset_s, token_budget=budget)
     finally:
         await env.aend_episode()

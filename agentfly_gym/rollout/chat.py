@@ -29,6 +29,19 @@ message is not a system message (SmolLM2) and templates that render the LAST ass
 differently from earlier ones (Qwen3 adds an empty ``<think>`` block to an assistant message
 after the last user query): several dummy conversations are tried, the first whose render is
 a string prefix of the extended render is used (and remembered).
+
+Cleanliness: the suffix must depend on the new messages only, never on the dummy's text.  A
+template that renders an EARLIER message again inside the new turn (Mistral-style templates put
+the system message into the last user turn) would otherwise leak the dummy's placeholder
+(``"You are a helpful assistant."``) into every observation.  So each dummy is also rendered
+with different placeholder texts (same roles, another reply too) and the two suffixes are compared, once per
+sequence of new roles; a dummy whose suffix changes is not used, the next candidate is tried
+(for Mistral-style templates one without a system message, whose suffix is the bare
+observation turn), and when no candidate is clean :meth:`ChatTokenizer.append_ids` raises
+:class:`TokenizationError` instead of returning foreign text.  With such a template the
+system message of a chain stays where the initial prompt put it (the first user turn); a fresh
+render of the whole conversation would move it to the last user turn, which no incremental
+scheme can do without re-rendering the past (:attr:`ChatTokenizer.system_moves` says so).
 """
 
 from __future__ import annotations
@@ -46,6 +59,10 @@ log = logging.getLogger(__name__)
 _SYSTEM = "You are a helpful assistant."
 _USER = "Hello."
 _MARK = "AFGdummyReply"  # the dummy assistant content, located in renders by this marker
+# Other placeholder texts of the same roles: a clean suffix does not change when they replace the above.
+_SYSTEM_ALT = "Answer as a careful agent."
+_USER_ALT = "Good morning!"
+_MARK_ALT = "AFGotherReply"
 
 
 class ChatTokenizer:
@@ -65,11 +82,16 @@ class ChatTokenizer:
         eot_token_id: the assistant end-of-turn token (``<|im_end|>`` for ChatML / Qwen / SmolLM2),
             found by rendering an assistant message: the first special token after its content.
         eot_token: its text.
+        system_moves: True when the template renders a system message somewhere else once the
+            conversation grows (Mistral-style: inside the LAST user turn), so a chain, which keeps
+            it where the initial prompt put it, differs from a fresh render of the whole
+            conversation there (and only there: :meth:`append_ids` never carries it along).
 
     Raises:
         TokenizationError: the tokenizer has no chat template, no special token closes an
-            assistant message, or the tokenizer's split at that token is not context-free
-            (e.g. an added token that strips the whitespace next to it).
+            assistant message, the tokenizer's split at that token is not context-free
+            (e.g. an added token that strips the whitespace next to it), or no dummy
+            conversation gives a clean suffix for a user message (see the module docstring).
     """
 
     def __init__(self, tokenizer: Any, *, system_prompt_in_dummy: bool = True,
@@ -81,16 +103,18 @@ class ChatTokenizer:
         self.system_prompt_in_dummy = system_prompt_in_dummy
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._special_ids = self._find_special_ids()
-        head = [{"role": "system", "content": _SYSTEM}] if system_prompt_in_dummy else []
-        asst = {"role": "assistant", "content": _MARK}
-        # Candidate dummy conversations, each ending with a closed assistant message.
-        self._dummies: list[list[dict[str, str]]] = [head + [{"role": "user", "content": _USER}, asst], head + [asst]]
-        if not system_prompt_in_dummy:
-            self._dummies.append([{"role": "system", "content": _SYSTEM}, {"role": "user", "content": _USER}, asst])
-        self._dummy_cache: dict[int, tuple[str, int] | None] = {}
+        # Candidate dummy conversations (as role sequences), each ending with a closed assistant message;
+        # those without a system message come last (first without system_prompt_in_dummy).
+        with_system = [("system", "user", "assistant"), ("system", "assistant")]
+        without = [("user", "assistant"), ("assistant",)]
+        self._dummy_roles = with_system + without if system_prompt_in_dummy else without + with_system
+        self._dummies = [self._conversation(r, _SYSTEM, _USER) for r in self._dummy_roles]
+        self._dummy_cache: dict[tuple[int, int], tuple[str, int] | None] = {}
+        self._clean: dict[tuple[int, tuple[Any, ...], bool], bool] = {}
         self._order = list(range(len(self._dummies)))
         self.eot_token_id, self.eot_token = self._find_eot()
         self._self_check()
+        self.system_moves = self._system_moves()
 
     # ------------------------------------------------------------------ public API
 
@@ -163,20 +187,49 @@ class ChatTokenizer:
                 ids.add(int(tid))
         return ids
 
-    def _dummy(self, k: int) -> tuple[str, int] | None:
-        """Render of dummy ``k`` (no generation prompt) and the offset right after its
-        assistant's end-of-turn token (-1 if absent); None where the template rejects it."""
-        if k not in self._dummy_cache:
+    @staticmethod
+    def _conversation(roles: Sequence[str], system: str, user: str, mark: str = _MARK) -> list[dict[str, str]]:
+        text = {"system": system, "user": user, "assistant": mark}
+        return [{"role": r, "content": text[r]} for r in roles]
+
+    def _dummy_conv(self, k: int, variant: int) -> list[dict[str, str]]:
+        if variant == 0:
+            return self._dummies[k]
+        return self._conversation(self._dummy_roles[k], _SYSTEM_ALT, _USER_ALT, _MARK_ALT)
+
+    def _dummy(self, k: int, variant: int = 0) -> tuple[str, int] | None:
+        """Render of dummy ``k`` (placeholder texts ``variant``; no generation prompt) and the
+        offset right after its assistant's end-of-turn token (-1 if absent); None where the
+        template rejects it."""
+        key = (k, variant)
+        if key not in self._dummy_cache:
             try:
-                text = self.render(self._dummies[k])
+                text = self.render(self._dummy_conv(k, variant))
             except Exception as e:  # noqa: BLE001  (a template may reject a dummy, e.g. no user turn)
                 log.debug("chat template rejects dummy %d: %s", k, e)
-                self._dummy_cache[k] = None
+                self._dummy_cache[key] = None
                 return None
-            m = text.rfind(_MARK)
-            pos = text.find(self.eot_token, m + len(_MARK)) if m >= 0 else -1
-            self._dummy_cache[k] = (text, pos + len(self.eot_token) if pos >= 0 else -1)
-        return self._dummy_cache[k]
+            mark = _MARK if variant == 0 else _MARK_ALT
+            m = text.rfind(mark)
+            pos = text.find(self.eot_token, m + len(mark)) if m >= 0 else -1
+            self._dummy_cache[key] = (text, pos + len(self.eot_token) if pos >= 0 else -1)
+        return self._dummy_cache[key]
+
+    def _suffix(self, k: int, variant: int, new: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """The text after dummy ``k``'s end-of-turn token in the render of dummy + ``new``.
+
+        Raises:
+            ValueError: the dummy's render is not a prefix of the extended render (or is rejected).
+        """
+        d = self._dummy(k, variant)
+        if d is None or d[1] < 0:
+            raise ValueError("the template rejects this dummy or renders no end-of-turn token after its reply")
+        prefix, cut = d
+        full = self.render(self._dummy_conv(k, variant) + new, add_generation_prompt)
+        if not full.startswith(prefix):
+            raise ValueError(f"render of the conversation {prefix[-60:]!r} is not a prefix of its extension "
+                             f"{full[max(0, len(prefix) - 60):len(prefix) + 20]!r}")
+        return full[cut:]
 
     def _find_eot(self) -> tuple[int, str]:
         for k in range(len(self._dummies)):
@@ -195,31 +248,50 @@ class ChatTokenizer:
 
     def _remainder(self, new: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         errors = []
+        signature = (tuple(m.get("role") for m in new), add_generation_prompt)
         for k in list(self._order):
-            d = self._dummy(k)
-            if d is None or d[1] < 0:
-                continue
-            prefix, cut = d
+            name = "+".join(self._dummy_roles[k])
             try:
-                full = self.render(self._dummies[k] + new, add_generation_prompt)
-            except Exception as e:  # noqa: BLE001
-                errors.append(f"dummy {k}: template error {type(e).__name__}: {e}")
+                rem = self._suffix(k, 0, new, add_generation_prompt)
+            except Exception as e:  # noqa: BLE001  (a template error or a prefix mismatch: try the next dummy)
+                errors.append(f"dummy {name}: {type(e).__name__}: {e}")
                 continue
-            if full.startswith(prefix):
-                if self._order[0] != k:  # try the working dummy first next time
-                    self._order.remove(k)
-                    self._order.insert(0, k)
-                return full[cut:]
-            errors.append(f"dummy {k}: render of the conversation {prefix[-60:]!r} is not a prefix of its "
-                          f"extension {full[max(0, len(prefix) - 60):len(prefix) + 20]!r}")
+            key = (k, signature[0], add_generation_prompt)
+            if key not in self._clean:
+                # Same roles, other placeholder texts: a clean suffix holds nothing of the dummy.
+                try:
+                    self._clean[key] = self._suffix(k, 1, new, add_generation_prompt) == rem
+                except Exception:  # noqa: BLE001
+                    self._clean[key] = False
+            if not self._clean[key]:
+                errors.append(f"dummy {name}: the appended text depends on the earlier messages (the template "
+                              f"renders an earlier message again in the new turn, e.g. the system prompt inside the "
+                              f"last user turn): {rem[:120]!r}")
+                continue
+            if self._order[0] != k:  # try the working dummy first next time
+                self._order.remove(k)
+                self._order.insert(0, k)
+            return rem
         raise TokenizationError("the chat template cannot be extended incrementally with messages of roles "
-                                f"{[m.get('role') for m in new]}: " + "; ".join(errors))
+                                f"{list(signature[0])}: " + "; ".join(errors))
+
+    def _system_moves(self) -> bool:
+        """Whether a system message is rendered elsewhere once a turn is appended (see the class)."""
+        conv = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": _USER}]
+        try:
+            first = self.render(conv, True)
+            reply = [{"role": "assistant", "content": _MARK}, {"role": "user", "content": _USER_ALT}]
+            later = self.render(conv + reply, True)
+        except Exception:  # noqa: BLE001  (no system role at all: nothing can move)
+            return False
+        m = later.find(_MARK)
+        return _SYSTEM not in later[:m] if m >= 0 and _SYSTEM in first else False
 
     def _self_check(self) -> None:
         """The remainder after the end-of-turn token must tokenize the same alone as in context,
         and the template must be extendable with a user message at all."""
         rem = self._remainder([{"role": "user", "content": " probe\n text "}], True)
-        text, cut = self._dummy(self._order[0])
+        text, cut = self._dummy(self._order[0])  # type: ignore[misc]
         enc = self.tokenizer.encode
         if enc(text[:cut], add_special_tokens=False) + enc(rem, add_special_tokens=False) \
                 != enc(text[:cut] + rem, add_special_tokens=False):

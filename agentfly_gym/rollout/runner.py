@@ -66,6 +66,8 @@ class RolloutConfig:
         mode: ``"chain"`` (one sequence per trajectory) or ``"step"`` (one row per step).
         history: step mode: past (action, observation) pairs shown in each fresh prompt.
         output_dir: where to write trajectories and summary.json; None writes nothing.
+        reward: an episode reward from configuration (``"judge:..."``, ``"MODULE:FUNCTION"`` or an
+            :class:`~agentfly_gym.rewards.configured.EpisodeReward`; see that module), or None: the env's return.
     """
 
     env_ids: list[str]
@@ -80,6 +82,7 @@ class RolloutConfig:
     mode: str = "chain"
     history: int = 3
     output_dir: str | Path | None = None
+    reward: Any = None
 
     def __post_init__(self) -> None:
         if not self.env_ids:
@@ -94,6 +97,10 @@ class RolloutConfig:
             raise ConfigError(f"mode={self.mode!r} is not one of {MODES}")
         if not isinstance(self.history, int) or self.history < 0:
             raise ConfigError(f"history={self.history!r} must be an integer >= 0")
+        if self.reward is not None:
+            from ..rewards.configured import parse_reward
+
+            self.reward = parse_reward(self.reward)
         unused = sorted(set(self.env_kwargs) - set(self.env_ids))
         if unused:
             raise ConfigError(f"env_kwargs name environments that are not rolled out: {unused}; env_ids: {self.env_ids}")
@@ -157,19 +164,23 @@ async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: R
         if config.mode == "step":
             from .step import run_step_episode
 
-            return await run_step_episode(env, policy, chat, env_id=env_id, sampling=config.sampling,
+            traj = await run_step_episode(env, policy, chat, env_id=env_id, sampling=config.sampling,
                                           max_turns=config.max_turns, history=config.history, seed=seed,
                                           trajectory_id=traj_id, group_id=group_id)
-        return await run_chain_episode(env, policy, chat, env_id=env_id, sampling=config.sampling,
-                                       max_turns=config.max_turns, max_context_tokens=config.max_context_tokens,
-                                       seed=seed, trajectory_id=traj_id, group_id=group_id)
+        else:
+            traj = await run_chain_episode(env, policy, chat, env_id=env_id, sampling=config.sampling,
+                                           max_turns=config.max_turns, max_context_tokens=config.max_context_tokens,
+                                           seed=seed, trajectory_id=traj_id, group_id=group_id)
+        if config.reward is not None:  # a judge / custom reward from configuration (never raises)
+            await config.reward.apply(traj, manager=manager)
+        return traj
     except asyncio.CancelledError:
         raise
     except Exception as e:
         log.warning("trajectory %s (%s) failed: %s", traj_id, env_id, e)
         log.debug("%s", traceback.format_exc())
         return Trajectory(trajectory_id=traj_id, group_id=group_id, env_id=env_id, task_id="", seed=seed,
-                          mode=config.mode, prompt_ids=[], error=f"{type(e).__name__}: {e}",
+                          mode=config.mode, prompt_ids=[], error=f"{type(e).__name__}: {e}", status="error",
                           timings={"wall": time.monotonic() - t0})
     finally:
         if env is not None:
@@ -210,7 +221,8 @@ def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, 
     summary["interrupted"] = interrupted
     summary["config"] = {"env_ids": config.env_ids, "num_trajectories": config.num_trajectories,
                          "group_size": config.group_size, "concurrency": config.concurrency,
-                         "max_turns": config.max_turns, "seed": config.seed, "sampling": config.sampling.to_dict()}
+                         "max_turns": config.max_turns, "seed": config.seed, "sampling": config.sampling.to_dict(),
+                         "reward": config.reward.spec if config.reward is not None else None}
     result = RolloutResult(trajectories=trajectories, summary=summary)
     if config.output_dir is not None:
         out = Path(config.output_dir)

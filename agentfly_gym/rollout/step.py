@@ -25,9 +25,10 @@ from typing import Any
 from ..envs.base import AgentFlyEnv
 from .chain import act_and_record, finish_trajectory
 from .policy import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
-from .trajectory import Trajectory
+from .trajectory import Trajectory, episode_status, read_schema_version, schema_metadata
 
-__all__ = ["StepRow", "run_step_episode", "render_step_prompt", "save_step_rows", "DEFAULT_HISTORY"]
+__all__ = ["StepRow", "run_step_episode", "render_step_prompt", "fit_step_prompt", "save_step_rows", "load_step_rows",
+           "DEFAULT_HISTORY"]
 
 DEFAULT_HISTORY = 3
 
@@ -48,6 +49,10 @@ class StepRow:
         episode_return: the sum of rewards over the whole episode (filled when it ends).
         anchor_obs: the raw observation the step acted on (GiGPO's anchor state).
         action: the parsed action; done: whether the episode ended at this step.
+        history_shown: past (action, observation) pairs the prompt shows (fewer than asked when
+            older ones were dropped to fit ``max_prompt_tokens``).
+        prompt_cut: tokens cut out of the prompt after its system part to fit
+            ``max_prompt_tokens`` when even no history did not fit (0: none).
     """
 
     trajectory_id: str
@@ -62,6 +67,8 @@ class StepRow:
     anchor_obs: str
     action: str
     done: bool
+    history_shown: int = 0
+    prompt_cut: int = 0
 
 
 def render_step_prompt(env: AgentFlyEnv, task_obs: str, history: Sequence[tuple[str, str]], current_obs: str,
@@ -87,14 +94,72 @@ def render_step_prompt(env: AgentFlyEnv, task_obs: str, history: Sequence[tuple[
     return [{"role": "system", "content": prompt.system}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
+def fit_step_prompt(chat, env: AgentFlyEnv, task_obs: str, history: Sequence[tuple[str, str]], current_obs: str,
+                    step: int, history_len: int, max_prompt_tokens: int | None
+                    ) -> tuple[list[dict[str, str]], list[int], int, int]:
+    """The messages and prompt ids of step ``step`` within ``max_prompt_tokens`` tokens.
+
+    The system prompt and the newest content are kept: first the OLDEST history pairs are
+    dropped, one at a time, until the prompt fits; if it still does not fit with no history, the
+    tokens right after the system part (the start of the user message: the task text) are cut
+    out, so the prompt keeps its system part (whole, unless it leaves fewer than
+    ``min(64, max_prompt_tokens // 2)`` tokens for the rest) and its newest tokens
+    (the current observation and the generation prompt).  Never cut from the left: that would
+    drop the system prompt.
+
+    Returns:
+        ``(messages, prompt_ids, history_shown, prompt_cut)``: the messages as rendered (before
+        any token cut), the ids (length <= ``max_prompt_tokens`` when it is given), the history
+        pairs shown, and the number of tokens cut out (0 when it fits).
+
+    Raises:
+        ValueError: ``max_prompt_tokens`` < 2.
+    """
+    if max_prompt_tokens is not None and max_prompt_tokens < 2:
+        raise ValueError(f"max_prompt_tokens={max_prompt_tokens!r} must be None or >= 2 (tokens)")
+    shown = min(history_len, len(history))
+    while True:
+        messages = render_step_prompt(env, task_obs, history, current_obs, step, shown)
+        ids = list(chat.prompt_ids(messages))
+        if max_prompt_tokens is None or len(ids) <= max_prompt_tokens or shown == 0:
+            break
+        shown -= 1
+    if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
+        return messages, ids, shown, 0
+    head = _system_head_len(chat, messages[0], ids)
+    head = min(head, max_prompt_tokens - min(64, max_prompt_tokens // 2))  # leave room for the newest tokens
+    cut = len(ids) - max_prompt_tokens
+    return messages, ids[:head] + ids[head + cut:], shown, cut
+
+
+def _system_head_len(chat, system: dict[str, str], ids: list[int]) -> int:
+    """Tokens at the start of ``ids`` that a render of the system message alone also has."""
+    try:
+        sys_ids = chat.tokenizer.apply_chat_template([system], tokenize=True, add_generation_prompt=False,
+                                                     return_dict=False, **getattr(chat, "chat_template_kwargs", {}))
+        if isinstance(sys_ids, dict) or hasattr(sys_ids, "input_ids"):
+            sys_ids = sys_ids["input_ids"]
+    except Exception:  # noqa: BLE001  (a template that rejects a lone system message: nothing to keep)
+        return 0
+    n = 0
+    for a, b in zip(sys_ids, ids):
+        if int(a) != int(b):
+            break
+        n += 1
+    return n
+
+
 async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, chat, *, env_id: str = "",
                            sampling: SamplingParams | None = None, max_turns: int = 10, history: int = DEFAULT_HISTORY,
                            seed: int | None = None, options: dict[str, Any] | None = None,
-                           trajectory_id: str | None = None, group_id: str | None = None) -> Trajectory:
+                           trajectory_id: str | None = None, group_id: str | None = None,
+                           max_prompt_tokens: int | None = None) -> Trajectory:
     """Play one episode in step mode.  Returns a :class:`Trajectory` with ``mode="step"`` whose
     ``steps`` list holds one :class:`StepRow` per env step (its token fields are empty:
     the rows carry the tokens).  Arguments as :func:`~agentfly_gym.rollout.chain.run_chain_episode`,
-    plus ``history``: how many past (action, observation) pairs each prompt shows.
+    plus ``history``: how many past (action, observation) pairs each prompt shows, and
+    ``max_prompt_tokens``: the most tokens of a prompt (None: no limit); a longer prompt drops its
+    oldest history first (:func:`fit_step_prompt`), and the row records what was dropped.
     """
     sampling = sampling or SamplingParams()
     check_policy(policy)
@@ -109,8 +174,8 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
         task_obs, past = obs, []
         terminated = truncated = False
         for step in range(max_turns):
-            messages = render_step_prompt(env, task_obs, past, obs, step, history)
-            prompt_ids = list(chat.prompt_ids(messages))
+            messages, prompt_ids, shown, cut = fit_step_prompt(chat, env, task_obs, past, obs, step, history,
+                                                               max_prompt_tokens)
             if step == 0:
                 traj.prompt_ids = prompt_ids
                 traj.messages = list(messages)
@@ -126,7 +191,8 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
             traj.steps.append(StepRow(trajectory_id=traj_id, group_id=traj.group_id, step=step, prompt_ids=prompt_ids,
                                       response_ids=sampled + close, response_mask=[1] * len(sampled) + [0] * len(close),
                                       response_logprobs=lps + [0.0] * len(close), reward=float(reward),
-                                      episode_return=0.0, anchor_obs=anchor, action=action, done=done))
+                                      episode_return=0.0, anchor_obs=anchor, action=action, done=done,
+                                      history_shown=shown, prompt_cut=cut))
             past.append((action, obs))
             if terminated or truncated:
                 break
@@ -141,7 +207,13 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
 
 
 def save_step_rows(trajectories: Sequence[Trajectory], out_dir: str | Path) -> dict[str, Path]:
-    """Write every step row of step-mode ``trajectories`` to ``steps.parquet`` in ``out_dir``."""
+    """Write every step row of step-mode ``trajectories`` to ``steps.parquet`` in ``out_dir``.
+
+    The file carries the schema version in its metadata
+    (:data:`~agentfly_gym.rollout.trajectory.SCHEMA_VERSION`) and each row its episode's
+    ``status`` (:func:`~agentfly_gym.rollout.trajectory.episode_status`); read it back with
+    :func:`load_step_rows`.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -153,6 +225,7 @@ def save_step_rows(trajectories: Sequence[Trajectory], out_dir: str | Path) -> d
             d = dataclasses.asdict(r) if isinstance(r, StepRow) else dict(r)
             d["env_id"] = t.env_id
             d["task_id"] = t.task_id
+            d["status"] = episode_status(t)
             rows.append(d)
     schema = pa.schema([
         ("trajectory_id", pa.string()), ("group_id", pa.string()), ("step", pa.int32()),
@@ -160,7 +233,27 @@ def save_step_rows(trajectories: Sequence[Trajectory], out_dir: str | Path) -> d
         ("response_mask", pa.list_(pa.int8())), ("response_logprobs", pa.list_(pa.float32())),
         ("reward", pa.float64()), ("episode_return", pa.float64()), ("anchor_obs", pa.string()),
         ("action", pa.string()), ("done", pa.bool_()), ("env_id", pa.string()), ("task_id", pa.string()),
-    ])
+        ("history_shown", pa.int32()), ("prompt_cut", pa.int32()), ("status", pa.string()),
+    ], metadata=schema_metadata("steps"))
     path = out / "steps.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
     return {"steps": path}
+
+
+def load_step_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a ``steps.parquet`` written by :func:`save_step_rows`, as dicts (one per step;
+    the :class:`StepRow` fields plus ``env_id``, ``task_id`` and ``status``).  Version-1 files
+    (no version recorded) get ``history_shown``/``prompt_cut`` None and ``status`` "".
+
+    Raises:
+        SchemaVersionError: the file records a version this code does not read.
+    """
+    import pyarrow.parquet as pq
+
+    read_schema_version(path)
+    rows = pq.read_table(path).to_pylist()
+    for r in rows:
+        r.setdefault("history_shown", None)
+        r.setdefault("prompt_cut", None)
+        r.setdefault("status", "")
+    return rows

@@ -2,6 +2,16 @@
 
 Saved as Parquet (one row per trajectory, list columns for ids/mask/logprobs) and as
 JSONL, with a summary JSON beside them.
+
+Every saved file says which version of this format it holds (:data:`SCHEMA_VERSION`): Parquet
+files in their schema metadata (key ``agentfly_gym.schema_version``), JSONL files in a first
+header line ``{"agentfly_gym_schema": "<kind>", "schema_version": N}``.  Files without a
+version are version 1 (written before versions were recorded; their ``status`` is derived
+from ``error``, ``terminated`` and ``truncated``).  Loaders read the versions in
+:data:`KNOWN_SCHEMA_VERSIONS` and refuse any other by name (:class:`SchemaVersionError`).
+
+Version 2 added, per row, ``status``: whether the episode is complete or why not (one of
+:data:`STATUSES`).
 """
 
 from __future__ import annotations
@@ -13,7 +23,29 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Turn", "Trajectory", "save_trajectories", "load_trajectories"]
+from ..errors import ConfigError
+
+__all__ = ["Turn", "Trajectory", "save_trajectories", "load_trajectories", "SCHEMA_VERSION", "KNOWN_SCHEMA_VERSIONS",
+           "STATUSES", "SchemaVersionError", "episode_status", "schema_metadata", "read_schema_version",
+           "read_jsonl_records", "jsonl_header"]
+
+#: The version of the saved trajectory / step-row format written by this code.
+SCHEMA_VERSION = 2
+#: Versions the loaders read (1: files without a version, written before versions were recorded).
+KNOWN_SCHEMA_VERSIONS = (1, 2)
+#: Metadata key of the version in Parquet files.
+SCHEMA_METADATA_KEY = b"agentfly_gym.schema_version"
+
+#: Per-row ``status``: ``complete`` (the env ended the episode: terminated), ``truncated`` (the env
+#: truncated it, or ``max_turns`` was reached), ``token_budget`` (stopped by a token budget: the
+#: context/response limit of a chain, or a trainer's ``response_length`` cut), ``error`` (a fault:
+#: the env, a resource or the policy failed; ``error`` holds the message), ``interrupted`` (the
+#: generation was aborted by the inference server, or the run was interrupted).
+STATUSES = ("complete", "truncated", "token_budget", "error", "interrupted")
+
+
+class SchemaVersionError(ConfigError):
+    """A saved file's schema version is not one this code reads."""
 
 
 @dataclasses.dataclass
@@ -64,6 +96,8 @@ class Trajectory:
         success: the env's ``won`` flag at the end.
         terminated, truncated: how the episode ended (truncated also on max_turns or the context budget).
         error: a handled fault, or None.
+        status: one of :data:`STATUSES` (set when the episode ends; "" before, and then
+            :func:`episode_status` derives it when the trajectory is saved).
         turns: per-turn records.
         messages: the conversation as text ({"role", "content"}), for reading only.
         timings: seconds: ``wall``, ``generate``, ``env``, ``reset``.
@@ -86,6 +120,7 @@ class Trajectory:
     terminated: bool = False
     truncated: bool = False
     error: str | None = None
+    status: str = ""
     turns: list[Turn] = dataclasses.field(default_factory=list)
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -116,13 +151,94 @@ class Trajectory:
         """A flat dict for Parquet/JSONL (turns and messages nested)."""
         d = dataclasses.asdict(self)
         d.pop("steps", None)
+        d["status"] = episode_status(self)
         d["num_turns"] = self.num_turns
         d["num_sampled_tokens"] = self.num_sampled_tokens
         return d
 
 
+def episode_status(traj: Trajectory) -> str:
+    """``traj.status`` if set, else derived from its flags: ``error`` if ``traj.error``, else
+    ``complete`` if terminated, else ``truncated``.
+
+    Raises:
+        ValueError: ``traj.status`` is set to something not in :data:`STATUSES`.
+    """
+    if traj.status:
+        if traj.status not in STATUSES:
+            raise ValueError(f"trajectory {traj.trajectory_id}: status={traj.status!r} is not one of {STATUSES}")
+        return traj.status
+    if traj.error:
+        return "error"
+    return "complete" if traj.terminated else "truncated"
+
+
+def schema_metadata(kind: str) -> dict[bytes, bytes]:
+    """Parquet schema metadata of a file of ``kind`` (``"trajectories"`` or ``"steps"``)."""
+    return {SCHEMA_METADATA_KEY: str(SCHEMA_VERSION).encode(), b"agentfly_gym.kind": kind.encode()}
+
+
+def _check_version(version: Any, path: Path) -> int:
+    try:
+        v = int(version)
+    except (TypeError, ValueError):
+        raise SchemaVersionError(f"{str(path)!r}: schema version {version!r} is not a number; this agentfly-gym reads "
+                                 f"versions {list(KNOWN_SCHEMA_VERSIONS)}") from None
+    if v not in KNOWN_SCHEMA_VERSIONS:
+        raise SchemaVersionError(f"{str(path)!r}: schema version {v} is not one this agentfly-gym reads "
+                                 f"(versions {list(KNOWN_SCHEMA_VERSIONS)}); a newer agentfly-gym wrote it?")
+    return v
+
+
+def read_schema_version(path: str | Path) -> int:
+    """The schema version of a saved ``.parquet`` or ``.jsonl`` file (1 when it records none).
+
+    Raises:
+        SchemaVersionError: the file records a version not in :data:`KNOWN_SCHEMA_VERSIONS`.
+    """
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.read_schema(path).metadata or {}
+        return _check_version(meta.get(SCHEMA_METADATA_KEY, b"1").decode(), path)
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                head = json.loads(line)
+                return _check_version(head["schema_version"], path) if _is_header(head) else 1
+    return 1
+
+
+def _is_header(record: Any) -> bool:
+    return isinstance(record, dict) and "agentfly_gym_schema" in record
+
+
+def read_jsonl_records(path: str | Path) -> tuple[int, list[dict[str, Any]]]:
+    """``(schema version, records)`` of a JSONL file written by this module (header line removed).
+
+    Raises:
+        SchemaVersionError: the header names a version not in :data:`KNOWN_SCHEMA_VERSIONS`.
+    """
+    path = Path(path)
+    with open(path, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    version = 1
+    if records and _is_header(records[0]):
+        version = _check_version(records.pop(0).get("schema_version"), path)
+    return version, records
+
+
+def jsonl_header(kind: str) -> str:
+    """The first line of a JSONL file of ``kind`` (with its newline)."""
+    return json.dumps({"agentfly_gym_schema": kind, "schema_version": SCHEMA_VERSION}) + "\n"
+
+
 def save_trajectories(trajectories: Sequence[Trajectory], out_dir: str | Path, *, jsonl: bool = True) -> dict[str, Path]:
     """Write ``trajectories.parquet`` (and ``trajectories.jsonl``) into ``out_dir`` (created).
+
+    Both carry the schema version (:data:`SCHEMA_VERSION`; see the module docstring) and a
+    ``status`` per trajectory (:func:`episode_status`).
 
     Returns the written paths by format.
     """
@@ -145,15 +261,17 @@ def save_trajectories(trajectories: Sequence[Trajectory], out_dir: str | Path, *
         ("seed", pa.int64()), ("mode", pa.string()), ("prompt_ids", pa.list_(pa.int32())),
         ("response_ids", pa.list_(pa.int32())), ("response_mask", pa.list_(pa.int8())),
         ("response_logprobs", pa.list_(pa.float32())), ("reward", pa.float64()), ("success", pa.bool_()),
-        ("terminated", pa.bool_()), ("truncated", pa.bool_()), ("error", pa.string()), ("turns", pa.string()),
+        ("terminated", pa.bool_()), ("truncated", pa.bool_()), ("error", pa.string()), ("status", pa.string()),
+        ("turns", pa.string()),
         ("messages", pa.string()), ("timings", pa.string()), ("num_turns", pa.int32()), ("num_sampled_tokens", pa.int64()),
-    ])
+    ], metadata=schema_metadata("trajectories"))
     table = pa.Table.from_pylist(rows, schema=schema)
     paths["parquet"] = out / "trajectories.parquet"
     pq.write_table(table, paths["parquet"])
     if jsonl:
         paths["jsonl"] = out / "trajectories.jsonl"
         with open(paths["jsonl"], "w", encoding="utf-8") as f:
+            f.write(jsonl_header("trajectories"))
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False, default=_nan_safe) + "\n")
     return paths
@@ -164,18 +282,23 @@ def _nan_safe(o: Any) -> Any:
 
 
 def load_trajectories(path: str | Path) -> list[Trajectory]:
-    """Read trajectories back from a ``.parquet`` or ``.jsonl`` file written by :func:`save_trajectories`."""
+    """Read trajectories back from a ``.parquet`` or ``.jsonl`` file written by :func:`save_trajectories`
+    (any version in :data:`KNOWN_SCHEMA_VERSIONS`; version-1 rows get a derived ``status``).
+
+    Raises:
+        SchemaVersionError: the file records a version this code does not read.
+    """
     path = Path(path)
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
+        read_schema_version(path)
         records = pq.read_table(path).to_pylist()
         for r in records:
             for k in ("turns", "messages", "timings"):
                 r[k] = json.loads(r[k])
     else:
-        with open(path, encoding="utf-8") as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        _, records = read_jsonl_records(path)
     out = []
     fields = {f.name for f in dataclasses.fields(Trajectory)}
     for r in records:

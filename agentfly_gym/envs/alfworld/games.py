@@ -63,7 +63,8 @@ SPLIT_ALIASES: dict[str, tuple[str, ...]] = {
     "eval_out_of_distribution": ("valid_unseen",),
 }
 
-HOW_TO_GET = ("Download the ALFWorld game files with `pip install alfworld==0.4.2 && alfworld-download` "
+HOW_TO_GET = ("Download the ALFWorld game files with `agentfly-gym data download alfworld` or "
+              "`pip install alfworld==0.4.2 && alfworld-download` "
               "(it writes json_2.1.1/ and logic/ under $ALFWORLD_DATA, default ~/.cache/alfworld).")
 
 _INDEX_VERSION = 1
@@ -72,7 +73,9 @@ _INDEX_VERSION = 1
 def resolve_alfworld_root(data_dir: str | os.PathLike | None = None) -> Path:
     """The ALFWorld data root (the folder holding ``json_2.1.1/``).
 
-    Order: ``data_dir``, ``$ALFWORLD_DATA``, ``$AGENTFLY_GYM_DATA/alfworld``, ``~/.cache/alfworld``.
+    Order: ``data_dir``, ``$ALFWORLD_DATA``, ``$AGENTFLY_GYM_DATA/alfworld``, ``~/.cache/alfworld``, then
+    the sample shipped in the package (24 games per split, all six task types; see
+    ``agentfly_gym/samples/README.md``).
 
     Raises:
         DataNotFoundError: no candidate holds ``json_2.1.1``; the message says to run

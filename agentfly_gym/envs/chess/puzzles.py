@@ -34,7 +34,8 @@ FULL_DUMP_NAME = "lichess_db_puzzle.csv"
 SAMPLE_NAME = "lichess_puzzles_sample.csv"
 
 _HOW_TO_GET = (
-    "Download the Lichess puzzle database (lichess_db_puzzle.csv.zst) from https://database.lichess.org/#puzzles "
+    "Run `agentfly-gym data download chess`, or download the Lichess puzzle database (lichess_db_puzzle.csv.zst) "
+    "from https://database.lichess.org/#puzzles "
     f"and decompress it (`zstd -d lichess_db_puzzle.csv.zst`) into a folder as {FULL_DUMP_NAME}, or put a CSV "
     f"with the same columns there as {SAMPLE_NAME}, or pass puzzles_file=<path to a CSV>."
 )
@@ -116,7 +117,8 @@ def find_puzzles_file(data_dir: str | os.PathLike | None = None, puzzles_file: s
     folder); else ``puzzles_file`` inside the chess data folder; else the full dump
     ``lichess_db_puzzle.csv`` in the data folder; else the sample ``lichess_puzzles_sample.csv``.
     The data folder is found by :func:`agentfly_gym.data.resolve_data_dir` (``data_dir``, then
-    ``$AGENTFLY_GYM_DATA/chess``, then ``~/.cache/agentfly-gym/chess``).
+    ``$AGENTFLY_GYM_DATA/chess``, then ``~/.cache/agentfly-gym/chess``, then the 300-puzzle sample
+    shipped in the package), so the full dump anywhere wins over any sample.
 
     Raises:
         DataNotFoundError: no such file; the message says where to download the Lichess puzzles.

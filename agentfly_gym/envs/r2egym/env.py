@@ -136,6 +136,8 @@ class R2EGymEnv(AgentFlyEnv):
         image: the image of local tasks; default :data:`DOCKER_IMAGE` on Docker, ``"host"`` (the
             host's python3 + pytest) on the sandbox.  Upstream rows always use their ``docker_image``.
         cpus, memory, pids: container limits (cores, bytes or ``"2g"``, processes).
+        disk: limit on what an episode may write in its container (bytes or ``"1g"``; ``None``: no
+            limit): a model that fills the disk ends its own episode, never the host's disk.
         max_containers: pool capacity (containers alive at once for this spec).
         bash_timeout: seconds an ``execute_bash`` command may run before it is killed.
         test_timeout: seconds the hidden tests may run at grading.
@@ -159,9 +161,20 @@ class R2EGymEnv(AgentFlyEnv):
     env_name = "R2EGym"
     agent_prompt = R2EAgentPrompt(system=SYSTEM_PROMPT)
     max_observation_length = 1 << 20
+    #: well-formed tool calls the ``random`` policy chooses among (the action space is free text, so there
+    #: are no ``admissible_actions``): look around, run a command, search, or give up
+    random_actions: tuple[str, ...] = (
+        f"<function=file_editor>\n<parameter=command>view</parameter>\n<parameter=path>{TESTBED}</parameter>\n"
+        "</function>",
+        f"<function=execute_bash>\n<parameter=cmd>ls {TESTBED}</parameter>\n</function>",
+        f"<function=search>\n<parameter=search_term>def </parameter>\n<parameter=path>{TESTBED}</parameter>\n"
+        "</function>",
+        "<function=finish>\n</function>",
+    )
 
     def __init__(self, *, tasks: str | os.PathLike | Sequence[R2ETask] | None = None, backend: str = "auto",
                  image: str | None = None, cpus: float = 1.0, memory: int | str | None = "2g", pids: int = 512,
+                 disk: int | str | None = "1g",
                  max_containers: int = 4, bash_timeout: float = 90.0, test_timeout: float = 300.0,
                  max_output: int = 10_000, max_episode_steps: int | None = 40, step_timeout: float | None = None,
                  manager: ResourceManager | None = None, reset_timeout: float | None = 900.0,
@@ -194,7 +207,7 @@ class R2EGymEnv(AgentFlyEnv):
         self._by_id = {t.task_id: t for t in self.tasks}
         self.backend = backend
         self.image = image
-        self.cpus, self.memory, self.pids = cpus, memory, pids
+        self.cpus, self.memory, self.pids, self.disk = cpus, memory, pids, disk
         self.max_containers = max_containers
         self.bash_timeout, self.test_timeout, self.max_output = bash_timeout, test_timeout, max_output
         self._resolved_backend: str | None = None
@@ -220,8 +233,8 @@ class R2EGymEnv(AgentFlyEnv):
 
     async def container_spec(self, task: R2ETask) -> ContainerSpec:
         """The container spec of ``task``: one generic spec for all local tasks, the row's image otherwise."""
-        common = {"cpus": self.cpus, "memory": self.memory, "pids": self.pids, "workdir": TESTBED,
-                      "max_instances": self.max_containers, "name": "r2egym"}
+        common = {"cpus": self.cpus, "memory": self.memory, "pids": self.pids, "disk": self.disk,
+                  "workdir": TESTBED, "max_instances": self.max_containers, "name": "r2egym"}
         if task.local:
             backend = await self._local_backend()
             image = self.image or (DOCKER_IMAGE if backend == "docker" else "host")

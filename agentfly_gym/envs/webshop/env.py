@@ -51,7 +51,9 @@ class WebShopEnv(AgentFlyEnv):
 
     Args:
         data_dir: folder with WebShop's data files; default: ``$WEBSHOP_DATA``, then
-            ``$AGENTFLY_GYM_DATA/webshop``, then ``~/.cache/agentfly-gym/webshop``.
+            ``$AGENTFLY_GYM_DATA/webshop``, then ``~/.cache/agentfly-gym/webshop``, then the 29-product
+            sample shipped in the package (no human instructions; ``agentfly-gym data download
+            webshop-small`` fetches the 1,000-product set).
         products_file, attributes_file, human_file: file names (or absolute paths) overriding the
             standard names ``items_shuffle_1000.json`` / ``items_shuffle.json``,
             ``items_ins_v2_1000.json`` / ``items_ins_v2.json``, ``items_human_ins.json``.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["config_path", "AgentFlyAgentLoop", "VerlServerPolicy", "build_dataset", "dataset_main", "get_manager",
-           "shutdown", "ashutdown", "SelfPlayAgentLoop", "selfplay_rows"]
+           "shutdown", "ashutdown", "failure_metrics", "SelfPlayAgentLoop", "selfplay_rows"]
 
 _LAZY = {
     "AgentFlyAgentLoop": "agent_loop",
@@ -24,6 +24,7 @@ _LAZY = {
     "get_manager": "runtime",
     "shutdown": "runtime",
     "ashutdown": "runtime",
+    "failure_metrics": "runtime",
     "SelfPlayAgentLoop": "selfplay",
     "selfplay_rows": "selfplay",
 }

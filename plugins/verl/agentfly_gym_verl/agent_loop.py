@@ -18,20 +18,44 @@ returns verl's ``AgentLoopOutput``:
   stores each as a row and copies the final row's reward to the others), each with the step's
   fresh prompt and sampled ids; ``reward_score`` = the episode return on every row.
 
+Every response ENDS ON A SAMPLED TOKEN (mask 1): verl puts ``reward_score`` on the last response
+token (``AgentLoopOutput.as_dict``: ``rm_scores[-1]``; the legacy ``_postprocess``: the last
+attended token), and GAE / REINFORCE++ discount over mask-1 positions only, so a reward on a
+mask-0 token (the end-of-turn id closing a reply that stopped on another eos or at its token
+cap, or observation ids after the last action) would be lost (a return of 0 instead of 1).
+Trailing mask-0 ids are therefore not part of the output; they carry no training signal.  Only
+a response without any sampled id (the server returned none) is the single mask-0 end-of-turn
+id verl needs to have at least one response token.
+
 Lengths: ``len(response_ids) == len(response_mask) == len(response_logprobs) <=
-rollout.response_length`` and ``len(prompt_ids) <= rollout.prompt_length`` always.  Longer
-prompts are cut from the left before generation (what the server sees is what is trained).  In
-chain mode each reply is capped to what is left of the response budget and no turn starts once
-it is used up, so the final cut to ``response_length`` only drops the ids closing the last turn
-and the observation after the last action, never an action that earned reward.
+rollout.response_length`` and ``len(prompt_ids) <= rollout.prompt_length`` always.  In chain
+mode a longer initial prompt is cut from the left before generation (what the server sees is
+what is trained); each reply is capped to what is left of the response budget and no turn
+starts once it is used up, so the final cut to ``response_length`` only drops the ids closing
+the last turn and the observation after the last action, never an action that earned reward.
+In step mode a prompt over ``prompt_length`` keeps its system prompt and newest content: the
+oldest history pairs are dropped first, then (if needed) the tokens right after the system part
+(:func:`agentfly_gym.rollout.step.fit_step_prompt`); the row records it (``history_shown``,
+``prompt_cut``, ``prompt_truncated``).
+
+``min_global_steps`` / ``max_global_steps`` (the model-weights versions V1 checks for
+staleness, as ints) are the versions the server reported, else the ``global_steps`` verl passes
+to ``run`` with the row: V1 builds an int array from them.
 
 ``extra_fields`` has the SAME keys and value types in every row of both modes and every env
 (:data:`EXTRA_FIELD_DEFAULTS`), so verl can stack rows of mixed loops (verl issues #5301, #7491).
 
 A trajectory whose env fails (bad task option, unknown env, a resource that cannot start, a
-generation error) yields one row with ``reward_score`` 0.0, an all-zero response mask and the
-error text in ``extra_fields["error"]``; it never fails the batch.  The env is closed (its
-rollout scope released) when ``run`` ends, also on error and cancellation.
+generation error) never fails the batch.  Under verl's V1 trainer it leaves NO row (``run``
+returns ``[]``, which V1's ``_agent_loop_postprocess`` accepts: verl's own convention for a
+session without output), so it cannot shift the GRPO statistics of its group the way a row with
+reward 0 under the group's ``uid`` would (the same for an episode the env or its resource ended
+with a fault, ``info["error"]``); it is logged (WARNING) and counted per worker in
+:func:`agentfly_gym_verl.runtime.failure_metrics`.  The legacy trainer (``trainer.use_v1=false``,
+chain mode only) needs exactly one output per trajectory: there it is one row with
+``reward_score`` 0.0, an all-zero response mask and the error text in
+``extra_fields["error"]`` (it trains nothing, but it does enter its GRPO group's mean).  The env
+is closed (its rollout scope released) when ``run`` ends, also on error and cancellation.
 """
 
 from __future__ import annotations
@@ -46,16 +70,17 @@ from typing import Any
 
 import gymnasium
 
-from agentfly_gym.errors import ConfigError
+from agentfly_gym.errors import ConfigError, EnvError, ResourceError
+from agentfly_gym.rewards.configured import parse_reward
 from agentfly_gym.rollout.chain import run_chain_episode
 from agentfly_gym.rollout.policy import SamplingParams
 from agentfly_gym.rollout.runner import normalize_env_id
 from agentfly_gym.rollout.step import DEFAULT_HISTORY, run_step_episode
-from agentfly_gym.rollout.trajectory import Trajectory
+from agentfly_gym.rollout.trajectory import Trajectory, episode_status
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from .policy import VerlServerPolicy
-from .runtime import chat_tokenizer, get_manager
+from .runtime import chat_tokenizer, get_manager, record_failure
 
 __all__ = ["AgentFlyAgentLoop", "EXTRA_FIELD_DEFAULTS", "MODES", "parse_row"]
 
@@ -65,6 +90,10 @@ MODES = ("chain", "step")
 
 #: The keys (and value types) of ``extra_fields`` in every output row.
 #: ``step`` is -1 and ``anchor_obs`` "" in chain mode; ``error`` is "" when nothing failed;
+#: ``status`` is the episode's status (:data:`agentfly_gym.rollout.trajectory.STATUSES`; ``token_budget``
+#: also when the response was cut to ``response_length``); ``prompt_cut`` the tokens cut out of the
+#: prompt; ``history_shown`` (step mode) the past steps the prompt shows (-1 in chain mode);
+#: ``min_global_steps`` / ``max_global_steps`` ints (None only when neither the server nor verl gave one);
 #: ``step_reward`` is the row's env reward (chain: the episode return); ``turn_scores`` the
 #: per-step env rewards of the trajectory; ``reward_extra_info`` goes to verl's reward metrics
 #: (``acc`` = success as 0.0/1.0).
@@ -72,7 +101,7 @@ EXTRA_FIELD_DEFAULTS: dict[str, Any] = {
     "trajectory_id": "", "group_id": "", "env_id": "", "task_id": "", "seed": -1, "mode": "",
     "step": -1, "num_steps": 0, "anchor_obs": "", "action": "", "step_reward": 0.0, "env_return": 0.0,
     "success": False, "terminated": False, "truncated": False, "error": "",
-    "prompt_truncated": False, "response_truncated": False,
+    "prompt_truncated": False, "response_truncated": False, "history_shown": -1, "prompt_cut": 0, "status": "",
     "turn_scores": [], "tool_rewards": [], "min_global_steps": None, "max_global_steps": None,
     "reward_extra_info": {"acc": 0.0},
 }
@@ -174,6 +203,9 @@ class AgentFlyAgentLoop(AgentLoopBase):
         history: step mode: past (action, observation) pairs shown in each prompt, when a row gives none.
         max_tokens_per_turn: most tokens sampled per turn (None: ``rollout.response_length``).
         env_kwargs: constructor kwargs for every env, under the row's own ``env_kwargs``.
+        reward: an episode reward from configuration (``"judge:..."`` or ``"MODULE:FUNCTION"``, see
+            :mod:`agentfly_gym.rewards.configured`) that replaces or adds to the env return; a judge that
+            fails after its retries makes the trajectory an error row.
         (all other arguments: see verl's ``AgentLoopBase``.)
 
     Raises:
@@ -182,7 +214,8 @@ class AgentFlyAgentLoop(AgentLoopBase):
     """
 
     def __init__(self, *args: Any, mode: str | None = None, max_turns: int = 10, history: int = DEFAULT_HISTORY,
-                 max_tokens_per_turn: int | None = None, env_kwargs: Any = None, **kwargs: Any) -> None:
+                 max_tokens_per_turn: int | None = None, env_kwargs: Any = None, reward: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if mode is not None and mode not in MODES:
             raise ConfigError(f"agent loop mode={mode!r} is not one of {MODES} (or null: per row)")
@@ -195,6 +228,7 @@ class AgentFlyAgentLoop(AgentLoopBase):
         self.response_length = int(self.rollout_config.response_length)
         self.max_tokens_per_turn = max_tokens_per_turn or self.response_length
         self.default_env_kwargs = _as_dict(env_kwargs, "env_kwargs")
+        self.reward = parse_reward(reward)
 
     # ------------------------------------------------------------------ verl entry point
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
@@ -203,11 +237,12 @@ class AgentFlyAgentLoop(AgentLoopBase):
         Args:
             sampling_params: verl's sampling dict (``temperature``, ``top_p``, ``top_k``,
                 ``logprobs``, ...); forwarded to the server with ``max_tokens`` added.
-            **kwargs: the dataset row (``extra_info``, ``raw_prompt``, ``index``, ``uid``, ...).
+            **kwargs: the dataset row (``extra_info``, ``raw_prompt``, ``index``, ``uid``, ...;
+                under V1 also ``global_steps``, the trainer step this row was sampled for).
 
         Returns:
-            chain mode: one ``AgentLoopOutput``; step mode: a list of them (one per env step,
-            or one error row).
+            chain mode: one ``AgentLoopOutput``; step mode: a list of them (one per env step).
+            A failed trajectory: ``[]`` under the V1 trainer (no row), else one error row.
 
         Raises:
             ConfigError: step mode under ``trainer.use_v1=false``.
@@ -217,15 +252,17 @@ class AgentFlyAgentLoop(AgentLoopBase):
         traj_id = uuid.uuid4().hex[:16]
         group_id = str(_scalar(kwargs.get("uid")) or f"index-{_scalar(kwargs.get('index'))}")
         fallback_mode = self.mode or "chain"
+        use_v1 = bool(_select(self.config, "trainer.use_v1", True))
+        steps = _scalar(kwargs.get("global_steps"))
+        self._global_steps = int(steps) if steps is not None and not isinstance(steps, bool) else None
         try:
             row = parse_row(kwargs.get("extra_info"), default_mode=self.mode, default_max_turns=self.max_turns,
                             default_history=self.history, default_env_kwargs=self.default_env_kwargs)
         except ConfigError as e:
             log.warning("agentfly row %s: %s", traj_id, e)
-            out = self._error_output(e, kwargs, want_logprobs, traj_id, group_id, fallback_mode, {})
-            return out if fallback_mode == "chain" else [out]
+            return self._failed(e, kwargs, want_logprobs, traj_id, group_id, fallback_mode, {}, None, use_v1)
         mode = self.mode or row["mode"]
-        if mode == "step" and not bool(_select(self.config, "trainer.use_v1", True)):
+        if mode == "step" and not use_v1:
             raise ConfigError("agentfly step mode returns one row per env step, which only verl's V1 trainer accepts: "
                               "set trainer.use_v1=true (or use the chain-mode agent loop)")
         chat = chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs)
@@ -243,19 +280,50 @@ class AgentFlyAgentLoop(AgentLoopBase):
                           options=row["options"], trajectory_id=traj_id, group_id=group_id)
             if mode == "chain":
                 traj = await run_chain_episode(env, policy, chat, max_response_tokens=self.response_length, **common)
+            else:
+                traj = await run_step_episode(env, policy, chat, history=row["history"],
+                                              max_prompt_tokens=self.prompt_length, **common)
+                if not traj.steps:
+                    raise ConfigError(f"the episode ended without a step (max_turns={row['max_turns']})")
+            await self._apply_reward(traj)
+            if traj.error and use_v1:
+                # the env or its resource faulted mid-episode (info["error"]): its return says nothing
+                # about the policy, so under V1 it leaves no row either
+                log.warning("agentfly trajectory %s (%s, task %r) ended by a fault after %d steps: %s", traj_id,
+                            row["env_id"], row["task_id"], len(traj.turns), traj.error)
+                return self._failed(EnvError(traj.error), kwargs, want_logprobs, traj_id, group_id, mode, row,
+                                    policy, use_v1)
+            if mode == "chain":
                 return self._chain_output(traj, policy, want_logprobs, row)
-            traj = await run_step_episode(env, policy, chat, history=row["history"], **common)
-            return self._step_outputs(traj, policy, want_logprobs, row, kwargs)
+            return self._step_outputs(traj, policy, want_logprobs, row)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001  (every failure becomes an error row, never a failed batch)
+        except Exception as e:  # noqa: BLE001  (every failure is dropped or an error row, never a failed batch)
             log.warning("agentfly trajectory %s (%s, task %r) failed: %s: %s", traj_id, row["env_id"],
                         row["task_id"], type(e).__name__, e, exc_info=not isinstance(e, ConfigError))
-            out = self._error_output(e, kwargs, want_logprobs, traj_id, group_id, mode, row, policy)
-            return out if mode == "chain" else [out]
+            return self._failed(e, kwargs, want_logprobs, traj_id, group_id, mode, row, policy, use_v1)
         finally:
             if env is not None:
                 await env.aclose()
+
+    async def _apply_reward(self, traj: Trajectory) -> None:
+        """The configured episode reward, if any; its failure fails the trajectory (no row under V1, else an error row)."""
+        if self.reward is None:
+            return
+        before = traj.error
+        await self.reward.apply(traj, manager=get_manager())
+        if traj.error != before:
+            raise ResourceError(traj.error)
+
+    def _failed(self, error: BaseException, kwargs: dict[str, Any], want_logprobs: bool, traj_id: str,
+                group_id: str, mode: str, row: dict[str, Any], policy: VerlServerPolicy | None,
+                use_v1: bool) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """What a failed trajectory returns: nothing under V1 (counted in ``failure_metrics``), else
+        the legacy error row."""
+        record_failure(str(row.get("env_id", "")), error, mode)
+        if use_v1:
+            return []
+        return self._error_output(error, kwargs, want_logprobs, traj_id, group_id, mode, row, policy)
 
     # ------------------------------------------------------------------ outputs
     def _logprobs(self, lps: list[float], mask: list[int], want: bool) -> list[float] | None:
@@ -275,6 +343,16 @@ class AgentFlyAgentLoop(AgentLoopBase):
                         "0.0 stored", missing)
         return out
 
+    def _end_on_sampled(self, ids: list[int], mask: list[int], lps: list[float]) -> None:
+        """Drop the trailing mask-0 ids, so that the reward verl puts on the last token sits on a
+        sampled one (see the module docstring); a response with no sampled id becomes the one
+        mask-0 end-of-turn id verl needs (it trains nothing either way)."""
+        while mask and mask[-1] == 0:
+            ids.pop()
+            mask.pop()
+            lps.pop()
+        self._pad_empty(ids, mask, lps)
+
     def _pad_empty(self, ids: list[int], mask: list[int], lps: list[float]) -> None:
         """verl needs >= 1 response token (its reward goes on the last one): add a mask-0 end-of-turn id."""
         if not ids:
@@ -287,18 +365,31 @@ class AgentFlyAgentLoop(AgentLoopBase):
                     task_id=traj.task_id, seed=-1 if traj.seed is None else int(traj.seed), mode=traj.mode,
                     num_steps=len(traj.turns), env_return=float(traj.reward), success=bool(traj.success),
                     terminated=bool(traj.terminated), truncated=bool(traj.truncated), error=traj.error or "",
-                    turn_scores=[float(t.reward) for t in traj.turns],
-                    min_global_steps=policy.min_global_steps, max_global_steps=policy.max_global_steps,
-                    reward_extra_info={"acc": 1.0 if traj.success else 0.0})
+                    turn_scores=[float(t.reward) for t in traj.turns], status=episode_status(traj),
+                    **self._steps_fields(policy), reward_extra_info={"acc": 1.0 if traj.success else 0.0})
+
+    def _steps_fields(self, policy: VerlServerPolicy | None) -> dict[str, Any]:
+        """min/max_global_steps: the server's, else the ``global_steps`` verl passed to ``run`` (ints)."""
+        lo = policy.min_global_steps if policy is not None else None
+        hi = policy.max_global_steps if policy is not None else None
+        fallback = getattr(self, "_global_steps", None)
+        lo = fallback if lo is None else lo
+        hi = fallback if hi is None else hi
+        return {"min_global_steps": None if lo is None else int(lo),
+                "max_global_steps": None if hi is None else int(hi)}
 
     def _chain_output(self, traj: Trajectory, policy: VerlServerPolicy, want_logprobs: bool,
                       row: dict[str, Any]) -> AgentLoopOutput:
         prompt_ids = list(traj.prompt_ids[policy.prompt_cut:])
         n = self.response_length
         ids, mask, lps = list(traj.response_ids[:n]), list(traj.response_mask[:n]), list(traj.response_logprobs[:n])
-        self._pad_empty(ids, mask, lps)
-        extra = _extra_fields(**self._common_fields(traj, policy, row), step_reward=float(traj.reward),
-                              prompt_truncated=policy.prompt_cut > 0,
+        self._end_on_sampled(ids, mask, lps)
+        common = self._common_fields(traj, policy, row)
+        cut_sampled = sum(traj.response_mask[n:]) > 0  # a sampled id fell beyond response_length
+        if cut_sampled and common["status"] in ("complete", "truncated"):
+            common["status"] = "token_budget"
+        extra = _extra_fields(**common, step_reward=float(traj.reward),
+                              prompt_truncated=policy.prompt_cut > 0, prompt_cut=int(policy.prompt_cut),
                               response_truncated=len(traj.response_ids) > n,
                               action=traj.turns[-1].action if traj.turns else "")
         metrics = AgentLoopMetrics(generate_sequences=traj.timings.get("generate", 0.0),
@@ -309,22 +400,21 @@ class AgentFlyAgentLoop(AgentLoopBase):
                                reward_score=float(traj.reward), num_turns=max(0, len(traj.messages) - 1),
                                metrics=metrics, extra_fields=extra)
 
-    def _step_outputs(self, traj: Trajectory, policy: VerlServerPolicy, want_logprobs: bool, row: dict[str, Any],
-                      kwargs: dict[str, Any]) -> list[AgentLoopOutput]:
-        if not traj.steps:
-            err = ConfigError(f"the episode ended without a step (max_turns={row['max_turns']})")
-            return [self._error_output(err, kwargs, want_logprobs, traj.trajectory_id, traj.group_id, "step", row,
-                                       policy)]
+    def _step_outputs(self, traj: Trajectory, policy: VerlServerPolicy, want_logprobs: bool,
+                      row: dict[str, Any]) -> list[AgentLoopOutput]:
         outs = []
         common = self._common_fields(traj, policy, row)
         n = self.response_length
         for i, r in enumerate(traj.steps):
-            cut = policy.cut_for(len(r.prompt_ids))
+            cut = policy.cut_for(len(r.prompt_ids))  # 0: run_step_episode fitted the prompt already
             ids, mask, lps = list(r.response_ids[:n]), list(r.response_mask[:n]), list(r.response_logprobs[:n])
-            self._pad_empty(ids, mask, lps)
+            self._end_on_sampled(ids, mask, lps)
             turn = traj.turns[i] if i < len(traj.turns) else None
+            pcut = int(r.prompt_cut) + cut
             extra = _extra_fields(**common, step=int(r.step), anchor_obs=r.anchor_obs, action=r.action,
-                                  step_reward=float(r.reward), prompt_truncated=cut > 0,
+                                  step_reward=float(r.reward),
+                                  prompt_truncated=pcut > 0 or r.history_shown < min(row["history"], i),
+                                  prompt_cut=pcut, history_shown=int(r.history_shown),
                                   response_truncated=len(r.response_ids) > n)
             metrics = AgentLoopMetrics(generate_sequences=turn.generate_s if turn else 0.0,
                                        tool_calls=turn.env_s if turn else 0.0, num_preempted=policy.num_preempted)
@@ -353,9 +443,7 @@ class AgentFlyAgentLoop(AgentLoopBase):
         extra = _extra_fields(trajectory_id=traj_id, group_id=group_id, env_id=str(row.get("env_id", "")),
                               task_id=str(row.get("task_id", "")),
                               seed=-1 if row.get("seed") is None else int(row["seed"]), mode=mode,
-                              error=f"{type(error).__name__}: {error}",
-                              min_global_steps=policy.min_global_steps if policy else None,
-                              max_global_steps=policy.max_global_steps if policy else None)
+                              error=f"{type(error).__name__}: {error}", status="error", **self._steps_fields(policy))
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=[eot], response_mask=[0],
                                response_logprobs=[0.0] if want_logprobs else None, reward_score=0.0, num_turns=0,
                                metrics=AgentLoopMetrics(), extra_fields=extra)

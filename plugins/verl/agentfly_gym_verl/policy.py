@@ -15,7 +15,9 @@ what the trainer will see:
 * prompt: a prompt longer than ``prompt_length`` tokens is cut from the left before it is sent
   (verl's own loops cut the same side, ``AgentLoopBase._cap_text_prompt_length``); in chain
   mode the cut is fixed by the first (initial) prompt and applied to every later call, whose
-  prompt is the initial prompt followed by the response so far.
+  prompt is the initial prompt followed by the response so far.  (The agent loop's step-mode
+  prompts arrive already fitted by :func:`agentfly_gym.rollout.step.fit_step_prompt`, which keeps
+  the system prompt; the left cut is then only a safeguard.)
 * response (chain mode): each call's ``max_tokens`` is capped by what is left of
   ``response_length`` (at least 1 token, as vLLM requires); the agent loop cuts the finished
   response to ``response_length``.

@@ -19,7 +19,8 @@ from typing import Any
 
 from agentfly_gym.resources.manager import ResourceManager
 
-__all__ = ["get_manager", "shutdown", "ashutdown", "chat_tokenizer"]
+__all__ = ["get_manager", "shutdown", "ashutdown", "chat_tokenizer", "record_failure", "failure_metrics",
+           "reset_failure_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,37 @@ _lock = threading.Lock()
 _manager: ResourceManager | None = None
 _manager_loop: asyncio.AbstractEventLoop | None = None
 _chats: dict[tuple[int, str], tuple[Any, Any]] = {}
+_failures: dict[str, dict[str, int]] = {"by_env": {}, "by_error": {}, "by_mode": {}}
+
+
+def record_failure(env_id: str, error: BaseException, mode: str) -> None:
+    """Count one failed trajectory of this worker (see :func:`failure_metrics`)."""
+    with _lock:
+        for table, key in (("by_env", env_id or "?"), ("by_error", type(error).__name__), ("by_mode", mode)):
+            _failures[table][key] = _failures[table].get(key, 0) + 1
+
+
+def failure_metrics() -> dict[str, Any]:
+    """This worker process's failed trajectories since start (or :func:`reset_failure_metrics`).
+
+    Under verl's V1 trainer a failed trajectory leaves no training row (verl's convention for a
+    session without output), so it is counted here and logged (a WARNING per failure) instead.
+
+    Returns:
+        ``{"failed_trajectories": int, "by_env": {env_id: int}, "by_error": {exception class
+        name: int}, "by_mode": {"chain"/"step": int}}``.
+    """
+    with _lock:
+        out: dict[str, Any] = {k: dict(v) for k, v in _failures.items()}
+    out["failed_trajectories"] = sum(out["by_mode"].values())
+    return out
+
+
+def reset_failure_metrics() -> None:
+    """Zero the counts of :func:`failure_metrics`."""
+    with _lock:
+        for v in _failures.values():
+            v.clear()
 
 
 def get_manager() -> ResourceManager:

@@ -19,8 +19,9 @@ partner's rows are dropped after ``claim_timeout`` seconds.  The legacy trainer 
 ``run()``) gets the same pairing by arrival order, in chain mode.
 
 Outputs have exactly the rows, fields and checks of :class:`~agentfly_gym_verl.agent_loop.AgentFlyAgentLoop`
-(chain: one row per player; step: one row per player turn); a game whose policy or env fails gives each
-player's rows so far with reward 0 and ``extra_fields["error"]`` set, never a failed batch.
+(chain: one row per player; step: one row per player turn); a game whose policy or env fails leaves no row
+under the V1 trainer (counted in ``failure_metrics``) and an error row (reward 0, ``extra_fields["error"]``)
+under the legacy one, as AgentFlyAgentLoop does; never a failed batch.
 
 Data rows: ``extra_info = {"env_id": "agentfly/ChessSelfPlay-v0", "seed": ..., "reset_options": {"fen":
 ...}, "env_kwargs": {...}, "mode": ..., "max_turns": ...}`` (:func:`selfplay_rows` writes them).
@@ -35,7 +36,7 @@ import time
 import uuid
 from typing import Any
 
-from agentfly_gym.errors import ConfigError
+from agentfly_gym.errors import ConfigError, EnvError
 from agentfly_gym.registration import MULTIAGENT_ENVS, make_multiagent
 from agentfly_gym.rollout.multiagent import PlayerTrajectory, run_multiagent_game
 from agentfly_gym.rollout.policy import SamplingParams
@@ -183,16 +184,18 @@ class SelfPlayAgentLoop(AgentFlyAgentLoop):
         uid = str(_scalar(kwargs.get("uid")) or f"index-{_scalar(kwargs.get('index'))}")
         fallback_mode = self.mode or "chain"
         traj_id = uuid.uuid4().hex[:16]
+        use_v1 = bool(_select(self.config, "trainer.use_v1", True))
+        steps = _scalar(kwargs.get("global_steps"))
+        self._global_steps = int(steps) if steps is not None and not isinstance(steps, bool) else None
         try:
             row = parse_selfplay_row(kwargs.get("extra_info"), default_mode=self.mode,
                                      default_max_turns=self.max_turns, default_history=self.history,
                                      default_env_kwargs=self.default_env_kwargs)
         except ConfigError as e:
             log.warning("agentfly self-play row %s: %s", uid, e)
-            out = self._error_output(e, kwargs, want_logprobs, traj_id, uid, fallback_mode, {})
-            return out if fallback_mode == "chain" else [out]
+            return self._failed(e, kwargs, want_logprobs, traj_id, uid, fallback_mode, {}, None, use_v1)
         mode = self.mode or row["mode"]
-        if mode == "step" and not bool(_select(self.config, "trainer.use_v1", True)):
+        if mode == "step" and not use_v1:
             raise ConfigError("agentfly self-play step mode returns one row per turn, which only verl's V1 trainer "
                               "accepts: set trainer.use_v1=true (or use chain mode)")
         session = _scalar(kwargs.get("session_id"))
@@ -214,17 +217,21 @@ class SelfPlayAgentLoop(AgentFlyAgentLoop):
             if game.claimed >= {0, 1} and _GAMES.get(key) is game:
                 del _GAMES[key]
         agent_trajs, policies = trajs
+        gid = f"{key[0]}-g{key[1]}"
         if isinstance(agent_trajs, BaseException):
-            out = self._error_output(agent_trajs, kwargs, want_logprobs, f"{key[0]}-g{key[1]}-{side}",
-                                     f"{key[0]}-g{key[1]}", mode, row)
-            return out if mode == "chain" else [out]
+            return self._failed(agent_trajs, kwargs, want_logprobs, f"{gid}-{side}", gid, mode, row, None, use_v1)
         traj = agent_trajs[side]
         policy = policies[traj.agent]
+        if traj.error:
+            # a policy or the env failed mid-game: the result says nothing about either side's play, so (as
+            # AgentFlyAgentLoop does for a faulted episode) no row under V1, an error row otherwise
+            return self._failed(EnvError(traj.error), kwargs, want_logprobs, traj.trajectory_id, gid, mode, row,
+                                policy, use_v1)
         if mode == "chain":
             return self._chain_output(traj, policy, want_logprobs, row)
         if not traj.steps:  # the game ended before this player's first turn: one row that trains nothing
             return [self._chain_output(traj, policy, want_logprobs, row)]
-        return self._step_outputs(traj, policy, want_logprobs, row, kwargs)
+        return self._step_outputs(traj, policy, want_logprobs, row)
 
     async def _play(self, game: _Game, key: tuple[str, int], row: dict[str, Any], mode: str,
                     sampling_params: dict[str, Any], kwargs: dict[str, Any]

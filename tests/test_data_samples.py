@@ -1,0 +1,112 @@
+"""The samples shipped in the package: present, licensed, loadable by the real loaders, and the last step of
+the data resolution order (a configured data set always wins; an explicit ``data_dir`` never falls back)."""
+
+from __future__ import annotations
+
+import csv
+import filecmp
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentfly_gym.data import data_candidates, resolve_data_dir, sample_dir
+from agentfly_gym.datasets import DATASETS, env_data_source
+from agentfly_gym.download import sha256_file
+from agentfly_gym.errors import DataNotFoundError
+
+SAMPLES = Path(__file__).resolve().parents[1] / "agentfly_gym" / "samples"
+
+
+@pytest.fixture
+def bare(monkeypatch, tmp_path):
+    """No data configured: no data variables, an empty HOME and cache."""
+    for var in ("AGENTFLY_GYM_DATA", "ALFWORLD_DATA", "WEBSHOP_DATA"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AGENTFLY_GYM_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_samples_are_small_and_licensed():
+    total = sum(p.stat().st_size for p in SAMPLES.rglob("*") if p.is_file())
+    assert total < 10 * 1024 * 1024, total
+    assert (SAMPLES / "README.md").is_file()
+    for name in ("chess", "alfworld", "webshop"):
+        assert sample_dir(name) == SAMPLES / name
+        licence = (SAMPLES / name / "LICENSE").read_text(encoding="utf-8")
+        assert ("CC0" if name == "chess" else "MIT License") in licence
+    assert sample_dir("r2egym") is None and sample_dir("scienceworld") is None
+
+
+def test_chess_sample_spans_ratings_and_themes(bare):
+    from agentfly_gym.envs.chess.puzzles import find_puzzles_file, load_puzzles
+
+    path = find_puzzles_file()
+    assert path == SAMPLES / "chess" / "lichess_puzzles_sample.csv"
+    rows = list(csv.DictReader(path.open(encoding="utf-8")))
+    assert 200 <= len(rows) <= 500 and len({r["PuzzleId"] for r in rows}) == len(rows)
+    ratings = sorted(int(r["Rating"]) for r in rows)
+    assert ratings[0] < 1000 and ratings[-1] > 2000
+    themes = {t for r in rows for t in r["Themes"].split()}
+    assert {"mate", "endgame", "middlegame", "opening", "fork", "pin"} <= themes and len(themes) >= 40
+    puzzles = load_puzzles(path)
+    assert len(puzzles) == len(rows) and puzzles[0].solver_moves >= 1
+
+
+def test_alfworld_sample_has_every_task_type_in_every_split(bare):
+    from agentfly_gym.envs.alfworld.games import TASK_TYPES, load_index, resolve_alfworld_root
+
+    root = resolve_alfworld_root()
+    assert root == SAMPLES / "alfworld"
+    assert (root / "logic" / "alfred.pddl").is_file() and (root / "logic" / "alfred.twl2").is_file()
+    for split in ("train", "valid_seen", "valid_unseen"):
+        index = load_index(root, split)
+        assert set(index.counts()) == set(TASK_TYPES.values()), (split, index.counts())
+        assert 20 <= len(index) <= 60
+        assert sum(index.skipped.values()) == 0  # only solvable, supported games were shipped
+
+
+def test_webshop_sample_matches_the_pinned_upstream_file(bare):
+    from agentfly_gym.envs.webshop.catalog import find_data_files
+
+    folder = resolve_data_dir("webshop")
+    assert folder == SAMPLES / "webshop"
+    products, attributes, human = find_data_files(folder, human_goals=False)
+    assert human is None and len(json.loads(products.read_text(encoding="utf-8"))) == 29
+    pin = next(f.sha256 for f in DATASETS["webshop-small"].files if f.name == attributes.name)
+    assert sha256_file(attributes) == pin  # the bundled file is upstream's, byte for byte
+    assert env_data_source("agentfly/WebShop-v0") == (f"bundled sample: {products}", "29 products, 149 synthetic goals")
+
+
+def test_configured_data_wins_and_explicit_dir_never_falls_back(bare, monkeypatch):
+    root = bare / "data"
+    (root / "chess").mkdir(parents=True)
+    (root / "chess" / "lichess_puzzles_sample.csv").write_text((SAMPLES / "chess" / "lichess_puzzles_sample.csv")
+                                                               .read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setenv("AGENTFLY_GYM_DATA", str(root))
+    labels = [label for label, _ in data_candidates("chess")]
+    assert labels == ["AGENTFLY_GYM_DATA", "cache", "bundled sample"]
+    assert resolve_data_dir("chess", must_contain="lichess_puzzles_sample.csv") == root / "chess"
+    assert env_data_source("agentfly/Chess-v0")[0].startswith("AGENTFLY_GYM_DATA: ")
+    # an ALFWorld root without json_2.1.1 falls through to the sample; an explicit empty folder does not
+    assert resolve_data_dir("alfworld", must_contain="json_2.1.1") == SAMPLES / "alfworld"
+    with pytest.raises(DataNotFoundError, match="alfworld data not found"):
+        resolve_data_dir("alfworld", bare / "empty", must_contain="json_2.1.1")
+    assert env_data_source("agentfly/ALFWorld-v0") == (f"bundled sample: {SAMPLES / 'alfworld'}",
+                                                      "solvable games: train 24, valid_seen 24, valid_unseen 24")
+
+
+def test_samples_are_rebuilt_identically_from_the_shared_data(shared_data, tmp_path):
+    """scripts/make_samples.py is deterministic: rerun on the shared data it gives the shipped files."""
+    r = subprocess.run([sys.executable, str(SAMPLES.parents[1] / "scripts" / "make_samples.py"), str(shared_data),
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    built = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    shipped = sorted(p.relative_to(SAMPLES) for p in SAMPLES.rglob("*") if p.is_file()
+                     and p.name not in ("README.md", "LICENSE"))
+    assert built == shipped
+    _, mismatch, errors = filecmp.cmpfiles(tmp_path, SAMPLES, [str(p) for p in built], shallow=False)
+    assert mismatch == [] and errors == []
