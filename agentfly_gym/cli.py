@@ -52,6 +52,11 @@ def cmd_envs(args: argparse.Namespace) -> int:
         pkg = _ENV_PACKAGE.get(env_id)
         pkg_ok = "yes" if pkg is None or importlib.util.find_spec(pkg) is not None else f"missing ({pkg})"
         table.add_row(env_id, pkg_ok, *env_data_source(env_id))
+    from .registration import MULTIAGENT_ENVS
+
+    for name in sorted(MULTIAGENT_ENVS):  # PettingZoo envs (make_multiagent)
+        pkg_ok = "yes" if importlib.util.find_spec("pettingzoo") is not None else "missing (pettingzoo)"
+        table.add_row(f"agentfly/{name} (multi-agent)", pkg_ok, "none needed", "games from the start or a FEN")
     Console().print(table)
     return 0
 
@@ -105,6 +110,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ConfigError(f"--env-kwargs is not JSON ({e}): {args.env_kwargs!r}") from None
     if not isinstance(env_kwargs, dict) or not all(isinstance(v, dict) for v in env_kwargs.values()):
         raise ConfigError('--env-kwargs must map env ids to keyword dicts, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
+    if _is_multiagent(args.env):
+        return _rollout_multiagent(args, env_kwargs)
     if args.policy == "random":  # it picks among info["admissible_actions"], which ScienceWorld lists only on request
         from .rollout.runner import normalize_env_id
 
@@ -162,6 +169,77 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- multi-agent rollout
+def _is_multiagent(env_ids: list[str]) -> bool:
+    """True when the (single) env id names a multi-agent env, e.g. ChessSelfPlay-v0.
+
+    Raises:
+        ConfigError: a multi-agent env is mixed with other envs.
+    """
+    from .errors import ConfigError
+    from .registration import MULTIAGENT_ENVS
+
+    def multi(e: str) -> bool:
+        name = e.split("/", 1)[-1]
+        return name in MULTIAGENT_ENVS or f"{name}-v0" in MULTIAGENT_ENVS
+
+    flags = [multi(e) for e in env_ids]
+    if any(flags) and len(env_ids) > 1:
+        raise ConfigError(f"--env {env_ids}: a multi-agent environment is rolled out on its own")
+    return any(flags)
+
+
+def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .rollout.factory import make_policy
+    from .rollout.multiagent import run_multiagent_rollouts
+    from .rollout.policy import SamplingParams
+
+    env_id = args.env[0]
+    kwargs: dict[str, Any] = {}
+    for k, v in env_kwargs.items():
+        if k.split("/", 1)[-1].removesuffix("-v0") != env_id.split("/", 1)[-1].removesuffix("-v0"):
+            from .errors import ConfigError
+
+            raise ConfigError(f"--env-kwargs names {k!r}, which is not rolled out (--env {env_id})")
+        kwargs.update(v)
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
+    opponent = opp_chat = None
+    if args.opponent:
+        opponent, opp_chat = make_policy(args.opponent, tokenizer=args.tokenizer, seed=args.seed + 1,
+                                         max_batch_size=args.batch_size)
+    try:
+        result = asyncio.run(run_multiagent_rollouts(
+            env_id, policy, chat, opponent=opponent, opponent_chat=opp_chat, num_games=args.num_trajectories,
+            concurrency=args.concurrency, mode=args.mode, sampling=sampling, max_turns=args.max_turns,
+            max_context_tokens=args.max_context_tokens, history=args.history, seed=args.seed, env_kwargs=kwargs,
+            output_dir=args.output_dir, progress=not args.no_progress))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for p in (policy, opponent):
+            close = getattr(p, "close", None)
+            if callable(close):
+                close()
+    g = result.summary["games"]
+    t = Table(title=f"{env_id} ({args.mode} mode, {'self-play' if opponent is None else 'vs ' + args.opponent})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in [("games", g["games"]), ("white wins", g["white_wins"]), ("black wins", g["black_wins"]),
+                 ("draws", g["draws"]), ("no result (move/turn cap)", g["no_result"]), ("failed games", g["failed"]),
+                 ("illegal-move rate", f"{g['illegal_move_rate']:.1%}")] + \
+            [(f"illegal-move rate ({a})", f"{s['illegal_move_rate']:.1%}") for a, s in g["per_agent"].items()] + \
+            [("sampled tokens", result.summary["sampled_tokens"]), ("wall time (s)", f"{result.summary['wall_s']:.1f}")]:
+        t.add_row(k, str(v))
+    Console().print(t)
+    for kind, path in result.paths.items():
+        print(f"{kind}: {path}")
+    return 1 if g["games"] and g["failed"] == g["games"] else 0
+
+
 # ----------------------------------------------------------------------------- delegated commands
 #: command words -> (module, function taking the remaining argv list and returning an exit status)
 DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
@@ -205,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="environment id, e.g. Chess-v0 or agentfly/ScienceWorld-v0 (repeatable; groups alternate)")
     r.add_argument("--policy", default="smollm2",
                    help="smollm2 (bundled CPU model), tiny-qwen, random, expert, or a local model folder")
+    r.add_argument("--opponent", default=None,
+                   help="multi-agent envs (ChessSelfPlay-v0): the other side's policy (same names as --policy); "
+                        "default: --policy plays both sides (self-play). -n counts games there, --max-turns is per player")
     r.add_argument("--tokenizer", default=None, help="tokenizer for scripted policies: smollm2 (default), qwen3, or a folder")
     r.add_argument("-n", "--num-trajectories", type=int, default=8)
     r.add_argument("--group-size", type=int, default=1, help="trajectories per task (GRPO group)")

@@ -13,7 +13,7 @@ from typing import Any
 
 import gymnasium
 
-__all__ = ["ENVS", "register_envs", "make_vector"]
+__all__ = ["ENVS", "MULTIAGENT_ENVS", "register_envs", "make_vector", "make_multiagent"]
 
 NAMESPACE = "agentfly"
 
@@ -25,6 +25,32 @@ ENVS: dict[str, tuple[str, dict[str, Any]]] = {
     "WebShop-v0": ("agentfly_gym.envs.webshop:WebShopEnv", {}),
     "R2EGym-v0": ("agentfly_gym.envs.r2egym:R2EGymEnv", {}),
 }
+
+#: multi-agent (PettingZoo AEC) environments: name -> (entry point, default kwargs).  PettingZoo has no
+#: registry; these are made with :func:`make_multiagent` (or the module's ``env()`` / ``raw_env``).
+MULTIAGENT_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ChessSelfPlay-v0": ("agentfly_gym.envs.chess.selfplay:ChessSelfPlayEnv", {}),
+}
+
+
+def make_multiagent(env_id: str, **kwargs: Any):
+    """A multi-agent environment by id: ``"agentfly/ChessSelfPlay-v0"`` (``"ChessSelfPlay-v0"`` and
+    ``"ChessSelfPlay"`` too), as an unwrapped PettingZoo ``AECEnv`` built with ``kwargs``.
+
+    Raises:
+        ConfigError: no multi-agent environment has that id.
+    """
+    from .errors import ConfigError
+    from .resources.inprocess import load_factory
+
+    name = env_id.split("/", 1)[1] if env_id.startswith(f"{NAMESPACE}/") else env_id
+    if name not in MULTIAGENT_ENVS and f"{name}-v0" in MULTIAGENT_ENVS:
+        name = f"{name}-v0"
+    if name not in MULTIAGENT_ENVS:
+        raise ConfigError(f"unknown multi-agent environment {env_id!r}; known: "
+                          f"{[f'{NAMESPACE}/{n}' for n in MULTIAGENT_ENVS]}")
+    entry_point, defaults = MULTIAGENT_ENVS[name]
+    return load_factory(entry_point)(**{**defaults, **kwargs})
 
 
 def make_vector(entry_point: str, num_envs: int = 1, **kwargs: Any):

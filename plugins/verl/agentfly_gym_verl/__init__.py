@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["config_path", "AgentFlyAgentLoop", "VerlServerPolicy", "build_dataset", "dataset_main", "get_manager",
-           "shutdown", "ashutdown", "failure_metrics"]
+           "shutdown", "ashutdown", "failure_metrics", "SelfPlayAgentLoop", "selfplay_rows"]
 
 _LAZY = {
     "AgentFlyAgentLoop": "agent_loop",
@@ -25,11 +25,14 @@ _LAZY = {
     "shutdown": "runtime",
     "ashutdown": "runtime",
     "failure_metrics": "runtime",
+    "SelfPlayAgentLoop": "selfplay",
+    "selfplay_rows": "selfplay",
 }
 
 
 def config_path() -> Path:
-    """The plugin's agent-loop YAML (entries ``agentfly_chain``, ``agentfly_step``, ``agentfly``)."""
+    """The plugin's agent-loop YAML (entries ``agentfly_chain``, ``agentfly_step``, ``agentfly``,
+    ``agentfly_selfplay``)."""
     return Path(__file__).with_name("agent_loops.yaml")
 
 

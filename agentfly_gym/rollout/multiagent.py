@@ -1,0 +1,418 @@
+"""Multi-agent rollout: play a turn-based PettingZoo AEC game (e.g. ``agentfly/ChessSelfPlay-v0``) with one
+policy on both sides (self-play) or one policy per side, and record one trajectory per player.
+
+Each player's trajectory is built exactly as a single-agent one (:mod:`.chain`, :mod:`.step`) from the
+player's own view: its prompt is the system prompt + its first observation, its sampled ids are kept
+verbatim (mask 1, logprobs), and the observation it sees at its next turn (which includes the
+opponent's reply) is appended as a user message with incremental chat-template rendering (mask 0).  In
+step mode every turn is a fresh prompt and one :class:`~agentfly_gym.rollout.step.StepRow`.
+
+The players of one game share ``group_id`` (the game id) and carry ``agent`` and ``game_id``; a
+zero-sum game then gives a GRPO group whose advantages are the winner's against the loser's.
+
+A policy that fails (an exception from ``generate`` / ``act``) or an environment that fails ends the
+game: both trajectories are returned with what was played so far, ``truncated`` set, reward 0 for both
+and ``error`` naming who failed (``"white: PolicyError: ..."`` for the failing side, ``"opponent
+failed: ..."`` for the other).  Nothing is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import statistics
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .chain import info_summary
+from .policy import SamplingParams, check_policy, take_turn
+from .step import DEFAULT_HISTORY, StepRow, render_step_prompt
+from .trajectory import Trajectory, Turn
+
+__all__ = ["PlayerTrajectory", "run_multiagent_game", "run_multiagent_rollouts", "summarize_games"]
+
+log = logging.getLogger(__name__)
+
+MODES = ("chain", "step")
+
+
+@dataclasses.dataclass
+class PlayerTrajectory(Trajectory):
+    """One player's :class:`Trajectory` of a multi-agent game.
+
+    Attributes (besides :class:`Trajectory`'s):
+        agent: the player (``"white"`` / ``"black"``).
+        game_id: the game (also ``group_id``).
+        result: the game's result (e.g. ``"1-0"``, ``"1/2-1/2"``, ``"*"`` when it had none).
+        termination: how the game ended (``"checkmate"``, ``"forfeit"``, ``"max moves"``, ``"error"``,
+            ``"max turns"``, ...).
+        invalid_moves: the player's turns whose action the env rejected (``info["invalid_action"]``).
+    """
+
+    agent: str = ""
+    game_id: str = ""
+    result: str = "*"
+    termination: str = ""
+    invalid_moves: int = 0
+
+
+class _Player:
+    def __init__(self, agent: str, policy: Any, chat: Any, traj: PlayerTrajectory) -> None:
+        self.agent, self.policy, self.chat, self.traj = agent, policy, chat, traj
+        self.messages: list[dict[str, str]] = []
+        self.task_obs: str | None = None
+        self.past: list[tuple[str, str]] = []
+        self.pending_user = False  # chain mode: the next observation must be appended before sampling
+
+
+def _as_map(value: Any, agents: list[str], name: str) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        missing = [a for a in agents if a not in value]
+        if missing:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"{name} has no entry for agent(s) {missing}; agents: {agents}")
+        return {a: value[a] for a in agents}
+    return {a: value for a in agents}
+
+
+async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str = "chain",
+                              sampling: SamplingParams | None = None, max_turns: int = 200,
+                              max_context_tokens: int | None = None, max_response_tokens: int | None = None,
+                              history: int = DEFAULT_HISTORY, seed: int | None = None,
+                              options: dict[str, Any] | None = None,
+                              env_id: str = "agentfly/ChessSelfPlay-v0", game_id: str | None = None,
+                              trajectory_prefix: str | None = None) -> list[PlayerTrajectory]:
+    """Play one game of the AEC ``env`` and return one :class:`PlayerTrajectory` per agent (in
+    ``env.possible_agents`` order).
+
+    Args:
+        env: an unwrapped turn-based AEC env with the async face of
+            :class:`~agentfly_gym.envs.chess.selfplay.ChessSelfPlayEnv` (``areset``, ``astep``,
+            ``aend_game``, ``observe``, ``outcome``, ``game_id``, ``agent_prompt``).
+        policies: one :class:`TextPolicy` / :class:`ActionPolicy` for every agent (self-play), or a
+            mapping agent -> policy (e.g. ``{"white": model, "black": ExpertPolicy()}``).
+        chats: a :class:`~agentfly_gym.rollout.chat.ChatTokenizer`, or a mapping agent -> chat (one
+            per policy tokenizer).
+        mode: ``"chain"`` (one sequence per player) or ``"step"`` (one row per player turn).
+        sampling: sampling parameters for model policies.
+        max_turns: most turns per player (rejected moves count); past it the game ends truncated
+            (``termination="max turns"``).
+        max_context_tokens: chain mode: a player whose next turn could exceed this many tokens ends
+            the game truncated (``termination="context"``).
+        max_response_tokens: chain mode: a player whose response already holds at least this many
+            tokens ends the game truncated (``termination="context"``; a trainer's response budget).
+        history: step mode: past (action, observation) pairs in each fresh prompt.
+        seed, options: passed to ``env.areset``.
+        game_id: the game's id (default: the env's game id); trajectories are ``<prefix>-<agent>``.
+
+    Returns:
+        one trajectory per agent; the game's resources are released before returning (also on
+        error or cancellation).
+
+    Raises:
+        ConfigError: a bad ``mode`` or a mapping missing an agent.
+        Any exception of ``env.areset`` (the game never started: nothing to record).
+    """
+    from ..errors import ConfigError
+
+    if mode not in MODES:
+        raise ConfigError(f"mode={mode!r} is not one of {MODES}")
+    sampling = sampling or SamplingParams()
+    agents = list(env.possible_agents)
+    pols = _as_map(policies, agents, "policies")
+    chts = _as_map(chats, agents, "chats")
+    for p in pols.values():
+        check_policy(p)
+    t_start = time.monotonic()
+    try:
+        t0 = time.monotonic()
+        await env.areset(seed=seed, options=options)
+        reset_s = time.monotonic() - t0
+        gid = game_id or env.game_id
+        prefix = trajectory_prefix or gid
+        players = {a: _Player(a, pols[a], chts[a], PlayerTrajectory(
+            trajectory_id=f"{prefix}-{a}", group_id=gid, env_id=env_id, task_id=gid, seed=seed, mode=mode,
+            prompt_ids=[], agent=a, game_id=gid)) for a in agents}
+        prompt = env.agent_prompt
+        failure: tuple[str, str] | None = None  # (agent, message)
+        stop: str | None = None
+        while env.agents:
+            agent = env.agent_selection
+            if env.terminations[agent] or env.truncations[agent]:
+                await env.astep(None)
+                continue
+            pl = players[agent]
+            tr = pl.traj
+            obs = str(env.observe(agent))
+            info = dict(env.infos[agent])
+            if tr.num_turns >= max_turns:
+                stop = "max turns"
+                break
+            if mode == "chain":
+                if pl.task_obs is None:
+                    pl.task_obs = obs
+                    pl.messages = [{"role": "system", "content": prompt.system},
+                                   {"role": "user", "content": prompt.first_message(obs)}]
+                    tr.prompt_ids = list(pl.chat.prompt_ids(pl.messages))
+                elif pl.pending_user:
+                    user = {"role": "user", "content": prompt.turn_message(obs)}
+                    pl.messages.append(user)
+                    tr.extend(pl.chat.append_ids([user]), 0)
+                pl.pending_user = False
+                if max_context_tokens is not None and \
+                        len(tr.prompt_ids) + len(tr.response_ids) + sampling.max_tokens > max_context_tokens:
+                    stop = "context"
+                    break
+                if max_response_tokens is not None and len(tr.response_ids) >= max_response_tokens:
+                    stop = "context"
+                    break
+                prompt_ids = tr.prompt_ids + tr.response_ids
+            else:
+                if pl.task_obs is None:
+                    pl.task_obs = obs
+                step = len(tr.steps)
+                messages = render_step_prompt(env, pl.task_obs, pl.past, obs, step, history)
+                prompt_ids = list(pl.chat.prompt_ids(messages))
+                if step == 0:
+                    tr.prompt_ids = prompt_ids
+                    tr.messages = list(messages)
+            t0 = time.monotonic()
+            try:
+                sampled, logprobs, finish, reply = await take_turn(pl.policy, pl.chat, prompt_ids, sampling, obs,
+                                                                   info, env)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("game %s: %s's policy failed: %s", gid, agent, e)
+                failure = (agent, f"{type(e).__name__}: {e}")
+                break
+            gen_s = time.monotonic() - t0
+            action = prompt.parse_action(reply)
+            close = list(pl.chat.close_assistant_ids(sampled))
+            t0 = time.monotonic()
+            try:
+                await env.astep(action)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("game %s: the env failed on %s's move %r: %s", gid, agent, action, e)
+                failure = ("env", f"{type(e).__name__}: {e}")
+                break
+            env_s = time.monotonic() - t0
+            rewards = {a: float(env.rewards.get(a, 0.0)) for a in agents}
+            new_info = env.infos.get(agent, {})
+            terminated, truncated = bool(env.terminations.get(agent)), bool(env.truncations.get(agent))
+            new_obs = str(env.observe(agent))
+            if new_info.get("invalid_action"):
+                tr.invalid_moves += 1
+            tr.turns.append(Turn(reply=reply, action=action, observation=new_obs, reward=rewards[agent],
+                                 terminated=terminated, truncated=truncated, sampled_tokens=len(sampled),
+                                 finish_reason=finish, generate_s=gen_s, env_s=env_s, info=info_summary(new_info)))
+            if mode == "chain":
+                tr.extend(sampled, 1, logprobs)
+                tr.extend(close, 0)
+                pl.messages.append({"role": "assistant", "content": reply})
+                pl.pending_user = True
+            else:
+                lps = list(logprobs) if logprobs is not None else [float("nan")] * len(sampled)
+                tr.steps.append(StepRow(trajectory_id=tr.trajectory_id, group_id=gid, step=len(tr.steps),
+                                        prompt_ids=prompt_ids, response_ids=sampled + close,
+                                        response_mask=[1] * len(sampled) + [0] * len(close),
+                                        response_logprobs=lps + [0.0] * len(close), reward=rewards[agent],
+                                        episode_return=0.0, anchor_obs=obs, action=action,
+                                        done=terminated or truncated))
+                pl.past.append((action, new_obs))
+            for a, r in rewards.items():
+                players[a].traj.reward += r
+                if a != agent and r and players[a].traj.turns:
+                    # a reward earned by the opponent's move (the game ended) belongs to this player's last turn
+                    players[a].traj.turns[-1].reward += r
+                    if players[a].traj.steps:
+                        players[a].traj.steps[-1].reward += r
+        outcome = env.outcome if hasattr(env, "outcome") else None
+        for a, pl in players.items():
+            tr = pl.traj
+            if pl.task_obs is None:  # the game ended before this player's first turn: its prompt, nothing sampled
+                pl.messages = [{"role": "system", "content": prompt.system},
+                               {"role": "user", "content": prompt.first_message(str(env.observe(a)))}]
+                tr.prompt_ids = list(pl.chat.prompt_ids(pl.messages))
+            if mode == "chain" or not tr.messages:
+                tr.messages = pl.messages
+            for row in tr.steps:
+                row.episode_return = tr.reward
+            if tr.steps:
+                tr.steps[-1].done = True
+            if failure is not None:
+                tr.reward = 0.0
+                for row in tr.steps:
+                    row.episode_return = 0.0
+                who, msg = failure
+                tr.error = f"{who}: {msg}" if who == a else (f"environment failed: {msg}" if who == "env"
+                                                             else f"opponent failed: {who}: {msg}")
+                tr.truncated, tr.terminated = True, False
+                tr.termination = "policy error" if who != "env" else "error"
+            elif stop is not None:
+                tr.truncated, tr.terminated = True, False
+                tr.termination = stop
+            else:
+                tr.terminated = bool(outcome) and outcome["result"] != "*"
+                tr.truncated = not tr.terminated
+                if outcome:
+                    tr.result, tr.termination = outcome["result"], outcome["termination"]
+                    tr.success = outcome["winner"] == a
+                    if outcome.get("error"):
+                        tr.error = str(outcome["error"])
+            tr.timings = {"wall": time.monotonic() - t_start, "generate": sum(t.generate_s for t in tr.turns),
+                          "env": sum(t.env_s for t in tr.turns), "reset": reset_s}
+        return [players[a].traj for a in agents]
+    finally:
+        await env.aend_game()
+
+
+def summarize_games(trajectories: list[Trajectory]) -> dict[str, Any]:
+    """Per-side results of multi-agent games: ``games``, ``white_wins``, ``black_wins``, ``draws``,
+    ``no_result`` (truncated: move cap, turn cap, context), ``failed`` (a policy or the env failed),
+    ``illegal_move_rate`` (rejected moves / player turns, over both sides) and per agent ``turns``,
+    ``invalid_moves``, ``illegal_move_rate``, ``mean_reward``, ``mean_sampled_tokens``.
+    """
+    games: dict[str, dict[str, Any]] = {}
+    for t in trajectories:
+        games.setdefault(getattr(t, "game_id", "") or t.group_id, {})[getattr(t, "agent", "")] = t
+    out: dict[str, Any] = {"games": len(games), "white_wins": 0, "black_wins": 0, "draws": 0, "no_result": 0,
+                           "failed": 0}
+    for players in games.values():
+        any_t = next(iter(players.values()))
+        result = getattr(any_t, "result", "*")
+        if any(t.error and getattr(t, "termination", "") in ("policy error", "error") for t in players.values()):
+            out["failed"] += 1
+        elif result == "1-0":
+            out["white_wins"] += 1
+        elif result == "0-1":
+            out["black_wins"] += 1
+        elif result == "1/2-1/2":
+            out["draws"] += 1
+        else:
+            out["no_result"] += 1
+    per_agent: dict[str, Any] = {}
+    total_turns = total_invalid = 0
+    for agent in sorted({getattr(t, "agent", "") for t in trajectories}):
+        ts = [t for t in trajectories if getattr(t, "agent", "") == agent]
+        turns = sum(t.num_turns for t in ts)
+        invalid = sum(getattr(t, "invalid_moves", 0) for t in ts)
+        total_turns += turns
+        total_invalid += invalid
+        per_agent[agent] = {"trajectories": len(ts), "turns": turns, "invalid_moves": invalid,
+                            "illegal_move_rate": invalid / turns if turns else 0.0,
+                            "mean_reward": statistics.fmean(t.reward for t in ts) if ts else 0.0,
+                            "mean_sampled_tokens": statistics.fmean(t.num_sampled_tokens for t in ts) if ts else 0.0}
+    out["illegal_move_rate"] = total_invalid / total_turns if total_turns else 0.0
+    out["per_agent"] = per_agent
+    return out
+
+
+async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, opponent: Any = None,
+                                  opponent_chat: Any = None, num_games: int = 4, concurrency: int = 4,
+                                  mode: str = "chain", sampling: SamplingParams | None = None, max_turns: int = 200,
+                                  max_context_tokens: int | None = None, history: int = DEFAULT_HISTORY,
+                                  seed: int = 0, env_kwargs: dict[str, Any] | None = None,
+                                  output_dir: Any = None, manager: Any = None, progress: bool = False):
+    """Play ``num_games`` games of the multi-agent env ``env_id`` concurrently (one env per game, bounded
+    by ``concurrency``) and (optionally) save every player's trajectory.
+
+    ``policy`` plays every side (self-play) unless ``opponent`` is given; then ``policy`` plays the first
+    agent (White) in even games and the second in odd games, ``opponent`` the other side, so both play
+    both colours.  A game that fails to start is recorded as two empty trajectories with ``error`` set.
+
+    Returns:
+        a :class:`~agentfly_gym.rollout.runner.RolloutResult`: trajectories (two per game, by game then
+        agent) and a summary with :func:`summarize_games`' per-side results under ``"games"`` besides
+        the usual counts; written to ``output_dir`` (trajectories.parquet/jsonl, steps.parquet in step
+        mode, summary.json) when given.
+
+    Raises:
+        ConfigError: an unknown env id, bad numbers or env kwargs.
+    """
+    import json
+    from pathlib import Path
+
+    from ..errors import ConfigError
+    from ..registration import make_multiagent
+    from ..resources.manager import ResourceManager
+    from .runner import RolloutResult, summarize
+    from .trajectory import save_trajectories
+
+    for name, val in (("num_games", num_games), ("concurrency", concurrency), ("max_turns", max_turns)):
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise ConfigError(f"{name}={val!r} must be an integer >= 1")
+    if mode not in MODES:
+        raise ConfigError(f"mode={mode!r} is not one of {MODES}")
+    env_kwargs = dict(env_kwargs or {})
+    probe = make_multiagent(env_id, **env_kwargs)  # bad kwargs fail before any game starts
+    probe._closed = True
+    agents = list(probe.possible_agents)
+    full_id = f"agentfly/{type(probe).env_name}-v0"
+    own = manager is None
+    manager = manager or ResourceManager()
+    sem = asyncio.Semaphore(concurrency)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_games, desc="games", unit="game")
+
+    async def one(g: int) -> list[PlayerTrajectory]:
+        gid = f"game-{g:05d}"
+        if opponent is None:
+            pols, chts = policy, chat
+        else:
+            first, second = (policy, opponent) if g % 2 == 0 else (opponent, policy)
+            c1, c2 = (chat, opponent_chat or chat) if g % 2 == 0 else (opponent_chat or chat, chat)
+            pols, chts = {agents[0]: first, agents[1]: second}, {agents[0]: c1, agents[1]: c2}
+        async with sem:
+            env = make_multiagent(env_id, manager=manager, **env_kwargs)
+            try:
+                return await run_multiagent_game(env, pols, chts, mode=mode, sampling=sampling, max_turns=max_turns,
+                                                 max_context_tokens=max_context_tokens, history=history,
+                                                 seed=seed + g, env_id=full_id, game_id=gid)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("game %s failed to start: %s", gid, e)
+                return [PlayerTrajectory(trajectory_id=f"{gid}-{a}", group_id=gid, env_id=full_id, task_id=gid,
+                                         seed=seed + g, mode=mode, prompt_ids=[], agent=a, game_id=gid,
+                                         termination="error", error=f"{type(e).__name__}: {e}") for a in agents]
+            finally:
+                await env.aclose()
+                if bar is not None:
+                    bar.update(1)
+
+    t0 = time.monotonic()
+    try:
+        results = await asyncio.gather(*(one(g) for g in range(num_games)))
+    finally:
+        if bar is not None:
+            bar.close()
+    trajectories = [t for game in results for t in game]
+    summary = summarize(trajectories, time.monotonic() - t0, manager)
+    if own:
+        await manager.aclose()
+    summary["mode"] = mode
+    summary["games"] = summarize_games(trajectories)
+    summary["config"] = {"env_id": full_id, "num_games": num_games, "concurrency": concurrency,
+                         "max_turns": max_turns, "seed": seed, "self_play": opponent is None,
+                         "sampling": (sampling or SamplingParams()).to_dict()}
+    result = RolloutResult(trajectories=trajectories, summary=summary)
+    if output_dir is not None:
+        out = Path(output_dir)
+        result.paths = save_trajectories(trajectories, out)
+        if mode == "step":
+            from .step import save_step_rows
+
+            result.paths.update(save_step_rows(trajectories, out))
+        result.paths["summary"] = out / "summary.json"
+        with open(result.paths["summary"], "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+    return result
