@@ -108,6 +108,14 @@ async def test_bad_actions_and_bad_options_are_handled():
             await env.areset(options={"task_name": "boil-the-ocean"})
         with pytest.raises(ConfigError, match=r"0\.\.299"):
             await env.areset(options={"task_name": "find-animal", "variation": 300})
+        # an explicit variation must belong to the split in use (issue 10: boil:0 with split='test' ran)
+        with pytest.raises(ConfigError, match=r"variation=0 of task 'boil' is not in the 'test' split "
+                                              r"\(variations 21-29\); it is a train variation"):
+            await env.areset(options={"task_name": "boil", "variation": 0, "split": "test"})
+        with pytest.raises(ConfigError, match=r"not in the 'train' split .*pass split='test'"):
+            await env.areset(options={"task_id": "boil:25"})
+        _, info = await env.areset(options={"task_id": "boil:25", "split": "test"})
+        assert info["task_id"] == "boil:25"
         with pytest.raises(ConfigError, match="split"):
             await env.areset(options={"split": "validation"})
         with pytest.raises(ConfigError, match="simplification"):

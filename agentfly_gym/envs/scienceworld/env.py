@@ -19,6 +19,7 @@ from .simulator import FACTORY
 from .tasks import (
     SPLITS,
     check_simplification,
+    check_variation_in_split,
     format_task_id,
     parse_task_id,
     resolve_task_name,
@@ -68,10 +69,17 @@ class ScienceWorldEnv(AgentFlyEnv):
             uniformly with ``self.np_random`` at each reset.
         variation: default variation (int); ``None`` draws one from ``split``.
         split: ``"train"``, ``"dev"`` or ``"test"``: the simulator's own variation splits
-            (``getVariationsTrain/Dev/Test``) from which variations are drawn.
+            (``getVariationsTrain/Dev/Test``) from which variations are drawn; an explicit
+            ``variation`` (or ``task_id``) must belong to it (ConfigError otherwise).
         simplification: comma-separated simplifications; default ``"easy"`` (teleport actions,
             open doors and containers, self-watering pots, no electrical actions except in the
-            electrical tasks), the setting most LM-agent work uses.  ``""`` for none.
+            electrical tasks), the setting most LM-agent work uses.  The raw package's default
+            (``ScienceWorldEnv.load(..., simplificationStr="")``) is ``""``, no simplification: pass
+            ``simplification=""`` to run the package's own setting.  The two are different
+            environments: under ``"easy"`` doors start open (so a task can start with points, e.g.
+            8), ``teleport to LOC`` exists, and valid-action lists have no ``connect`` actions outside
+            the electrical tasks; compare results only at the same setting.  Gold paths have the same
+            length under both (``benchmarks/results/scienceworld_gold_paths.json``).
         with_admissible_actions: add ``info["admissible_actions"]`` on reset and every step.
         max_simulators: the most ScienceWorld JVMs (~230 MB each with the default heap) the
             manager runs for envs with these settings; further episodes wait for a free one.
@@ -146,9 +154,12 @@ class ScienceWorldEnv(AgentFlyEnv):
         self._gold = None
 
         self._sim = sim = await scope.acquire(self.resource_spec)
+        splits = await sim.call("split_variations", task)
         if variation is None:
-            pool = (await sim.call("split_variations", task))[split]
+            pool = splits[split]
             variation = int(pool[int(self.np_random.integers(len(pool)))])
+        else:
+            check_variation_in_split(task, variation, split, splits)
         obs, info = await sim.call("load", task, variation, simplification, gold=expert, admissible=self._admissible)
         self._task_id = format_task_id(task, variation)
         if expert:
