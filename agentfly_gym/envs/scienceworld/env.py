@@ -85,7 +85,9 @@ class ScienceWorldEnv(AgentFlyEnv):
             manager runs for envs with these settings; further episodes wait for a free one.
         java_heap: the JVM's ``-Xmx`` (``"400m"``); ``None`` for the JVM default (~1.2 GB RSS).
         manager, step_timeout (seconds; default 60), reset_timeout (seconds, includes waiting
-            for a free JVM), max_episode_steps (default 200; gold paths reach 143 steps),
+            for a free JVM), max_episode_steps (default 1000: gold paths reach 763 steps, e.g.
+            inclined-plane-friction-named-surfaces:1101, and replaying the longest took up to 15 steps
+            more than planned; see ``benchmarks/results/scienceworld_gold_paths.json``),
             render_mode: see :class:`~agentfly_gym.envs.base.AgentFlyEnv`.
 
     Reset options (override the defaults above for one episode): ``task_name``, ``task_id``
@@ -105,7 +107,7 @@ class ScienceWorldEnv(AgentFlyEnv):
                  simplification: str = "easy", with_admissible_actions: bool = False, max_simulators: int = 4,
                  java_heap: str | None = "400m", manager: ResourceManager | None = None,
                  step_timeout: float | None = 60.0, reset_timeout: float | None = 900.0,
-                 max_episode_steps: int | None = 200, render_mode: str | None = None) -> None:
+                 max_episode_steps: int | None = 1000, render_mode: str | None = None) -> None:
         super().__init__(manager=manager, step_timeout=step_timeout, reset_timeout=reset_timeout,
                          max_episode_steps=max_episode_steps, render_mode=render_mode)
         self.default_task_name = None if task_name is None else resolve_task_name(task_name)
