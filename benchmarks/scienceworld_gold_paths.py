@@ -72,11 +72,11 @@ async def _replay(task: str, variation: int, split: str, simplification: str, ma
         _, reward, terminated, truncated, info = await env.astep(await env.expert_action())
         ret += reward
         steps += 1
-    won = bool(info["won"])
+    won, gold_length = bool(info["won"]), len(env._gold or ())  # before close forgets the episode
     await env.aclose()
     return {"task": task, "variation": variation, "split": split, "steps": steps, "score": info["score"],
             "won": bool(info["won"]), "terminated": terminated, "truncated": truncated, "return": ret,
-            "gold_length": len(env._gold or ()), "within_default_limit": won and steps <= limit,
+            "gold_length": gold_length, "within_default_limit": won and steps <= limit,
             "seconds": time.monotonic() - t0}
 
 

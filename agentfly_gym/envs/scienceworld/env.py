@@ -78,16 +78,18 @@ class ScienceWorldEnv(AgentFlyEnv):
             ``simplification=""`` to run the package's own setting.  The two are different
             environments: under ``"easy"`` doors start open (so a task can start with points, e.g.
             8), ``teleport to LOC`` exists, and valid-action lists have no ``connect`` actions outside
-            the electrical tasks; compare results only at the same setting.  Gold paths have the same
-            length under both (``benchmarks/results/scienceworld_gold_paths.json``).
+            the electrical tasks; compare results only at the same setting.  Gold paths are as long
+            under both except where plants must be watered by hand under ``""`` (grow-fruit and
+            mendelian-genetics: up to 15 steps longer; ``benchmarks/results/scienceworld_gold_paths.json``).
         with_admissible_actions: add ``info["admissible_actions"]`` on reset and every step.
         max_simulators: the most ScienceWorld JVMs (~230 MB each with the default heap) the
             manager runs for envs with these settings; further episodes wait for a free one.
         java_heap: the JVM's ``-Xmx`` (``"400m"``); ``None`` for the JVM default (~1.2 GB RSS).
         manager, step_timeout (seconds; default 60), reset_timeout (seconds, includes waiting
             for a free JVM), max_episode_steps (default 1000: gold paths reach 763 steps, e.g.
-            inclined-plane-friction-named-surfaces:1101, and replaying the longest took up to 15 steps
-            more than planned; see ``benchmarks/results/scienceworld_gold_paths.json``),
+            inclined-plane-friction-named-surfaces:1101, in the sampled census of
+            ``benchmarks/results/scienceworld_gold_paths.json``; a replay can take a few steps more
+            or fewer than planned),
             render_mode: see :class:`~agentfly_gym.envs.base.AgentFlyEnv`.
 
     Reset options (override the defaults above for one episode): ``task_name``, ``task_id``
