@@ -67,12 +67,13 @@ async def _replay(task: str, variation: int, split: str, simplification: str, ma
                           max_episode_steps=10 * limit)
     t0 = time.monotonic()
     _, info = await env.areset(options={"task_name": task, "variation": variation, "expert": True})
+    gold_length = len(env._gold or ())  # planned at reset; the episode's end forgets it
     steps, ret, terminated, truncated = 0, 0.0, False, False
     while not (terminated or truncated):
         _, reward, terminated, truncated, info = await env.astep(await env.expert_action())
         ret += reward
         steps += 1
-    won, gold_length = bool(info["won"]), len(env._gold or ())  # before close forgets the episode
+    won = bool(info["won"])
     await env.aclose()
     return {"task": task, "variation": variation, "split": split, "steps": steps, "score": info["score"],
             "won": bool(info["won"]), "terminated": terminated, "truncated": truncated, "return": ret,

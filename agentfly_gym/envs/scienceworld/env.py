@@ -86,8 +86,8 @@ class ScienceWorldEnv(AgentFlyEnv):
             manager runs for envs with these settings; further episodes wait for a free one.
         java_heap: the JVM's ``-Xmx`` (``"400m"``); ``None`` for the JVM default (~1.2 GB RSS).
         manager, step_timeout (seconds; default 60), reset_timeout (seconds, includes waiting
-            for a free JVM), max_episode_steps (default 1000: gold paths reach 763 steps, e.g.
-            inclined-plane-friction-named-surfaces:1101, in the sampled census of
+            for a free JVM), max_episode_steps (default 1000: gold paths reach 770 steps, e.g.
+            inclined-plane-friction-named-surfaces:1086, in the sampled census of
             ``benchmarks/results/scienceworld_gold_paths.json``; a replay can take a few steps more
             or fewer than planned),
             render_mode: see :class:`~agentfly_gym.envs.base.AgentFlyEnv`.
