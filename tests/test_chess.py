@@ -19,7 +19,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentfly_gym
-from agentfly_gym.envs.chess import ChessEnv, MoveError, StockfishEngine, find_stockfish, load_puzzles, parse_move
+from agentfly_gym.envs.chess import (ChessEnv, MoveError, StockfishEngine, find_stockfish, game_outcome, load_puzzles,
+                                     parse_move)
 from agentfly_gym.errors import ConfigError, DataNotFoundError, ResetNeeded, ResourceUnavailable
 from agentfly_gym.resources import ResourceManager
 from agentfly_gym.utils.aio import run_sync
@@ -374,3 +375,63 @@ def test_agent_prompt_round_trip():
     reply = "The knight fork wins material.\nAction: Nf3"
     assert parse_move(START, prompt.parse_action(reply)).uci() == "g1f3"
     assert agentfly_gym.__version__
+
+
+# ---------------------------------------------------------------------------------------- fidelity (issue 10)
+# Black (the engine) a queen up; both kings shuffle e1-f1 / e8-f8.
+QUEEN_UP = "q3k3/8/8/8/8/8/8/4K3 w - - 0 1"
+SHUFFLE = ["e1f1", "e8f8", "f1e1", "f8e8", "e1f1", "e8f8"]
+
+
+def test_game_outcome_counts_only_draws_that_happened():
+    board = chess.Board(QUEEN_UP)
+    for uci in SHUFFLE + ["f1e1"]:
+        board.push_uci(uci)
+    # after two repetitions Black *could* repeat a third time (Ke8): python-chess's claim_draw=True calls that a
+    # draw already; the game is not drawn until the position has really occurred three times
+    assert board.outcome(claim_draw=True) is not None
+    assert game_outcome(board) is None
+    board.push_uci("f8e8")
+    assert game_outcome(board) == chess.Outcome(chess.Termination.THREEFOLD_REPETITION, None)
+    fifty = chess.Board("q3k3/8/8/8/8/8/8/4K3 w - - 99 80")
+    assert game_outcome(fifty) is None and fifty.outcome(claim_draw=True) is not None  # claimed one move early
+    fifty.push_uci("e1f1")  # the 100th half-move without capture or pawn move
+    assert game_outcome(fifty) == chess.Outcome(chess.Termination.FIFTY_MOVES, None)
+    # automatic endings are unchanged
+    for fen, termination, winner in [("k7/8/1QK5/8/8/8/8/8 b - - 0 1", chess.Termination.STALEMATE, None),
+                                     ("k7/8/2K5/8/8/8/8/8 b - - 0 1", chess.Termination.INSUFFICIENT_MATERIAL, None),
+                                     ("k7/1Q6/2K5/8/8/8/8/8 b - - 0 1", chess.Termination.CHECKMATE, chess.WHITE),
+                                     ("q3k3/8/8/8/8/8/8/4K3 w - - 150 100", chess.Termination.SEVENTYFIVE_MOVES, None)]:
+        assert game_outcome(chess.Board(fen)) == chess.Outcome(termination, winner), fen
+    assert game_outcome(chess.Board()) is None
+
+
+async def test_play_no_draw_claimed_for_the_engine():
+    """The position after two repetitions with the engine a queen up: the game goes on (it ended 0.5 before).
+
+    The repetition history is pushed onto the env's board after reset (a FEN carries no history).
+    """
+    async with ResourceManager() as m:
+        env = ChessEnv(manager=m, mode="play", skill_level=None, engine_depth=6)
+        await env.areset(options={"fen": QUEEN_UP})
+        for uci in SHUFFLE:
+            env._board.push_uci(uci)
+        obs, reward, terminated, truncated, info = await env.astep("Ke1")
+        assert (reward, terminated, truncated) == (0.0, False, False), obs
+        assert "Game over" not in obs and info["admissible_actions"]
+        assert not env.board.is_repetition(3)  # Stockfish, a queen up, did not repeat either
+        await env.aclose()
+
+
+def test_bare_destination_of_a_promotion_gets_the_promotion_hint():
+    white = chess.Board("8/4P3/8/8/8/k7/8/K7 w - - 0 1")
+    black = chess.Board("8/8/8/8/8/k7/3p4/K3R3 b - - 0 1")
+    for board, texts, hint in [(white, ["e8", "e7e8", "Action: e8"], "e7e8q"), (black, ["d1", "d2d1"], "d2d1q"),
+                               (black, ["dxe1", "de1", "d2e1"], "d2e1q")]:
+        for text in texts:
+            with pytest.raises(MoveError, match=rf"a promotion needs its piece, e\.g\. {hint}\)") as e:
+                parse_move(board, text)
+            assert e.value.kind == "illegal", text
+    with pytest.raises(MoveError) as e:
+        parse_move(black, "e1")  # no pawn can reach e1 straight: no promotion hint
+    assert "promotion" not in str(e.value)

@@ -7,9 +7,12 @@ process outlives it.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import gymnasium
 import pytest
@@ -17,7 +20,7 @@ from proctools import live_processes
 from gymnasium.utils.env_checker import check_env
 
 import agentfly_gym  # noqa: F401  (registers agentfly/*)
-from agentfly_gym.envs.scienceworld import ScienceWorldEnv
+from agentfly_gym.envs.scienceworld import SPLITS, ScienceWorldEnv, task_names
 from agentfly_gym.errors import ConfigError
 from agentfly_gym.resources.manager import ResourceManager
 from agentfly_gym.utils.aio import run_sync
@@ -25,6 +28,7 @@ from agentfly_gym.utils.aio import run_sync
 pytestmark = pytest.mark.timeout(120)
 
 SHORT_TASK = "find-non-living-thing:0"  # gold path of 5 steps
+GOLD_PATHS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "scienceworld_gold_paths.json"
 
 
 def _scienceworld_jvms() -> list[int]:
@@ -108,6 +112,14 @@ async def test_bad_actions_and_bad_options_are_handled():
             await env.areset(options={"task_name": "boil-the-ocean"})
         with pytest.raises(ConfigError, match=r"0\.\.299"):
             await env.areset(options={"task_name": "find-animal", "variation": 300})
+        # an explicit variation must belong to the split in use (issue 10: boil:0 with split='test' ran)
+        with pytest.raises(ConfigError, match=r"variation=0 of task 'boil' is not in the 'test' split "
+                                              r"\(variations 21-29\); it is a train variation"):
+            await env.areset(options={"task_name": "boil", "variation": 0, "split": "test"})
+        with pytest.raises(ConfigError, match=r"not in the 'train' split .*pass split='test'"):
+            await env.areset(options={"task_id": "boil:25"})
+        _, info = await env.areset(options={"task_id": "boil:25", "split": "test"})
+        assert info["task_id"] == "boil:25"
         with pytest.raises(ConfigError, match="split"):
             await env.areset(options={"split": "validation"})
         with pytest.raises(ConfigError, match="simplification"):
@@ -186,4 +198,43 @@ async def test_killed_jvm_is_a_handled_fault_and_replaced():
         assert "kitchen" in obs
         metrics = _pool(manager)
         assert metrics["started"] == 2 and metrics["replaced"] == 1
+        await env.aclose()
+
+
+def test_default_step_limit_lets_every_gold_path_finish():
+    """The committed campaign (benchmarks/scienceworld_gold_paths.py) planned the gold paths of every task
+    in every split (all variations of some tasks, a sample of the big ones: ``checked`` per split) and
+    replayed the longest through the env; the default step limit must exceed the longest path and the
+    steps the replays really took.  No JVM here: it reads the committed JSON."""
+    data = json.loads(GOLD_PATHS.read_text())
+    params = inspect.signature(ScienceWorldEnv).parameters
+    default = params["max_episode_steps"].default
+    assert data["simplification"] == params["simplification"].default
+    assert set(data["tasks"]) == set(task_names())
+    longest = 0
+    for task, entry in data["tasks"].items():
+        for split in SPLITS:
+            assert entry[split]["checked"] >= min(2, entry[split]["variations"]), (task, split)
+            longest = max(longest, entry[split]["max"])
+            # the raw package's setting ('') must fit too (its paths are longer where plants need watering)
+            assert entry[split]["max_variation_raw_simplification_length"] < default, (task, split)
+    assert longest == data["max_gold_path"] >= 204  # issue 10's case: a 204-action path
+    replays = data["replays"]
+    assert replays and all(r["won"] and not r["truncated"] for r in replays)
+    assert max(r["gold_length"] for r in replays) == longest  # the longest path was replayed
+    assert default > max(longest, max(r["steps"] for r in replays))
+
+
+@pytest.mark.timeout(600)  # ~20 s alone; minutes on a loaded machine
+async def test_issue_case_204_step_gold_path_finishes_under_the_default_limit():
+    """inclined-plane-friction-unnamed-surfaces:50 has a 204-action gold path; the old default of 200 cut it off."""
+    async with ResourceManager() as manager:
+        env = ScienceWorldEnv(manager=manager, max_simulators=1)
+        await env.areset(options={"task_id": "inclined-plane-friction-unnamed-surfaces:50", "expert": True})
+        steps, terminated, truncated = 0, False, False
+        while not (terminated or truncated):
+            _, _, terminated, truncated, info = await env.astep(await env.expert_action())
+            steps += 1
+        assert terminated and not truncated and info["won"], (steps, info)
+        assert 200 < steps < env.max_episode_steps  # the old default, 200, truncated it
         await env.aclose()

@@ -15,11 +15,14 @@ and the conversion of resource faults into handled observations.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 from typing import Any, ClassVar
 
 import gymnasium
+import gymnasium.envs.registration
+import gymnasium.wrappers
 
 from ..errors import ConfigError, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
 from ..resources.inprocess import InProcessResource
@@ -37,6 +40,45 @@ StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 _episode_ids = itertools.count(1)
 
 
+def _limit_of_gymnasium_make() -> int | None:
+    """The step limit of the ``gymnasium.make`` call that is constructing an env now, else None.
+
+    ``gymnasium.make(id, max_episode_steps=N)`` (or ``make(spec)`` with ``spec.max_episode_steps``) does
+    not pass ``N`` to the env's constructor: it wraps the env in ``TimeLimit`` afterwards.  The value is
+    read from ``make``'s frame, found by its code object; None where frames are not available.
+    """
+    make = getattr(gymnasium.envs.registration, "make", None)
+    code = getattr(make, "__code__", None)
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            if frame.f_code is code:
+                n = frame.f_locals.get("max_episode_steps")
+                if n is None:
+                    n = getattr(frame.f_locals.get("env_spec"), "max_episode_steps", None)
+                return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def _enclosing_time_limit(env: gymnasium.Env) -> int | None:
+    """The ``max_episode_steps`` of a ``gymnasium.wrappers.TimeLimit`` around ``env`` whose ``reset`` is
+    running now (found in the calling frames), else None."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            wrapper = frame.f_locals.get("self")
+            if isinstance(wrapper, gymnasium.wrappers.TimeLimit) and wrapper.unwrapped is env:
+                n = getattr(wrapper, "_max_episode_steps", None)
+                return n if isinstance(n, int) and n >= 1 else None
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
 class AgentFlyEnv(gymnasium.Env[str, str]):
     """A text environment whose backing resources come from a :class:`ResourceManager`.
 
@@ -46,7 +88,12 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         step_timeout: seconds one step may take; past it the episode is truncated with
             ``info["error"]`` and the backing resource is discarded.
         reset_timeout: seconds a reset may take, including waiting for a free resource.
-        max_episode_steps: steps after which the episode is truncated; ``None`` for no limit.
+        max_episode_steps: steps after which the episode is truncated (and its rollout scope released);
+            ``None`` for no limit.  ``gymnasium.make(id, max_episode_steps=N)`` sets it to ``N`` (Gymnasium
+            passes ``N`` to its ``TimeLimit`` wrapper, not to the env; the env reads it from the ``make``
+            call), and so does a ``TimeLimit`` wrapped around the env by hand, at the sync ``reset``: the
+            env truncates at the same step as the wrapper and releases its simulator, engine or container
+            there instead of holding it until the next reset.
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the last observation).
 
     Info keys on every reset and step: ``task_id`` (str), ``step`` (int, steps taken),
@@ -81,7 +128,7 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         install_signal_handlers()  # SIGTERM must not orphan simulators or containers (no-op off the main thread)
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
-        self.max_episode_steps = max_episode_steps
+        self.max_episode_steps = _limit_of_gymnasium_make() or max_episode_steps
         self.observation_space = TextSpace(self.max_observation_length)
         self.action_space = TextSpace(self.max_action_length)
         self._manager = manager
@@ -243,7 +290,10 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
 
     # ------------------------------------------------------------------ sync API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Sync wrapper of :meth:`areset`."""
+        """Sync wrapper of :meth:`areset`.  Inside a ``TimeLimit`` wrapper, adopts its step limit first."""
+        limit = _enclosing_time_limit(self)
+        if limit is not None:
+            self.max_episode_steps = limit
         return run_sync(self.areset(seed=seed, options=options))
 
     def step(self, action: str) -> StepResult:

@@ -10,7 +10,7 @@ Importing this package starts nothing; Stockfish processes are resources of the 
 """
 
 from .engine import ENGINE_FACTORY, StockfishEngine, engine_spec, find_stockfish
-from .env import CHESS_PROMPT, ChessEnv, render_board
+from .env import CHESS_PROMPT, ChessEnv, game_outcome, render_board
 from .moves import MoveError, legal_moves_uci, parse_move
 from .puzzles import Puzzle, PuzzleSet, find_puzzles_file, load_puzzles
 
@@ -25,6 +25,7 @@ __all__ = [
     "engine_spec",
     "find_puzzles_file",
     "find_stockfish",
+    "game_outcome",
     "legal_moves_uci",
     "load_puzzles",
     "parse_move",

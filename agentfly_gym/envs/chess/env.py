@@ -18,7 +18,7 @@ from .engine import engine_spec, find_stockfish
 from .moves import MoveError, legal_moves_uci, parse_move
 from .puzzles import Puzzle, PuzzleSet, find_puzzles_file, load_puzzles
 
-__all__ = ["ChessEnv", "CHESS_PROMPT", "render_board"]
+__all__ = ["ChessEnv", "CHESS_PROMPT", "game_outcome", "render_board"]
 
 CHESS_PROMPT = AgentPrompt(system=(
     "You are a strong chess player. Each observation shows the board as text (White at the bottom; "
@@ -51,6 +51,29 @@ def render_board(board: chess.Board) -> str:
     return "\n".join(lines)
 
 
+def game_outcome(board: chess.Board) -> chess.Outcome | None:
+    """The result of ``board`` if the game is over now, else None.
+
+    Over means, by the FIDE Laws of Chess (articles 5, 9.2, 9.3, 9.6) as python-chess implements them:
+    checkmate, stalemate, insufficient material, the seventy-five-move rule or a fivefold repetition (all
+    automatic, ``board.outcome(claim_draw=False)``), or a draw that has already happened and may be claimed:
+    the current position occurred for the third time (``board.is_repetition(3)``) or fifty moves of each side
+    passed without a capture or pawn move (``halfmove_clock >= 100``).  Unlike ``outcome(claim_draw=True)``,
+    a draw that only the *next* move would produce is not counted: nobody claims it on the engine's behalf.
+
+    Returns:
+        a :class:`chess.Outcome` (``winner`` None for a draw), or None while the game goes on.
+    """
+    outcome = board.outcome(claim_draw=False)
+    if outcome is not None:
+        return outcome
+    if board.is_repetition(3):
+        return chess.Outcome(chess.Termination.THREEFOLD_REPETITION, None)
+    if board.halfmove_clock >= 100:
+        return chess.Outcome(chess.Termination.FIFTY_MOVES, None)
+    return None
+
+
 def _color_name(color: chess.Color) -> str:
     return "White" if color == chess.WHITE else "Black"
 
@@ -71,8 +94,11 @@ class ChessEnv(AgentFlyEnv):
     ``engine_movetime``; the engine (an :class:`~agentfly_gym.resources.InProcessSpec` resource, one
     Stockfish process per instance, at most ``max_engines`` alive per manager) is acquired at reset, reset
     (``ucinewgame`` + cleared hash) whenever the pool hands it to a new episode, and released when the
-    episode ends.  Draws are claimed automatically (threefold repetition, fifty-move rule) as well as
-    stalemate, insufficient material, fivefold repetition and the seventy-five-move rule.
+    episode ends.  A game is drawn only when the position on the board is really drawn (see
+    :func:`game_outcome`): stalemate, insufficient material, a threefold or fivefold repetition that has
+    occurred, or fifty or seventy-five moves without a capture or pawn move.  No draw is claimed because the
+    *next* move could repeat a position (python-chess's ``outcome(claim_draw=True)`` does that), so an agent
+    that repeats twice while the engine is winning does not end the game with 0.5.
 
     Rewards (``reward`` of a step; every other step gives 0.0):
 
@@ -433,13 +459,13 @@ class ChessEnv(AgentFlyEnv):
         self._agent_moves += 1
         self._expert_cache = None
         header = f"You played {san} ({move.uci()})."
-        outcome = board.outcome(claim_draw=True)
+        outcome = game_outcome(board)
         if outcome is not None:
             return self._game_over(outcome, header)
         await self._engine_move()
         assert self._last_move is not None
         header += f" Stockfish replied {self._last_move[1]} ({self._last_move[0]})."
-        outcome = board.outcome(claim_draw=True)
+        outcome = game_outcome(board)
         if outcome is not None:
             return self._game_over(outcome, header)
         if self._agent_moves >= self.max_moves:

@@ -94,6 +94,17 @@ def _san_variants(tok: str) -> list[str]:
     return seen
 
 
+def _promotion_hint(board: chess.Board, tok: str) -> str:
+    """The hint for SAN naming a pawn move to the last rank without its piece (``d1`` for ``d2d1q``), else ""."""
+    if not re.fullmatch(r"[a-h](?:[-x:]?[a-h])?[18][+#]?", tok.lower()):
+        return ""
+    try:
+        move = board.parse_san(tok.lower().rstrip("+#") + "=Q")
+    except ValueError:  # IllegalMoveError, AmbiguousMoveError, InvalidMoveError
+        return ""
+    return f" (a promotion needs its piece, e.g. {move.uci()})"
+
+
 def parse_move(board: chess.Board, text: str) -> chess.Move:
     """The legal move of ``board`` that ``text`` names (see the module docstring for what is accepted).
 
@@ -137,7 +148,8 @@ def parse_move(board: chess.Board, text: str) -> chess.Move:
                 except (chess.IllegalMoveError, chess.InvalidMoveError, ValueError):
                     continue
             if first_problem is None:
-                first_problem = MoveError(f"{tok!r} is not a legal move in this position", kind="illegal", text=tok)
+                first_problem = MoveError(f"{tok!r} is not a legal move in this position{_promotion_hint(board, tok)}",
+                                          kind="illegal", text=tok)
     if first_problem is not None:
         raise first_problem
     shown = text.strip()

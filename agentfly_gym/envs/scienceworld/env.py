@@ -19,6 +19,7 @@ from .simulator import FACTORY
 from .tasks import (
     SPLITS,
     check_simplification,
+    check_variation_in_split,
     format_task_id,
     parse_task_id,
     resolve_task_name,
@@ -68,16 +69,27 @@ class ScienceWorldEnv(AgentFlyEnv):
             uniformly with ``self.np_random`` at each reset.
         variation: default variation (int); ``None`` draws one from ``split``.
         split: ``"train"``, ``"dev"`` or ``"test"``: the simulator's own variation splits
-            (``getVariationsTrain/Dev/Test``) from which variations are drawn.
+            (``getVariationsTrain/Dev/Test``) from which variations are drawn; an explicit
+            ``variation`` (or ``task_id``) must belong to it (ConfigError otherwise).
         simplification: comma-separated simplifications; default ``"easy"`` (teleport actions,
             open doors and containers, self-watering pots, no electrical actions except in the
-            electrical tasks), the setting most LM-agent work uses.  ``""`` for none.
+            electrical tasks), the setting most LM-agent work uses.  The raw package's default
+            (``ScienceWorldEnv.load(..., simplificationStr="")``) is ``""``, no simplification: pass
+            ``simplification=""`` to run the package's own setting.  The two are different
+            environments: under ``"easy"`` doors start open (so a task can start with points, e.g.
+            8), ``teleport to LOC`` exists, and valid-action lists have no ``connect`` actions outside
+            the electrical tasks; compare results only at the same setting.  Gold paths are as long
+            under both except where plants must be watered by hand under ``""`` (grow-fruit and
+            mendelian-genetics: up to 15 steps longer; ``benchmarks/results/scienceworld_gold_paths.json``).
         with_admissible_actions: add ``info["admissible_actions"]`` on reset and every step.
         max_simulators: the most ScienceWorld JVMs (~230 MB each with the default heap) the
             manager runs for envs with these settings; further episodes wait for a free one.
         java_heap: the JVM's ``-Xmx`` (``"400m"``); ``None`` for the JVM default (~1.2 GB RSS).
         manager, step_timeout (seconds; default 60), reset_timeout (seconds, includes waiting
-            for a free JVM), max_episode_steps (default 200; gold paths reach 143 steps),
+            for a free JVM), max_episode_steps (default 1000: gold paths reach 770 steps, e.g.
+            inclined-plane-friction-named-surfaces:1086, in the sampled census of
+            ``benchmarks/results/scienceworld_gold_paths.json``; a replay can take a few steps more
+            or fewer than planned),
             render_mode: see :class:`~agentfly_gym.envs.base.AgentFlyEnv`.
 
     Reset options (override the defaults above for one episode): ``task_name``, ``task_id``
@@ -97,7 +109,7 @@ class ScienceWorldEnv(AgentFlyEnv):
                  simplification: str = "easy", with_admissible_actions: bool = False, max_simulators: int = 4,
                  java_heap: str | None = "400m", manager: ResourceManager | None = None,
                  step_timeout: float | None = 60.0, reset_timeout: float | None = 900.0,
-                 max_episode_steps: int | None = 200, render_mode: str | None = None) -> None:
+                 max_episode_steps: int | None = 1000, render_mode: str | None = None) -> None:
         super().__init__(manager=manager, step_timeout=step_timeout, reset_timeout=reset_timeout,
                          max_episode_steps=max_episode_steps, render_mode=render_mode)
         self.default_task_name = None if task_name is None else resolve_task_name(task_name)
@@ -146,9 +158,12 @@ class ScienceWorldEnv(AgentFlyEnv):
         self._gold = None
 
         self._sim = sim = await scope.acquire(self.resource_spec)
+        splits = await sim.call("split_variations", task)
         if variation is None:
-            pool = (await sim.call("split_variations", task))[split]
+            pool = splits[split]
             variation = int(pool[int(self.np_random.integers(len(pool)))])
+        else:
+            check_variation_in_split(task, variation, split, splits)
         obs, info = await sim.call("load", task, variation, simplification, gold=expert, admissible=self._admissible)
         self._task_id = format_task_id(task, variation)
         if expert:

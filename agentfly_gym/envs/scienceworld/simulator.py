@@ -57,7 +57,7 @@ class ScienceWorldSimulator:
     Args:
         java_heap: the JVM's maximum heap (``-Xmx``), e.g. ``"400m"`` (~230 MB RSS measured,
             against ~1.2 GB with the JVM default); ``None`` leaves the JVM default.
-        env_step_limit: the package's ``envStepLimit`` (default 100, but gold paths reach 143
+        env_step_limit: the package's ``envStepLimit`` (default 100, but gold paths reach 770
             steps); only the package's own ``step`` reads it, episode limits are the env's
             ``max_episode_steps``.
 

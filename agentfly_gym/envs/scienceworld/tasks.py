@@ -19,6 +19,7 @@ __all__ = [
     "SIMPLIFICATIONS",
     "SPLITS",
     "check_simplification",
+    "check_variation_in_split",
     "format_task_id",
     "parse_task_id",
     "resolve_task_name",
@@ -112,3 +113,34 @@ def check_simplification(simplification: str, task_name: str | None = None) -> s
         raise ConfigError(f"simplification 'noElectricalAction' cannot be used with task {task_name!r}, "
                           "which needs electrical actions")
     return ",".join(parts)
+
+
+def _describe(variations) -> str:
+    """``"21-29"`` for a contiguous run of variations, else ``"12 variations in 0-40"``."""
+    vs = sorted(variations)
+    if not vs:
+        return "none"
+    if vs == list(range(vs[0], vs[-1] + 1)):
+        return f"{vs[0]}-{vs[-1]}"
+    return f"{len(vs)} variations in {vs[0]}-{vs[-1]}"
+
+
+def check_variation_in_split(task_name: str, variation: int, split: str, splits: dict[str, tuple[int, ...]]) -> None:
+    """Refuse an explicit ``variation`` that is not in ``split`` of ``task_name``.
+
+    Args:
+        splits: the task's ``{"train": (...), "dev": (...), "test": (...)}`` variation lists, as the
+            simulator gives them (``getVariationsTrain/Dev/Test``).
+
+    Raises:
+        ConfigError: naming the variation, the split and the split's range, and the split the variation
+            belongs to (or every split's range when it belongs to none).
+    """
+    if variation in splits.get(split, ()):
+        return
+    ranges = ", ".join(f"{s} {_describe(v)}" for s, v in splits.items())
+    home = [s for s, v in splits.items() if variation in v]
+    where = (f"it is a {home[0]} variation: pass split={home[0]!r} to use it" if home
+             else f"the task's variations are 0..{max(max(v, default=0) for v in splits.values())} ({ranges})")
+    raise ConfigError(f"variation={variation!r} of task {task_name!r} is not in the {split!r} split "
+                      f"(variations {_describe(splits.get(split, ()))}); {where}")
