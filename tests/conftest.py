@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+if importlib.util.find_spec("agentfly_gym_verl") is None:  # the plugin not installed: test it from the source tree
+    sys.path.insert(0, str(REPO / "plugins" / "verl"))
 
 
 def _shared_data() -> Path:

@@ -19,11 +19,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
-    import agentfly_gym_verl  # noqa: F401
-except ImportError:  # not installed: use the source tree
-    sys.path.insert(0, str(ROOT / "plugins" / "verl"))
-
-try:
     import torch
     from omegaconf import OmegaConf
     from verl import DataProto

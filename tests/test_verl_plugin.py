@@ -19,18 +19,11 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import sys
 from pathlib import Path
 
 import gymnasium
 import pytest
 from proctools import live_processes, wait_gone
-
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import agentfly_gym_verl  # noqa: F401
-except ImportError:  # not installed: use the source tree
-    sys.path.insert(0, str(ROOT / "plugins" / "verl"))
 
 try:
     import hydra

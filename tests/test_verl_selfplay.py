@@ -15,18 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("pettingzoo")
-try:
-    import agentfly_gym_verl  # noqa: F401
-except ImportError:  # not installed: use the source tree
-    sys.path.insert(0, str(ROOT / "plugins" / "verl"))
-
 try:
     import hydra
     from omegaconf import OmegaConf

@@ -19,19 +19,12 @@ The environment is real: Chess puzzle ``tewjc`` (setup e5e3, solution f6a1, mate
 from __future__ import annotations
 
 import asyncio
-import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import agentfly_gym_verl  # noqa: F401
-except ImportError:  # not installed: use the source tree
-    sys.path.insert(0, str(ROOT / "plugins" / "verl"))
 
 try:
     from omegaconf import OmegaConf
