@@ -176,3 +176,20 @@ def test_async_modes_keep_verls_behaviour(tiny_qwen):
     cfg = _gigpo_config(_config(tiny_qwen, n=2), "gigpo_colocate_async")
     trainer = get_trainer_cls("gigpo_colocate_async")(config=cfg)
     assert trainer.trainer_mode == "colocate_async" and type(trainer.replay_buffer) is ReplayBufferAsync
+
+
+def test_the_documented_overrides_compose():
+    """The README's command-line keys compose with verl's own ppo_trainer config (hydra) and select the
+    trainer main_ppo would build and GiGPO's options."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    from agentfly_gym_verl.gigpo import GiGPOOptions
+
+    overrides = ["trainer.use_v1=true", "trainer.v1.trainer_mode=gigpo_sync", "algorithm.adv_estimator=gigpo",
+                 "algorithm.gamma=0.95", "+algorithm.gigpo.step_advantage_w=0.5", "+algorithm.gigpo.mode=mean_norm",
+                 "actor_rollout_ref.rollout.agent.default_agent_loop=agentfly_step"]
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    assert get_trainer_cls(cfg.trainer.v1.trainer_mode) is GiGPOTrainerSync
+    assert GiGPOOptions.from_config(cfg.algorithm) == GiGPOOptions(step_advantage_w=0.5, mode="mean_norm", gamma=0.95)
