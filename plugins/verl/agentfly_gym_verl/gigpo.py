@@ -27,8 +27,10 @@ loop's ``extra_fields`` by :func:`step_index`.  Given plain uids (no step data) 
 raises :class:`~agentfly_gym.errors.ConfigError` rather than silently training GRPO.
 
 Selection: ``import agentfly_gym_verl.gigpo`` registers ``"gigpo"`` in verl's
-``ADV_ESTIMATOR_REGISTRY``; in the trainer process set ``VERL_USE_EXTERNAL_MODULES=agentfly_gym_verl.gigpo``
-(verl imports the listed modules when it is imported) and ``algorithm.adv_estimator=gigpo``.
+``ADV_ESTIMATOR_REGISTRY``.  verl's V1 trainer does not pass ``extra_fields`` to the estimator; the
+trainers of :mod:`agentfly_gym_verl.gigpo_trainer` do: in the trainer process set
+``VERL_USE_EXTERNAL_MODULES=agentfly_gym_verl.gigpo_trainer`` (verl imports the listed modules when
+it is imported), ``trainer.v1.trainer_mode=gigpo_sync`` and ``algorithm.adv_estimator=gigpo``.
 Options: ``+algorithm.gigpo.step_advantage_w`` (float, default 1.0), ``+algorithm.gigpo.mode``
 (``"mean_std_norm"`` default, or ``"mean_norm"``), ``+algorithm.gigpo.episode_stats``
 (``"steps"`` default, or ``"trajectories"``), ``+algorithm.gigpo.epsilon`` (1e-6).
@@ -49,7 +51,7 @@ from verl.trainer.ppo.core_algos import register_adv_est
 from agentfly_gym.errors import ConfigError
 
 __all__ = ["StepKey", "GiGPOOptions", "step_index", "discounted_step_returns", "gigpo_scores",
-           "compute_gigpo_advantage", "NAME"]
+           "step_group_stats", "compute_gigpo_advantage", "NAME"]
 
 NAME = "gigpo"
 MODES = ("mean_std_norm", "mean_norm")
@@ -233,13 +235,22 @@ def gigpo_scores(episode_returns: Sequence[float], keys: Sequence[StepKey], opti
     groups = [(k.uid, k.anchor) for k in keys]
     returns = discounted_step_returns(keys, options.gamma)
     step = _normalise(returns, groups, std=std, epsilon=options.epsilon, singleton_mean_zero=False)
+    return episode + options.step_advantage_w * step, step_group_stats(keys)
+
+
+def step_group_stats(keys: Sequence[StepKey]) -> dict[str, float]:
+    """Statistics of GiGPO's step groups (rows of one ``uid`` with identical anchors).
+
+    Returns:
+        ``step_groups`` (count), ``step_group_size_mean`` (rows per group) and ``singleton_ratio``
+        (share of groups of one row); all 0.0 for no rows.
+    """
     sizes: dict[Any, int] = defaultdict(int)
-    for g in groups:
-        sizes[g] += 1
-    stats = {"step_groups": float(len(sizes)),
-             "step_group_size_mean": float(np.mean(list(sizes.values()))) if sizes else 0.0,
-             "singleton_ratio": float(np.mean([s == 1 for s in sizes.values()])) if sizes else 0.0}
-    return episode + options.step_advantage_w * step, stats
+    for k in keys:
+        sizes[(k.uid, k.anchor)] += 1
+    return {"step_groups": float(len(sizes)),
+            "step_group_size_mean": float(np.mean(list(sizes.values()))) if sizes else 0.0,
+            "singleton_ratio": float(np.mean([s == 1 for s in sizes.values()])) if sizes else 0.0}
 
 
 @register_adv_est(NAME)
@@ -267,7 +278,8 @@ def compute_gigpo_advantage(token_level_rewards: torch.Tensor, response_mask: to
     if bad is not None:
         raise ConfigError(
             f"GiGPO needs a StepKey per row in verl's index (uid column), got {type(bad).__name__} {bad!r}: build "
-            "it from the step-mode rows' extra_fields with agentfly_gym_verl.gigpo.step_index(uids, extra_fields)")
+            "it from the step-mode rows' extra_fields with agentfly_gym_verl.gigpo.step_index(uids, extra_fields); in "
+            "verl's V1 trainer set trainer.v1.trainer_mode=gigpo_sync (agentfly_gym_verl.gigpo_trainer) to do so")
     with torch.no_grad():
         episode_returns = token_level_rewards.sum(dim=-1).detach().cpu().double().numpy()
         scores, _ = gigpo_scores(episode_returns, keys, options)
