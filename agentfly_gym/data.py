@@ -86,7 +86,8 @@ def resolve_data_dir(name: str, data_dir: str | os.PathLike | None = None, *, mu
     Args:
         name: data set name.
         data_dir: explicit folder, wins over everything else (and is the only one tried).
-        must_contain: a relative path that must exist inside the folder.
+        must_contain: a relative path that must exist inside the folder, or a glob pattern
+            (``"items_ins_v2*.json"``) that must match something there.
         how_to_get: instructions appended to the error message.
 
     Raises:
@@ -95,7 +96,8 @@ def resolve_data_dir(name: str, data_dir: str | os.PathLike | None = None, *, mu
     """
     candidates = [p for _label, p in data_candidates(name, data_dir)]
     for c in candidates:
-        if c.is_dir() and (must_contain is None or (c / must_contain).exists()):
+        if c.is_dir() and (must_contain is None or (c / must_contain).exists()
+                           or (any(ch in must_contain for ch in "*?[") and any(c.glob(must_contain)))):
             return c
     searched = ", ".join(str(c / must_contain) if must_contain else str(c) for c in candidates)
     env_hint = f"set data_dir=..., {_OWN_ENV[name]}=... or {DATA_ROOT_ENV}=<root holding {name}/>" if name in _OWN_ENV \

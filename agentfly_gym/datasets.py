@@ -428,9 +428,9 @@ def _alfworld() -> tuple[str, str]:
 
 def _webshop() -> tuple[str, str]:
     from .data import resolve_data_dir
-    from .envs.webshop.catalog import find_data_files, load_catalog
+    from .envs.webshop.catalog import DATA_MARKER, find_data_files, load_catalog
 
-    folder = resolve_data_dir("webshop")
+    folder = resolve_data_dir("webshop", must_contain=DATA_MARKER)
     products, attrs, _human = find_data_files(folder, human_goals=False)
     size = products.stat().st_size
     if size > 64 << 20:  # a full catalog: counting means parsing gigabytes

@@ -92,9 +92,9 @@ def test_configured_data_wins_and_explicit_dir_never_falls_back(bare, monkeypatc
     assert resolve_data_dir("chess", must_contain="lichess_puzzles_sample.csv") == root / "chess"
     assert env_data_source("agentfly/Chess-v0")[0].startswith("AGENTFLY_GYM_DATA: ")
     # an ALFWorld root without json_2.1.1 falls through to the sample; an explicit empty folder does not
-    assert resolve_data_dir("alfworld", must_contain="json_2.1.1") == SAMPLES / "alfworld"
+    assert resolve_data_dir("alfworld", must_contain="json_2.1.1/*/*/*/game.tw-pddl") == SAMPLES / "alfworld"
     with pytest.raises(DataNotFoundError, match="alfworld data not found"):
-        resolve_data_dir("alfworld", bare / "empty", must_contain="json_2.1.1")
+        resolve_data_dir("alfworld", bare / "empty", must_contain="json_2.1.1/*/*/*/game.tw-pddl")
     assert env_data_source("agentfly/ALFWorld-v0") == (f"bundled sample: {SAMPLES / 'alfworld'}",
                                                       "solvable games: train 24, valid_seen 24, valid_unseen 24")
 
@@ -110,3 +110,19 @@ def test_samples_are_rebuilt_identically_from_the_shared_data(shared_data, tmp_p
     assert built == shipped
     _, mismatch, errors = filecmp.cmpfiles(tmp_path, SAMPLES, [str(p) for p in built], shallow=False)
     assert mismatch == [] and errors == []
+
+
+def test_cache_folders_named_like_a_data_set_never_hide_the_sample(bare):
+    """A cache folder holding no data (WebShop's parsed-catalog caches of an older layout, an offline
+    download that left an empty folder, an interrupted ALFWorld extraction) is skipped, so a second run
+    on a bare machine reads the sample as the first did."""
+    from agentfly_gym.envs.alfworld.games import resolve_alfworld_root
+    from agentfly_gym.envs.webshop.env import WebShopEnv
+
+    (bare / "cache" / "webshop" / "catalog").mkdir(parents=True)
+    (bare / "home" / ".cache" / "alfworld" / "json_2.1.1" / "valid_seen").mkdir(parents=True)
+    env = WebShopEnv()
+    assert dict(env.server_spec.kwargs)["attributes_path"] == str((SAMPLES / "webshop" / "items_ins_v2_1000.json").resolve())
+    assert env_data_source("agentfly/WebShop-v0")[0].startswith("bundled sample: ")
+    assert resolve_alfworld_root() == SAMPLES / "alfworld"
+    env.close()

@@ -81,7 +81,8 @@ def resolve_alfworld_root(data_dir: str | os.PathLike | None = None) -> Path:
         DataNotFoundError: no candidate holds ``json_2.1.1``; the message says to run
             ``alfworld-download`` and where to point the library.
     """
-    return resolve_data_dir("alfworld", data_dir, must_contain="json_2.1.1", how_to_get=HOW_TO_GET)
+    # a folder counts when it holds at least one game (an interrupted download may leave json_2.1.1/ empty)
+    return resolve_data_dir("alfworld", data_dir, must_contain="json_2.1.1/*/*/*/game.tw-pddl", how_to_get=HOW_TO_GET)
 
 
 def parse_task_types(task_types: int | str | Iterable[int | str] | None) -> tuple[str, ...]:

@@ -59,7 +59,7 @@ import numpy as np
 from ...data import cache_dir
 from ...errors import ConfigError, DataNotFoundError
 
-__all__ = ["GOAL_SHUFFLE_SEED", "HOW_TO_GET", "PRICE_RANGE", "STORE_FORMAT", "Catalog", "GoalList", "ProductStore", "catalog_hash",
+__all__ = ["DATA_MARKER", "GOAL_SHUFFLE_SEED", "HOW_TO_GET", "PRICE_RANGE", "STORE_FORMAT", "Catalog", "GoalList", "ProductStore", "catalog_hash",
            "find_data_files", "iter_records", "load_catalog"]
 
 log = logging.getLogger(__name__)
@@ -77,10 +77,12 @@ _DROPPED_KEYS = ("product_information", "brand", "brand_url", "list_price", "ava
                  "availability_status", "total_reviews", "total_answered_questions", "seller_id", "seller_name",
                  "fulfilled_by_amazon", "fast_track_message", "aplus_present", "small_description_old")
 
-HOW_TO_GET = ("Get WebShop's data with its own setup script: clone https://github.com/princeton-nlp/WebShop and run "
-              "`./setup.sh -d small` (1,000 products: items_shuffle_1000.json, items_ins_v2_1000.json, "
-              "items_human_ins.json into WebShop/data/; `-d all` for the full catalog), then point this "
-              "environment at that data/ folder.")
+HOW_TO_GET = ("Run `agentfly-gym data download webshop-small` (1,000 products) or `... webshop` (the full "
+              "catalog), or use WebShop's own setup script (clone https://github.com/princeton-nlp/WebShop, run "
+              "`./setup.sh -d small`) and point this environment at its data/ folder.")
+#: What makes a folder a WebShop data folder for the lookup (:func:`agentfly_gym.data.resolve_data_dir`):
+#: an attribute file, which every WebShop data set has (a cache folder of the same name has none).
+DATA_MARKER = "items_ins_v2*.json"
 
 PRODUCT_FILES = ("items_shuffle_1000.json", "items_shuffle.json")
 ATTRIBUTE_FILES = ("items_ins_v2_1000.json", "items_ins_v2.json")
@@ -685,7 +687,7 @@ def load_catalog(products_path: str | Path, attributes_path: str | Path, human_p
 
     The products file is parsed as a stream (:func:`iter_records`), cleaned as upstream cleans
     it and written as JSON lines to the catalog cache, ``<cache>/<content hash>/`` (default
-    ``agentfly_gym.data.cache_dir("webshop", "catalog")``); a later load of the same files
+    ``agentfly_gym.data.cache_dir("webshop-index", "catalog")``); a later load of the same files
     (:func:`catalog_hash`) maps that cache instead of parsing again.  The cache is written to a
     temporary folder and renamed when complete, so concurrent loaders never read half of it; an
     unreadable cache is rebuilt, and an unwritable one leaves the catalog in memory (a warning).
@@ -710,7 +712,7 @@ def load_catalog(products_path: str | Path, attributes_path: str | Path, human_p
     if human_goals and human_path is None:
         raise ConfigError("human_goals=True needs items_human_ins.json (human_path)")
     human_path = human_path if human_goals else None
-    folder = None if cache is False else cache_dir("webshop", "catalog") if cache is True else Path(cache)
+    folder = None if cache is False else cache_dir("webshop-index", "catalog") if cache is True else Path(cache)
     key = catalog_hash(products_path, attributes_path, human_path, num_products,
                        memo=folder / "file-hashes" if folder is not None else None)
     store, meta, cache_path = _load_store(Path(products_path), attributes_path, human_path, num_products, key, folder)

@@ -13,7 +13,7 @@ from ...resources.manager import RolloutScope
 from ...resources.spec import InProcessSpec
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
-from .catalog import HOW_TO_GET, find_data_files
+from .catalog import DATA_MARKER, HOW_TO_GET, find_data_files
 from .reward import DEFAULT_SPACY_MODEL
 from .server import OBSERVATION_MODES, SPLITS
 
@@ -106,7 +106,8 @@ class WebShopEnv(AgentFlyEnv):
             raise ConfigError(f"server_mode={server_mode!r} is not 'inprocess' or 'process'")
         if num_products is not None and (isinstance(num_products, bool) or not isinstance(num_products, int) or num_products < 1):
             raise ConfigError(f"num_products={num_products!r} must be None or an integer >= 1")
-        folder = resolve_data_dir("webshop", data_dir, how_to_get=HOW_TO_GET)
+        folder = resolve_data_dir("webshop", data_dir, how_to_get=HOW_TO_GET,
+                                  must_contain=DATA_MARKER if attributes_file is None else None)
         products, attributes, human = find_data_files(folder, products_file=products_file,
                                                       attributes_file=attributes_file, human_file=human_file,
                                                       human_goals=bool(human_goals))

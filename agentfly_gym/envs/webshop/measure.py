@@ -11,7 +11,7 @@ import argparse
 import json
 
 from ...data import resolve_data_dir
-from .catalog import HOW_TO_GET, find_data_files
+from .catalog import DATA_MARKER, HOW_TO_GET, find_data_files
 from .server import measure_load
 
 
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--attributes-file", default=None)
     ap.add_argument("--num-products", type=int, default=None)
     args = ap.parse_args(argv)
-    folder = resolve_data_dir("webshop", args.data_dir, how_to_get=HOW_TO_GET)
+    folder = resolve_data_dir("webshop", args.data_dir, how_to_get=HOW_TO_GET, must_contain=DATA_MARKER)
     products, attributes, _ = find_data_files(folder, products_file=args.products_file,
                                               attributes_file=args.attributes_file, human_goals=False)
     out = measure_load(products_path=str(products), attributes_path=str(attributes), human_goals=False,

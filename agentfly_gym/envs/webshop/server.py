@@ -108,7 +108,7 @@ class WebShopServer:
         search_requires_search_bar: refuse ``search[...]`` on pages without the search bar
             (upstream's text env accepts a search from any page; default False).
         cache: where the parsed catalog and its search index are cached, keyed by the catalog's
-            content hash: True (``agentfly_gym.data.cache_dir("webshop")``, subfolders ``catalog``
+            content hash: True (``agentfly_gym.data.cache_dir("webshop-index")``, subfolders ``catalog``
             and ``bm25``), a folder (the same subfolders in it), or False (nothing written; every
             start parses and indexes again).  See :func:`.catalog.load_catalog`.
 
@@ -121,7 +121,7 @@ class WebShopServer:
                  price_seed: int = 42, spacy_model: str = DEFAULT_SPACY_MODEL,
                  search_requires_search_bar: bool = False, cache: bool | str | os.PathLike = True) -> None:
         t0 = time.perf_counter()
-        root = None if cache is False else cache_dir("webshop") if cache is True else Path(cache)
+        root = None if cache is False else cache_dir("webshop-index") if cache is True else Path(cache)
         self.catalog: Catalog = load_catalog(products_path, attributes_path, human_path, num_products=num_products,
                                              human_goals=human_goals, price_seed=price_seed,
                                              cache=False if root is None else root / "catalog")
