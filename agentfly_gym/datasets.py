@@ -184,6 +184,10 @@ def _pin(f: RemoteFile, manifest: dict, given: dict[str, str]) -> tuple[str | No
     return None, "no pin"
 
 
+class _BadArchive(Exception):
+    """A downloaded archive that cannot be unpacked."""
+
+
 def _extract(f: RemoteFile, archive: Path, folder: Path, progress: bool) -> None:
     if f.extract == "zst":
         out = folder / f.name.removesuffix(".zst")
@@ -195,21 +199,35 @@ def _extract(f: RemoteFile, archive: Path, folder: Path, progress: bool) -> None
             raise ConfigError(f"decompressing {archive.name} needs the zstandard package (pip install "
                               "'agentfly-gym[chess]')") from e
         tmp = out.with_name(out.name + ".tmp")
-        with open(archive, "rb") as src, open(tmp, "wb") as dst:
-            zstandard.ZstdDecompressor().copy_stream(src, dst)  # a stream: constant memory
+        try:
+            with open(archive, "rb") as src, open(tmp, "wb") as dst:
+                zstandard.ZstdDecompressor().copy_stream(src, dst)  # a stream: constant memory
+        except zstandard.ZstdError as e:
+            tmp.unlink(missing_ok=True)
+            raise _BadArchive(f"not a valid zstd stream ({e})") from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, out)
     elif f.extract == "zip":
         marker = folder / f".{f.name}.extracted"
         if marker.is_file():
             return
-        with zipfile.ZipFile(archive) as z:
+        try:
+            z = zipfile.ZipFile(archive)
+        except zipfile.BadZipFile as e:
+            raise _BadArchive(f"not a valid zip archive ({e})") from None
+        with z:
             members = z.infolist()
             if progress:
                 from tqdm import tqdm
 
                 members = tqdm(members, desc=f"unpacking {f.name}", unit="file", leave=False)
-            for m in members:
-                z.extract(m, folder)  # ZipFile.extract drops absolute paths and ".." components
+            try:
+                for m in members:
+                    z.extract(m, folder)  # ZipFile.extract drops absolute paths and ".." components
+            except (zipfile.BadZipFile, EOFError) as e:
+                raise _BadArchive(f"a damaged zip archive ({e})") from None
         marker.touch()
 
 
@@ -228,7 +246,8 @@ def download_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None 
 
     Raises:
         ConfigError: unknown data set, bad ``sha256`` value, a folder that cannot be created.
-        DownloadError: see :func:`agentfly_gym.download.download_file` (offline, HTTP error, cut off).
+        DownloadError: see :func:`agentfly_gym.download.download_file` (offline, HTTP error, cut off), or
+            a downloaded archive that does not unpack (deleted, nothing recorded).
         ChecksumError: a file does not match its pin (it was refused and deleted).
     """
     ds = _get(name_or_set) if isinstance(name_or_set, str) else name_or_set
@@ -245,7 +264,15 @@ def download_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None 
         pin, pin_from = _pin(f, manifest, given)
         url = f"{mirror.rstrip('/')}/{ds.folder}/{f.name}" if mirror else f.url
         say(f"{ds.name}: {f.name} from {url}")
-        digest = download_file(url, folder / f.name, sha256=pin, progress=progress)
+        digest = download_file(url, folder / f.name, sha256=pin, progress=progress,
+                               verify=f"agentfly-gym data verify {ds.name}" + (f" --dest {dest}" if dest else ""))
+        if f.extract:  # unpack before recording anything: a file that does not unpack is refused
+            try:
+                _extract(f, folder / f.name, folder, progress)
+            except _BadArchive as e:
+                (folder / f.name).unlink(missing_ok=True)
+                raise DownloadError(f"{url} gave {f.name}, which is {e}: refused and deleted, nothing recorded. "
+                                    "Check the URL or --mirror and run the download again.") from None
         if pin is None:
             say(f"{ds.name}: {f.name} has no pinned checksum ({f.pin_source}); recorded sha256 {digest} in "
                 f"{folder / MANIFEST_NAME} so that `agentfly-gym data verify {ds.name}` can check it later")
@@ -257,8 +284,6 @@ def download_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None 
             "recorded": manifest.get("files", {}).get(f.name, {}).get("recorded")
             or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         _write_manifest(folder, manifest)
-        if f.extract:
-            _extract(f, folder / f.name, folder, progress)
     if ds.copy_logic:
         logic = folder / "logic"
         logic.mkdir(exist_ok=True)

@@ -49,11 +49,12 @@ def sha256_file(path: str | os.PathLike, *, progress: bool = False) -> str:
     return h.hexdigest()
 
 
-def offline_hint(dest: Path) -> str:
-    """What to do when the host cannot be reached (part of every network error's message)."""
+def offline_hint(dest: Path, verify: str = "agentfly-gym data verify NAME") -> str:
+    """What to do when the host cannot be reached (part of every network error's message); ``verify`` is
+    the command that checks the copied folder."""
     return (f"This machine seems to be offline or cannot reach the host. Run the same command on a machine with "
             f"internet access (add --dest DIR to choose the folder), copy the folder here as {dest.parent}, and run "
-            f"`agentfly-gym data verify` on it; a partial download stays as {dest.name}.part and resumes on the next "
+            f"`{verify}` on it; a partial download stays as {dest.name}.part and resumes on the next "
             "try.")
 
 
@@ -70,7 +71,7 @@ def _content_range_start(value: str | None) -> int | None:
 
 
 def download_file(url: str, dest: str | os.PathLike, *, sha256: str | None = None, progress: bool = True,
-                  timeout: float = 60.0) -> str:
+                  timeout: float = 60.0, verify: str = "agentfly-gym data verify NAME") -> str:
     """Download ``url`` to ``dest`` (resumably, verified) and return the file's SHA-256 hex digest.
 
     Args:
@@ -80,6 +81,7 @@ def download_file(url: str, dest: str | os.PathLike, *, sha256: str | None = Non
             returns its digest (the caller records it).
         progress: show a tqdm progress bar (bytes) on stderr.
         timeout: seconds without any data from the server before giving up (the ``.part`` file stays).
+        verify: the command that checks a copied file, named in the offline and web-page messages.
 
     Returns:
         The SHA-256 of the file now at ``dest``.  An existing ``dest`` is not downloaded again: it is
@@ -114,7 +116,7 @@ def download_file(url: str, dest: str | os.PathLike, *, sha256: str | None = Non
             raise DownloadError(f"another process is downloading {dest} (it holds {part}); wait for it to "
                                 "finish") from None
         try:
-            digest = _fetch_into(f, url, dest, part, progress=progress, timeout=timeout)
+            digest = _fetch_into(f, url, dest, part, progress=progress, timeout=timeout, verify=verify)
         except DownloadError:
             if part.is_file() and part.stat().st_size == 0:  # nothing to resume: leave no empty file behind
                 part.unlink()
@@ -128,7 +130,7 @@ def download_file(url: str, dest: str | os.PathLike, *, sha256: str | None = Non
     return digest
 
 
-def _fetch_into(f, url: str, dest: Path, part: Path, *, progress: bool, timeout: float) -> str:
+def _fetch_into(f, url: str, dest: Path, part: Path, *, progress: bool, timeout: float, verify: str) -> str:
     """Append the rest of ``url`` to the open ``.part`` file ``f`` (resuming, or restarting), return its SHA-256."""
     f.seek(0)
     h = hashlib.sha256()
@@ -155,14 +157,14 @@ def _fetch_into(f, url: str, dest: Path, part: Path, *, progress: bool, timeout:
                             f"set's page) or the host refuses this client. Nothing was written to {dest}.") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", e)
-        raise DownloadError(f"cannot download {url}: cannot reach {host} ({reason}). {offline_hint(dest)}") from None
+        raise DownloadError(f"cannot download {url}: cannot reach {host} ({reason}). {offline_hint(dest, verify)}") from None
     with resp:
         status = resp.status
         ctype = (resp.headers.get("Content-Type") or "").lower()
         if ctype.startswith("text/html") and not dest.name.endswith((".html", ".htm")):
             raise DownloadError(f"{url} answered a web page (Content-Type {ctype}) instead of {dest.name}: the "
                                 "host may ask for a sign-in or a confirmation, or its quota is spent. Download the "
-                                f"file in a browser and put it at {dest}, then run `agentfly-gym data verify`.")
+                                f"file in a browser and put it at {dest}, then run `{verify}`.")
         if status == 206 and _content_range_start(resp.headers.get("Content-Range")) != have:
             part.unlink(missing_ok=True)
             raise DownloadError(f"{url} answered a range other than the one asked for (Content-Range "

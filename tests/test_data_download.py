@@ -187,7 +187,7 @@ def test_offline_says_what_to_do(tmp_path):
     with pytest.raises(DownloadError) as info:
         download_file(f"http://127.0.0.1:{_closed_port()}/x.zst", dest, progress=False)
     msg = str(info.value)
-    assert "cannot reach 127.0.0.1" in msg and "offline" in msg and "agentfly-gym data verify" in msg
+    assert "cannot reach 127.0.0.1" in msg and "offline" in msg and "agentfly-gym data verify NAME" in msg
     assert "--dest" in msg and "resumes" in msg and not dest.parent.joinpath(dest.name + ".part").exists()
     # through the command: exit 1, the same advice, no traceback
     env = {k: v for k, v in os.environ.items() if k not in ("AGENTFLY_GYM_DATA",)}
@@ -195,6 +195,7 @@ def test_offline_says_what_to_do(tmp_path):
                         "--dest", str(tmp_path / "c"), "--mirror", f"http://127.0.0.1:{_closed_port()}"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 1 and "offline" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert f"agentfly-gym data verify chess --dest {tmp_path / 'c'}" in r.stderr.replace("\n", " "), r.stderr
 
 
 def test_web_page_instead_of_file_is_refused(server, tmp_path):
@@ -248,6 +249,18 @@ def test_chess_download_records_the_digest_decompresses_and_verifies(server, tmp
     digest = sha256_file(dest / "lichess_db_puzzle.csv.zst")
     assert data_main(["verify", "chess", "--dest", str(dest), "--no-progress", "--sha256",
                       f"lichess_db_puzzle.csv.zst={digest}"]) == 0
+
+
+def test_a_download_that_does_not_unpack_is_refused_and_nothing_recorded(server, tmp_path, capsys):
+    """A file with no pin that is not a zstd stream (a corrupted copy, a wrong --mirror) is deleted with a
+    clear error, never recorded as the digest that verify would then trust, and leaves no temporary file."""
+    server.files["/chess/lichess_db_puzzle.csv.zst"] = b"not zstd!"
+    dest = tmp_path / "chess"
+    assert data_main(["download", "chess", "--dest", str(dest), "--mirror", server.url, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "not a valid zstd stream" in err and "refused and deleted" in err and "Traceback" not in err
+    assert sorted(p.name for p in dest.iterdir()) == []
+    assert data_main(["verify", "chess", "--dest", str(dest), "--no-progress"]) == 1
 
 
 def test_pinned_webshop_file_with_other_bytes_is_refused(server, tmp_path, capsys):
