@@ -35,7 +35,7 @@ _ENV_PACKAGE = {"agentfly/Chess-v0": "chess", "agentfly/ScienceWorld-v0": "scien
 
 def cmd_envs(args: argparse.Namespace) -> int:
     import gymnasium
-    from rich.console import Console
+    from .utils.console import console
     from rich.table import Table
 
     import agentfly_gym  # noqa: F401
@@ -57,13 +57,13 @@ def cmd_envs(args: argparse.Namespace) -> int:
     for name in sorted(MULTIAGENT_ENVS):  # PettingZoo envs (make_multiagent)
         pkg_ok = "yes" if importlib.util.find_spec("pettingzoo") is not None else "missing (pettingzoo)"
         table.add_row(f"agentfly/{name} (multi-agent)", pkg_ok, "none needed", "games from the start or a FEN")
-    Console().print(table)
+    console().print(table)
     return 0
 
 
 # ----------------------------------------------------------------------------- rollout
 def _print_summary(summary: dict[str, Any]) -> None:
-    from rich.console import Console
+    from .utils.console import console
     from rich.table import Table
 
     res = summary["resources"]
@@ -87,7 +87,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     ]
     for k, v in rows:
         t.add_row(k, str(v))
-    Console().print(t)
+    console().print(t)
     if len(summary.get("per_env", {})) > 1:
         pe = Table(title="per environment")
         for col in ("env", "trajectories", "success", "mean reward", "mean turns", "errors"):
@@ -95,7 +95,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         for env_id, s in summary["per_env"].items():
             pe.add_row(env_id, str(s["trajectories"]), f"{s['success_rate']:.1%}", f"{s['mean_reward']:.3f}",
                        f"{s['mean_turns']:.2f}", str(s["errors"]))
-        Console().print(pe)
+        console().print(pe)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -190,7 +190,7 @@ def _is_multiagent(env_ids: list[str]) -> bool:
 
 
 def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> int:
-    from rich.console import Console
+    from .utils.console import console
     from rich.table import Table
 
     from .rollout.factory import make_policy
@@ -234,7 +234,7 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
             [(f"illegal-move rate ({a})", f"{s['illegal_move_rate']:.1%}") for a, s in g["per_agent"].items()] + \
             [("sampled tokens", result.summary["sampled_tokens"]), ("wall time (s)", f"{result.summary['wall_s']:.1f}")]:
         t.add_row(k, str(v))
-    Console().print(t)
+    console().print(t)
     for kind, path in result.paths.items():
         print(f"{kind}: {path}")
     return 1 if g["games"] and g["failed"] == g["games"] else 0

@@ -376,10 +376,10 @@ def data_main(argv: list[str]) -> int:
         if action == "download":
             a.add_argument("--mirror", default=None, help="base URL of a copy: <mirror>/<folder>/<file>")
     args = p.parse_args(argv)
-    from rich.console import Console
+    from .utils.console import console as make_console
     from rich.table import Table
 
-    console = Console()
+    console = make_console()
     try:
         if args.action == "status":
             t = Table(title="public data sets (agentfly-gym data download NAME)")

@@ -44,8 +44,12 @@ def normalize_env_id(name: str) -> str:
     if cand not in gymnasium.registry and f"{cand}-v0" in gymnasium.registry:
         cand = f"{cand}-v0"
     if cand not in gymnasium.registry:
+        from ..registration import MULTIAGENT_ENVS, NAMESPACE
+
         known = sorted(k for k in gymnasium.registry if k.startswith("agentfly/"))
-        raise ConfigError(f"unknown environment {name!r}; registered: {known}")
+        multi = sorted(f"{NAMESPACE}/{n}" for n in MULTIAGENT_ENVS)
+        raise ConfigError(f"unknown environment {name!r}; registered: {known}; multi-agent (PettingZoo, "
+                          f"agentfly-gym rollout and make_multiagent only): {multi}")
     return cand
 
 
