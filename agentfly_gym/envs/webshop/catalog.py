@@ -46,7 +46,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -58,6 +57,7 @@ import numpy as np
 
 from ...data import cache_dir
 from ...errors import ConfigError, DataNotFoundError
+from ...utils.files import staged_dir
 
 __all__ = ["DATA_MARKER", "GOAL_SHUFFLE_SEED", "HOW_TO_GET", "PRICE_RANGE", "STORE_FORMAT", "Catalog", "GoalList", "ProductStore", "catalog_hash",
            "find_data_files", "iter_records", "load_catalog"]
@@ -441,22 +441,12 @@ def _build_cached_store(root: Path, key: str, products_path: Path, attributes: d
                         human: dict[str, Any] | None, num_products: int | None) -> Path:
     """Write the store to ``root/<key>``: built in a temporary folder, renamed when complete."""
     final = root / key
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=root))
-    try:
+    with staged_dir(final, complete="meta.json", prefix=f".{key[:16]}.") as tmp:
         with open(tmp / "products.jsonl", "wb") as f:
             meta = _write_store(f, products_path, attributes, human, num_products)
         np.save(tmp / "offsets.npy", np.asarray(meta.pop("offsets"), dtype=np.int64))
         with open(tmp / "meta.json", "w", encoding="utf-8") as f:
             json.dump(meta, f, ensure_ascii=False)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "meta.json").is_file():  # not a race lost to another builder
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

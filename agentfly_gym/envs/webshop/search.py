@@ -32,12 +32,13 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ...utils.files import staged_dir
 
 __all__ = ["ANALYZER_VERSION", "LUCENE_STOPWORDS", "SEARCH_RETURN_N", "ProductSearch", "analyze", "document_text"]
 
@@ -160,18 +161,8 @@ class ProductSearch:
 
     def _save(self, bm25: Any, folder: Path) -> None:
         try:
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-            try:
+            with staged_dir(folder, complete="params.index.json") as tmp:
                 bm25.save(tmp, show_progress=False)
-                try:
-                    os.rename(tmp, folder)
-                except OSError:
-                    if not (folder / "params.index.json").is_file():  # not a race lost to another builder
-                        raise
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
             self.cache_path = folder
         except OSError as e:
             log.warning("WebShop search index cannot be cached in %s (%s); it stays in memory", folder.parent, e)

@@ -1,0 +1,42 @@
+"""Publishing a folder whole: built under a temporary name beside it, renamed into place when complete."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["staged_dir"]
+
+
+@contextlib.contextmanager
+def staged_dir(final: Path, *, complete: str, prefix: str | None = None) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``final``; when the block ends without error it is renamed
+    to ``final``, so readers see the whole folder or none of it.
+
+    Concurrent builders are safe: when another one renamed its copy first (``final`` then holds the file
+    ``complete``), this copy is dropped. The temporary folder never outlives the block.
+
+    Args:
+        final: the folder to publish (its parent is created).
+        complete: a file name that a finished copy of ``final`` always holds.
+        prefix: the temporary folder's name prefix (default ``".<final name>."``).
+
+    Raises:
+        OSError: the folder cannot be created or renamed (and no finished copy is there).
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix or f".{final.name}.", dir=final.parent))
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / complete).is_file():  # not a race lost to another builder
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
