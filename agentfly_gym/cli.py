@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import json
 import logging
 import re
 import signal
@@ -103,12 +102,10 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from .rollout.factory import make_policy
     from .rollout.policy import SamplingParams
     from .rollout.runner import RolloutConfig, check_config, run_rollouts
+    from .utils.jsonargs import json_object
 
-    try:
-        env_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--env-kwargs is not JSON ({e}): {args.env_kwargs!r}") from None
-    if not isinstance(env_kwargs, dict) or not all(isinstance(v, dict) for v in env_kwargs.values()):
+    env_kwargs = json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
+    if not all(isinstance(v, dict) for v in env_kwargs.values()):
         raise ConfigError('--env-kwargs must map env ids to keyword dicts, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
     if _is_multiagent(args.env):
         return _rollout_multiagent(args, env_kwargs)

@@ -45,6 +45,7 @@ from ..envs.prompting import AgentPrompt
 from ..errors import ConfigError, EnvError, ResourceStartError
 from ..resources.manager import RolloutScope
 from ..resources.spec import InProcessSpec
+from ..utils.jsonargs import json_object
 
 __all__ = ["TextAction", "TextObservation", "AgentFlyOpenEnvironment", "create_openenv_app", "serve", "serve_main",
            "OpenEnvEnv", "OpenEnvServer"]
@@ -259,12 +260,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.openenv:
         p.error("name the protocol: --openenv (OpenEnv's WebSocket/HTTP server interface)")
-    try:
-        kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--env-kwargs is not JSON ({e}): {args.env_kwargs!r}") from None
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+    kwargs = json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     print(f"agentfly-gym: serving {args.env} through OpenEnv on http://{args.host}:{args.port} "
           f"(up to {args.max_sessions} sessions; Ctrl-C stops)", flush=True)
     try:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import json
 import logging
 import time
 from typing import Any
@@ -45,6 +44,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..resources.manager import ResourceManager
 from ..resources.spec import ModelAPISpec, ModelServiceSpec
+from ..utils.jsonargs import json_object
 from .judge import parse_score
 
 __all__ = ["EpisodeReward", "JudgeReward", "FunctionReward", "parse_reward", "TRAJECTORY_JUDGE_PROMPT",
@@ -200,13 +200,7 @@ class JudgeReward(EpisodeReward):
 def _parse_fields(body: str, spec: str) -> dict[str, Any]:
     body = body.strip()
     if body.startswith("{"):
-        try:
-            fields = json.loads(body)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"reward spec {spec!r}: the JSON after 'judge:' does not parse ({e})") from None
-        if not isinstance(fields, dict):
-            raise ConfigError(f"reward spec {spec!r}: the JSON after 'judge:' must be an object")
-        return fields
+        return json_object(body, f"reward spec {spec!r}: the JSON after 'judge:'")
     fields: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in body.split(","))):
         key, eq, value = part.partition("=")

@@ -252,9 +252,7 @@ class AgentFlyAgentLoop(AgentLoopBase):
         traj_id = uuid.uuid4().hex[:16]
         group_id = str(_scalar(kwargs.get("uid")) or f"index-{_scalar(kwargs.get('index'))}")
         fallback_mode = self.mode or "chain"
-        use_v1 = bool(_select(self.config, "trainer.use_v1", True))
-        steps = _scalar(kwargs.get("global_steps"))
-        self._global_steps = int(steps) if steps is not None and not isinstance(steps, bool) else None
+        use_v1 = self._trainer_context(kwargs)
         try:
             row = parse_row(kwargs.get("extra_info"), default_mode=self.mode, default_max_turns=self.max_turns,
                             default_history=self.history, default_env_kwargs=self.default_env_kwargs)
@@ -305,6 +303,13 @@ class AgentFlyAgentLoop(AgentLoopBase):
         finally:
             if env is not None:
                 await env.aclose()
+
+    def _trainer_context(self, kwargs: dict[str, Any]) -> bool:
+        """Note the ``global_steps`` verl passes to ``run()`` (the weights version rows carry) and return
+        whether verl's V1 trainer runs (it takes a list of rows, the legacy trainer one row)."""
+        steps = _scalar(kwargs.get("global_steps"))
+        self._global_steps = int(steps) if steps is not None and not isinstance(steps, bool) else None
+        return bool(_select(self.config, "trainer.use_v1", True))
 
     async def _apply_reward(self, traj: Trajectory) -> None:
         """The configured episode reward, if any; its failure fails the trajectory (no row under V1, else an error row)."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentfly_gym.errors import ConfigError, DataNotFoundError
+from agentfly_gym.utils.jsonargs import json_object
 
 __all__ = ["build_dataset", "dataset_main", "AGENT_NAMES"]
 
@@ -229,15 +230,7 @@ def dataset_main(args: Sequence[str] | None = None) -> int:
             tasks = (tasks or []) + [t.strip() for t in lines if t.strip() and not t.startswith("#")]
 
         def obj(text: str | None, what: str) -> dict[str, Any] | None:
-            if text is None:
-                return None
-            try:
-                v = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{what} is not JSON: {e}") from e
-            if not isinstance(v, dict):
-                raise ConfigError(f"{what} must be a JSON object, got {text!r}")
-            return v
+            return None if text is None else json_object(text, what)
 
         path = build_dataset(ns.env, tasks, ns.num, ns.out, mode=ns.mode, split=ns.split, seed=ns.seed,
                              max_turns=ns.max_turns, history=ns.history,

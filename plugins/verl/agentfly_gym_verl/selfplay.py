@@ -42,7 +42,7 @@ from agentfly_gym.rollout.multiagent import PlayerTrajectory, run_multiagent_gam
 from agentfly_gym.rollout.policy import SamplingParams
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-from .agent_loop import MODES, AgentFlyAgentLoop, _as_dict, _scalar, _select
+from .agent_loop import MODES, AgentFlyAgentLoop, _as_dict, _scalar
 from .policy import VerlServerPolicy
 from .runtime import chat_tokenizer, get_manager
 
@@ -184,9 +184,7 @@ class SelfPlayAgentLoop(AgentFlyAgentLoop):
         uid = str(_scalar(kwargs.get("uid")) or f"index-{_scalar(kwargs.get('index'))}")
         fallback_mode = self.mode or "chain"
         traj_id = uuid.uuid4().hex[:16]
-        use_v1 = bool(_select(self.config, "trainer.use_v1", True))
-        steps = _scalar(kwargs.get("global_steps"))
-        self._global_steps = int(steps) if steps is not None and not isinstance(steps, bool) else None
+        use_v1 = self._trainer_context(kwargs)
         try:
             row = parse_selfplay_row(kwargs.get("extra_info"), default_mode=self.mode,
                                      default_max_turns=self.max_turns, default_history=self.history,
