@@ -23,7 +23,7 @@ def json_object(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{what} does not parse as JSON ({e}): {text!r}") from None
+        raise ConfigError(f"{what} is not JSON: it does not parse ({e}): {text!r}") from None
     if not isinstance(value, dict):
         raise ConfigError(f"{what} must be a JSON object, got {text!r}")
     return value
