@@ -52,6 +52,8 @@ class RemoteFile:
         pin_source: where the pin comes from, or why there is none.
         extract: ``None`` (used as is), ``"zst"`` (decompressed as a stream to ``name`` without
             ``.zst``) or ``"zip"`` (unpacked into the folder, as ``alfworld-download`` does).
+        starts_with: the bytes a decompressed ``zst`` file begins with (e.g. a CSV header); a file
+            that is empty (a cut-off stream) or begins otherwise is refused.
     """
 
     name: str
@@ -59,6 +61,7 @@ class RemoteFile:
     sha256: str | None
     pin_source: str
     extract: str | None = None
+    starts_with: bytes | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +102,8 @@ DATASETS: dict[str, DataSet] = {d.name: d for d in (
         note="the full Lichess puzzle database (millions of puzzles); Chess-v0 prefers it over the sample",
         files=(RemoteFile("lichess_db_puzzle.csv.zst", "https://database.lichess.org/lichess_db_puzzle.csv.zst", None,
                           "not pinned: Lichess re-publishes this file every month, so no fixed digest exists; "
-                          "recorded on first download", extract="zst"),)),
+                          "recorded on first download", extract="zst",
+                          starts_with=b"PuzzleId,FEN,Moves,Rating,"),)),
     DataSet(
         name="alfworld", folder="alfworld", ready="json_2.1.1", licence="MIT",
         source="https://github.com/alfworld/alfworld (alfworld-download of alfworld==0.4.2)",
@@ -208,6 +212,12 @@ def _extract(f: RemoteFile, archive: Path, folder: Path, progress: bool) -> None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        with open(tmp, "rb") as got:
+            head = got.read(len(f.starts_with or b"") or 1)
+        if not head or (f.starts_with and head != f.starts_with):
+            tmp.unlink(missing_ok=True)
+            raise _BadArchive("a zstd stream that is cut off or holds something else "
+                              f"(it unpacks to {'nothing' if not head else repr(head[:40])})")
         os.replace(tmp, out)
     elif f.extract == "zip":
         marker = folder / f".{f.name}.extracted"

@@ -261,6 +261,16 @@ def test_a_download_that_does_not_unpack_is_refused_and_nothing_recorded(server,
     assert "not a valid zstd stream" in err and "refused and deleted" in err and "Traceback" not in err
     assert sorted(p.name for p in dest.iterdir()) == []
     assert data_main(["verify", "chess", "--dest", str(dest), "--no-progress"]) == 1
+    # a cut-off zstd stream (unpacks to nothing) and a valid one holding something else are refused too
+    import zstandard
+
+    whole = zstandard.ZstdCompressor().compress((SAMPLES / "chess" / "lichess_puzzles_sample.csv").read_bytes())
+    for body in (whole[: len(whole) // 2], zstandard.ZstdCompressor().compress(b"<html>not found</html>\n" * 100)):
+        server.files["/chess/lichess_db_puzzle.csv.zst"] = body
+        assert data_main(["download", "chess", "--dest", str(dest), "--mirror", server.url, "--no-progress"]) == 1
+        err = capsys.readouterr().err
+        assert "cut off or holds something else" in err and "refused and deleted" in err, err
+        assert sorted(p.name for p in dest.iterdir()) == []
 
 
 def test_pinned_webshop_file_with_other_bytes_is_refused(server, tmp_path, capsys):
