@@ -66,3 +66,31 @@ def default_sigint() -> None:
     (``make test &``) inherits SIGINT ignored, and Python then keeps ignoring it; the child gets the default
     disposition, as an interactive user's Ctrl-C would find."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def pids_with(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+async def procs_settle(marker: str, *, present: bool, timeout: float = 10.0) -> bool:
+    """Wait up to ``timeout`` s until host processes with ``marker`` exist (``present``) or are gone; report which.
+
+    Polling, not a fixed sleep: a loaded CI machine may take a while to start or reap a sandboxed command.
+    """
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while bool(pids_with(marker)) != present and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    return bool(pids_with(marker)) == present

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from proctools import pids_with, procs_settle
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceUnavailable
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
@@ -30,28 +31,6 @@ from agentfly_gym.resources.backends.sandbox_backend import (
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
 
 
-def _host_procs_with(marker: str) -> list[int]:
-    """Host pids whose command line contains ``marker``."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if marker.encode() in (d / "cmdline").read_bytes():
-                    found.append(int(d.name))
-            except OSError:
-                pass
-    return found
-
-
-async def _procs_settle(marker: str, *, present: bool, timeout: float = 10.0) -> bool:
-    """Wait up to ``timeout`` s until host processes with ``marker`` exist (``present``) or are gone; report which.
-
-    Polling, not a fixed sleep: a loaded CI machine may take a while to start or reap a sandboxed command.
-    """
-    deadline = asyncio.get_running_loop().time() + timeout
-    while bool(_host_procs_with(marker)) != present and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)
-    return bool(_host_procs_with(marker)) == present
 
 
 def _sandbox_cgroups(name: str) -> list[Path]:
@@ -140,7 +119,7 @@ async def test_timeout_kills_the_whole_process_tree(make_box):
     # a child in the background plus a foreground sleep: both must die
     r = await box.exec(f"sleep 1{tag} & sleep 2{tag}", timeout=1.0)
     assert r.timed_out and r.exit_code == -1 and r.duration < 8
-    assert await _procs_settle(tag, present=False)
+    assert await procs_settle(tag, present=False)
 
 
 async def test_processes_do_not_outlive_their_exec(make_box):
@@ -148,7 +127,7 @@ async def test_processes_do_not_outlive_their_exec(make_box):
     tag = f"{uuid.uuid4().int % 10**6}.5"
     r = await box.exec(f"(sleep 3{tag} &) ; echo started")
     assert r.ok and "started" in r.output
-    assert await _procs_settle(tag, present=False)
+    assert await procs_settle(tag, present=False)
 
 
 async def test_output_is_capped_head_and_tail(make_box):
@@ -172,10 +151,10 @@ async def test_files_persist_across_execs_and_reset_restores(make_box):
     # a long exec is running while reset comes: it is killed
     tag = f"{uuid.uuid4().int % 10**6}.25"
     long = asyncio.ensure_future(box.exec(f"sleep 9{tag}", timeout=30))
-    assert await _procs_settle(tag, present=True)
+    assert await procs_settle(tag, present=True)
     await box.reset()
     res = await asyncio.wait_for(long, 5)
-    assert res.exit_code != 0 and _host_procs_with(tag) == []
+    assert res.exit_code != 0 and pids_with(tag) == []
     with pytest.raises(FileNotFoundError):
         await box.get_file("/testbed/pkg/mod.py")
     with pytest.raises(FileNotFoundError):
@@ -222,7 +201,7 @@ async def test_two_instances_are_isolated(make_box):
     await a.put_files({"/testbed/only-a": "a"})
     assert (await a.exec("echo a > /tmp/t")).ok
     long = asyncio.ensure_future(a.exec(f"sleep 5{tag}", timeout=10))
-    assert await _procs_settle(f"sleep\x005{tag}", present=True)
+    assert await procs_settle(f"sleep\x005{tag}", present=True)
     r = await b.exec("ls -A /testbed /tmp")
     assert r.ok and "only-a" not in r.output and "t\n" not in r.output
     ps_a = (await a.exec("ps -eo args")).output.splitlines()
@@ -230,7 +209,7 @@ async def test_two_instances_are_isolated(make_box):
     assert ps_a and ps_b
     assert not any(line.startswith(f"sleep 5{tag}") for line in ps_b)  # a's processes are invisible to b
     assert not any(line.startswith(f"sleep 5{tag}") for line in ps_a)  # and to a's next exec (own pid ns)
-    assert _host_procs_with(f"sleep\x005{tag}")  # though it runs on the host
+    assert pids_with(f"sleep\x005{tag}")  # though it runs on the host
     await a.reset()
     await asyncio.wait_for(long, 5)
 
@@ -309,7 +288,7 @@ async def test_pid_limit_stops_a_bounded_fork_bomb(make_box):
     assert "stopped at" in r.output, r.output
     assert int(r.output.split()[2]) < 24
     # the spawned processes die with the exec
-    assert await _procs_settle(tag, present=False)
+    assert await procs_settle(tag, present=False)
     assert (await box.exec("echo alive")).ok
 
 
@@ -387,11 +366,11 @@ async def test_manager_pool_semantics_and_no_leftovers(sandbox_dir):
         with pytest.raises(FileNotFoundError):  # ... and reset on reuse: no state leaks across rollouts
             await again.get_file("/testbed/secret")
         running = asyncio.ensure_future(again.exec(f"sleep 7{tag}", timeout=30))
-        assert await _procs_settle(tag, present=True)
+        assert await procs_settle(tag, present=True)
     assert manager.metrics()[spec.key]["resets"] == 1
     await manager.aclose()
     await asyncio.wait_for(running, 5)
-    assert _host_procs_with(tag) == []
+    assert pids_with(tag) == []
     assert not private.exists() and not _sandbox_cgroups(name)
 
 
@@ -454,11 +433,11 @@ async def test_cancelled_exec_kills_its_command(make_box):
     box = await make_box()
     tag = f"{uuid.uuid4().int % 10**6}.625"
     task = asyncio.ensure_future(box.exec(f"sleep 8{tag}", timeout=30))
-    assert await _procs_settle(tag, present=True)
+    assert await procs_settle(tag, present=True)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await _procs_settle(tag, present=False)
+    assert await procs_settle(tag, present=False)
 
 
 def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
@@ -492,10 +471,10 @@ def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
         name = child.stdout.readline().split()[0]
         deadline = threading.Event()
         for _ in range(200):  # the sandboxed sleep is running
-            if _host_procs_with(tag):
+            if pids_with(tag):
                 break
             deadline.wait(0.05)
-        assert _host_procs_with(tag)
+        assert pids_with(tag)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -510,7 +489,7 @@ def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
     assert "sandbox(es)" in r.stderr
     assert not folder.exists() and not _sandbox_cgroups(name)
     assert str(folder) not in Path("/proc/self/mounts").read_text()
-    assert not _host_procs_with(tag)
+    assert not pids_with(tag)
     if os.geteuid() == 0:
         assert had_volume  # the disk limit's file system was there, and is unmounted now
 
@@ -524,8 +503,8 @@ async def test_an_exec_left_running_dies_when_the_instance_goes_idle(sandbox_dir
         async with manager.scope("rollout-1") as scope:
             box = await scope.acquire(spec)
             left = asyncio.ensure_future(box.exec(f"sleep 9{tag}", timeout=60))
-            assert await _procs_settle(tag, present=True)
-        assert await _procs_settle(tag, present=False), "the command outlived its rollout"
+            assert await procs_settle(tag, present=True)
+        assert await procs_settle(tag, present=False), "the command outlived its rollout"
         assert (await asyncio.wait_for(left, 10)).exit_code != 0
         assert manager.metrics()[spec.key]["idle"] == 1
     finally:

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from proctools import pids_with, procs_settle
 
 from agentfly_gym.errors import ResourceDied
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
@@ -25,25 +26,6 @@ from agentfly_gym.resources.backends import sandbox_backend as sb
 BACKENDS = ["sandbox-host", "sandbox-base", "docker"]
 
 
-def _host_procs_with(marker: str) -> list[int]:
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if marker.encode() in (d / "cmdline").read_bytes():
-                    found.append(int(d.name))
-            except OSError:
-                pass
-    return found
-
-
-async def _settle(marker: str, *, present: bool, timeout: float = 30.0) -> bool:
-    """Poll (no fixed sleep) until host processes with ``marker`` exist or are gone."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while bool(_host_procs_with(marker)) != present and loop.time() < deadline:
-        await asyncio.sleep(0.1)
-    return bool(_host_procs_with(marker)) == present
 
 
 @pytest.fixture
@@ -134,7 +116,7 @@ async def test_sandbox_root_is_an_unprivileged_host_user(backend_spec, manager):
         sleepers: list[int] = []
         while not sleepers and loop.time() < deadline:  # the command itself, not the wrappers that start it
             await asyncio.sleep(0.05)
-            sleepers = [p for p in _host_procs_with(tag) if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+            sleepers = [p for p in pids_with(tag) if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
         assert sleepers, "the sandboxed command never showed up on the host"
         uids = {Path(f"/proc/{p}").stat().st_uid for p in sleepers}
         running.cancel()
@@ -204,7 +186,7 @@ async def test_reuse_restores_everything_and_idle_burns_nothing(backend_spec, ma
         r = await box.exec(plant, user="root", timeout=60)
         assert "planted" in r.output
     # released to the pool: no process of episode 1 keeps running (polled, as parking runs in the background)
-    assert await _settle(f"busy-{tag}", present=False), "a busy loop survived the release"
+    assert await procs_settle(f"busy-{tag}", present=False, timeout=30.0), "a busy loop survived the release"
     async with manager.scope("episode-2") as scope:
         again = await scope.acquire(spec)
         assert again is box and again.uses == 2
