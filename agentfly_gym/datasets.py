@@ -105,7 +105,7 @@ DATASETS: dict[str, DataSet] = {d.name: d for d in (
                           "recorded on first download", extract="zst",
                           starts_with=b"PuzzleId,FEN,Moves,Rating,"),)),
     DataSet(
-        name="alfworld", folder="alfworld", ready="json_2.1.1", licence="MIT",
+        name="alfworld", folder="alfworld", ready="json_2.1.1/*/*/*/game.tw-pddl", licence="MIT",
         source="https://github.com/alfworld/alfworld (alfworld-download of alfworld==0.4.2)",
         note="json_2.1.1/ (train, valid_seen, valid_unseen) and logic/, the layout alfworld-download writes",
         copy_logic=True,
@@ -337,6 +337,13 @@ def verify_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None = 
     return out
 
 
+def _holds(folder: Path, marker: str) -> bool:
+    """Whether ``folder`` holds ``marker``: a relative path, or a glob (the rule of ``resolve_data_dir``)."""
+    if any(ch in marker for ch in "*?["):
+        return folder.is_dir() and next(folder.glob(marker), None) is not None
+    return (folder / marker).exists()
+
+
 def _status_rows() -> list[tuple[str, ...]]:
     rows = []
     for ds in DATASETS.values():
@@ -345,19 +352,21 @@ def _status_rows() -> list[tuple[str, ...]]:
         present = sum((folder / f.name).is_file() for f in ds.files)
         pins = ", ".join(f"{f.name}: " + ("pinned" if f.sha256 else "recorded" if manifest.get("files", {}).get(
             f.name, {}).get("sha256") else "none yet") for f in ds.files)
-        ready = "ready" if (folder / ds.ready).exists() else "not downloaded"
+        ready = "ready" if _holds(folder, ds.ready) else "not downloaded"
         rows.append((ds.name, str(folder), f"{present}/{len(ds.files)} files, {ready}", pins, ds.licence, ds.source))
     return rows
 
 
 def _in_use_rows() -> list[tuple[str, str, str]]:
+    # the same markers the environments pass to resolve_data_dir, so this table names the folder they read
+    from .envs.webshop.catalog import DATA_MARKER
+
     rows = []
     for folder_name, marker in (("chess", ("lichess_db_puzzle.csv", "lichess_puzzles_sample.csv")),
-                                ("alfworld", ("json_2.1.1",)), ("webshop", ("items_shuffle*.json",))):
+                                ("alfworld", ("json_2.1.1/*/*/*/game.tw-pddl",)), ("webshop", (DATA_MARKER,))):
         found = "none (the environment raises DataNotFoundError)"
         for m in marker:
-            hit = next(((label, p) for label, p in data_candidates(folder_name) if p.is_dir() and list(p.glob(m))),
-                       None)
+            hit = next(((label, p) for label, p in data_candidates(folder_name) if _holds(p, m)), None)
             if hit:
                 found = f"{hit[1]} ({hit[0]})"
                 break

@@ -314,3 +314,22 @@ def test_status_lists_every_data_set_and_what_the_envs_read(tmp_path):
     for name in DATASETS:
         assert name in r.stdout
     assert r.stdout.count("bundled sample") == 3 and "not downloaded" in r.stdout
+
+
+def test_status_ignores_an_empty_alfworld_download(tmp_path):
+    """An interrupted download leaves ``json_2.1.1/`` empty: the env reads the bundled sample, and so must status."""
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENTFLY_GYM_DATA", "ALFWORLD_DATA", "WEBSHOP_DATA")}
+    env.update(HOME=str(tmp_path), AGENTFLY_GYM_CACHE=str(tmp_path / "cache"), COLUMNS="250")
+    code = ("import os, sys; from agentfly_gym.data import default_download_dir; "
+            "p = default_download_dir('alfworld') / 'json_2.1.1' / 'valid_seen'; p.mkdir(parents=True); print(p)")
+    made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert made.returncode == 0 and str(tmp_path) in made.stdout, made.stderr
+    r = subprocess.run([sys.executable, "-m", "agentfly_gym", "data", "status"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [[c.strip() for c in line.split("\u2502")[1:-1]] for line in r.stdout.splitlines()
+            if line.startswith("\u2502")]
+    status = next(c for c in rows if len(c) == 6 and c[0] == "alfworld")
+    in_use = next(c for c in rows if len(c) == 3 and c[0] == "alfworld")
+    assert "not downloaded" in status[2], status
+    assert "bundled sample" in in_use[1], in_use
