@@ -263,7 +263,9 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=config.num_trajectories, desc="rollout", unit="traj")
+        # smoothing=0: the bar's rate is finished/elapsed, the summary's trajectories_per_s, not tqdm's moving
+        # average of the last few updates (which differs widely on short runs)
+        bar = tqdm(total=config.num_trajectories, desc="rollout", unit="traj", smoothing=0)
 
     async def guarded(k: int) -> Trajectory:
         async with sem:
