@@ -256,14 +256,17 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
 
 
 def _run_delegated(argv: list[str]) -> int | None:
+    from .errors import ConfigError
+    from .utils.imports import load_object
+
     for words, (module, func, _) in DELEGATED.items():
         if tuple(argv[: len(words)]) == words:
             try:
-                mod = importlib.import_module(module)
-            except ModuleNotFoundError as e:
+                main = load_object(f"{module}:{func}", what="command")
+            except ConfigError as e:
                 print(f"agentfly-gym: '{' '.join(words)}' is not available: {e}", file=sys.stderr)
                 return 2
-            return int(getattr(mod, func)(argv[len(words):]) or 0)
+            return int(main(argv[len(words):]) or 0)
     return None
 
 
