@@ -21,8 +21,8 @@ from proctools import default_sigint
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceError
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
-from agentfly_gym.resources.backends import containers
-from agentfly_gym.resources.backends.docker_backend import (
+from agentfly_gym.resources.containers import choice as containers
+from agentfly_gym.resources.containers.docker import (
     DockerContainer,
     gc_main,
     reap_orphans,
@@ -45,7 +45,7 @@ def engine(docker_client):
 
 @pytest.fixture(scope="module")
 def base_image(engine) -> str:
-    from agentfly_gym.images import build_base_image
+    from agentfly_gym.resources.containers.images import build_base_image
 
     return build_base_image()
 

@@ -20,8 +20,8 @@ from proctools import pids_with, procs_settle
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceUnavailable
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
-from agentfly_gym.resources.backends import sandbox_backend as sb
-from agentfly_gym.resources.backends.sandbox_backend import (
+from agentfly_gym.resources.containers.sandbox import container as sb
+from agentfly_gym.resources.containers.sandbox.container import (
     SandboxContainer,
     SandboxPathError,
     create_sandbox,
@@ -400,7 +400,7 @@ async def test_reap_orphans_of_a_dead_manager(sandbox_dir):
 
 async def test_debian_base_image_rootfs(make_box):
     """The Debian base rootfs of agentfly_gym.images (built by ``agentfly-gym images build base``)."""
-    from agentfly_gym import images
+    from agentfly_gym.resources.containers import images
 
     if not (images.base_rootfs_dir() / ".agentfly-rootfs.json").is_file():
         pytest.skip("the Debian base rootfs is not built here (agentfly-gym images build base)")
@@ -451,7 +451,7 @@ def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
     script = textwrap.dedent(f"""
         import asyncio, os, signal
         from agentfly_gym.resources import ContainerSpec
-        from agentfly_gym.resources.backends.sandbox_backend import SandboxContainer
+        from agentfly_gym.resources.containers.sandbox.container import SandboxContainer
 
         async def main():
             box = SandboxContainer(ContainerSpec(image="host", backend="sandbox", disk="64m"),

@@ -167,7 +167,7 @@ class ContainerSpec(ResourceSpec):
         command: the keep-alive command of the container.
         reset_paths: kept for compatibility and validated, no longer needed: ``reset()`` restores the
             whole writable file system on every backend (see
-            :class:`~agentfly_gym.resources.container.ContainerResource` for the reset contract).
+            :class:`~agentfly_gym.resources.containers.api.ContainerResource` for the reset contract).
     """
 
     kind: ClassVar[str] = "container"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, DataNotFoundError, EnvError
-from ...resources.container import ContainerResource, ExecResult
+from ...resources.containers.api import ContainerResource, ExecResult
 from ...resources.manager import ResourceManager, RolloutScope
 from ...resources.spec import ContainerSpec
 from ..base import AgentFlyEnv, StepResult
@@ -226,7 +226,7 @@ class R2EGymEnv(AgentFlyEnv):
             elif self.image is not None and (self.image == "host" or os.path.isdir(self.image)):
                 self._resolved_backend = "sandbox"
             else:
-                from ...resources.backends.containers import resolve_backend
+                from ...resources.containers.choice import resolve_backend
 
                 probe = ContainerSpec(image=self.image or DOCKER_IMAGE, backend="auto")
                 self._resolved_backend = await asyncio.to_thread(resolve_backend, probe)

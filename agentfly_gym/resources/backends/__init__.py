@@ -21,7 +21,7 @@ __all__ = ["create_resource", "register_backend"]
 # kind -> "module:callable(spec, manager) -> Resource"
 _BACKENDS: dict[str, str] = {
     "inprocess": "agentfly_gym.resources.backends.inprocess_backend:create",
-    "container": "agentfly_gym.resources.backends.containers:create",
+    "container": "agentfly_gym.resources.containers.choice:create",
     "model_service": "agentfly_gym.resources.backends.model_service:create",
     "model_api": "agentfly_gym.resources.backends.model_api:create",
 }

@@ -88,13 +88,13 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ConfigError, ResourceDied, ResourceStartError, ResourceUnavailable
-from ..base import ResourceStatus
-from ..container import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
-from ..spec import ContainerSpec
+from ....errors import ConfigError, ResourceDied, ResourceStartError, ResourceUnavailable
+from ...base import ResourceStatus
+from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
+from ...spec import ContainerSpec
 
 if TYPE_CHECKING:
-    from ..manager import ResourceManager
+    from ...manager import ResourceManager
 
 __all__ = [
     "SANDBOX_DIR_ENV",
@@ -240,7 +240,7 @@ def resolve_rootfs(image: str) -> Path | None:
         raise ResourceUnavailable(f"image={image!r}: no rootfs folder at that path")
     tried: list[str] = []
     try:
-        images = importlib.import_module("agentfly_gym.images")
+        images = importlib.import_module("agentfly_gym.resources.containers.images")
     except ImportError:
         images = None
     fn = getattr(images, "rootfs_dir", None) if images is not None else None
@@ -259,7 +259,7 @@ def resolve_rootfs(image: str) -> Path | None:
         if (tag in ("", "latest") or image == images.base_image_tag()) and (p / ".agentfly-rootfs.json").is_file():
             return p
         tried.append(str(p))
-    from ...data import cache_dir
+    from ....data import cache_dir
 
     safe = re.sub(r"[/:]", "_", image)
     for c in (cache_dir("images", safe, "rootfs"), cache_dir("images", safe)):

@@ -65,7 +65,7 @@ from ...errors import (
     ResourceUnavailable,
 )
 from ..base import ResourceStatus
-from ..container import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
+from .api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
 from ..spec import ContainerSpec
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ...errors import ConfigError, ResourceUnavailable
 
 if TYPE_CHECKING:
-    from ..container import ContainerResource
+    from .api import ContainerResource
     from ..manager import ResourceManager
     from ..spec import ContainerSpec
 
@@ -29,8 +29,8 @@ __all__ = ["create", "gc_main", "reap_all", "resolve_backend"]
 
 log = logging.getLogger(__name__)
 
-_SANDBOX = "agentfly_gym.resources.backends.sandbox_backend:create_sandbox"
-_DOCKER = "agentfly_gym.resources.backends.docker_backend:create_docker"
+_SANDBOX = "agentfly_gym.resources.containers.sandbox.container:create_sandbox"
+_DOCKER = "agentfly_gym.resources.containers.docker:create_docker"
 _auto_lock = threading.Lock()
 _auto_choice: str | None = None
 
@@ -40,7 +40,7 @@ def _auto() -> str:
     global _auto_choice
     with _auto_lock:
         if _auto_choice is None:
-            from .docker_backend import docker_available
+            from .docker import docker_available
 
             _auto_choice = "docker" if docker_available() else "sandbox"
             log.info("container backend 'auto' -> %r (%s)", _auto_choice,
@@ -91,11 +91,11 @@ def reap_all(manager_id: str | None = None, *, older_than: float = 0,
     Returns:
         (Docker container ids, or ``None`` when no Docker engine answers; sandbox names).
     """
-    from .sandbox_backend import reap_sandbox_orphans
+    from .sandbox.container import reap_sandbox_orphans
 
     containers: list[str] | None = None
     try:
-        from .docker_backend import docker_available, reap_orphans
+        from .docker import docker_available, reap_orphans
 
         if docker_available(refresh=True):
             containers = reap_orphans(manager_id, older_than=older_than, dry_run=dry_run)
