@@ -66,6 +66,7 @@ from ...errors import (
 )
 from ..base import ResourceStatus
 from .api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
+from .output import OutputBuffer
 from ..spec import ContainerSpec
 
 if TYPE_CHECKING:
@@ -90,7 +91,6 @@ _EXEC_MARK = "AGENTFLY_EXEC"
 _KILL_GRACE = 5.0  # seconds past an exec's timeout before the host-side kill
 DISK_POLL = 1.0
 """Seconds between two measurements of a container's writable layer by the disk watchdog."""
-_MARKER = "\n[... {n} characters cut ...]\n"
 
 # ------------------------------------------------------------------------------- engine access
 
@@ -348,52 +348,6 @@ def _exec_start_frames(api: Any, exec_id: str) -> Iterator[bytes]:
                 return
     finally:
         res.close()
-
-
-# ------------------------------------------------------------------------------- output capping
-
-class _OutputBuffer:
-    """Keeps the head and the tail of a byte stream within a bounded memory."""
-
-    def __init__(self, max_chars: int) -> None:
-        self.cap = max(4 * max_chars, 64)  # bytes: a UTF-8 character is at most 4 bytes
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.dropped = 0
-
-    def feed(self, chunk: bytes) -> None:
-        room = self.cap - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            extra = len(self.tail) - self.cap
-            if extra > 0:
-                del self.tail[:extra]
-                self.dropped += extra
-
-    def text(self, max_chars: int) -> tuple[str, bool]:
-        """The kept output as at most ``max_chars`` characters, and whether it was cut.
-
-        When bytes were dropped from the middle, their count stands in for the characters cut.
-        """
-        if not self.dropped:
-            full = bytes(self.head + self.tail).decode("utf-8", errors="replace")
-            if len(full) <= max_chars:
-                return full, False
-            head_t = tail_t = full
-            total = len(full)
-        else:
-            head_t = self.head.decode("utf-8", errors="replace")
-            tail_t = self.tail.decode("utf-8", errors="replace").lstrip("\ufffd")
-            total = len(head_t) + self.dropped + len(tail_t)
-        marker_len = len(_MARKER.format(n=total))
-        if max_chars <= marker_len:
-            return head_t[:max_chars], True
-        keep = max_chars - marker_len
-        h, t = keep // 2, keep - keep // 2
-        return head_t[:h] + _MARKER.format(n=total - h - t) + tail_t[len(tail_t) - t:], True
 
 
 # ------------------------------------------------------------------------------- the container
@@ -751,7 +705,7 @@ class DockerContainer(ContainerResource):
         if use_timeout and self._has_timeout:
             argv = ["timeout", "-s", "KILL", f"{timeout:.3f}", *argv]
         t0 = time.monotonic()
-        buf = _OutputBuffer(max_output)
+        buf = OutputBuffer(max_output)
         try:
             eid = api.exec_create(cid, argv, stdout=True, stderr=True, user=user or self.spec.user or "",
                                   environment=environment or None, workdir=workdir or self.spec.workdir or None)["Id"]

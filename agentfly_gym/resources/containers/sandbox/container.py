@@ -91,6 +91,7 @@ from typing import TYPE_CHECKING, Any
 from ....errors import ConfigError, ResourceDied, ResourceStartError, ResourceUnavailable
 from ...base import ResourceStatus
 from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
+from ..output import OutputBuffer
 from ...spec import ContainerSpec
 
 if TYPE_CHECKING:
@@ -493,46 +494,6 @@ def _make_cgroups(mode: str, name: str, spec: ContainerSpec) -> tuple[list[str],
         _remove_cgroups(dirs)
         raise
     return dirs, enforced
-
-
-# ---------------------------------------------------------------------------- output
-class _OutputCollector:
-    """Keeps the first and last ``max_output`` bytes of a stream (bytes >= characters)."""
-
-    def __init__(self, max_output: int) -> None:
-        self.max = max_output
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.max - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > self.max:
-                del self.tail[: len(self.tail) - self.max]
-
-    def result(self) -> tuple[str, bool]:
-        """(text of at most ``max_output`` characters, truncated?)."""
-        if not self.tail:
-            text = self.head.decode("utf-8", "replace")
-            if len(text) <= self.max:
-                return text, False
-            head_text, tail_text = text, text
-        else:
-            head_text = self.head.decode("utf-8", "replace")
-            tail_text = self.tail.decode("utf-8", "replace")
-        marker = f"\n[... output truncated: {self.total} bytes in all, the middle omitted ...]\n"
-        budget = self.max - len(marker)
-        if budget < 2:
-            return head_text[: self.max], True
-        h = budget // 2
-        t = budget - h
-        return head_text[:h] + marker + tail_text[-t:], True
 
 
 # ---------------------------------------------------------------------------- the resource
@@ -1060,7 +1021,7 @@ class SandboxContainer(ContainerResource):
             for fd in fds:
                 os.close(fd)
         self._procs.add(proc)
-        out = _OutputCollector(max_output)
+        out = OutputBuffer(max_output)
         timed_out = False
         try:
             try:
@@ -1087,7 +1048,7 @@ class SandboxContainer(ContainerResource):
             self._procs.discard(proc)
         if rc is not None and rc < 0 and not timed_out:  # the wrapper itself died of a signal
             rc = 128 - rc
-        text, truncated = out.result()
+        text, truncated = out.text(max_output)
         return ExecResult(exit_code=rc, output=text, timed_out=timed_out, truncated=truncated,
                           duration=time.monotonic() - t0)
 
