@@ -241,7 +241,7 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
 #: command words -> (module, function taking the remaining argv list and returning an exit status)
 DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("images",): ("agentfly_gym.resources.containers.images", "images_main", "build container images offline: images build [names] [--force]"),
-    ("resources", "gc"): ("agentfly_gym.resources.containers.choice", "gc_main",
+    ("resources", "gc"): ("agentfly_gym.resources.containers.ownership", "gc_main",
                           "remove containers and sandboxes left by dead managers: [--manager ID] [--older-than S] [--dry-run]"),
     ("r2e", "build-tasks"): ("agentfly_gym.envs.r2egym.local_tasks", "build_tasks_main",
                              "build the local R2E-Gym task set from PyPI sdists: [--out DIR] [--force] [--only ID ...]"),

@@ -22,11 +22,9 @@ from proctools import default_sigint
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceError
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
 from agentfly_gym.resources.containers import choice as containers
-from agentfly_gym.resources.containers.docker import (
-    DockerContainer,
-    gc_main,
-    reap_orphans,
-)
+from agentfly_gym.resources.containers.docker import DockerContainer
+from agentfly_gym.resources.containers.ownership import gc_main
+from agentfly_gym.resources.containers.ownership import reap_docker_orphans as reap_orphans
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker

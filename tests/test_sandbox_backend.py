@@ -20,12 +20,13 @@ from proctools import pids_with, procs_settle
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceUnavailable
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
+from agentfly_gym.resources.containers.ownership import reap_sandbox_orphans
+from agentfly_gym.resources.containers.sandbox import cgroups
 from agentfly_gym.resources.containers.sandbox import container as sb
 from agentfly_gym.resources.containers.sandbox.container import (
     SandboxContainer,
     SandboxPathError,
     create_sandbox,
-    reap_sandbox_orphans,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
@@ -34,8 +35,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bub
 
 
 def _sandbox_cgroups(name: str) -> list[Path]:
-    roots = [Path("/sys/fs/cgroup") / sb.CGROUP_PARENT]
-    roots += [b / sb.CGROUP_PARENT for b in (sb._cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
+    roots = [Path("/sys/fs/cgroup") / cgroups.CGROUP_PARENT]
+    roots += [b / cgroups.CGROUP_PARENT for b in (cgroups.cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
     return [r / name for r in roots if (r / name).exists()]
 
 

@@ -38,7 +38,6 @@ they chain to the previous handlers) remove this process's containers; :func:`re
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import contextlib
@@ -47,14 +46,12 @@ import logging
 import os
 import re
 import signal
-import socket
 import struct
-import sys
 import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ...errors import (
@@ -67,15 +64,13 @@ from ...errors import (
 from ..base import ResourceStatus
 from .api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
 from .output import OutputBuffer
+from .ownership import LABEL, owner_labels
 from ..spec import ContainerSpec
 
 if TYPE_CHECKING:
     from ..manager import ResourceManager
 
-__all__ = [
-    "CAP_ADD", "DockerContainer", "create_docker", "docker_available", "gc_main", "install_signal_handlers",
-    "reap_orphans",
-]
+__all__ = ["CAP_ADD", "DockerContainer", "create_docker", "docker_available", "install_signal_handlers"]
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +80,6 @@ CAP_ADD: tuple[str, ...] = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL",
 to drop to a user).  No ``NET_*``, ``SYS_*``, ``MKNOD`` or ``SETPCAP``; with ``no-new-privileges``
 a non-root user cannot gain any of them."""
 
-_LABEL = "agentfly"
 _STATE_DIR = "/.agentfly"
 _EXEC_MARK = "AGENTFLY_EXEC"
 _KILL_GRACE = 5.0  # seconds past an exec's timeout before the host-side kill
@@ -153,16 +147,6 @@ def docker_available(*, refresh: bool = False) -> bool:
         ok = False
     _probe = ok
     return ok
-
-
-def _proc_start(pid: int) -> str | None:
-    """The start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode(errors="replace")
-        return data.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 # ------------------------------------------------------------------------------- live registry
@@ -374,15 +358,7 @@ class DockerContainer(ContainerResource):
     backend_name = "docker"
 
     def __init__(self, spec: ContainerSpec, manager_id: str) -> None:
-        pid = os.getpid()
-        labels = {
-            _LABEL: "1",
-            f"{_LABEL}.manager": manager_id,
-            f"{_LABEL}.pool": spec.key,
-            f"{_LABEL}.pid": str(pid),
-            f"{_LABEL}.pid_start": _proc_start(pid) or "",
-            f"{_LABEL}.host": socket.gethostname(),
-        }
+        labels = {**owner_labels(manager_id), f"{LABEL}.pool": spec.key}
         super().__init__(spec, labels=labels)
         self.spec: ContainerSpec = spec
         self.name = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"{manager_id}-{self.id}")
@@ -856,105 +832,3 @@ def create_docker(spec: ContainerSpec, manager: ResourceManager) -> DockerContai
     """
     _docker()
     return DockerContainer(spec, manager.id)
-
-
-# ------------------------------------------------------------------------------- orphans
-
-_MANAGER_PID = re.compile(r"^afg-(\d+)-[0-9a-f]+$")
-
-
-def _owner_dead(labels: dict[str, str], host: str) -> bool:
-    """Whether the process that labelled a container is gone (never guesses across hosts)."""
-    if labels.get(f"{_LABEL}.host", host) != host:
-        return False
-    pid_s = labels.get(f"{_LABEL}.pid")
-    if not pid_s:
-        m = _MANAGER_PID.match(labels.get(f"{_LABEL}.manager", ""))
-        if not m:
-            return False  # a custom manager id with no pid: only reaped by manager_id
-        pid_s = m.group(1)
-    try:
-        pid = int(pid_s)
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (ValueError, PermissionError, OSError):
-        return False
-    start = labels.get(f"{_LABEL}.pid_start")
-    return bool(start) and _proc_start(pid) not in (None, start)  # the pid was reused by another process
-
-
-def reap_orphans(manager_id: str | None = None, *, older_than: float = 0, dry_run: bool = False) -> list[str]:
-    """Remove containers labelled ``agentfly=1`` whose manager is gone (or is ``manager_id``).
-
-    A container is an orphan when its owning process (label ``agentfly.pid``, else the pid embedded
-    in a manager id ``"afg-<pid>-<hex>"``) no longer exists on this host or its pid now belongs to
-    a process started later.  Containers of live processes, of other hosts sharing the engine, and
-    of custom manager ids without a pid are left alone unless ``manager_id`` names them.
-
-    Args:
-        manager_id: remove this manager's containers (alive or not) instead of the dead ones.
-        older_than: only containers created at least this many seconds ago.
-        dry_run: list what would be removed without removing it.
-
-    Returns:
-        The 12-hex-digit ids of the containers removed (or that would be).
-
-    Raises:
-        ResourceUnavailable: no Docker engine answers.
-    """
-    docker = _docker()
-    try:
-        api = _get_client().api
-        found = api.containers(all=True, filters={"label": f"{_LABEL}=1"})
-    except docker.errors.DockerException as e:
-        raise ResourceUnavailable(f"no Docker engine answers: {e}") from e
-    host = socket.gethostname()
-    now = time.time()
-    removed: list[str] = []
-    for c in found:
-        labels = c.get("Labels") or {}
-        if older_than and now - float(c.get("Created", now)) < older_than:
-            continue
-        if manager_id is not None:
-            if labels.get(f"{_LABEL}.manager") != manager_id:
-                continue
-        elif not _owner_dead(labels, host):
-            continue
-        cid = c["Id"][:12]
-        if not dry_run:
-            try:
-                api.remove_container(c["Id"], force=True, v=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as e:
-                log.warning("removing orphan container %s failed: %s", cid, e)
-                continue
-        removed.append(cid)
-    if removed:
-        log.info("%s %d orphan container(s): %s", "would remove" if dry_run else "removed", len(removed), removed)
-    return removed
-
-
-def gc_main(args: Sequence[str] | None = None) -> int:
-    """``agentfly-gym resources gc [--manager ID] [--older-than SECONDS] [--dry-run]``.
-
-    Prints one removed container id per line.  Returns 0 on success, 1 when no Docker engine answers.
-    """
-    parser = argparse.ArgumentParser(prog="agentfly-gym resources gc",
-                                     description="Remove agentfly containers whose manager process has died.")
-    parser.add_argument("--manager", default=None, help="remove this manager id's containers, alive or not")
-    parser.add_argument("--older-than", type=float, default=0.0, metavar="SECONDS",
-                        help="only containers created at least this long ago")
-    parser.add_argument("--dry-run", action="store_true", help="list, do not remove")
-    ns = parser.parse_args(list(args) if args is not None else None)
-    try:
-        ids = reap_orphans(ns.manager, older_than=ns.older_than, dry_run=ns.dry_run)
-    except ResourceUnavailable as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    for cid in ids:
-        print(cid)
-    print(f"{'would remove' if ns.dry_run else 'removed'} {len(ids)} container(s)", file=sys.stderr)
-    return 0
-
