@@ -23,11 +23,8 @@ from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatu
 from agentfly_gym.resources.containers.ownership import reap_sandbox_orphans
 from agentfly_gym.resources.containers.sandbox import cgroups
 from agentfly_gym.resources.containers.sandbox import container as sb
-from agentfly_gym.resources.containers.sandbox.container import (
-    SandboxContainer,
-    SandboxPathError,
-    create_sandbox,
-)
+from agentfly_gym.resources.containers.sandbox.container import SandboxContainer, SandboxPathError
+from agentfly_gym.resources.containers.sandbox.container import create as create_sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
 
@@ -310,7 +307,7 @@ async def test_released_and_broken_instances(make_box):
 async def test_missing_bwrap_or_rootfs_is_a_clear_error(make_box, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ResourceUnavailable, match="bubblewrap"):
-        create_sandbox(ContainerSpec(image="host", backend="sandbox"), None)
+        create_sandbox(ContainerSpec(image="host", backend="sandbox"), {})
     monkeypatch.undo()
     monkeypatch.setenv("AGENTFLY_GYM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(sb.SANDBOX_DIR_ENV, str(tmp_path / "unused-root"))

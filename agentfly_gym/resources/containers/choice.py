@@ -1,33 +1,27 @@
-"""Backend entry for ``ContainerSpec``: picks Docker or the daemon-less sandbox.
+"""Which container backend runs a ``ContainerSpec(backend="auto")``: the resolver registered for the
+``"container"`` kind in :mod:`agentfly_gym.resources.backends`.
 
-``spec.backend`` decides: ``"docker"`` -> :class:`~.docker_backend.DockerContainer`,
-``"sandbox"`` -> ``agentfly_gym.resources.backends.sandbox_backend.create_sandbox`` (bubblewrap),
-``"auto"`` -> Docker when an engine answers a ping (probed once per process and cached) and the
-image is not a folder on disk (a folder is a sandbox root file system), else the sandbox.
-Both backends are imported only when used.
+``"auto"`` -> ``"sandbox"`` when the spec's image only makes sense there (``"host"`` or a rootfs
+folder), else ``"docker"`` when a Docker engine answers a ping (probed once per process, cached,
+logged), else ``"sandbox"``.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import threading
 from typing import TYPE_CHECKING
 
-from ...errors import ConfigError, ResourceUnavailable
+from ...errors import ConfigError
 
 if TYPE_CHECKING:
-    from .api import ContainerResource
-    from ..manager import ResourceManager
     from ..spec import ContainerSpec
 
-__all__ = ["create", "resolve_backend"]
+__all__ = ["resolve_backend"]
 
 log = logging.getLogger(__name__)
 
-_SANDBOX = "agentfly_gym.resources.containers.sandbox.container:create_sandbox"
-_DOCKER = "agentfly_gym.resources.containers.docker:create_docker"
 _auto_lock = threading.Lock()
 _auto_choice: str | None = None
 
@@ -46,32 +40,18 @@ def _auto() -> str:
 
 
 def resolve_backend(spec: ContainerSpec) -> str:
-    """The backend that will run ``spec``: ``"docker"`` or ``"sandbox"``.
-
-    ``"auto"`` resolves to ``"sandbox"`` when ``spec.image`` names an existing folder (a root file
-    system), else to ``"docker"`` when a Docker engine answers (probed once, blocking up to ~3 s),
-    else to ``"sandbox"``.
-    """
-    if spec.backend in ("docker", "sandbox"):
-        return spec.backend
-    if spec.backend != "auto":
-        raise ConfigError(f"backend={spec.backend!r} is not one of 'auto', 'docker', 'sandbox'")
-    if os.path.isdir(spec.image):
-        return "sandbox"
-    return _auto()
-
-
-def create(spec: ContainerSpec, manager: ResourceManager) -> ContainerResource:
-    """An unstarted container resource for ``spec`` on the backend :func:`resolve_backend` picks.
+    """The backend that will run ``spec``: ``spec.backend`` unless it is ``"auto"``; then
+    ``"sandbox"`` when ``spec.image`` is ``"host"`` or an existing folder (a root file system),
+    else ``"docker"`` when a Docker engine answers (probed once, blocking up to ~3 s), else
+    ``"sandbox"``.
 
     Raises:
-        ResourceUnavailable: that backend cannot run here (docker-py or the sandbox module missing).
+        ConfigError: ``spec.backend`` is not a string.
     """
-    backend = resolve_backend(spec)
-    path = _DOCKER if backend == "docker" else _SANDBOX
-    mod_name, _, attr = path.partition(":")
-    try:
-        mod = importlib.import_module(mod_name)
-    except ModuleNotFoundError as e:
-        raise ResourceUnavailable(f"the {backend!r} container backend is not available: {e}") from e
-    return getattr(mod, attr)(spec, manager)
+    if not isinstance(spec.backend, str):
+        raise ConfigError(f"backend={spec.backend!r} must be a backend name or 'auto'")
+    if spec.backend != "auto":
+        return spec.backend
+    if spec.image == "host" or os.path.isdir(spec.image):
+        return "sandbox"
+    return _auto()

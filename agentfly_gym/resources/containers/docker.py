@@ -1,4 +1,4 @@
-"""The Docker container backend: :class:`DockerContainer`, orphan reaping and signal-safe cleanup.
+"""The Docker container backend: :class:`DockerContainer` and its ``create(spec, labels)``.
 
 Every docker-py call is blocking, so it runs on a dedicated thread pool (``_docker_pool``);
 the event loop never waits on the engine.
@@ -16,12 +16,12 @@ Containers run with (``ContainerSpec`` field -> Docker setting):
 * ``network=False`` -> ``network_mode="none"`` (loopback only), ``True`` -> the default bridge;
 * ``mounts`` -> bind mounts, read-only where ``Mount.read_only``; ``env``, ``user``, ``workdir``;
 * always: ``init=True`` (docker-init reaps zombies as PID 1), ``security_opt=["no-new-privileges"]``,
-  ``cap_drop=["ALL"]`` with :data:`CAP_ADD` added back, and the labels ``agentfly=1``,
-  ``agentfly.manager=<manager id>``, ``agentfly.pool=<spec key>``, ``agentfly.pid``,
-  ``agentfly.pid_start`` and ``agentfly.host`` (so :func:`reap_orphans` can tell a dead owner).
+  ``cap_drop=["ALL"]`` with :data:`CAP_ADD` added back, and the manager's ownership labels
+  (:mod:`.ownership`: ``agentfly=1``, ``agentfly.manager``, ``agentfly.pool``, ``agentfly.pid``,
+  ``agentfly.pid_start``, ``agentfly.host``), so a dead owner's containers can be reaped.
 
 Images must provide ``/bin/sh`` and ``timeout`` (coreutils).  The project's base image
-(:mod:`agentfly_gym.images`) has them.
+(:mod:`.images`) has them.
 
 Episode isolation: ``reset()`` (on every re-acquisition) replaces the container with a fresh one
 of the same image and settings, so nothing written in one episode (``/root``, ``/etc``,
@@ -30,10 +30,9 @@ instance idle) does it at once, so no process of the last episode keeps running 
 next acquisition finds a fresh container ready.
 
 Cleanup: :meth:`DockerContainer.release` removes the container (``manager.aclose()`` releases
-every pool); :meth:`DockerContainer.terminate_sync` is called by the manager's ``atexit`` hook;
-SIGINT/SIGTERM handlers (installed once, on the main thread, when the first container starts;
-they chain to the previous handlers) remove this process's containers; :func:`reap_orphans`
-(``agentfly-gym resources gc``, :func:`gc_main`) removes those whose owning process died.
+every pool); :meth:`DockerContainer.terminate_sync` is called at interpreter exit and on SIGTERM by
+the manager's teardown (:mod:`agentfly_gym.resources.teardown`); what a killed process left is
+removed by :func:`.ownership.reap_docker_orphans` (``agentfly-gym resources gc``).
 """
 
 from __future__ import annotations
@@ -45,14 +44,13 @@ import io
 import logging
 import os
 import re
-import signal
 import struct
 import tarfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import (
     ConfigError,
@@ -67,10 +65,7 @@ from .output import OutputBuffer
 from .ownership import LABEL, owner_labels
 from ..spec import ContainerSpec
 
-if TYPE_CHECKING:
-    from ..manager import ResourceManager
-
-__all__ = ["CAP_ADD", "DockerContainer", "create_docker", "docker_available", "install_signal_handlers"]
+__all__ = ["CAP_ADD", "DockerContainer", "create", "docker_available"]
 
 log = logging.getLogger(__name__)
 
@@ -149,65 +144,9 @@ def docker_available(*, refresh: bool = False) -> bool:
     return ok
 
 
-# ------------------------------------------------------------------------------- live registry
-
-_live_lock = threading.Lock()
-_live: dict[str, DockerContainer] = {}
-_prev_handlers: dict[int, Any] = {}
-
-
-def _terminate_all_sync() -> None:
-    """Remove every container of this process now, in parallel (signal handler, best effort)."""
-    with _live_lock:
-        boxes = list(_live.values())
-    if not boxes:
-        return
-    threads = [threading.Thread(target=b.terminate_sync, daemon=True) for b in boxes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=20)
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    _terminate_all_sync()
-    prev = _prev_handlers.get(signum, signal.SIG_DFL)
-    if callable(prev):
-        prev(signum, frame)
-    elif prev == signal.SIG_IGN:
-        return
-    else:  # SIG_DFL (or None: set outside Python): let the default action happen
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-
-def install_signal_handlers() -> bool:
-    """Install the SIGINT/SIGTERM handlers that remove this process's containers, once.
-
-    Each handler removes the live containers, then chains to the handler that was installed
-    before (Python's ``KeyboardInterrupt`` for SIGINT; the default action, process exit, for a
-    default SIGTERM).  Python lets only the main thread install handlers: called from another
-    thread this does nothing and returns ``False`` (the ``atexit`` hook and :func:`reap_orphans`
-    still clean up).  Applications driving containers from a background loop can call it from
-    their main thread.
-
-    Returns:
-        Whether the handlers are installed now.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return all(signal.getsignal(s) is _on_signal for s in (signal.SIGINT, signal.SIGTERM)) \
-            if _prev_handlers else False
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        cur = signal.getsignal(sig)
-        if cur is _on_signal:
-            continue
-        _prev_handlers[sig] = cur
-        signal.signal(sig, _on_signal)
-    return True
-
-
 # ------------------------------------------------------------------------------- disk watchdog
 
+_watch_lock = threading.Lock()
 _watched: dict[str, DockerContainer] = {}  # container id -> instance whose disk limit the watchdog holds
 _watch_thread: threading.Thread | None = None
 
@@ -243,7 +182,7 @@ def _tree_bytes(root: str, stop_at: int) -> int:
 def _watch(box: DockerContainer) -> None:
     """Hold ``box``'s disk limit from the host (engines without ``storage_opt size``)."""
     global _watch_thread
-    with _live_lock:
+    with _watch_lock:
         if box.container_id:
             _watched[box.container_id] = box
         if _watch_thread is None or not _watch_thread.is_alive():
@@ -254,11 +193,11 @@ def _watch(box: DockerContainer) -> None:
 def _watch_loop() -> None:
     while True:
         time.sleep(DISK_POLL)
-        with _live_lock:
+        with _watch_lock:
             items = list(_watched.items())
         for cid, box in items:
             if box.container_id != cid or box._upper_dir is None or box.spec.disk is None:
-                with _live_lock:
+                with _watch_lock:
                     _watched.pop(cid, None)
                 continue
             used = _tree_bytes(box._upper_dir, box.spec.disk)
@@ -268,7 +207,7 @@ def _watch_loop() -> None:
                 log.warning("%s: %s; killing the container", box.id, box._death_reason)
                 with contextlib.suppress(Exception):
                     _get_client().api.kill(cid)
-                with _live_lock:
+                with _watch_lock:
                     _watched.pop(cid, None)
 
 
@@ -357,11 +296,13 @@ class DockerContainer(ContainerResource):
 
     backend_name = "docker"
 
-    def __init__(self, spec: ContainerSpec, manager_id: str) -> None:
-        labels = {**owner_labels(manager_id), f"{LABEL}.pool": spec.key}
+    def __init__(self, spec: ContainerSpec, *, labels: dict[str, str] | None = None) -> None:
+        # without a manager's labels (a container made by hand) this process is still named as owner
+        labels = {**owner_labels(f"afg-{os.getpid()}-{uuid.uuid4().hex[:8]}"), f"{LABEL}.pool": spec.key,
+                  **(labels or {})}
         super().__init__(spec, labels=labels)
         self.spec: ContainerSpec = spec
-        self.name = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"{manager_id}-{self.id}")
+        self.name = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"{labels[f'{LABEL}.manager']}-{self.id}")
         self.container_id: str | None = None
         self._lock = threading.Lock()
         self._released = False
@@ -379,7 +320,6 @@ class DockerContainer(ContainerResource):
     # -- lifecycle
     async def start(self) -> None:
         self._status = ResourceStatus.STARTING
-        install_signal_handlers()
         t0 = time.monotonic()
         try:
             await _in_thread(self._start_sync)
@@ -403,7 +343,7 @@ class DockerContainer(ContainerResource):
             if spec.image.startswith("agentfly/"):
                 raise ResourceStartError(
                     f"image {spec.image!r} is not built here; build it with `agentfly-gym images build` "
-                    "(agentfly_gym.images.build_image) first") from None
+                    "(agentfly_gym.resources.containers.images.build_image) first") from None
             try:
                 client.images.pull(spec.image)
             except docker.errors.APIError as e:
@@ -471,8 +411,6 @@ class DockerContainer(ContainerResource):
                 self._remove_sync(cid)
                 raise ResourceStartError(f"{self.id} was released during start")
             self.container_id = cid
-            with _live_lock:
-                _live[cid] = self
         try:
             api.start(cid)
         except docker.errors.APIError as e:
@@ -503,8 +441,6 @@ class DockerContainer(ContainerResource):
             cid, self.container_id = self.container_id, None
             self._fresh = False
         if cid is not None:
-            with _live_lock:
-                _live.pop(cid, None)
             self._remove_sync(cid)
         self._start_sync()
 
@@ -590,8 +526,6 @@ class DockerContainer(ContainerResource):
         self._status = ResourceStatus.STOPPED
         if cid is not None:
             self._remove_sync(cid)
-            with _live_lock:
-                _live.pop(cid, None)
 
     @staticmethod
     def _remove_sync(cid: str) -> None:
@@ -824,11 +758,12 @@ class DockerContainer(ContainerResource):
         return d
 
 
-def create_docker(spec: ContainerSpec, manager: ResourceManager) -> DockerContainer:
-    """An unstarted :class:`DockerContainer` for ``spec``, labelled with ``manager.id``.
+def create(spec: ContainerSpec, labels: dict[str, str]) -> DockerContainer:
+    """The ``("container", "docker")`` backend: an unstarted :class:`DockerContainer` for ``spec``
+    whose container will carry ``labels`` (see :mod:`.ownership`).
 
     Raises:
         ResourceUnavailable: docker-py is not installed.
     """
     _docker()
-    return DockerContainer(spec, manager.id)
+    return DockerContainer(spec, labels=labels)

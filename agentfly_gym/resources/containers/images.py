@@ -5,7 +5,7 @@ No image registry is needed.  The base image is a Debian root file system made b
 recipe folder (``envs/<name>/Dockerfile``) built ``FROM`` that base with the build's network
 switched off, its Python packages installed from wheels downloaded on the host::
 
-    from agentfly_gym.images import build_base_image, build_image
+    from agentfly_gym.resources.containers.images import build_base_image, build_image
     base = build_base_image()                 # "agentfly/base:<digest>", ~2-4 min the first time
     tag = build_image("envs/r2egym")          # "agentfly/r2egym:<digest>", a no-op when unchanged
 

@@ -8,10 +8,10 @@ isolation model), :mod:`.bwrap` (the ``bwrap`` program, its options, the seccomp
 
 from .bwrap import find_bwrap, seccomp_filter_bpf
 from .cgroups import SANDBOX_LIMITS_ENV, detect_limit_mode
-from .container import SANDBOX_DIR_ENV, SandboxContainer, SandboxPathError, create_sandbox, sandbox_root
+from .container import SANDBOX_DIR_ENV, SandboxContainer, SandboxPathError, create, sandbox_root
 from .rootfs import resolve_rootfs
 
 __all__ = [
-    "SANDBOX_DIR_ENV", "SANDBOX_LIMITS_ENV", "SandboxContainer", "SandboxPathError", "create_sandbox",
+    "SANDBOX_DIR_ENV", "SANDBOX_LIMITS_ENV", "SandboxContainer", "SandboxPathError", "create",
     "detect_limit_mode", "find_bwrap", "resolve_rootfs", "sandbox_root", "seccomp_filter_bpf",
 ]

@@ -2,12 +2,12 @@
 
 A :class:`SandboxContainer` is the embedded default of the container kind: it needs no
 daemon, only the ``bwrap`` program (Debian/Ubuntu package ``bubblewrap``).  It implements
-the :class:`~agentfly_gym.resources.container.ContainerResource` API, so tools and
+the :class:`~agentfly_gym.resources.containers.api.ContainerResource` API, so tools and
 environments (e.g. R2E-Gym) run unchanged on it or on Docker.
 
 Model of an instance:
 
-* **Root filesystem, read-only.**  ``ContainerSpec.image`` is either ``"host"`` (the host's
+* **Root filesystem, read-only.**  ``ContainerSpec.sandbox_image`` (else ``image``) is either ``"host"`` (the host's
   own ``/usr``, ``/bin``, ``/lib*``, ``/sbin``, ``/etc`` plus the running Python's prefix, so
   ``python3`` with this interpreter's packages, e.g. pytest, is available), an absolute path
   to a rootfs folder, or an image name mapped to a rootfs folder (see :func:`resolve_rootfs`).
@@ -60,7 +60,7 @@ Model of an instance:
 
 Orphans: an instance's folder holds ``agentfly-sandbox.json`` with the labels (the manager
 id as ``agentfly.manager``), the owner process id and its start time, and the cgroup
-folders, so :func:`reap_sandbox_orphans` (``agentfly-gym resources gc``) can kill its
+folders, so :func:`..ownership.reap_sandbox_orphans` (``agentfly-gym resources gc``) can kill its
 processes and remove its cgroups, its loop mount and its folder after a manager that died.
 """
 
@@ -85,7 +85,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ....errors import ConfigError, ResourceDied, ResourceStartError
 from ...base import ResourceStatus
@@ -98,10 +98,7 @@ from .cgroups import LIMIT_MODES, detect_limit_mode, kill_cgroups, make_cgroups,
 from .rootfs import HOST_ENTRIES, SKIP_ROOTFS, host_secrets, resolve_rootfs
 from .volume import mount_volume, unmount_under
 
-if TYPE_CHECKING:
-    from ...manager import ResourceManager
-
-__all__ = ["MARKER_NAME", "SANDBOX_DIR_ENV", "SANDBOX_UID_BASE", "SandboxContainer", "SandboxPathError", "create_sandbox",
+__all__ = ["MARKER_NAME", "SANDBOX_DIR_ENV", "SANDBOX_UID_BASE", "SandboxContainer", "SandboxPathError", "create",
            "sandbox_root"]
 
 log = logging.getLogger(__name__)
@@ -166,6 +163,8 @@ class SandboxContainer(ContainerResource):
         if limits != "auto" and limits not in LIMIT_MODES:
             raise ConfigError(f"limits={limits!r} is not one of 'auto', {', '.join(map(repr, LIMIT_MODES))}")
         super().__init__(spec, labels={"agentfly.backend": "sandbox", **(labels or {})})
+        #: the root file system this instance runs: ``spec.sandbox_image`` or else ``spec.image``
+        self.image = spec.sandbox_image or spec.image
         self._root = Path(root) if root is not None else None
         self._limits_wanted = limits
         self.limit_mode: str | None = None
@@ -211,7 +210,7 @@ class SandboxContainer(ContainerResource):
         wd = posixpath.normpath(spec.workdir or "/")
         if not wd.startswith("/"):
             raise ConfigError(f"workdir={spec.workdir!r} must be an absolute path")
-        self._rootfs = resolve_rootfs(spec.image)
+        self._rootfs = resolve_rootfs(self.image)
         writable = list(BASE_WRITABLE)
         ids = self._lookup_user(spec.user)
         for extra in (wd, ids[2] if ids is not None else "/"):  # the workdir, the spec user's home
@@ -389,7 +388,7 @@ class SandboxContainer(ContainerResource):
         """Plan the mounts, make the private folder and the limits, check with one exec, snapshot.
 
         Raises:
-            ResourceUnavailable: no ``bwrap``, or no rootfs for ``spec.image``.
+            ResourceUnavailable: no ``bwrap``, or no rootfs for the image.
             ConfigError: a bad workdir, mount or user in the spec.
             ResourceStartError: the sandbox does not run (the message carries bwrap's output).
         """
@@ -408,7 +407,7 @@ class SandboxContainer(ContainerResource):
                             "unprivileged user namespaces, e.g. sysctl user.max_user_namespaces=15000 and, on "
                             "Ubuntu, kernel.apparmor_restrict_unprivileged_userns=0, or use backend='docker')")
                 raise ResourceStartError(
-                    f"sandbox for image={self.spec.image!r} does not run (exit {res.exit_code}): "
+                    f"sandbox for image={self.image!r} does not run (exit {res.exit_code}): "
                     f"{res.output.strip()[:2000]}{hint}")
             await asyncio.to_thread(self._copy_tree, self.state_dir, self.dir / "snapshot")
         except BaseException:  # a failed or cancelled start leaves no folder, mount or cgroup behind
@@ -444,7 +443,7 @@ class SandboxContainer(ContainerResource):
                 except ResourceStartError as e:
                     if self._volume is not None and "No space left" in str(e):
                         raise ResourceStartError(
-                            f"image {self.spec.image!r}: its {w} does not fit in disk={self.spec.disk} bytes") from e
+                            f"image {self.image!r}: its {w} does not fit in disk={self.spec.disk} bytes") from e
                     raise
             else:
                 host.mkdir(parents=True)
@@ -474,7 +473,7 @@ class SandboxContainer(ContainerResource):
         data = {"name": self.name, "labels": self.labels, "owner_pid": os.getpid(),
                 "owner_start": proc_start(os.getpid()), "cgroups": self._cgroups,
                 "volume": str(self._volume) if self._volume else None, "host_uid": self.host_uid,
-                "image": self.spec.image, "pool": self.spec.key, "created": time.time()}
+                "image": self.image, "pool": self.spec.key, "created": time.time()}
         tmp = self.dir / (MARKER_NAME + ".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(self.dir / MARKER_NAME)
@@ -568,7 +567,7 @@ class SandboxContainer(ContainerResource):
     def describe(self) -> dict[str, Any]:
         """The base summary plus backend, image, limit mode, which limits hold, and the private folder."""
         d = super().describe()
-        d.update(backend="sandbox", image=self.spec.image, name=self.name, limits=self.limit_mode,
+        d.update(backend="sandbox", image=self.image, name=self.name, limits=self.limit_mode,
                  limits_enforced=dict(self.limits_enforced), private_dir=str(self.dir) if self.dir else None,
                  writable=list(self._writable), network=self.spec.network, start_time=self.start_time,
                  host_uid=self.host_uid, seccomp=seccomp_filter_bpf() is not None, disk=self.spec.disk,
@@ -767,19 +766,13 @@ class SandboxContainer(ContainerResource):
 
 
 # ---------------------------------------------------------------------------- entry points
-def create_sandbox(spec: ContainerSpec, manager: ResourceManager | None) -> SandboxContainer:
-    """An unstarted :class:`SandboxContainer` for ``spec``, labelled with the manager id.
-
-    Called by the container backend dispatcher for ``backend="sandbox"`` (and ``"auto"``
-    without a Docker engine).  The private folder lives under :func:`sandbox_root`.
+def create(spec: ContainerSpec, labels: dict[str, str]) -> SandboxContainer:
+    """The ``("container", "sandbox")`` backend: an unstarted :class:`SandboxContainer` for ``spec``
+    whose marker file will carry ``labels`` (see :mod:`..ownership`).  The private folder lives
+    under :func:`sandbox_root`.
 
     Raises:
         ResourceUnavailable: ``bwrap`` is not installed.
     """
     find_bwrap()
-    labels = {"agentfly.pool": spec.key}
-    if manager is not None:
-        labels["agentfly.manager"] = manager.id
     return SandboxContainer(spec, labels=labels)
-
-
