@@ -26,9 +26,9 @@ SKIP_ROOTFS = {"proc", "dev", "sys", "tmp", "root", "run", "mnt", "media", "lost
 def resolve_rootfs(image: str) -> Path | None:
     """The rootfs folder of ``image``; ``None`` for ``"host"``.
 
-    Order: ``"host"``; an absolute path to a folder; ``agentfly_gym.images.rootfs_dir(image)``
+    Order: ``"host"``; an absolute path to a folder; ``agentfly_gym.resources.containers.images.rootfs_dir(image)``
     when that module provides it; the Debian base image ``agentfly/base`` (``:latest``, no tag
-    or its content-hash tag) maps to :func:`agentfly_gym.images.base_rootfs_dir` once built
+    or its content-hash tag) maps to :func:`..images.base_rootfs_dir` once built
     (``agentfly-gym images build base``); else ``cache_dir("images", <name>)`` or its
     ``rootfs/`` subfolder, where ``<name>`` is the image name with ``/`` and ``:`` replaced by ``_``
     (e.g. a ``docker export`` of a recipe image unpacked there).
@@ -56,7 +56,7 @@ def resolve_rootfs(image: str) -> Path | None:
             raise ResourceUnavailable(f"image={image!r}: {e}") from e
         if p is not None and Path(p).is_dir():
             return Path(p)
-        tried.append(f"agentfly_gym.images.rootfs_dir -> {p}")
+        tried.append(f"images.rootfs_dir -> {p}")
     base_fn = getattr(images, "base_rootfs_dir", None) if images is not None else None
     repo, _, tag = image.partition(":")
     if callable(base_fn) and repo == getattr(images, "BASE_IMAGE", None):
