@@ -117,11 +117,11 @@ def reap_docker_orphans(manager_id: str | None = None, *, older_than: float = 0,
     Raises:
         ResourceUnavailable: no Docker engine answers.
     """
-    from .docker import _docker, _get_client
+    from .docker.engine import docker_module, get_client
 
-    docker = _docker()
+    docker = docker_module()
     try:
-        api = _get_client().api
+        api = get_client().api
         found = api.containers(all=True, filters={"label": f"{LABEL}=1"})
     except docker.errors.DockerException as e:
         raise ResourceUnavailable(f"no Docker engine answers: {e}") from e
