@@ -240,8 +240,8 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
 # ----------------------------------------------------------------------------- delegated commands
 #: command words -> (module, function taking the remaining argv list and returning an exit status)
 DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
-    ("images",): ("agentfly_gym.images", "images_main", "build container images offline: images build [names] [--force]"),
-    ("resources", "gc"): ("agentfly_gym.resources.backends.containers", "gc_main",
+    ("images",): ("agentfly_gym.resources.containers.images", "images_main", "build container images offline: images build [names] [--force]"),
+    ("resources", "gc"): ("agentfly_gym.resources.containers.ownership", "gc_main",
                           "remove containers and sandboxes left by dead managers: [--manager ID] [--older-than S] [--dry-run]"),
     ("r2e", "build-tasks"): ("agentfly_gym.envs.r2egym.local_tasks", "build_tasks_main",
                              "build the local R2E-Gym task set from PyPI sdists: [--out DIR] [--force] [--only ID ...]"),
@@ -256,14 +256,17 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
 
 
 def _run_delegated(argv: list[str]) -> int | None:
+    from .errors import ConfigError
+    from .utils.imports import load_object
+
     for words, (module, func, _) in DELEGATED.items():
         if tuple(argv[: len(words)]) == words:
             try:
-                mod = importlib.import_module(module)
-            except ModuleNotFoundError as e:
+                main = load_object(f"{module}:{func}", what="command")
+            except ConfigError as e:
                 print(f"agentfly-gym: '{' '.join(words)}' is not available: {e}", file=sys.stderr)
                 return 2
-            return int(getattr(mod, func)(argv[len(words):]) or 0)
+            return int(main(argv[len(words):]) or 0)
     return None
 
 

@@ -41,7 +41,7 @@ def make_multiagent(env_id: str, **kwargs: Any):
         ConfigError: no multi-agent environment has that id.
     """
     from .errors import ConfigError
-    from .resources.inprocess import load_factory
+    from .utils.imports import load_object
 
     name = env_id.split("/", 1)[1] if env_id.startswith(f"{NAMESPACE}/") else env_id
     if name not in MULTIAGENT_ENVS and f"{name}-v0" in MULTIAGENT_ENVS:
@@ -50,7 +50,7 @@ def make_multiagent(env_id: str, **kwargs: Any):
         raise ConfigError(f"unknown multi-agent environment {env_id!r}; known: "
                           f"{[f'{NAMESPACE}/{n}' for n in MULTIAGENT_ENVS]}")
     entry_point, defaults = MULTIAGENT_ENVS[name]
-    return load_factory(entry_point)(**{**defaults, **kwargs})
+    return load_object(entry_point, what="entry point")(**{**defaults, **kwargs})
 
 
 def make_vector(entry_point: str, num_envs: int = 1, **kwargs: Any):

@@ -17,7 +17,6 @@ their simulators, containers and servers come from the same pools.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +29,7 @@ from .envs.base import AgentFlyEnv
 from .errors import ConfigError
 from .resources.manager import ResourceManager
 from .utils.aio import run_sync
+from .utils.imports import load_object
 
 __all__ = ["AsyncTextVectorEnv", "VectorResult"]
 
@@ -40,8 +40,7 @@ VectorResult = tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[s
 
 
 def _load(entry_point: str) -> Callable[..., AgentFlyEnv]:
-    mod, _, attr = entry_point.partition(":")
-    return getattr(importlib.import_module(mod), attr)
+    return load_object(entry_point, what="entry point")
 
 
 def _batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:

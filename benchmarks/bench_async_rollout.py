@@ -542,7 +542,7 @@ def env_available(name: str, env_id: str) -> str | None:
         return f"{env_id} is not registered"
     try:
         if name == "R2EGym":
-            from agentfly_gym.resources.backends.containers import resolve_backend  # noqa: F401
+            from agentfly_gym.resources.containers.choice import resolve_backend  # noqa: F401
             from agentfly_gym.envs.r2egym.local_tasks import default_tasks_dir
 
             if not (default_tasks_dir() / "tasks.jsonl").is_file():

@@ -21,12 +21,10 @@ from proctools import default_sigint
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceError
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
-from agentfly_gym.resources.backends import containers
-from agentfly_gym.resources.backends.docker_backend import (
-    DockerContainer,
-    gc_main,
-    reap_orphans,
-)
+from agentfly_gym.resources.containers import choice as containers
+from agentfly_gym.resources.containers.docker import DockerContainer
+from agentfly_gym.resources.containers.ownership import gc_main
+from agentfly_gym.resources.containers.ownership import reap_docker_orphans as reap_orphans
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker
@@ -45,7 +43,7 @@ def engine(docker_client):
 
 @pytest.fixture(scope="module")
 def base_image(engine) -> str:
-    from agentfly_gym.images import build_base_image
+    from agentfly_gym.resources.containers.images import build_base_image
 
     return build_base_image()
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agentfly_gym import images
+from agentfly_gym.resources.containers import images
 from agentfly_gym.errors import ConfigError
-from agentfly_gym.images import (
+from agentfly_gym.resources.containers.images import (
     ImageBuildError,
     build_base_image,
     build_image,

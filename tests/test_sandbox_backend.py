@@ -20,13 +20,11 @@ from proctools import pids_with, procs_settle
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceUnavailable
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
-from agentfly_gym.resources.backends import sandbox_backend as sb
-from agentfly_gym.resources.backends.sandbox_backend import (
-    SandboxContainer,
-    SandboxPathError,
-    create_sandbox,
-    reap_sandbox_orphans,
-)
+from agentfly_gym.resources.containers.ownership import reap_sandbox_orphans
+from agentfly_gym.resources.containers.sandbox import cgroups
+from agentfly_gym.resources.containers.sandbox import container as sb
+from agentfly_gym.resources.containers.sandbox.container import SandboxContainer, SandboxPathError
+from agentfly_gym.resources.containers.sandbox.container import create as create_sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
 
@@ -34,8 +32,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bub
 
 
 def _sandbox_cgroups(name: str) -> list[Path]:
-    roots = [Path("/sys/fs/cgroup") / sb.CGROUP_PARENT]
-    roots += [b / sb.CGROUP_PARENT for b in (sb._cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
+    roots = [Path("/sys/fs/cgroup") / cgroups.CGROUP_PARENT]
+    roots += [b / cgroups.CGROUP_PARENT for b in (cgroups.cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
     return [r / name for r in roots if (r / name).exists()]
 
 
@@ -134,7 +132,7 @@ async def test_output_is_capped_head_and_tail(make_box):
     box = await make_box()
     r = await box.exec("python3 -c \"print('A' * 500000 + 'Z' * 500000)\"", max_output=1000)
     assert r.truncated and len(r.output) <= 1000
-    assert r.output.startswith("AAAA") and r.output.rstrip().endswith("ZZZZ") and "truncated" in r.output
+    assert r.output.startswith("AAAA") and r.output.rstrip().endswith("ZZZZ") and "characters cut" in r.output
     r = await box.exec("echo short", max_output=1000)
     assert not r.truncated and r.output == "short\n"
 
@@ -309,7 +307,7 @@ async def test_released_and_broken_instances(make_box):
 async def test_missing_bwrap_or_rootfs_is_a_clear_error(make_box, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ResourceUnavailable, match="bubblewrap"):
-        create_sandbox(ContainerSpec(image="host", backend="sandbox"), None)
+        create_sandbox(ContainerSpec(image="host", backend="sandbox"), {})
     monkeypatch.undo()
     monkeypatch.setenv("AGENTFLY_GYM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(sb.SANDBOX_DIR_ENV, str(tmp_path / "unused-root"))
@@ -400,7 +398,7 @@ async def test_reap_orphans_of_a_dead_manager(sandbox_dir):
 
 async def test_debian_base_image_rootfs(make_box):
     """The Debian base rootfs of agentfly_gym.images (built by ``agentfly-gym images build base``)."""
-    from agentfly_gym import images
+    from agentfly_gym.resources.containers import images
 
     if not (images.base_rootfs_dir() / ".agentfly-rootfs.json").is_file():
         pytest.skip("the Debian base rootfs is not built here (agentfly-gym images build base)")
@@ -451,7 +449,7 @@ def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
     script = textwrap.dedent(f"""
         import asyncio, os, signal
         from agentfly_gym.resources import ContainerSpec
-        from agentfly_gym.resources.backends.sandbox_backend import SandboxContainer
+        from agentfly_gym.resources.containers.sandbox.container import SandboxContainer
 
         async def main():
             box = SandboxContainer(ContainerSpec(image="host", backend="sandbox", disk="64m"),

@@ -21,7 +21,7 @@ from proctools import pids_with, procs_settle
 
 from agentfly_gym.errors import ResourceDied
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
-from agentfly_gym.resources.backends import sandbox_backend as sb
+from agentfly_gym.resources.containers.sandbox import container as sb
 
 BACKENDS = ["sandbox-host", "sandbox-base", "docker"]
 
@@ -45,14 +45,14 @@ def backend_spec(request, sandbox_dir):
         if shutil.which("bwrap") is None:
             pytest.skip("needs bubblewrap")
         if kind == "sandbox-base":
-            from agentfly_gym import images
+            from agentfly_gym.resources.containers import images
 
             if not (images.base_rootfs_dir() / ".agentfly-rootfs.json").is_file():
                 pytest.skip("the Debian base rootfs is not built here (agentfly-gym images build base)")
             return {"image": "agentfly/base", "backend": "sandbox"}
         return {"image": "host", "backend": "sandbox"}
     request.getfixturevalue("docker_client")
-    from agentfly_gym.images import build_base_image
+    from agentfly_gym.resources.containers.images import build_base_image
 
     return {"image": build_base_image(), "backend": "docker"}
 

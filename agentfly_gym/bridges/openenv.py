@@ -289,12 +289,9 @@ class OpenEnvServer:
         import uvicorn
 
         from ..resources.backends.model_service import free_port
-        from ..resources.inprocess import load_factory
+        from ..utils.imports import load_object
 
-        mod, _, attr = app.partition(":")
-        asgi = load_factory(app) if attr else None
-        if asgi is None:
-            raise ConfigError(f"app={app!r} must look like 'package.module:app'")
+        asgi = load_object(app, what="app")
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(asgi, host="127.0.0.1", port=self.port, log_level="warning"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib
 import logging
 import queue
 import threading
@@ -12,34 +11,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import ConfigError, ResourceDied, ResourceStartError
+from ..utils.imports import load_object
 from .base import Resource, ResourceStatus
 from .spec import InProcessSpec
 
-__all__ = ["InProcessResource", "load_factory"]
+__all__ = ["InProcessResource"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def load_factory(path: str) -> Callable[..., Any]:
-    """Import ``"package.module:attr.path"`` and return the callable.
-
-    Raises:
-        ConfigError: the module or attribute does not exist or is not callable.
-    """
-    mod_name, _, attr = path.partition(":")
-    try:
-        obj: Any = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ConfigError(f"factory {path!r}: cannot import module {mod_name!r}: {e}") from e
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as e:
-            raise ConfigError(f"factory {path!r}: module {mod_name!r} has no attribute {attr!r}") from e
-    if not callable(obj):
-        raise ConfigError(f"factory {path!r} is not callable")
-    return obj
 
 
 class _DaemonWorker:
@@ -146,7 +125,7 @@ class InProcessResource(Resource):
         self._status = ResourceStatus.UNHEALTHY
 
     async def start(self) -> None:
-        factory = load_factory(self.spec.factory)
+        factory = load_object(self.spec.factory, what="factory")
         kwargs = dict(self.spec.factory_kwargs)
         self._status = ResourceStatus.STARTING
         if self._closed.is_set():

@@ -12,28 +12,28 @@
 from __future__ import annotations
 
 import asyncio
-import atexit
 import itertools
 import logging
 import os
-import signal
-import threading
 import uuid
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import PoolClosedError, ResourceError
+from . import teardown
+from .backends import create_resource
 from .base import Resource
+from .containers.ownership import LABEL, owner_labels
 from .pool import ResourcePool
 from .spec import ResourceSpec
+from .teardown import install_signal_handlers
 
 __all__ = ["ResourceManager", "RolloutScope", "default_manager", "install_signal_handlers"]
 
 log = logging.getLogger(__name__)
 
 _scope_ids = itertools.count(1)
-_live_managers: weakref.WeakSet[ResourceManager] = weakref.WeakSet()
 
 
 class RolloutScope:
@@ -119,28 +119,33 @@ class ResourceManager:
 
     Args:
         manager_id: labels every resource this manager starts (containers carry it as a
-            Docker label so orphans can be reaped); random by default.
+            Docker label so orphans can be reaped); ``"afg-<pid>-<hex>"`` by default.
         acquire_timeout: default seconds an acquisition may wait on a saturated pool.
-        backend_factory: ``spec -> Resource``; defaults to
-            :func:`agentfly_gym.resources.backends.create_resource`.
+        backend_factory: ``(spec, labels) -> Resource`` (unstarted); defaults to the backend
+            registry, :func:`agentfly_gym.resources.backends.create_resource`.
+
+    Attributes:
+        labels: the ownership labels computed once for every resource this manager builds (see
+            :func:`agentfly_gym.resources.containers.ownership.owner_labels`); each resource also
+            gets ``agentfly.pool=<spec key>``.
 
     One manager belongs to one event loop.  Use it as ``async with ResourceManager() as m``
-    or call :meth:`aclose`; at interpreter exit, live instances are torn down synchronously
-    as a last resort.
+    or call :meth:`aclose`; at interpreter exit and on SIGTERM, the instances it built that are
+    still live are torn down synchronously (:mod:`agentfly_gym.resources.teardown`).
     """
 
     def __init__(self, *, manager_id: str | None = None, acquire_timeout: float | None = None,
-                 backend_factory: Callable[[ResourceSpec, ResourceManager], Resource] | None = None) -> None:
+                 backend_factory: Callable[[ResourceSpec, dict[str, str]], Resource] | None = None) -> None:
         self.id = manager_id or f"afg-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.acquire_timeout = acquire_timeout
-        self._backend_factory = backend_factory
+        self.labels: dict[str, str] = owner_labels(self.id)
+        self._backend_factory = backend_factory or create_resource
         self._pools: dict[str, ResourcePool] = {}
         self._globals: dict[str, Resource] = {}
         self._global_locks: dict[str, asyncio.Lock] = {}
+        self._instances: weakref.WeakSet[Resource] = weakref.WeakSet()  # every instance built, until collected
         self._closed = False
-        _live_managers.add(self)
-        _ensure_atexit()
-        install_signal_handlers()
+        teardown.watch(self)
 
     # -- pools
     def pool(self, spec: ResourceSpec) -> ResourcePool:
@@ -158,11 +163,9 @@ class ResourceManager:
         return dict(self._pools)
 
     def _build(self, spec: ResourceSpec) -> Resource:
-        if self._backend_factory is not None:
-            return self._backend_factory(spec, self)
-        from .backends import create_resource
-
-        return create_resource(spec, self)
+        r = self._backend_factory(spec, {**self.labels, f"{LABEL}.pool": spec.key})
+        self._instances.add(r)
+        return r
 
     # -- scopes
     def scope(self, scope_id: str | None = None, *, acquire_timeout: float | None = None) -> RolloutScope:
@@ -215,86 +218,19 @@ class ResourceManager:
         self._globals.clear()
         pools = list(self._pools.values())
         await asyncio.gather(*(p.terminate() for p in pools), return_exceptions=True)
-        _live_managers.discard(self)
 
     def close_sync(self) -> None:
-        """Synchronous best-effort teardown (interpreter exit, or no loop available)."""
+        """Synchronous best-effort teardown (interpreter exit, SIGTERM, or no loop available): every
+        instance this manager built that is still referenced gets ``terminate_sync()``, in parallel
+        (idempotent for those already released)."""
         self._closed = True
-        for p in self._pools.values():
-            p.terminate_sync()
+        teardown.terminate_all(list(self._instances))
 
     async def __aenter__(self) -> ResourceManager:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
-
-
-_atexit_registered = False
-
-
-def _ensure_atexit() -> None:
-    global _atexit_registered
-    if not _atexit_registered:
-        atexit.register(_close_all_at_exit)
-        _atexit_registered = True
-
-
-def _close_all_at_exit() -> None:
-    """Interpreter exit: tear down every live manager's instances synchronously, then stop the loop.
-
-    Thread pools refuse new work at this point, so no coroutine (and no ``release()``) runs;
-    each resource's ``terminate_sync()`` does the work.
-    """
-    from ..utils.aio import shutdown_background_loop
-
-    for m in list(_live_managers):
-        if not m.closed:
-            m.close_sync()
-    shutdown_background_loop()
-
-
-_prev_sigterm = None
-
-
-def _on_sigterm(signum, frame) -> None:
-    """SIGTERM: tear down every live manager's instances, then behave as the previous handler did."""
-    for m in list(_live_managers):
-        if not m.closed:
-            try:
-                m.close_sync()
-            except Exception:  # pragma: no cover - best effort while dying
-                pass
-    prev = _prev_sigterm
-    if callable(prev):
-        prev(signum, frame)
-    elif prev != signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def install_signal_handlers() -> bool:
-    """Make SIGTERM release every live resource (containers, JVMs, engines, servers) before the process ends.
-
-    Python runs ``atexit`` hooks on a normal exit and on Ctrl-C (``KeyboardInterrupt``), but
-    not when SIGTERM's default action kills the process; this handler tears resources down
-    synchronously and then lets the default action end the process.  Installed once, by the first
-    manager or environment created on the main thread (only the main thread may install signal
-    handlers), and only while SIGTERM has its default action: an application that handles SIGTERM
-    itself (e.g. by cancelling its tasks, as ``agentfly-gym rollout`` does) stays in charge.
-    Returns whether it is installed.
-    """
-    global _prev_sigterm
-    if threading.current_thread() is not threading.main_thread():
-        return signal.getsignal(signal.SIGTERM) is _on_sigterm
-    cur = signal.getsignal(signal.SIGTERM)
-    if cur is _on_sigterm:
-        return True
-    if cur not in (signal.SIG_DFL, None):  # the application handles SIGTERM itself (e.g. cancels its tasks)
-        return False
-    _prev_sigterm = cur
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    return True
 
 
 _default_managers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ResourceManager] = weakref.WeakKeyDictionary()

@@ -149,6 +149,9 @@ class ContainerSpec(ResourceSpec):
 
     Attributes:
         image: the image name (Docker) or a rootfs folder (sandbox).
+        sandbox_image: what the sandbox backend runs instead of ``image`` (``"host"``, a rootfs
+            folder or an image name with a rootfs on disk), so one spec serves both backends, e.g.
+            ``image="agentfly/r2egym", sandbox_image="host", backend="auto"``; ``None``: ``image``.
         cpus: CPU limit in cores (fractional allowed).
         memory: memory limit in bytes (``"512m"`` style strings are parsed).
         disk: limit in bytes on what the container may write (``"10g"`` style strings are parsed;
@@ -163,16 +166,19 @@ class ContainerSpec(ResourceSpec):
         env: environment variables, as a mapping.
         workdir: working directory for ``exec``.
         user: user to run as where the image has it ("" means the image's default).
-        backend: ``"docker"``, ``"sandbox"`` or ``"auto"`` (docker when an engine answers).
+        backend: ``"docker"``, ``"sandbox"``, ``"auto"`` (``"sandbox"`` for ``image="host"`` or a
+            folder, else docker when an engine answers), or another name registered with
+            :func:`agentfly_gym.resources.backends.register_backend`.
         command: the keep-alive command of the container.
         reset_paths: kept for compatibility and validated, no longer needed: ``reset()`` restores the
             whole writable file system on every backend (see
-            :class:`~agentfly_gym.resources.container.ContainerResource` for the reset contract).
+            :class:`~agentfly_gym.resources.containers.api.ContainerResource` for the reset contract).
     """
 
     kind: ClassVar[str] = "container"
 
     image: str
+    sandbox_image: str | None = None
     cpus: float = 1.0
     memory: int | str | None = "1g"
     disk: int | str | None = "10g"
@@ -196,8 +202,13 @@ class ContainerSpec(ResourceSpec):
                                   "other than /, /proc, /sys and /dev")
         if not isinstance(self.image, str) or not self.image:
             raise ConfigError(f"image={self.image!r} must be a non-empty image name")
-        if self.backend not in ("auto", "docker", "sandbox"):
-            raise ConfigError(f"backend={self.backend!r} is not one of 'auto', 'docker', 'sandbox'")
+        if self.sandbox_image is not None and (not isinstance(self.sandbox_image, str) or not self.sandbox_image):
+            raise ConfigError(f"sandbox_image={self.sandbox_image!r} must be None or a non-empty image name or folder")
+        from .backends import backend_names
+
+        known = ["auto", *backend_names(self.kind)]
+        if self.backend not in known:
+            raise ConfigError(f"backend={self.backend!r} is not one of {', '.join(map(repr, known))}")
         if isinstance(self.cpus, bool) or not isinstance(self.cpus, (int, float)) or not self.cpus > 0:
             raise ConfigError(f"cpus={self.cpus!r} must be a number of cores > 0")
         if not isinstance(self.pids, int) or self.pids < 1:

@@ -35,7 +35,6 @@ MT-Bench's single-answer grading (Zheng et al., 2023), read by
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
 import time
@@ -44,6 +43,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..resources.manager import ResourceManager
 from ..resources.spec import ModelAPISpec, ModelServiceSpec
+from ..utils.imports import load_object
 from ..utils.jsonargs import json_object
 from .judge import parse_score
 
@@ -266,13 +266,6 @@ def parse_reward(spec: str | EpisodeReward | None) -> EpisodeReward | None:
         api = ModelAPISpec(base_url=str(fields["base_url"]), model=model, api_key_env=fields.get("api_key_env") or None,
                            max_instances=concurrency, max_retries=retries, request_timeout=timeout)
         return JudgeReward(api=api, model=model, **common)
-    module, _, attr = spec.rpartition(":")
-    if not module or not attr:
+    if ":" not in spec.strip(":"):
         raise ConfigError(f"reward spec {spec!r} must be 'judge:KEY=VALUE,...' or 'MODULE:FUNCTION'")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"reward spec {spec!r}: cannot import {attr!r} from {module!r} ({e})") from None
-    if not callable(fn):
-        raise ConfigError(f"reward spec {spec!r}: {module}.{attr} is not callable")
-    return FunctionReward(spec, fn)
+    return FunctionReward(spec, load_object(spec, what="reward spec"))

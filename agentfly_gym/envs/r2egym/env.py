@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, DataNotFoundError, EnvError
-from ...resources.container import ContainerResource, ExecResult
+from ...resources.containers.api import ContainerResource, ExecResult
 from ...resources.manager import ResourceManager, RolloutScope
 from ...resources.spec import ContainerSpec
 from ..base import AgentFlyEnv, StepResult
@@ -211,7 +211,6 @@ class R2EGymEnv(AgentFlyEnv):
         self.cpus, self.memory, self.pids, self.disk = cpus, memory, pids, disk
         self.max_containers = max_containers
         self.bash_timeout, self.test_timeout, self.max_output = bash_timeout, test_timeout, max_output
-        self._resolved_backend: str | None = None
         self._task: R2ETask | None = None
         self._box: ContainerResource | None = None
         self._gold_applied = False
@@ -219,27 +218,15 @@ class R2EGymEnv(AgentFlyEnv):
         self._plan_episode: str | None = None
 
     # ------------------------------------------------------------------ specs
-    async def _local_backend(self) -> str:
-        if self._resolved_backend is None:
-            if self.backend != "auto":
-                self._resolved_backend = self.backend
-            elif self.image is not None and (self.image == "host" or os.path.isdir(self.image)):
-                self._resolved_backend = "sandbox"
-            else:
-                from ...resources.backends.containers import resolve_backend
-
-                probe = ContainerSpec(image=self.image or DOCKER_IMAGE, backend="auto")
-                self._resolved_backend = await asyncio.to_thread(resolve_backend, probe)
-        return self._resolved_backend
-
     async def container_spec(self, task: R2ETask) -> ContainerSpec:
-        """The container spec of ``task``: one generic spec for all local tasks, the row's image otherwise."""
+        """The container spec of ``task``: one generic spec for all local tasks (``image``, else the
+        project's R2E image on Docker and the host's system in the sandbox), the row's image otherwise."""
         common = {"cpus": self.cpus, "memory": self.memory, "pids": self.pids, "disk": self.disk,
                   "workdir": TESTBED, "max_instances": self.max_containers, "name": "r2egym"}
         if task.local:
-            backend = await self._local_backend()
-            image = self.image or (DOCKER_IMAGE if backend == "docker" else "host")
-            return ContainerSpec(image=image, backend=backend, **common)
+            if self.image is not None:
+                return ContainerSpec(image=self.image, backend=self.backend, **common)
+            return ContainerSpec(image=DOCKER_IMAGE, sandbox_image="host", backend=self.backend, **common)
         return ContainerSpec(image=task.docker_image or "", backend=self.backend, **common)
 
     # ------------------------------------------------------------------ episode

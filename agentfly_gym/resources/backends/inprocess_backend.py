@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from ..inprocess import InProcessResource
+from ..spec import InProcessSpec
 
 
-def create(spec, manager) -> InProcessResource:
-    return InProcessResource(spec, labels={"agentfly.manager": manager.id, "agentfly.pool": spec.key})
+def create(spec: InProcessSpec, labels: dict[str, str]) -> InProcessResource:
+    """The ``("inprocess", "")`` backend: an unstarted :class:`InProcessResource` for ``spec``."""
+    return InProcessResource(spec, labels=labels)

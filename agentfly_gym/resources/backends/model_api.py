@@ -125,5 +125,6 @@ class ModelAPIResource(Resource):
             await client.aclose()
 
 
-def create(spec: ModelAPISpec, manager) -> ModelAPIResource:
-    return ModelAPIResource(spec, labels={"agentfly.manager": manager.id, "agentfly.pool": spec.key})
+def create(spec: ModelAPISpec, labels: dict[str, str]) -> ModelAPIResource:
+    """The ``("model_api", "")`` backend: an unstarted :class:`ModelAPIResource` for ``spec``."""
+    return ModelAPIResource(spec, labels=labels)

@@ -179,5 +179,6 @@ class ModelServiceResource(Resource):
         return d
 
 
-def create(spec: ModelServiceSpec, manager) -> ModelServiceResource:
-    return ModelServiceResource(spec, labels={"agentfly.manager": manager.id, "agentfly.pool": spec.key})
+def create(spec: ModelServiceSpec, labels: dict[str, str]) -> ModelServiceResource:
+    """The ``("model_service", "")`` backend: an unstarted :class:`ModelServiceResource` for ``spec``."""
+    return ModelServiceResource(spec, labels=labels)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 
-from .base import Resource
+from ..base import Resource
 
 __all__ = ["ContainerResource", "ExecResult", "DEFAULT_MAX_OUTPUT"]
 

@@ -2,12 +2,12 @@
 
 A :class:`SandboxContainer` is the embedded default of the container kind: it needs no
 daemon, only the ``bwrap`` program (Debian/Ubuntu package ``bubblewrap``).  It implements
-the :class:`~agentfly_gym.resources.container.ContainerResource` API, so tools and
+the :class:`~agentfly_gym.resources.containers.api.ContainerResource` API, so tools and
 environments (e.g. R2E-Gym) run unchanged on it or on Docker.
 
 Model of an instance:
 
-* **Root filesystem, read-only.**  ``ContainerSpec.image`` is either ``"host"`` (the host's
+* **Root filesystem, read-only.**  ``ContainerSpec.sandbox_image`` (else ``image``) is either ``"host"`` (the host's
   own ``/usr``, ``/bin``, ``/lib*``, ``/sbin``, ``/etc`` plus the running Python's prefix, so
   ``python3`` with this interpreter's packages, e.g. pytest, is available), an absolute path
   to a rootfs folder, or an image name mapped to a rootfs folder (see :func:`resolve_rootfs`).
@@ -60,7 +60,7 @@ Model of an instance:
 
 Orphans: an instance's folder holds ``agentfly-sandbox.json`` with the labels (the manager
 id as ``agentfly.manager``), the owner process id and its start time, and the cgroup
-folders, so :func:`reap_sandbox_orphans` (``agentfly-gym resources gc``) can kill its
+folders, so :func:`..ownership.reap_sandbox_orphans` (``agentfly-gym resources gc``) can kill its
 processes and remove its cgroups, its loop mount and its folder after a manager that died.
 """
 
@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -86,29 +85,21 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...errors import ConfigError, ResourceDied, ResourceStartError, ResourceUnavailable
-from ..base import ResourceStatus
-from ..container import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
-from ..spec import ContainerSpec
+from ....errors import ConfigError, ResourceDied, ResourceStartError
+from ...base import ResourceStatus
+from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
+from ..output import OutputBuffer
+from ..ownership import proc_start
+from ...spec import ContainerSpec
+from .bwrap import bwrap_has, find_bwrap, seccomp_filter_bpf, setpriv, unshare
+from .cgroups import LIMIT_MODES, detect_limit_mode, kill_cgroups, make_cgroups, remove_cgroups
+from .rootfs import HOST_ENTRIES, SKIP_ROOTFS, host_secrets, resolve_rootfs
+from .volume import mount_volume, unmount_under
 
-if TYPE_CHECKING:
-    from ..manager import ResourceManager
-
-__all__ = [
-    "SANDBOX_DIR_ENV",
-    "SANDBOX_LIMITS_ENV",
-    "SandboxContainer",
-    "SandboxPathError",
-    "create_sandbox",
-    "detect_limit_mode",
-    "find_bwrap",
-    "reap_sandbox_orphans",
-    "resolve_rootfs",
-    "sandbox_root",
-    "seccomp_filter_bpf",
-]
+__all__ = ["MARKER_NAME", "SANDBOX_DIR_ENV", "SANDBOX_UID_BASE", "SandboxContainer", "SandboxPathError", "create",
+           "sandbox_root"]
 
 log = logging.getLogger(__name__)
 
@@ -116,41 +107,14 @@ SANDBOX_DIR_ENV = "AGENTFLY_GYM_SANDBOX_DIR"
 """Environment variable: the folder holding every instance's private folder
 (default ``<system temp>/agentfly-gym-sandbox``)."""
 
-SANDBOX_LIMITS_ENV = "AGENTFLY_GYM_SANDBOX_LIMITS"
-"""Environment variable: force a limit mode (``cgroup2``, ``cgroup1``, ``rlimit``); default ``auto``."""
-
 MARKER_NAME = "agentfly-sandbox.json"
-CGROUP_PARENT = "agentfly-gym"
 BASE_WRITABLE = ("/tmp", "/root")
-HOST_ENTRIES = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_SKIP_ROOTFS = {"proc", "dev", "sys", "tmp", "root", "run", "mnt", "media", "lost+found"}
-_CGROUP_FS = Path("/sys/fs/cgroup")
-_LIMIT_MODES = ("cgroup2", "cgroup1", "rlimit")
 _STAGE = "/run"  # where an exec's private mount namespace stages bind sources its host user cannot reach
 
 SANDBOX_UID_BASE = 1_600_000_000
 """First host uid (and gid) of the range sandboxes run as when the manager is root: each
 instance draws ``SANDBOX_UID_BASE + randbelow(2**24)``, an id no account uses."""
-
-#: Calls the seccomp filter refuses with EPERM: mounting, namespaces, keyrings, kernel modules,
-#: kexec, eBPF, perf, userfaultfd, handle-based opens, swap, clock and accounting changes,
-#: raw port I/O.  (After Docker's default profile, which allows them only with capabilities
-#: that the sandbox never has.)
-SECCOMP_DENY = (
-    "mount", "umount", "umount2", "pivot_root", "chroot", "unshare", "setns",
-    "mount_setattr", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
-    "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load", "init_module",
-    "finit_module", "delete_module", "bpf", "perf_event_open", "userfaultfd", "open_by_handle_at",
-    "name_to_handle_at", "reboot", "swapon", "swapoff", "syslog", "acct", "quotactl",
-    "quotactl_fd", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm",
-    "lookup_dcookie", "vhangup", "nfsservctl",
-)
-#: clone flags that create namespaces (``CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER |
-#: NEWPID | NEWNET``); ``clone`` with any of them is refused, ``clone3`` answers ENOSYS so that
-#: the C library falls back to ``clone`` where the flags can be inspected (as Docker does).
-_CLONE_NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
-_seccomp_cache: list[bytes | None] = []
 
 
 class SandboxPathError(ConfigError):
@@ -158,391 +122,10 @@ class SandboxPathError(ConfigError):
     paths of the sandbox (for writes), or not reachable from the host (e.g. ``/proc``)."""
 
 
-# ---------------------------------------------------------------------------- discovery
-def find_bwrap() -> str:
-    """The ``bwrap`` executable found on ``PATH``.
-
-    Raises:
-        ResourceUnavailable: bubblewrap is not installed.
-    """
-    path = shutil.which("bwrap")
-    if path is None:
-        raise ResourceUnavailable(
-            "the sandbox container backend needs bubblewrap: 'bwrap' was not found on PATH; "
-            "install the system package 'bubblewrap' (apt-get install bubblewrap) or use backend='docker'")
-    return path
-
-
-def seccomp_filter_bpf() -> bytes | None:
-    """The sandbox's seccomp filter as a raw BPF program (for ``bwrap --seccomp FD``), or ``None``.
-
-    Built once per process with libseccomp (the ``pyseccomp`` bindings, package
-    ``agentfly-gym[sandbox]``, over the system's ``libseccomp.so.2``): allow by default, refuse
-    :data:`SECCOMP_DENY` and namespace-creating ``clone`` with ``EPERM``, ``clone3`` with ``ENOSYS``;
-    calls of a foreign architecture (e.g. 32-bit ``int 0x80`` on x86-64) kill the process.
-    ``None`` (logged once) when the bindings or the library are missing; the sandbox then still
-    runs unprivileged, without capabilities and without nested user namespaces.
-    """
-    if _seccomp_cache:
-        return _seccomp_cache[0]
-    bpf: bytes | None = None
-    try:
-        import errno as _errno
-
-        import pyseccomp as seccomp
-
-        f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
-        for name in SECCOMP_DENY:
-            with contextlib.suppress(Exception):  # a call this architecture or libseccomp lacks
-                f.add_rule(seccomp.ERRNO(_errno.EPERM), name)
-        for bit in range(32):  # one rule per namespace flag: libseccomp matches a masked equality
-            flag = 1 << bit
-            if _CLONE_NS_FLAGS & flag:
-                f.add_rule(seccomp.ERRNO(_errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
-        with contextlib.suppress(Exception):
-            f.add_rule(seccomp.ERRNO(_errno.ENOSYS), "clone3")
-        with tempfile.TemporaryFile() as tmp:
-            f.export_bpf(tmp)
-            tmp.seek(0)
-            bpf = tmp.read()
-    except Exception as e:  # ImportError, or OSError when libseccomp.so.2 is missing
-        log.warning("sandbox: no seccomp filter (%s); install agentfly-gym[sandbox] (pyseccomp) and libseccomp2", e)
-        bpf = None
-    _seccomp_cache.append(bpf)
-    return bpf
-
-
 def sandbox_root() -> Path:
     """``$AGENTFLY_GYM_SANDBOX_DIR`` or ``<system temp>/agentfly-gym-sandbox`` (not created)."""
     env = os.environ.get(SANDBOX_DIR_ENV)
     return Path(env) if env else Path(tempfile.gettempdir()) / "agentfly-gym-sandbox"
-
-
-def resolve_rootfs(image: str) -> Path | None:
-    """The rootfs folder of ``image``; ``None`` for ``"host"``.
-
-    Order: ``"host"``; an absolute path to a folder; ``agentfly_gym.images.rootfs_dir(image)``
-    when that module provides it; the Debian base image ``agentfly/base`` (``:latest``, no tag
-    or its content-hash tag) maps to :func:`agentfly_gym.images.base_rootfs_dir` once built
-    (``agentfly-gym images build base``); else ``cache_dir("images", <name>)`` or its
-    ``rootfs/`` subfolder, where ``<name>`` is the image name with ``/`` and ``:`` replaced by ``_``
-    (e.g. a ``docker export`` of a recipe image unpacked there).
-
-    Raises:
-        ResourceUnavailable: no rootfs folder exists for ``image``.
-    """
-    if image == "host":
-        return None
-    if image.startswith("/"):
-        p = Path(image)
-        if p.is_dir():
-            return p
-        raise ResourceUnavailable(f"image={image!r}: no rootfs folder at that path")
-    tried: list[str] = []
-    try:
-        images = importlib.import_module("agentfly_gym.images")
-    except ImportError:
-        images = None
-    fn = getattr(images, "rootfs_dir", None) if images is not None else None
-    if callable(fn):
-        try:
-            p = fn(image)
-        except Exception as e:  # the images module says why (not built, unknown name)
-            raise ResourceUnavailable(f"image={image!r}: {e}") from e
-        if p is not None and Path(p).is_dir():
-            return Path(p)
-        tried.append(f"agentfly_gym.images.rootfs_dir -> {p}")
-    base_fn = getattr(images, "base_rootfs_dir", None) if images is not None else None
-    repo, _, tag = image.partition(":")
-    if callable(base_fn) and repo == getattr(images, "BASE_IMAGE", None):
-        p = Path(base_fn())
-        if (tag in ("", "latest") or image == images.base_image_tag()) and (p / ".agentfly-rootfs.json").is_file():
-            return p
-        tried.append(str(p))
-    from ...data import cache_dir
-
-    safe = re.sub(r"[/:]", "_", image)
-    for c in (cache_dir("images", safe, "rootfs"), cache_dir("images", safe)):
-        tried.append(str(c))
-        if c.is_dir() and any(c.iterdir()):
-            return c
-    raise ResourceUnavailable(
-        f"image={image!r} has no rootfs folder for the sandbox backend (searched: {', '.join(tried)}); "
-        "build or export the image into one of these folders, pass an absolute rootfs path, "
-        "or use image='host'")
-
-
-_bwrap_help: list[str] = []
-
-
-def _bwrap_has(option: str) -> bool:
-    """Whether the installed bwrap knows ``option`` (its ``--help``, read once per process)."""
-    if not _bwrap_help:
-        try:
-            r = subprocess.run([find_bwrap(), "--help"], capture_output=True, text=True, timeout=30, check=False)
-            _bwrap_help.append(r.stdout + r.stderr)
-        except (OSError, subprocess.SubprocessError):
-            _bwrap_help.append("")
-    return option in _bwrap_help[0]
-
-
-def _setpriv() -> str:
-    """The ``setpriv`` program (util-linux) that drops the exec to the instance's host user.
-
-    Raises:
-        ResourceUnavailable: not installed.
-    """
-    path = shutil.which("setpriv")
-    if path is None:
-        raise ResourceUnavailable("the sandbox backend run as root needs 'setpriv' (util-linux) to run "
-                                  "sandboxes as an unprivileged host user; install util-linux")
-    return path
-
-
-def _unshare() -> str:
-    path = shutil.which("unshare")
-    if path is None:
-        raise ResourceUnavailable("the sandbox backend run as root needs 'unshare' (util-linux); install util-linux")
-    return path
-
-
-def _host_secrets(etc: str = "/etc") -> list[tuple[str, bool]]:
-    """Entries of the host's ``/etc`` (two levels) that are not world-readable: ``(path, is_dir)``.
-
-    ``image="host"`` masks them (an empty file or folder), so the sandbox never shows e.g.
-    ``/etc/shadow``, ``/etc/gshadow``, ``/etc/sudoers`` or ssh host keys, whatever the host holds.
-    """
-    found: list[tuple[str, bool]] = []
-
-    def scan(d: str, depth: int) -> None:
-        try:
-            entries = list(os.scandir(d))
-        except OSError:
-            return
-        for e in entries:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            is_dir = stat.S_ISDIR(st.st_mode)
-            if not st.st_mode & (stat.S_IXOTH if is_dir else stat.S_IROTH) or (is_dir and not st.st_mode & stat.S_IROTH):
-                found.append((e.path, is_dir))
-            elif is_dir and depth < 2:
-                scan(e.path, depth + 1)
-
-    scan(etc, 1)
-    return sorted(found)
-
-
-def _cgroup2_usable() -> bool:
-    return (_CGROUP_FS / "cgroup.controllers").is_file() and os.access(_CGROUP_FS, os.W_OK)
-
-
-def _own_cgroup_v1(controller: str) -> str | None:
-    """This process's cgroup path in the v1 hierarchy of ``controller`` (from /proc/self/cgroup)."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) == 3 and controller in parts[1].split(","):
-            return parts[2]
-    return None
-
-
-def _cgroup1_dir(controller: str) -> Path | None:
-    own = _own_cgroup_v1(controller)
-    mount = _CGROUP_FS / controller
-    if own is None or not (mount / "cgroup.procs").is_file():
-        return None
-    base = mount / own.lstrip("/")
-    return base if base.is_dir() and os.access(base, os.W_OK) else None
-
-
-def detect_limit_mode() -> str:
-    """The best limit mode available here: ``"cgroup2"``, ``"cgroup1"`` or ``"rlimit"``.
-
-    ``$AGENTFLY_GYM_SANDBOX_LIMITS`` forces one.  cgroup v2 needs a writable
-    ``/sys/fs/cgroup`` with ``cgroup.controllers``; cgroup v1 needs writable memory and pids
-    hierarchies.  The choice is confirmed when an instance starts: if its cgroup cannot be
-    made, the instance falls back to the next mode.
-
-    Raises:
-        ConfigError: the environment variable names an unknown mode.
-    """
-    forced = os.environ.get(SANDBOX_LIMITS_ENV, "auto")
-    if forced != "auto":
-        if forced not in _LIMIT_MODES:
-            raise ConfigError(f"{SANDBOX_LIMITS_ENV}={forced!r} is not one of 'auto', {', '.join(map(repr, _LIMIT_MODES))}")
-        return forced
-    if _cgroup2_usable():
-        return "cgroup2"
-    if _cgroup1_dir("memory") is not None and _cgroup1_dir("pids") is not None:
-        return "cgroup1"
-    return "rlimit"
-
-
-# ---------------------------------------------------------------------------- cgroups
-def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
-
-
-def _cgroup_pids(dirs: list[str]) -> set[int]:
-    pids: set[int] = set()
-    for d in dirs:
-        with contextlib.suppress(OSError, ValueError):
-            pids.update(int(x) for x in Path(d, "cgroup.procs").read_text().split())
-    return pids
-
-
-def _kill_cgroups(dirs: list[str], *, tries: int = 50) -> bool:
-    """SIGKILL every process in the cgroups ``dirs`` until they are empty; True when empty."""
-    for d in dirs:  # cgroup v2 >= 5.14 kills the whole subtree atomically
-        kill_file = Path(d, "cgroup.kill")
-        if kill_file.exists():
-            with contextlib.suppress(OSError):
-                _write(kill_file, "1")
-    for _ in range(tries):
-        pids = _cgroup_pids(dirs)
-        if not pids:
-            return True
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.02)
-    return not _cgroup_pids(dirs)
-
-
-def _remove_cgroups(dirs: list[str]) -> None:
-    if not dirs:
-        return
-    _kill_cgroups(dirs)
-    for d in dirs:
-        for _ in range(50):
-            try:
-                os.rmdir(d)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:  # EBUSY while the last killed process is reaped
-                time.sleep(0.02)
-
-
-def _make_cgroups(mode: str, name: str, spec: ContainerSpec) -> tuple[list[str], dict[str, bool]]:
-    """Create the instance's cgroup(s) and write the limits; returns (dirs, enforced).
-
-    Raises:
-        OSError: the cgroup cannot be made here (the caller falls back).
-    """
-    dirs: list[str] = []
-    enforced = {"memory": False, "pids": False, "cpu": False}
-    try:
-        if mode == "cgroup2":
-            parent = _CGROUP_FS / CGROUP_PARENT
-            parent.mkdir(exist_ok=True)
-            for ctl in ("memory", "pids", "cpu"):
-                for d in (_CGROUP_FS, parent):
-                    with contextlib.suppress(OSError):
-                        _write(d / "cgroup.subtree_control", f"+{ctl}")
-            inst = parent / name
-            inst.mkdir()
-            dirs.append(str(inst))
-            if not (inst / "memory.max").exists() or not (inst / "pids.max").exists():
-                raise OSError("the memory and pids controllers are not enabled for agentfly-gym cgroups")
-            if spec.memory:
-                _write(inst / "memory.max", str(spec.memory))
-                with contextlib.suppress(OSError):
-                    _write(inst / "memory.swap.max", "0")
-                enforced["memory"] = True
-            _write(inst / "pids.max", str(spec.pids))
-            enforced["pids"] = True
-            if (inst / "cpu.max").exists():
-                _write(inst / "cpu.max", f"{max(1000, int(spec.cpus * 100_000))} 100000")
-                enforced["cpu"] = True
-        elif mode == "cgroup1":
-            for ctl in ("memory", "pids", "cpu"):
-                base = _cgroup1_dir(ctl)
-                if base is None:
-                    if ctl == "cpu":
-                        continue
-                    raise OSError(f"no writable cgroup v1 {ctl} hierarchy")
-                parent = base / CGROUP_PARENT
-                parent.mkdir(exist_ok=True)
-                inst = parent / name
-                inst.mkdir()
-                dirs.append(str(inst))
-                if ctl == "memory" and spec.memory:
-                    _write(inst / "memory.limit_in_bytes", str(spec.memory))
-                    with contextlib.suppress(OSError):
-                        _write(inst / "memory.memsw.limit_in_bytes", str(spec.memory))
-                    enforced["memory"] = True
-                elif ctl == "pids":
-                    _write(inst / "pids.max", str(spec.pids))
-                    enforced["pids"] = True
-                elif ctl == "cpu":
-                    _write(inst / "cpu.cfs_period_us", "100000")
-                    _write(inst / "cpu.cfs_quota_us", str(max(1000, int(spec.cpus * 100_000))))
-                    enforced["cpu"] = True
-        else:
-            raise ValueError(mode)
-    except BaseException:
-        _remove_cgroups(dirs)
-        raise
-    return dirs, enforced
-
-
-# ---------------------------------------------------------------------------- output
-class _OutputCollector:
-    """Keeps the first and last ``max_output`` bytes of a stream (bytes >= characters)."""
-
-    def __init__(self, max_output: int) -> None:
-        self.max = max_output
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.max - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > self.max:
-                del self.tail[: len(self.tail) - self.max]
-
-    def result(self) -> tuple[str, bool]:
-        """(text of at most ``max_output`` characters, truncated?)."""
-        if not self.tail:
-            text = self.head.decode("utf-8", "replace")
-            if len(text) <= self.max:
-                return text, False
-            head_text, tail_text = text, text
-        else:
-            head_text = self.head.decode("utf-8", "replace")
-            tail_text = self.tail.decode("utf-8", "replace")
-        marker = f"\n[... output truncated: {self.total} bytes in all, the middle omitted ...]\n"
-        budget = self.max - len(marker)
-        if budget < 2:
-            return head_text[: self.max], True
-        h = budget // 2
-        t = budget - h
-        return head_text[:h] + marker + tail_text[-t:], True
-
-
-# ---------------------------------------------------------------------------- the resource
-def _proc_start_time(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat (start time in clock ticks), to tell pid reuse apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 class SandboxContainer(ContainerResource):
@@ -577,9 +160,11 @@ class SandboxContainer(ContainerResource):
                  root: str | os.PathLike | None = None, limits: str = "auto") -> None:
         if not isinstance(spec, ContainerSpec):
             raise ConfigError(f"the sandbox backend needs a ContainerSpec, got {type(spec).__name__}")
-        if limits != "auto" and limits not in _LIMIT_MODES:
-            raise ConfigError(f"limits={limits!r} is not one of 'auto', {', '.join(map(repr, _LIMIT_MODES))}")
+        if limits != "auto" and limits not in LIMIT_MODES:
+            raise ConfigError(f"limits={limits!r} is not one of 'auto', {', '.join(map(repr, LIMIT_MODES))}")
         super().__init__(spec, labels={"agentfly.backend": "sandbox", **(labels or {})})
+        #: the root file system this instance runs: ``spec.sandbox_image`` or else ``spec.image``
+        self.image = spec.sandbox_image or spec.image
         self._root = Path(root) if root is not None else None
         self._limits_wanted = limits
         self.limit_mode: str | None = None
@@ -625,7 +210,7 @@ class SandboxContainer(ContainerResource):
         wd = posixpath.normpath(spec.workdir or "/")
         if not wd.startswith("/"):
             raise ConfigError(f"workdir={spec.workdir!r} must be an absolute path")
-        self._rootfs = resolve_rootfs(spec.image)
+        self._rootfs = resolve_rootfs(self.image)
         writable = list(BASE_WRITABLE)
         ids = self._lookup_user(spec.user)
         for extra in (wd, ids[2] if ids is not None else "/"):  # the workdir, the spec user's home
@@ -640,7 +225,7 @@ class SandboxContainer(ContainerResource):
         else:
             src_root = self._rootfs
             names = sorted(n for n in os.listdir(src_root)
-                           if n not in _SKIP_ROOTFS and n not in top_writable and not n.startswith("."))
+                           if n not in SKIP_ROOTFS and n not in top_writable and not n.startswith("."))
         for n in names:
             p = src_root / n
             if p.is_symlink():
@@ -648,7 +233,7 @@ class SandboxContainer(ContainerResource):
             else:
                 self._ro.append((f"/{n}", str(p)))
         if self._rootfs is None:
-            self._masks = _host_secrets()
+            self._masks = host_secrets()
             # the running interpreter (e.g. a pyenv or venv Python outside /usr) with its packages
             for prefix in dict.fromkeys([sys.base_prefix, sys.prefix]):
                 if prefix and not prefix.startswith("/usr/") and os.path.isdir(prefix):
@@ -721,7 +306,7 @@ class SandboxContainer(ContainerResource):
         ids = self._lookup_user(user)
         uid, gid = (ids[0], ids[1]) if ids is not None else (0, 0)
         a += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL"]
-        if _bwrap_has("--disable-userns"):  # bubblewrap >= 0.8; the seccomp filter refuses CLONE_NEWUSER anyway
+        if bwrap_has("--disable-userns"):  # bubblewrap >= 0.8; the seccomp filter refuses CLONE_NEWUSER anyway
             a.append("--disable-userns")
         for c, h in self._ro:
             a += ["--ro-bind", src(h), c]
@@ -756,14 +341,14 @@ class SandboxContainer(ContainerResource):
         # run as root only long enough to join the cgroups (and stage sources), then become the
         # instance's host user
         if unprivileged:
-            a = [_setpriv(), f"--reuid={self.host_uid}", f"--regid={self.host_gid}", "--clear-groups", "--", *a]
+            a = [setpriv(), f"--reuid={self.host_uid}", f"--regid={self.host_gid}", "--clear-groups", "--", *a]
         if staged:
             q = shlex.quote
             stage = [f"mount -t tmpfs -o mode=0755,size=1m agentfly-stage {_STAGE}"]
             for i, path in enumerate(staged):
                 make = f"mkdir {_STAGE}/{i}" if os.path.isdir(path) else f": > {_STAGE}/{i}"
                 stage.append(f"{make} && mount --rbind {q(path)} {_STAGE}/{i}")  # with the disk volume below it
-            a = [_unshare(), "--mount", "--propagation", "private", "--",
+            a = [unshare(), "--mount", "--propagation", "private", "--",
                  "/bin/sh", "-ec", "; ".join(stage) + '; exec "$@"', "sh", *a]
         steps = []
         if self.limit_mode in ("cgroup1", "cgroup2") and self._cgroups:
@@ -803,7 +388,7 @@ class SandboxContainer(ContainerResource):
         """Plan the mounts, make the private folder and the limits, check with one exec, snapshot.
 
         Raises:
-            ResourceUnavailable: no ``bwrap``, or no rootfs for ``spec.image``.
+            ResourceUnavailable: no ``bwrap``, or no rootfs for the image.
             ConfigError: a bad workdir, mount or user in the spec.
             ResourceStartError: the sandbox does not run (the message carries bwrap's output).
         """
@@ -822,7 +407,7 @@ class SandboxContainer(ContainerResource):
                             "unprivileged user namespaces, e.g. sysctl user.max_user_namespaces=15000 and, on "
                             "Ubuntu, kernel.apparmor_restrict_unprivileged_userns=0, or use backend='docker')")
                 raise ResourceStartError(
-                    f"sandbox for image={self.spec.image!r} does not run (exit {res.exit_code}): "
+                    f"sandbox for image={self.image!r} does not run (exit {res.exit_code}): "
                     f"{res.output.strip()[:2000]}{hint}")
             await asyncio.to_thread(self._copy_tree, self.state_dir, self.dir / "snapshot")
         except BaseException:  # a failed or cancelled start leaves no folder, mount or cgroup behind
@@ -845,7 +430,7 @@ class SandboxContainer(ContainerResource):
         os.chmod(self.dir, 0o711)
         self._write_marker()  # first, so that gc finds whatever a start that dies midway leaves
         if self.spec.disk and os.geteuid() == 0:
-            self._volume = self._mount_volume(self.dir, self.spec.disk, self.host_uid, self.host_gid)
+            self._volume = mount_volume(self.dir, self.spec.disk, self.host_uid, self.host_gid)
             self._write_marker()
         self.state_dir.mkdir()
         owner = f"{self.host_uid}:{self.host_gid}"
@@ -858,7 +443,7 @@ class SandboxContainer(ContainerResource):
                 except ResourceStartError as e:
                     if self._volume is not None and "No space left" in str(e):
                         raise ResourceStartError(
-                            f"image {self.spec.image!r}: its {w} does not fit in disk={self.spec.disk} bytes") from e
+                            f"image {self.image!r}: its {w} does not fit in disk={self.spec.disk} bytes") from e
                     raise
             else:
                 host.mkdir(parents=True)
@@ -868,13 +453,13 @@ class SandboxContainer(ContainerResource):
         # user (root or spec.user) onto it
         subprocess.run(["chown", "-R", "--no-dereference", owner, str(self.state_dir)], capture_output=True, check=False)
         mode = self._limits_wanted if self._limits_wanted != "auto" else detect_limit_mode()
-        for m in _LIMIT_MODES[_LIMIT_MODES.index(mode):]:
+        for m in LIMIT_MODES[LIMIT_MODES.index(mode):]:
             if m == "rlimit":
                 self.limit_mode = "rlimit"  # RLIMIT_NPROC holds for any host user but root
                 self.limits_enforced = {"memory": bool(self.spec.memory), "pids": self.host_uid != 0, "cpu": False}
                 break
             try:
-                self._cgroups, self.limits_enforced = _make_cgroups(m, self.name, self.spec)
+                self._cgroups, self.limits_enforced = make_cgroups(m, self.name, self.spec)
                 self.limit_mode = m
                 break
             except OSError as e:
@@ -883,42 +468,12 @@ class SandboxContainer(ContainerResource):
         self.limits_enforced["disk"] = self._volume is not None
         self._write_marker()
 
-    @staticmethod
-    def _mount_volume(d: Path, size: int, uid: int, gid: int) -> Path | None:
-        """A fresh ext4 file system of ``size`` bytes (sparse image ``d/disk.img``) mounted at ``d/vol``.
-
-        ``None`` (logged) when it cannot be made here (no loop devices, no mkfs.ext4, a mount refused).
-        """
-        img, vol = d / "disk.img", d / "vol"
-        mkfs = shutil.which("mkfs.ext4") or shutil.which("mke2fs")
-        if mkfs is None:
-            log.info("sandbox: no mkfs.ext4; the disk limit holds per file only")
-            return None
-        try:
-            with open(os.open(img, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-                f.truncate(size)
-            vol.mkdir()
-            subprocess.run([mkfs, "-q", "-F", "-t", "ext4", "-m", "0", "-O", "^has_journal",
-                            "-E", f"lazy_itable_init=1,root_owner={uid}:{gid}", str(img)],
-                           check=True, capture_output=True, text=True, timeout=120)
-            subprocess.run(["mount", "-o", "loop,nosuid,nodev", str(img), str(vol)],
-                           check=True, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError) as e:
-            detail = getattr(e, "stderr", "") or e
-            log.info("sandbox: no loop-mounted disk (%s); the disk limit holds per file only", str(detail).strip())
-            with contextlib.suppress(OSError):
-                vol.rmdir()
-            with contextlib.suppress(OSError):
-                img.unlink()
-            return None
-        return vol
-
     def _write_marker(self) -> None:
         assert self.dir is not None
         data = {"name": self.name, "labels": self.labels, "owner_pid": os.getpid(),
-                "owner_start": _proc_start_time(os.getpid()), "cgroups": self._cgroups,
+                "owner_start": proc_start(os.getpid()), "cgroups": self._cgroups,
                 "volume": str(self._volume) if self._volume else None, "host_uid": self.host_uid,
-                "image": self.spec.image, "pool": self.spec.key, "created": time.time()}
+                "image": self.image, "pool": self.spec.key, "created": time.time()}
         tmp = self.dir / (MARKER_NAME + ".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(self.dir / MARKER_NAME)
@@ -938,7 +493,7 @@ class SandboxContainer(ContainerResource):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(p.pid, signal.SIGKILL)
         if self._cgroups:
-            _kill_cgroups(self._cgroups)
+            kill_cgroups(self._cgroups)
 
     async def reset(self) -> None:
         """Kill stray processes and restore the private state to the snapshot taken at start.
@@ -996,10 +551,10 @@ class SandboxContainer(ContainerResource):
 
     def _teardown(self) -> None:
         self._kill_all()
-        _remove_cgroups(self._cgroups)
+        remove_cgroups(self._cgroups)
         self._cgroups = []
         if self.dir is not None:
-            _unmount_under(self.dir)
+            unmount_under(self.dir)
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def _check_alive(self) -> None:
@@ -1012,7 +567,7 @@ class SandboxContainer(ContainerResource):
     def describe(self) -> dict[str, Any]:
         """The base summary plus backend, image, limit mode, which limits hold, and the private folder."""
         d = super().describe()
-        d.update(backend="sandbox", image=self.spec.image, name=self.name, limits=self.limit_mode,
+        d.update(backend="sandbox", image=self.image, name=self.name, limits=self.limit_mode,
                  limits_enforced=dict(self.limits_enforced), private_dir=str(self.dir) if self.dir else None,
                  writable=list(self._writable), network=self.spec.network, start_time=self.start_time,
                  host_uid=self.host_uid, seccomp=seccomp_filter_bpf() is not None, disk=self.spec.disk,
@@ -1060,7 +615,7 @@ class SandboxContainer(ContainerResource):
             for fd in fds:
                 os.close(fd)
         self._procs.add(proc)
-        out = _OutputCollector(max_output)
+        out = OutputBuffer(max_output)
         timed_out = False
         try:
             try:
@@ -1087,7 +642,7 @@ class SandboxContainer(ContainerResource):
             self._procs.discard(proc)
         if rc is not None and rc < 0 and not timed_out:  # the wrapper itself died of a signal
             rc = 128 - rc
-        text, truncated = out.result()
+        text, truncated = out.text(max_output)
         return ExecResult(exit_code=rc, output=text, timed_out=timed_out, truncated=truncated,
                           duration=time.monotonic() - t0)
 
@@ -1211,126 +766,13 @@ class SandboxContainer(ContainerResource):
 
 
 # ---------------------------------------------------------------------------- entry points
-def create_sandbox(spec: ContainerSpec, manager: ResourceManager | None) -> SandboxContainer:
-    """An unstarted :class:`SandboxContainer` for ``spec``, labelled with the manager id.
-
-    Called by the container backend dispatcher for ``backend="sandbox"`` (and ``"auto"``
-    without a Docker engine).  The private folder lives under :func:`sandbox_root`.
+def create(spec: ContainerSpec, labels: dict[str, str]) -> SandboxContainer:
+    """The ``("container", "sandbox")`` backend: an unstarted :class:`SandboxContainer` for ``spec``
+    whose marker file will carry ``labels`` (see :mod:`..ownership`).  The private folder lives
+    under :func:`sandbox_root`.
 
     Raises:
         ResourceUnavailable: ``bwrap`` is not installed.
     """
     find_bwrap()
-    labels = {"agentfly.pool": spec.key}
-    if manager is not None:
-        labels["agentfly.manager"] = manager.id
     return SandboxContainer(spec, labels=labels)
-
-
-def _unmount_under(d: Path) -> None:
-    """Unmount every mount at or below ``d`` (deepest first; lazily if busy).  The loop device of
-    a ``-o loop`` mount is freed with it."""
-    prefix = str(d).rstrip("/") + "/"
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return
-    points = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) > 1:
-            mp = parts[1].encode().decode("unicode_escape")  # /proc/mounts octal-escapes spaces
-            if mp.startswith(prefix) or mp == str(d):
-                points.append(mp)
-    for mp in sorted(points, key=len, reverse=True):
-        r = subprocess.run(["umount", mp], capture_output=True, check=False)
-        if r.returncode != 0:
-            subprocess.run(["umount", "-l", mp], capture_output=True, check=False)
-
-
-def _kill_host_user(uid: Any) -> None:
-    """SIGKILL every process of a sandbox's own host uid (never root or an ordinary account)."""
-    if not isinstance(uid, int) or uid < SANDBOX_UID_BASE:
-        return
-    for _ in range(3):
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                if d.stat().st_uid == uid:
-                    os.kill(int(d.name), signal.SIGKILL)
-
-
-def _owner_alive(marker: dict[str, Any]) -> bool:
-    pid = marker.get("owner_pid")
-    if not isinstance(pid, int):
-        return False
-    start = _proc_start_time(pid)
-    return start is not None and start == marker.get("owner_start")
-
-
-def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLike | None = None,
-                         older_than: float = 0, dry_run: bool = False) -> list[str]:
-    """Remove sandboxes left behind: kill their processes, remove their cgroups, unmount their
-    disk volume and remove their folders.
-
-    Args:
-        manager_id: reap every sandbox labelled with this manager id (do not pass a live
-            manager's id); ``None`` reaps those whose owner process is gone.
-        root: the sandbox root (default :func:`sandbox_root`).
-        older_than: only sandboxes created at least this many seconds ago.
-        dry_run: list what would be removed without removing anything.
-
-    Returns:
-        The names (``sbx-<hex>``) of the sandboxes removed.  Empty ``agentfly-gym`` cgroups
-        whose sandbox folder is gone are removed too.
-    """
-    base = Path(root) if root is not None else sandbox_root()
-    reaped: list[str] = []
-    if base.is_dir():
-        for d in sorted(base.iterdir()):
-            marker_file = d / MARKER_NAME
-            if not d.is_dir() or not d.name.startswith("sbx-"):
-                continue
-            try:
-                marker = json.loads(marker_file.read_text())
-            except (OSError, ValueError):
-                # a folder whose start died before the marker was written; reap when old
-                if time.time() - d.stat().st_mtime > max(600, older_than):
-                    reaped.append(d.name)
-                    if dry_run:
-                        continue
-                    _unmount_under(d)
-                    shutil.rmtree(d, ignore_errors=True)
-                continue
-            if manager_id is not None:
-                if marker.get("labels", {}).get("agentfly.manager") != manager_id:
-                    continue
-            elif _owner_alive(marker):
-                continue
-            if older_than and time.time() - float(marker.get("created") or 0) < older_than:
-                continue
-            if dry_run:
-                reaped.append(d.name)
-                continue
-            cgroups = [c for c in marker.get("cgroups", []) if CGROUP_PARENT in c]
-            _kill_cgroups(cgroups)
-            _kill_host_user(marker.get("host_uid"))
-            _remove_cgroups(cgroups)
-            _unmount_under(d)
-            shutil.rmtree(d, ignore_errors=True)
-            reaped.append(d.name)
-    if dry_run:
-        return reaped
-    # stray cgroups of sandboxes whose folder is gone (only empty ones: they may belong to another root)
-    parents = [_CGROUP_FS / CGROUP_PARENT] + [b / CGROUP_PARENT for b in
-                                              (_cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
-    for parent in parents:
-        if not parent.is_dir():
-            continue
-        for cg in parent.iterdir():
-            if cg.is_dir() and cg.name.startswith("sbx-") and not (base / cg.name).exists() \
-                    and not _cgroup_pids([str(cg)]):
-                with contextlib.suppress(OSError):
-                    os.rmdir(cg)
-    return reaped

@@ -1,0 +1,57 @@
+"""Which container backend runs a ``ContainerSpec(backend="auto")``: the resolver registered for the
+``"container"`` kind in :mod:`agentfly_gym.resources.backends`.
+
+``"auto"`` -> ``"sandbox"`` when the spec's image only makes sense there (``"host"`` or a rootfs
+folder), else ``"docker"`` when a Docker engine answers a ping (probed once per process, cached,
+logged), else ``"sandbox"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from ...errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..spec import ContainerSpec
+
+__all__ = ["resolve_backend"]
+
+log = logging.getLogger(__name__)
+
+_auto_lock = threading.Lock()
+_auto_choice: str | None = None
+
+
+def _auto() -> str:
+    """``"docker"`` if an engine answers, else ``"sandbox"``; decided once per process, logged."""
+    global _auto_choice
+    with _auto_lock:
+        if _auto_choice is None:
+            from .docker import docker_available
+
+            _auto_choice = "docker" if docker_available() else "sandbox"
+            log.info("container backend 'auto' -> %r (%s)", _auto_choice,
+                     "a Docker engine answers" if _auto_choice == "docker" else "no Docker engine answers")
+        return _auto_choice
+
+
+def resolve_backend(spec: ContainerSpec) -> str:
+    """The backend that will run ``spec``: ``spec.backend`` unless it is ``"auto"``; then
+    ``"sandbox"`` when ``spec.image`` is ``"host"`` or an existing folder (a root file system),
+    else ``"docker"`` when a Docker engine answers (probed once, blocking up to ~3 s), else
+    ``"sandbox"``.
+
+    Raises:
+        ConfigError: ``spec.backend`` is not a string.
+    """
+    if not isinstance(spec.backend, str):
+        raise ConfigError(f"backend={spec.backend!r} must be a backend name or 'auto'")
+    if spec.backend != "auto":
+        return spec.backend
+    if spec.image == "host" or os.path.isdir(spec.image):
+        return "sandbox"
+    return _auto()

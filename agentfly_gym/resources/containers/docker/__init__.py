@@ -1,0 +1,42 @@
+"""The Docker container backend: :class:`~.container.DockerContainer` and its ``create(spec, labels)``.
+
+Modules: :mod:`.container` (the resource), :mod:`.engine` (docker-py, one client and one thread
+pool per process: every docker-py call blocks, so the event loop never waits on the engine; the
+exec output stream), :mod:`.watchdog` (the disk limit where the storage driver has none).
+
+Containers run with (``ContainerSpec`` field -> Docker setting):
+
+* ``cpus`` -> ``nano_cpus``; ``memory`` -> ``mem_limit`` = ``memswap_limit`` (no swap beyond the
+  limit, so a memory hog is OOM-killed inside it); ``pids`` -> ``pids_limit`` (stops fork bombs);
+* ``disk`` -> ``storage_opt={"size": disk}`` where the engine's storage driver supports it (overlay2
+  on xfs with ``pquota``, btrfs, zfs; probed once per process).  Elsewhere (e.g. overlay2 on ext4)
+  ``ulimits`` ``fsize=disk`` (no file grows past it: ``EFBIG``) and a host-side watchdog that sums the
+  container's writable layer (``GraphDriver.Data.UpperDir``, when the engine is local) every
+  :data:`.watchdog.DISK_POLL` seconds and kills the container once it exceeds ``disk``: its exec then raises
+  :class:`~agentfly_gym.errors.ResourceDied` saying so, and the pool replaces it;
+* ``network=False`` -> ``network_mode="none"`` (loopback only), ``True`` -> the default bridge;
+* ``mounts`` -> bind mounts, read-only where ``Mount.read_only``; ``env``, ``user``, ``workdir``;
+* always: ``init=True`` (docker-init reaps zombies as PID 1), ``security_opt=["no-new-privileges"]``,
+  ``cap_drop=["ALL"]`` with :data:`.container.CAP_ADD` added back, and the manager's ownership labels
+  (:mod:`..ownership`: ``agentfly=1``, ``agentfly.manager``, ``agentfly.pool``, ``agentfly.pid``,
+  ``agentfly.pid_start``, ``agentfly.host``), so a dead owner's containers can be reaped.
+
+Images must provide ``/bin/sh`` and ``timeout`` (coreutils).  The project's base image
+(:mod:`..images`) has them.
+
+Episode isolation: ``reset()`` (on every re-acquisition) replaces the container with a fresh one
+of the same image and settings, so nothing written in one episode (``/root``, ``/etc``,
+``/usr/local``, a ``.pth`` in site-packages) is seen by the next; ``park()`` (when the pool keeps the
+instance idle) does it at once, so no process of the last episode keeps running while idle and the
+next acquisition finds a fresh container ready.
+
+Cleanup: :meth:`DockerContainer.release` removes the container (``manager.aclose()`` releases
+every pool); :meth:`DockerContainer.terminate_sync` is called at interpreter exit and on SIGTERM by
+the manager's teardown (:mod:`agentfly_gym.resources.teardown`); what a killed process left is
+removed by :func:`..ownership.reap_docker_orphans` (``agentfly-gym resources gc``).
+"""
+
+from .container import CAP_ADD, DockerContainer, create
+from .engine import docker_available
+
+__all__ = ["CAP_ADD", "DockerContainer", "create", "docker_available"]

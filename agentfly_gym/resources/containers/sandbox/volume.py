@@ -1,0 +1,68 @@
+"""The sandbox's disk limit: a loop-mounted ext4 file system of ``spec.disk`` bytes per instance.
+
+Only a manager running as root can mount one; elsewhere the limit holds per file (``RLIMIT_FSIZE``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+__all__ = ["mount_volume", "unmount_under"]
+
+log = logging.getLogger(__name__)
+
+
+def mount_volume(d: Path, size: int, uid: int, gid: int) -> Path | None:
+    """A fresh ext4 file system of ``size`` bytes (sparse image ``d/disk.img``) mounted at ``d/vol``.
+
+    ``None`` (logged) when it cannot be made here (no loop devices, no mkfs.ext4, a mount refused).
+    """
+    img, vol = d / "disk.img", d / "vol"
+    mkfs = shutil.which("mkfs.ext4") or shutil.which("mke2fs")
+    if mkfs is None:
+        log.info("sandbox: no mkfs.ext4; the disk limit holds per file only")
+        return None
+    try:
+        with open(os.open(img, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.truncate(size)
+        vol.mkdir()
+        subprocess.run([mkfs, "-q", "-F", "-t", "ext4", "-m", "0", "-O", "^has_journal",
+                        "-E", f"lazy_itable_init=1,root_owner={uid}:{gid}", str(img)],
+                       check=True, capture_output=True, text=True, timeout=120)
+        subprocess.run(["mount", "-o", "loop,nosuid,nodev", str(img), str(vol)],
+                       check=True, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", "") or e
+        log.info("sandbox: no loop-mounted disk (%s); the disk limit holds per file only", str(detail).strip())
+        with contextlib.suppress(OSError):
+            vol.rmdir()
+        with contextlib.suppress(OSError):
+            img.unlink()
+        return None
+    return vol
+
+
+def unmount_under(d: Path) -> None:
+    """Unmount every mount at or below ``d`` (deepest first; lazily if busy).  The loop device of
+    a ``-o loop`` mount is freed with it."""
+    prefix = str(d).rstrip("/") + "/"
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return
+    points = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) > 1:
+            mp = parts[1].encode().decode("unicode_escape")  # /proc/mounts octal-escapes spaces
+            if mp.startswith(prefix) or mp == str(d):
+                points.append(mp)
+    for mp in sorted(points, key=len, reverse=True):
+        r = subprocess.run(["umount", mp], capture_output=True, check=False)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", mp], capture_output=True, check=False)

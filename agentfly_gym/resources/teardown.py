@@ -1,0 +1,154 @@
+"""Teardown at process end: no container, sandbox, simulator or server outlives its Python process.
+
+One owner: every :class:`~agentfly_gym.resources.ResourceManager` keeps a registry of the live
+instances it built and registers itself here (:func:`watch`) when it is created.  At interpreter
+exit (``atexit``: a normal exit, an uncaught exception, Ctrl-C's ``KeyboardInterrupt``) and on
+SIGTERM, :func:`close_all_sync` calls ``terminate_sync()`` on every live instance of every
+manager not yet closed, in parallel threads (removing a container takes a round trip to the
+engine), bounded by :data:`TERMINATE_TIMEOUT` seconds.
+
+Backends install no handler of their own; they implement ``Resource.terminate_sync`` (synchronous,
+idempotent, never raises).  What a SIGKILLed process leaves is found by its ownership labels and
+removed by ``agentfly-gym resources gc`` (:mod:`agentfly_gym.resources.containers.ownership`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import Resource
+    from .manager import ResourceManager
+
+__all__ = ["TERMINATE_TIMEOUT", "close_all_sync", "install_signal_handlers", "terminate_all", "watch"]
+
+log = logging.getLogger(__name__)
+
+TERMINATE_TIMEOUT = 30.0
+"""Seconds :func:`terminate_all` waits for the instances' ``terminate_sync`` calls together."""
+
+_live_managers: weakref.WeakSet[ResourceManager] = weakref.WeakSet()
+_atexit_registered = False
+_lock = threading.Lock()
+
+
+def watch(manager: ResourceManager) -> None:
+    """Tear ``manager``'s live instances down at exit and on SIGTERM (while it is not closed).
+
+    Registers the ``atexit`` hook once per process and installs the SIGTERM handler when called
+    on the main thread (see :func:`install_signal_handlers`).
+    """
+    global _atexit_registered
+    with _lock:
+        _live_managers.add(manager)
+        if not _atexit_registered:
+            atexit.register(_close_all_at_exit)
+            _atexit_registered = True
+    install_signal_handlers()
+
+
+def terminate_all(instances: Iterable[Resource], *, timeout: float = TERMINATE_TIMEOUT) -> None:
+    """Call ``terminate_sync()`` on every instance, in parallel threads; best effort, never raises.
+
+    Falls back to one after the other where no thread can be started (interpreter shutdown).
+    """
+    items = list(dict.fromkeys(instances))  # unique, in order
+
+    def one(r: Resource) -> None:
+        try:
+            r.terminate_sync()
+        except Exception:  # pragma: no cover - best effort while dying
+            log.debug("terminate_sync failed for %r", r, exc_info=True)
+
+    if len(items) <= 1:
+        for r in items:
+            one(r)
+        return
+    threads: list[threading.Thread] = []
+    for r in items:
+        t = threading.Thread(target=one, args=(r,), name="afg-teardown", daemon=True)
+        try:
+            t.start()
+        except RuntimeError:  # no new threads at interpreter shutdown
+            one(r)
+            continue
+        threads.append(t)
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+def close_all_sync() -> None:
+    """Tear down every live instance of every manager not yet closed (synchronously)."""
+    with _lock:
+        managers = [m for m in list(_live_managers) if not m.closed]
+    for m in managers:
+        try:
+            m.close_sync()
+        except Exception:  # pragma: no cover - best effort while dying
+            log.debug("closing manager %s failed", m.id, exc_info=True)
+
+
+def _close_all_at_exit() -> None:
+    """Interpreter exit: tear down every live manager's instances, then stop the background loop.
+
+    Thread pools refuse new work at this point, so no coroutine (and no ``release()``) runs;
+    each resource's ``terminate_sync()`` does the work.
+    """
+    from ..utils.aio import shutdown_background_loop
+
+    close_all_sync()
+    shutdown_background_loop()
+
+
+_prev_sigterm = None
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM: tear down every live manager's instances, then behave as the previous handler did."""
+    try:
+        close_all_sync()
+    except Exception:  # pragma: no cover - best effort while dying
+        pass
+    prev = _prev_sigterm
+    if callable(prev):
+        prev(signum, frame)
+    elif prev != signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def install_signal_handlers() -> bool:
+    """Make SIGTERM release every live resource (containers, sandboxes, JVMs, engines, servers)
+    before the process ends.
+
+    Python runs ``atexit`` hooks on a normal exit and on Ctrl-C (``KeyboardInterrupt``), but not
+    when SIGTERM's default action kills the process; this handler tears resources down
+    synchronously and then lets the default action end the process.  Only the main thread may
+    install signal handlers: :func:`watch` calls this for every new manager, and a synchronous
+    environment (whose manager lives on a background loop) calls it when made on the main thread.
+    Installed only while SIGTERM has its default action: an application that handles SIGTERM
+    itself (e.g. by cancelling its tasks, as ``agentfly-gym rollout`` does) stays in charge.
+
+    Returns:
+        Whether the handler is installed.
+    """
+    global _prev_sigterm
+    if threading.current_thread() is not threading.main_thread():
+        return signal.getsignal(signal.SIGTERM) is _on_sigterm
+    cur = signal.getsignal(signal.SIGTERM)
+    if cur is _on_sigterm:
+        return True
+    if cur not in (signal.SIG_DFL, None):  # the application handles SIGTERM itself (e.g. cancels its tasks)
+        return False
+    _prev_sigterm = cur
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    return True
