@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ...errors import ConfigError, ResetNeeded
@@ -93,6 +94,7 @@ class ALFWorldEnv(AgentFlyEnv):
 
     env_name: ClassVar[str] = "ALFWorld"
     agent_prompt: ClassVar[AgentPrompt] = AgentPrompt(system=_SYSTEM_PROMPT)
+    reset_options = MappingProxyType({"task_id": "a game's task id (see the games property)"})
     max_observation_length: ClassVar[int] = 1 << 16
     max_action_length: ClassVar[int] = 1 << 12
 
@@ -140,9 +142,6 @@ class ALFWorldEnv(AgentFlyEnv):
         return [self.simulator_spec]
 
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - {"task_id"}
-        if unknown:
-            raise ConfigError(f"ALFWorld: unknown reset option(s) {sorted(unknown)}; valid: ['task_id']")
         if "task_id" in options:
             game = self.index.by_task_id(options["task_id"])
         else:

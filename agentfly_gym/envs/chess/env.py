@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import numbers
 import os
+from types import MappingProxyType
 from typing import Any
 
 import chess
@@ -32,6 +33,9 @@ CHESS_PROMPT = AgentPrompt(system=(
     "(e.g. e4, Nf3, exd5, O-O, e8=Q). An illegal move is rejected and you may try again."))
 
 _PIECE_ORDER = ".PNBRQKpnbrqk"
+#: reset options per mode (AgentFlyEnv.reset_options)
+_PUZZLE_OPTIONS = MappingProxyType({"task_id": "a PuzzleId of the puzzle set"})
+_PLAY_OPTIONS = MappingProxyType({"agent_color": "'white', 'black' or 'random'", "fen": "the starting position (FEN)"})
 
 
 def render_board(board: chess.Board) -> str:
@@ -189,6 +193,7 @@ class ChessEnv(AgentFlyEnv):
         if not isinstance(expert_depth, int) or expert_depth < 1:
             raise ConfigError(f"expert_depth={expert_depth!r} must be an integer >= 1 (plies)")
         self.mode = mode
+        self.reset_options = _PUZZLE_OPTIONS if mode == "puzzle" else _PLAY_OPTIONS
         self.min_rating, self.max_rating = min_rating, max_rating
         self.agent_color = agent_color
         self.skill_level, self.engine_depth, self.engine_movetime = skill_level, engine_depth, engine_movetime
@@ -319,9 +324,6 @@ class ChessEnv(AgentFlyEnv):
         return await self._reset_play(scope, options)
 
     async def _reset_puzzle(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - {"task_id"}
-        if unknown:
-            raise ConfigError(f"unknown reset option(s) {sorted(unknown)} for mode='puzzle'; valid: ['task_id']")
         puzzles = await self.puzzles()
         task_id = options.get("task_id")
         if task_id is not None:
@@ -349,9 +351,6 @@ class ChessEnv(AgentFlyEnv):
         return self._observation(f"Puzzle: find the best move for {_color_name(board.turn)}."), self._info()
 
     async def _reset_play(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - {"agent_color", "fen"}
-        if unknown:
-            raise ConfigError(f"unknown reset option(s) {sorted(unknown)} for mode='play'; valid: ['agent_color', 'fen']")
         color = options.get("agent_color", self.agent_color)
         self._check_color(color, "options['agent_color']")
         if color == "random":

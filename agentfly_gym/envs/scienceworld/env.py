@@ -7,6 +7,7 @@ and reused by later episodes (a new task is loaded on the same JVM) and replaced
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ...errors import ConfigError
@@ -44,8 +45,15 @@ SCIENCEWORLD_PROMPT = AgentPrompt(system=(
     "Think briefly, then end your reply with one line 'Action: <command>', e.g. 'Action: open door to kitchen'."
 ))
 
-_OPTION_KEYS = frozenset({"task_name", "task_id", "variation", "split", "simplification",
-                          "with_admissible_actions", "expert"})
+_RESET_OPTIONS = MappingProxyType({
+    "task_name": "a task name or number (see task_names())",
+    "task_id": "'<task name>-<variation>' (instead of task_name and variation)",
+    "variation": "the variation (int >= 0) in the split",
+    "split": "'train', 'dev' or 'test'",
+    "simplification": "simplifications string, e.g. 'easy'",
+    "with_admissible_actions": "bool: list valid actions in info",
+    "expert": "bool: plan the gold path at load",
+})
 
 
 class ScienceWorldEnv(AgentFlyEnv):
@@ -104,6 +112,7 @@ class ScienceWorldEnv(AgentFlyEnv):
 
     env_name: ClassVar[str] = "ScienceWorld"
     agent_prompt: ClassVar[AgentPrompt] = SCIENCEWORLD_PROMPT
+    reset_options = _RESET_OPTIONS
 
     def __init__(self, *, task_name: str | int | None = None, variation: int | None = None, split: str = "train",
                  simplification: str = "easy", with_admissible_actions: bool = False, max_simulators: int = 4,
@@ -136,9 +145,6 @@ class ScienceWorldEnv(AgentFlyEnv):
 
     # ------------------------------------------------------------------ episode
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - _OPTION_KEYS
-        if unknown:
-            raise ConfigError(f"unknown ScienceWorld reset option(s) {sorted(unknown)}; valid: {sorted(_OPTION_KEYS)}")
         variation = self._check_variation(options.get("variation", self.default_variation))
         if options.get("task_id") is not None:
             if "task_name" in options or "variation" in options:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ...data import resolve_data_dir
@@ -91,6 +92,11 @@ class WebShopEnv(AgentFlyEnv):
 
     env_name: ClassVar[str] = "WebShop"
     agent_prompt: ClassVar[AgentPrompt] = AgentPrompt(system=_SYSTEM)
+    reset_options = MappingProxyType({
+        "task_id": "goal index (int, or its decimal string)",
+        "instruction": "a goal's instruction text (picks the first goal with that text)",
+        "split": "'all', 'train', 'eval' or 'test' (overrides the constructor's)",
+    })
 
     def __init__(self, *, data_dir: str | os.PathLike | None = None, products_file: str | None = None,
                  attributes_file: str | None = None, human_file: str | None = None, human_goals: bool = False,
@@ -181,9 +187,6 @@ class WebShopEnv(AgentFlyEnv):
 
     # ------------------------------------------------------------------ episode hooks
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - {"task_id", "instruction", "split"}
-        if unknown:
-            raise ConfigError(f"unknown reset options {sorted(unknown)}; valid: 'task_id', 'instruction', 'split'")
         for attempt in (0, 1):
             try:
                 idx = await self._choose_goal(options)
