@@ -144,9 +144,9 @@ async def test_jvm_reused_and_reset_leaves_no_state():
         # two gold steps, then the expert is asked mid-episode: the replay keeps the state
         await env.astep("open door to kitchen")
         await env.astep("go to kitchen")
-        look, inv = await env._sim.call("look"), await env.inventory()
-        gold = await env._sim.call("gold_actions")
-        assert await env._sim.call("look") == look and await env.inventory() == inv
+        look, inv = await env._sim.look(), await env.inventory()
+        gold = await env._sim.gold_actions()
+        assert await env._sim.look() == look and await env.inventory() == inv
         # play the gold path past its "pick up": score and inventory change
         for t in range(len(gold)):
             action = await env.expert_action()

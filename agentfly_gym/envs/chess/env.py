@@ -11,11 +11,10 @@ from typing import Any
 import chess
 
 from ...errors import ConfigError, ResetNeeded
-from ...resources.inprocess import InProcessResource
 from ...resources.manager import ResourceManager, RolloutScope
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
-from .engine import engine_spec, find_stockfish
+from .engine import EngineProxy, engine_spec, find_stockfish
 from .moves import MoveError, legal_moves_uci, parse_move
 from .puzzles import Puzzle, PuzzleSet, find_puzzles_file, load_puzzles
 
@@ -216,7 +215,7 @@ class ChessEnv(AgentFlyEnv):
         self._last_move: tuple[str, str] | None = None  # (uci, san) of the opponent's last move
         self._color: chess.Color = chess.WHITE
         self._agent_moves = 0
-        self._engine: InProcessResource | None = None
+        self._engine: EngineProxy | None = None
         self._expert_cache: tuple[tuple[int, str], str] | None = None
         self._result: float = 0.0
 
@@ -370,7 +369,7 @@ class ChessEnv(AgentFlyEnv):
         self._color = chess.WHITE if color == "white" else chess.BLACK
         strength = "full" if self.skill_level is None else f"skill{self.skill_level}"
         self._task_id = f"stockfish-{color}-{strength}" + ("" if fen is None else f"-{board.fen()}")
-        self._engine = await scope.acquire(self.engine_spec)
+        self._engine = EngineProxy(await scope.acquire(self.engine_spec))
         header = f"New game: you play {_color_name(self._color)}."
         if board.turn != self._color:
             await self._engine_move()
@@ -429,7 +428,7 @@ class ChessEnv(AgentFlyEnv):
     async def _engine_move(self) -> None:
         board = self._board
         assert board is not None and self._engine is not None
-        reply = await self._engine.call("play", board.copy(), depth=self.engine_depth, movetime=self.engine_movetime,
+        reply = await self._engine.play(board.copy(), depth=self.engine_depth, movetime=self.engine_movetime,
                                         skill_level=self.skill_level)
         if reply not in board.legal_moves:  # never expected from Stockfish; keep the game consistent
             raise RuntimeError(f"stockfish answered the illegal move {reply} in {board.fen()}")
@@ -493,8 +492,8 @@ class ChessEnv(AgentFlyEnv):
         if self._expert_cache is not None and self._expert_cache[0] == key:
             return self._expert_cache[1]
         if self._engine is None:
-            self._engine = await self.scope.acquire(self.engine_spec)
-        move = await self._engine.call("best_move", board.copy(), depth=self.expert_depth)
+            self._engine = EngineProxy(await self.scope.acquire(self.engine_spec))
+        move = await self._engine.best_move(board.copy(), depth=self.expert_depth)
         self._expert_cache = (key, move.uci())
         return move.uci()
 

@@ -11,12 +11,12 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ...errors import ConfigError
-from ...resources.inprocess import InProcessResource
+from ...resources.inprocess import ObjectProxy, forward
 from ...resources.manager import ResourceManager, RolloutScope
 from ...resources.spec import InProcessSpec
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
-from .simulator import FACTORY
+from .simulator import FACTORY, ScienceWorldSimulator
 from .tasks import (
     SPLITS,
     check_simplification,
@@ -54,6 +54,17 @@ _RESET_OPTIONS = MappingProxyType({
     "with_admissible_actions": "bool: list valid actions in info",
     "expert": "bool: plan the gold path at load",
 })
+
+
+class ScienceWorldProxy(ObjectProxy):
+    """The async, typed face of a pooled :class:`ScienceWorldSimulator` (one JVM)."""
+
+    split_variations = forward(ScienceWorldSimulator.split_variations)
+    load = forward(ScienceWorldSimulator.load)
+    step = forward(ScienceWorldSimulator.step)
+    gold_actions = forward(ScienceWorldSimulator.gold_actions)
+    inventory = forward(ScienceWorldSimulator.inventory)
+    look = forward(ScienceWorldSimulator.look)
 
 
 class ScienceWorldEnv(AgentFlyEnv):
@@ -129,7 +140,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         if isinstance(max_simulators, bool) or not isinstance(max_simulators, int) or max_simulators < 1:
             raise ConfigError(f"max_simulators={max_simulators!r} must be an integer >= 1")
         self.resource_spec = self.simulator_spec(max_simulators=max_simulators, java_heap=java_heap)
-        self._sim: InProcessResource | None = None
+        self._sim: ScienceWorldProxy | None = None
         self._admissible = self.with_admissible_actions
         self._gold: list[str] | None = None
 
@@ -163,17 +174,17 @@ class ScienceWorldEnv(AgentFlyEnv):
         expert = bool(options.get("expert", False))
         self._gold = None
 
-        self._sim = sim = await scope.acquire(self.resource_spec)
-        splits = await sim.call("split_variations", task)
+        self._sim = sim = ScienceWorldProxy(await scope.acquire(self.resource_spec))
+        splits = await sim.split_variations(task)
         if variation is None:
             pool = splits[split]
             variation = int(pool[int(self.np_random.integers(len(pool)))])
         else:
             check_variation_in_split(task, variation, split, splits)
-        obs, info = await sim.call("load", task, variation, simplification, gold=expert, admissible=self._admissible)
+        obs, info = await sim.load(task, variation, simplification, gold=expert, admissible=self._admissible)
         self._task_id = format_task_id(task, variation)
         if expert:
-            self._gold = await sim.call("gold_actions")
+            self._gold = await sim.gold_actions()
         info.update(task_name=task, variation=variation, simplification=simplification)
         info.pop("completed", None)
         return obs, info
@@ -181,7 +192,7 @@ class ScienceWorldEnv(AgentFlyEnv):
     async def _step_episode(self, action: str) -> StepResult:
         sim = self._sim
         assert sim is not None
-        obs, reward, terminated, truncated, info = await sim.call("step", action, admissible=self._admissible)
+        obs, reward, terminated, truncated, info = await sim.step(action, admissible=self._admissible)
         info.pop("completed", None)
         return obs, reward, terminated, truncated, info
 
@@ -204,7 +215,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         _ = self.scope  # raises ResetNeeded outside an episode
         if self._gold is None:
             assert self._sim is not None
-            self._gold = await self._sim.call("gold_actions")
+            self._gold = await self._sim.gold_actions()
         return self._gold[self._steps] if self._steps < len(self._gold) else "look around"
 
     async def inventory(self) -> str:
@@ -215,7 +226,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         """
         _ = self.scope  # raises ResetNeeded outside an episode
         assert self._sim is not None
-        return await self._sim.call("inventory")
+        return await self._sim.inventory()
 
     # ------------------------------------------------------------------ validation
     @staticmethod
