@@ -102,15 +102,17 @@ def _child_main(fd: int) -> None:
     conn.send(("ok", os.getpid(), ""))
     while True:
         try:
-            msg = conn.recv()
+            data = conn.recv_bytes()
         except (EOFError, OSError):  # the parent is gone
             break
-        if msg is None:
-            break
-        fn, args, kw = msg
+        fn: Any = None
         try:
+            msg = pickle.loads(data)
+            if msg is None:
+                break
+            fn, args, kw = msg
             reply: tuple[str, Any, str] = ("ok", fn(obj, *args, **kw), "")
-        except Exception as e:  # noqa: BLE001 - handed to the caller
+        except Exception as e:  # noqa: BLE001 - handed to the caller (also a call this process cannot unpickle)
             reply = _error_reply(e)
         try:
             conn.send(reply)
