@@ -48,6 +48,11 @@ async def test_unknown_reset_option_is_refused_before_any_resource_is_taken():
             await puzzle.areset(options={"fen": "8/8/8/8/8/8/8/8 w - - 0 1"})
         _, info = await puzzle.areset(options={"task_id": "mJDcO"})  # a declared option is accepted
         assert info["task_id"] == "mJDcO"
+        episode = puzzle.episode_id
+        with pytest.raises(ConfigError, match="unknown reset options"):
+            await puzzle.areset(options={"task_id": "tewjc", "seed": 3})
+        assert puzzle.scope_is_open and puzzle.episode_id == episode  # the refused reset changed nothing
+        await puzzle.astep(await puzzle.expert_action())
         await puzzle.aclose()
 
 

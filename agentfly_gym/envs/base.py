@@ -247,16 +247,17 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
             options: environment-specific, the keys of :attr:`reset_options` (e.g. ``{"task_id": ...}``).
 
         Raises:
-            ConfigError: bad options (an unknown key is named together with the valid ones).
+            ConfigError: bad options (an unknown key is named together with the valid ones); the running
+                episode, if any, goes on as if the call had not been made.
             ResourceTimeout / ResourceStartError: no backing resource could be had.
         """
         if self._closed:
             raise ResetNeeded(f"{self.env_name}: the environment is closed")
-        super().reset(seed=seed)
-        await self._finish_episode()
         if options is not None and not isinstance(options, dict):
             raise ConfigError(f"options must be a dict or None, got {type(options).__name__}")
-        self._check_reset_options(options or {})
+        self._check_reset_options(options or {})  # a refused reset leaves the running episode as it was
+        super().reset(seed=seed)
+        await self._finish_episode()
         self._episode_id = f"{self.env_name}-{next(_episode_ids)}"
         self._scope = self.manager.scope(self._episode_id)
         self._steps = 0
