@@ -247,8 +247,8 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
             options: environment-specific, the keys of :attr:`reset_options` (e.g. ``{"task_id": ...}``).
 
         Raises:
-            ConfigError: bad options (an unknown key is named together with the valid ones); the running
-                episode, if any, goes on as if the call had not been made.
+            ConfigError: bad options.  An unknown key (named together with the valid ones) is refused
+                before anything changes: the running episode, if any, goes on.
             ResourceTimeout / ResourceStartError: no backing resource could be had.
         """
         if self._closed:
