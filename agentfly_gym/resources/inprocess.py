@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib
 import functools
+import importlib
 import logging
 import operator
 import queue
@@ -114,6 +114,10 @@ class InProcessResource(Resource):
     (daemon) thread, one at a time, so the event loop never blocks on the object and a
     non-thread-safe object is never entered twice.  ``close()`` runs on a separate
     thread with ``spec.close_timeout`` so a stuck instance can still be abandoned.
+
+    With ``spec.isolation == "process"``, :attr:`obj` is a
+    :class:`~agentfly_gym.resources.isolated.ChildProcessObject` (the handle of the object living in a
+    child process) and :meth:`invoke` forwards each call there; the worker thread still orders the calls.
 
     A start that is abandoned (its caller cancelled or timed out) keeps running on the worker
     thread: whatever the factory eventually returns is closed as soon as it returns, and
