@@ -64,6 +64,10 @@ class ResetNeeded(EnvError):
     """``step`` was called before ``reset`` or after the episode ended."""
 
 
+class NoExpert(EnvError, NotImplementedError):
+    """The environment has no expert (``expert_action``); use a model or another baseline policy."""
+
+
 class StepTimeout(EnvError, TimeoutError):
     """One environment step ran longer than the environment's ``step_timeout``."""
 

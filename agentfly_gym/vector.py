@@ -25,7 +25,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from .envs.base import AgentFlyEnv
+from .envs.base import AgentFlyEnv, fault_step
 from .errors import ConfigError
 from .resources.manager import ResourceManager
 from .utils.aio import run_sync
@@ -162,7 +162,8 @@ class AsyncTextVectorEnv(VectorEnv):
         """Step sub-environment ``env_id`` alone (autoreset applies).  Returns the single-env 5-tuple.
 
         Never raises for a fault of the sub-env: an unexpected error truncates its episode
-        with ``info["error"]``, so one broken rollout cannot crash the others.
+        with ``info["error"]`` (the same observation and info as a fault the sub-env handles itself:
+        :func:`~agentfly_gym.envs.base.fault_step`), so one broken rollout cannot crash the others.
         """
         env = self.envs[env_id]
         try:
@@ -178,8 +179,7 @@ class AsyncTextVectorEnv(VectorEnv):
         except Exception as e:  # keep the other rollouts alive
             log.exception("sub-env %d failed", env_id)
             await env.aend_episode()
-            obs, reward, terminated, truncated = f"Error: {type(e).__name__}: {e}", 0.0, False, True
-            info = {"error": f"{type(e).__name__}: {e}"}
+            obs, reward, terminated, truncated, info = fault_step(e)
         if terminated or truncated:
             if self.autoreset_mode == AutoresetMode.SAME_STEP:
                 final_obs, final_info = obs, info

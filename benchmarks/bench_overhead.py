@@ -33,7 +33,7 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
         env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_simulators=1,
                              max_episode_steps=None).unwrapped
         await env.areset(seed=0, options={"task_name": "boil", "variation": 0})
-        sim = env._sim.obj  # the ScienceWorldSimulator (the env holds it for the episode)
+        sim = env._sim.resource.obj  # the ScienceWorldSimulator (the env holds it for the episode)
         server = sim._server
         for i in range(n):
             t0 = time.perf_counter()
@@ -61,14 +61,14 @@ async def bench_alfworld(n: int) -> dict[str, Any]:
     async with ResourceManager() as m:
         env = gymnasium.make("agentfly/ALFWorld-v0", manager=m, max_instances=1, max_episode_steps=None).unwrapped
         await env.areset(seed=0)
-        pddl = env._sim.obj._env  # the simulator's PddlEnv (with ALFWorld's demangler)
+        pddl = env._sim.resource.obj._env  # the simulator's PddlEnv (with ALFWorld's demangler)
         for i in range(n):
             t0 = time.perf_counter()
             _o, _r, te, tr, _i = await env.astep("look")
             ours.append(time.perf_counter() - t0)
             if te or tr:
                 await env.areset(seed=0)
-                pddl = env._sim.obj._env
+                pddl = env._sim.resource.obj._env
             t0 = time.perf_counter()
             pddl.step("look")
             raw.append(time.perf_counter() - t0)

@@ -53,7 +53,9 @@ async def work(backend: str, res: Any) -> None:
     if backend == "inprocess":
         import chess
 
-        await res.call("play", chess.Board(), depth=4)
+        from agentfly_gym.envs.chess.engine import EngineProxy
+
+        await EngineProxy(res).play(chess.Board(), depth=4)
     else:
         r = await res.exec(["sh", "-c", "echo ok > /tmp/turn && cat /tmp/turn"], timeout=30)
         if r.exit_code != 0:

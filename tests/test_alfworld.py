@@ -256,17 +256,17 @@ async def test_simulator_reused_with_reset_and_no_state_leak(alfworld_root):
         env = ALFWorldEnv(data_dir=alfworld_root, split="valid_seen", manager=manager, max_instances=1,
                           max_episode_steps=3)
         obs_a, info_a = await env.areset(options={"task_id": PLACE_BOOK})
-        sim = env._sim
+        sim = env._sim.resource
         # Change the game's state: walk somewhere and pick something up if possible.
         for _ in range(3):
             action = next(a for a in env._admissible if a.startswith(("take", "go to")))
             *_, truncated, _info = await env.astep(action)
         assert truncated  # max_episode_steps=3 ends the episode and releases the simulator
         obs_b, info_b = await env.areset(options={"task_id": LOOK_BOWL})
-        assert env._sim is sim  # the same simulator serves the next episode
+        assert env._sim.resource is sim  # the same simulator serves the next episode
         assert sim.obj.history == []
         obs_a2, info_a2 = await env.areset(options={"task_id": PLACE_BOOK})
-        assert env._sim is sim
+        assert env._sim.resource is sim
         assert (obs_a2, info_a2["admissible_actions"]) == (obs_a, info_a["admissible_actions"])
         m = _pool(manager)
         assert (m["started"], m["reused"], m["resets"], m["max_in_use"]) == (1, 2, 2, 1)
@@ -291,10 +291,10 @@ async def test_memory_watch_replaces_a_grown_simulator(alfworld_root):
         env = ALFWorldEnv(data_dir=alfworld_root, split="valid_seen", manager=manager, max_instances=1,
                           max_rss_growth="48m")
         await env.areset(options={"task_id": PLACE_BOOK})
-        first = env._sim
+        first = env._sim.resource
         ballast = bytearray(b"\1" * (96 << 20))  # process memory grows by ~96 MiB
         await env.areset(options={"task_id": PLACE_BOOK})
-        assert env._sim is not first
+        assert env._sim.resource is not first
         m = _pool(manager)
         assert (m["started"], m["replaced"]) == (2, 1)
         del ballast
@@ -321,7 +321,7 @@ async def test_concurrent_episodes_on_two_simulators(alfworld_root):
         results = await asyncio.gather(envs[0].areset(options={"task_id": LOOK_BOWL}),
                                        envs[1].areset(options={"task_id": PLACE_BOOK}))
         assert [info["task_id"] for _, info in results] == [LOOK_BOWL, PLACE_BOOK]
-        assert envs[0]._sim is not envs[1]._sim
+        assert envs[0]._sim.resource is not envs[1]._sim.resource
         steps = await asyncio.gather(*(e.astep(info["admissible_actions"][0]) for e, (_, info) in zip(envs, results)))
         assert all(info["applied"] and info["error"] is None for *_, info in steps)
         assert _pool(manager)["max_in_use"] == 2

@@ -124,7 +124,7 @@ async def test_bad_actions_and_bad_options_are_handled():
             await env.areset(options={"split": "validation"})
         with pytest.raises(ConfigError, match="simplification"):
             await env.areset(options={"simplification": "godMode"})
-        with pytest.raises(ConfigError, match="unknown ScienceWorld reset option"):
+        with pytest.raises(ConfigError, match="ScienceWorld: unknown reset options"):
             await env.areset(options={"level": 3})
         with pytest.raises(ConfigError):
             ScienceWorldEnv(manager=manager, task_name="nope")
@@ -135,7 +135,7 @@ async def test_jvm_reused_and_reset_leaves_no_state():
     async with ResourceManager() as manager:
         env = ScienceWorldEnv(manager=manager, max_simulators=1)
         _, first = await env.areset(options={"task_id": "find-living-thing:0"})
-        pid = env._sim.obj.pid
+        pid = env._sim.resource.obj.pid
         # the heap limit reaches this JVM only; the variable is restored in this process
         with open(f"/proc/{pid}/environ", "rb") as f:
             assert b"JAVA_TOOL_OPTIONS=-Xmx400m" in f.read().split(b"\0")
@@ -144,9 +144,9 @@ async def test_jvm_reused_and_reset_leaves_no_state():
         # two gold steps, then the expert is asked mid-episode: the replay keeps the state
         await env.astep("open door to kitchen")
         await env.astep("go to kitchen")
-        look, inv = await env._sim.call("look"), await env.inventory()
-        gold = await env._sim.call("gold_actions")
-        assert await env._sim.call("look") == look and await env.inventory() == inv
+        look, inv = await env._sim.look(), await env.inventory()
+        gold = await env._sim.gold_actions()
+        assert await env._sim.look() == look and await env.inventory() == inv
         # play the gold path past its "pick up": score and inventory change
         for t in range(len(gold)):
             action = await env.expert_action()
@@ -157,7 +157,7 @@ async def test_jvm_reused_and_reset_leaves_no_state():
         assert await env.inventory() != inventory0
         # next episode, same task and variation, same JVM: nothing of the previous one is left
         _, second = await env.areset(options={"task_id": "find-living-thing:0"})
-        assert env._sim.obj.pid == pid
+        assert env._sim.resource.obj.pid == pid
         assert second["score"] == first["score"] and second["moves"] == 0
         assert await env.inventory() == inventory0
         metrics = _pool(manager)
@@ -187,13 +187,13 @@ async def test_killed_jvm_is_a_handled_fault_and_replaced():
     async with ResourceManager() as manager:
         env = ScienceWorldEnv(manager=manager, max_simulators=1)
         await env.areset(options={"task_id": SHORT_TASK})
-        old_pid = env._sim.obj.pid
+        old_pid = env._sim.resource.obj.pid
         os.kill(old_pid, signal.SIGKILL)
         obs, reward, terminated, truncated, info = await env.astep("open door to kitchen")
         assert truncated and not terminated and reward == 0.0
         assert info["error"] and "Error" in obs
         _, info = await env.areset(options={"task_id": SHORT_TASK})
-        assert env._sim.obj.pid != old_pid and info["error"] is None
+        assert env._sim.resource.obj.pid != old_pid and info["error"] is None
         obs, *_ = await env.astep("go to kitchen")
         assert "kitchen" in obs
         metrics = _pool(manager)

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -27,12 +28,14 @@ from agentfly_gym.envs.webshop import (
     parse_action,
     token_set_ratio,
 )
+from agentfly_gym.envs.base import fault_step
 from agentfly_gym.envs.webshop.catalog import load_catalog
 from agentfly_gym.envs.webshop.reward import get_type_reward
 from agentfly_gym.envs.webshop.search import analyze, document_text
 from agentfly_gym.errors import ConfigError, DataNotFoundError, ResetNeeded
 from agentfly_gym.resources.manager import ResourceManager, default_manager
 from agentfly_gym.utils.aio import run_sync
+from proctools import alive
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -284,8 +287,8 @@ async def test_scripted_episode_buys_with_full_reward(data_dir):
 
 async def env_goals(env: WebShopEnv):
     server = await env.server()
-    n = await server.call("num_goals")
-    return [await server.call("goal", i) for i in range(n)]
+    n = await server.num_goals()
+    return [await server.goal(i) for i in range(n)]
 
 
 async def test_expert_reaches_reward_one(data_dir):
@@ -360,10 +363,10 @@ async def test_one_server_for_many_envs_and_concurrent_sessions(data_dir):
         obs1, *_ = await envs[1].astep("click[nonexistent]")
         assert obs1 == views[1][0]
         server = await envs[0].server()
-        assert (await server.call("stats"))["sessions"] == 4
+        assert (await server.stats())["sessions"] == 4
         for e in envs:
             await e.aclose()
-        assert (await server.call("stats"))["sessions"] == 0
+        assert (await server.stats())["sessions"] == 0
         snap = m.metrics()[envs[0].server_spec.key]
         assert snap["started"] == 1 and snap["in_use"] == 1
 
@@ -384,22 +387,34 @@ async def _close_default_manager() -> None:
 
 
 async def test_server_in_its_own_process(data_dir):
+    """``server_mode="process"`` is ``InProcessSpec(isolation="process")``: the same episodes through the
+    child; a killed server ends the running episode with the fault observation, and the next reset
+    starts a new server."""
     async with ResourceManager() as m:
         env = WebShopEnv(manager=m, data_dir=data_dir, server_mode="process", max_episode_steps=30)
+        assert env.server_spec.isolation == "process"
         r, term, info = await run_expert(env, 17)
         assert term and r == 1.0
         server = await env.server()
-        pid = server.obj.pid
-        assert pid != os.getpid() and (await server.call("stats"))["pid"] == pid
+        pid = server.resource.child_pid
+        assert pid is not None and pid != os.getpid() and (await server.stats())["pid"] == pid
         obs, _ = await env.areset(options={"task_id": 1})
         obs2, *_ = await env.astep("click[nonexistent]")
         assert obs2 == obs
         text = (await env.goal())["instruction_text"]
         _, info = await env.areset(options={"instruction": text})  # goal_index through the child process
         assert info["instruction"] == text
+
+        os.kill(pid, signal.SIGKILL)
+        obs, reward, term, trunc, info = await env.astep("search[pillow]")
+        assert trunc and not term and reward == 0.0
+        assert info["error"].startswith("ResourceDied: ") and f"process {pid} was killed by signal 9" in info["error"]
+        assert obs == fault_step(info["error"])[0]
+        obs, info = await env.areset(options={"task_id": 1})  # a new server
+        new_pid = (await env.server()).resource.child_pid
+        assert new_pid not in (None, pid) and (await (await env.server()).stats())["pid"] == new_pid
         await env.aclose()
-        proc = server.obj._proc
-    assert not proc.is_alive()  # manager close stopped the child
+    assert not alive(new_pid)  # manager close stopped the child
 
 
 def test_measure_load_time_and_memory(data_dir):

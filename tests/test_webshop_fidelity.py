@@ -273,10 +273,10 @@ async def test_env_episodes_reproduce_shared_cases(shared_reward_cases, shared_d
 async def test_reset_by_instruction(shared_data):
     async with ResourceManager() as m:
         env = WebShopEnv(manager=m, data_dir=shared_data / "webshop")
-        goal7 = await (await env.server()).call("goal", 7)
+        goal7 = await (await env.server()).goal(7)
         text = goal7["instruction_text"]
         obs, info = await env.areset(options={"instruction": text})
-        first = await (await env.server()).call("goal_index", text)
+        first = await (await env.server()).goal_index(text)
         assert info["task_id"] == str(first) and first <= 7 and info["instruction"] == text
         # case and runs of whitespace do not matter
         _, info = await env.areset(options={"instruction": "  " + text.upper().replace(" ", "   ") + " "})

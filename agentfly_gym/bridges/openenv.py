@@ -336,6 +336,7 @@ class OpenEnvEnv(AgentFlyEnv):
     """
 
     env_name = "OpenEnv"
+    reset_options = None  # passed on to the OpenEnv server's reset, which checks them
     agent_prompt = AgentPrompt(system="You are an agent in an OpenEnv environment. Read each observation and end "
                                       "each reply with 'Action: <action>'.")
 

@@ -9,7 +9,11 @@ and obtain whatever backs them (a simulator, a container, a shared server) from 
 rollout scope the base class opens for each episode.  The base class owns the episode
 lifecycle: one rollout scope per episode (released when the episode ends, on error,
 on the next reset or on close), the step timeout, the step limit, standard ``info`` keys,
-and the conversion of resource faults into handled observations.
+and the conversion of resource faults into handled observations (:func:`fault_step`).
+
+Every environment declares what it accepts and offers the same way: :attr:`AgentFlyEnv.reset_options`
+(the reset options it knows, checked once here) and :meth:`AgentFlyEnv.expert_action` (its expert, or
+:class:`~agentfly_gym.errors.NoExpert`).
 """
 
 from __future__ import annotations
@@ -18,26 +22,48 @@ import asyncio
 import inspect
 import itertools
 import logging
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import gymnasium
 import gymnasium.envs.registration
 import gymnasium.wrappers
 
-from ..errors import ConfigError, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
+from ..errors import ConfigError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
 from ..resources.inprocess import InProcessResource
 from ..resources.manager import ResourceManager, RolloutScope, default_manager, install_signal_handlers
 from ..spaces import TextSpace
 from ..utils.aio import run_sync
 from .prompting import AgentPrompt
 
-__all__ = ["AgentFlyEnv", "StepResult"]
+__all__ = ["AgentFlyEnv", "StepResult", "fault_message", "fault_step"]
 
 log = logging.getLogger(__name__)
 
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 _episode_ids = itertools.count(1)
+
+
+def fault_message(fault: BaseException | str) -> str:
+    """The text of a handled fault: a str as given, an exception as ``"<TypeName>: <message>"``."""
+    return fault if isinstance(fault, str) else f"{type(fault).__name__}: {fault}"
+
+
+def fault_step(fault: BaseException | str) -> StepResult:
+    """The step result that ends an episode after a handled fault (a dead or stuck resource, a crashed step).
+
+    The one format of every handled fault, from :class:`AgentFlyEnv` and from
+    :class:`~agentfly_gym.vector.AsyncTextVectorEnv` alike::
+
+        ("Error: <message>. The episode has ended.", 0.0, False, True, {"error": "<message>"})
+
+    with ``<message>`` = :func:`fault_message` (``"ResourceDied: ..."`` for an exception): zero reward,
+    truncated (not terminated: the task did not end, the episode was cut), and ``info["error"]`` set.
+    """
+    message = fault_message(fault)
+    return f"Error: {message}. The episode has ended.", 0.0, False, True, {"error": message}
 
 
 def _limit_of_gymnasium_make() -> int | None:
@@ -96,6 +122,10 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
             there instead of holding it until the next reset.
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the last observation).
 
+    Subclasses declare :attr:`reset_options` (option name -> what it means); :meth:`areset` refuses any
+    other option with a ``ConfigError`` naming the valid ones.  Environments with an expert override
+    :meth:`expert_action`.
+
     Info keys on every reset and step: ``task_id`` (str), ``step`` (int, steps taken),
     ``score`` (float, the env's native score), ``won`` (bool), ``error`` (str or None: a
     handled fault); on reset also ``episode_id`` (str, unique per episode; also
@@ -114,6 +144,10 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
     agent_prompt: ClassVar[AgentPrompt] = AgentPrompt(system="You are an agent in a text environment. End each reply with 'Action: <action>'.")
     max_observation_length: ClassVar[int] = 1 << 20
     max_action_length: ClassVar[int] = 1 << 16
+    #: The reset options this env accepts: name -> what it means.  :meth:`areset` refuses every other
+    #: key.  A class attribute, or set per instance where it depends on a constructor argument; None
+    #: only for an env that forwards its options to another system that checks them (a bridge).
+    reset_options: Mapping[str, str] | None = MappingProxyType({})
 
     def __init__(self, *, manager: ResourceManager | None = None, step_timeout: float | None = 120.0,
                  reset_timeout: float | None = 900.0, max_episode_steps: int | None = None,
@@ -153,6 +187,15 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
 
     async def _end_of_episode(self) -> None:
         """Hook run when an episode ends, before its scope is released."""
+
+    async def expert_action(self) -> str:
+        """The environment's expert's next action for the running episode (gold path, planner, engine).
+
+        Raises:
+            NoExpert: this environment has no expert (the default; environments with one override this).
+            ResetNeeded: no episode is running.
+        """
+        raise NoExpert(f"{self.env_name} has no expert: {type(self).__name__} does not define expert_action()")
 
     def episode_resource_specs(self) -> list:
         """The specs every episode of this env holds in its rollout scope (for capacity checks).
@@ -201,18 +244,20 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
 
         Args:
             seed: seeds ``self.np_random`` (task choice) as in Gymnasium.
-            options: environment-specific (e.g. ``{"task_id": ...}``); unknown keys raise ConfigError.
+            options: environment-specific, the keys of :attr:`reset_options` (e.g. ``{"task_id": ...}``).
 
         Raises:
-            ConfigError: bad options.
+            ConfigError: bad options.  An unknown key (named together with the valid ones) is refused
+                before anything changes: the running episode, if any, goes on.
             ResourceTimeout / ResourceStartError: no backing resource could be had.
         """
         if self._closed:
             raise ResetNeeded(f"{self.env_name}: the environment is closed")
-        super().reset(seed=seed)
-        await self._finish_episode()
         if options is not None and not isinstance(options, dict):
             raise ConfigError(f"options must be a dict or None, got {type(options).__name__}")
+        self._check_reset_options(options or {})  # a refused reset leaves the running episode as it was
+        super().reset(seed=seed)
+        await self._finish_episode()
         self._episode_id = f"{self.env_name}-{next(_episode_ids)}"
         self._scope = self.manager.scope(self._episode_id)
         self._steps = 0
@@ -264,12 +309,12 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
             obs, reward, terminated, truncated, info = await self._handled_fault(
                 f"the environment did not answer within step_timeout={self.step_timeout}s")
         except (ResourceError, OSError, EOFError) as e:
-            obs, reward, terminated, truncated, info = await self._handled_fault(f"{type(e).__name__}: {e}")
+            obs, reward, terminated, truncated, info = await self._handled_fault(e)
         except (ResetNeeded, ConfigError, TypeError):
             raise
         except Exception as e:
             log.exception("%s: step failed", self.env_name)
-            obs, reward, terminated, truncated, info = await self._handled_fault(f"{type(e).__name__}: {e}")
+            obs, reward, terminated, truncated, info = await self._handled_fault(e)
         self._steps += 1
         if not (terminated or truncated) and self.max_episode_steps is not None and self._steps >= self.max_episode_steps:
             truncated = True
@@ -336,6 +381,13 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         self.np_random.bit_generator.state = rng_state
         return await self._reset_episode(scope, dict(options))
 
+    def _check_reset_options(self, options: dict[str, Any]) -> None:
+        if self.reset_options is None:
+            return
+        unknown = sorted(map(str, set(options) - set(self.reset_options)))
+        if unknown:
+            raise ConfigError(f"{self.env_name}: unknown reset options {unknown}; valid: {sorted(self.reset_options)}")
+
     def _complete_info(self, info: dict[str, Any], *, reset: bool = False) -> dict[str, Any]:
         out = {"task_id": self._task_id, "step": self._steps, "score": 0.0, "won": False, "error": None}
         if reset:
@@ -343,8 +395,10 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         out.update(info)
         return out
 
-    async def _handled_fault(self, message: str) -> StepResult:
-        """Truncate the episode after a fault, discarding the resources it held (their state is unknown)."""
+    async def _handled_fault(self, fault: BaseException | str) -> StepResult:
+        """Truncate the episode after a fault (:func:`fault_step`), discarding the resources it held (their
+        state is unknown)."""
+        message = fault_message(fault)
         log.warning("%s episode %s: %s", self.env_name, self._episode_id, message)
         scope = self._scope
         if scope is not None:
@@ -352,8 +406,7 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
                 if isinstance(r, InProcessResource):
                     r.mark_dead(message)
                 await scope.discard(r)
-        obs = f"Error: {message}. The episode has ended."
-        return obs, 0.0, False, True, {"error": message}
+        return fault_step(message)
 
     async def _finish_episode(self) -> None:
         scope = self._scope

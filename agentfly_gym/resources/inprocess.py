@@ -1,24 +1,33 @@
-"""In-process resources: objects built by a factory and driven from their own thread."""
+"""In-process resources: objects built by a factory and driven from their own thread.
+
+Callers reach the object through a typed proxy (:class:`ObjectProxy` with :func:`forward`ed methods, one
+class per simulator), never by method-name strings, so a misspelt method fails at import or type-check
+time; with ``InProcessSpec(isolation="process")`` the same proxy drives the object in a child process.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
+import operator
 import queue
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from ..errors import ConfigError, ResourceDied, ResourceStartError
 from ..utils.imports import load_object
 from .base import Resource, ResourceStatus
 from .spec import InProcessSpec
 
-__all__ = ["InProcessResource"]
+__all__ = ["InProcessResource", "ObjectProxy", "forward"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+S = TypeVar("S")
+P = ParamSpec("P")
 
 
 class _DaemonWorker:
@@ -85,6 +94,10 @@ class InProcessResource(Resource):
     non-thread-safe object is never entered twice.  ``close()`` runs on a separate
     thread with ``spec.close_timeout`` so a stuck instance can still be abandoned.
 
+    With ``spec.isolation == "process"``, :attr:`obj` is a
+    :class:`~agentfly_gym.resources.isolated.ChildProcessObject` (the handle of the object living in a
+    child process) and :meth:`invoke` forwards each call there; the worker thread still orders the calls.
+
     A start that is abandoned (its caller cancelled or timed out) keeps running on the worker
     thread: whatever the factory eventually returns is closed as soon as it returns, and
     :meth:`release` waits for that (up to ``spec.start_timeout`` seconds), so the pool counts
@@ -93,6 +106,7 @@ class InProcessResource(Resource):
 
     def __init__(self, spec: InProcessSpec, *, labels: dict[str, str] | None = None) -> None:
         super().__init__(spec, labels=labels)
+        self.isolated = spec.isolation == "process"
         self.spec: InProcessSpec = spec
         self.obj: Any = None
         self._worker = _DaemonWorker(f"afg-{self.id}")
@@ -115,9 +129,32 @@ class InProcessResource(Resource):
             raise ResourceDied(f"{self.id} was released") from None
         return await asyncio.wrap_future(fut)
 
+    async def invoke(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(obj, *args, **kwargs)`` where the object lives and return its result.
+
+        ``fn`` is typically an unbound method of the object's class (``Simulator.step``); with
+        ``isolation="process"`` it runs in the child process (``fn`` travels by reference, arguments and
+        result are pickled).  Prefer a typed :class:`ObjectProxy` over calling this directly.
+
+        Raises:
+            ResourceDied: the instance was released, or its child process exited.
+            Exception: whatever ``fn`` raised.
+        """
+        obj = self.obj
+        if obj is None:
+            raise ResourceDied(f"{self.id} has no object (not started, or released)")
+        if self.isolated:
+            return await self.run(obj.invoke, fn, args, kwargs)
+        return await self.run(fn, obj, *args, **kwargs)
+
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``self.obj.<method>(*args, **kwargs)`` on the instance's thread."""
-        return await self.run(getattr(self.obj, method), *args, **kwargs)
+        """Call ``obj.<method>(*args, **kwargs)`` by name (untyped; environments use an :class:`ObjectProxy`)."""
+        return await self.invoke(operator.methodcaller(method, *args, **kwargs))
+
+    @property
+    def child_pid(self) -> int | None:
+        """The pid of the child process holding the object (``isolation="process"``), else None."""
+        return getattr(self.obj, "pid", None) if self.isolated else None
 
     def mark_dead(self, reason: str) -> None:
         """Record that the object stopped working (e.g. a step timed out); status becomes UNHEALTHY."""
@@ -125,8 +162,16 @@ class InProcessResource(Resource):
         self._status = ResourceStatus.UNHEALTHY
 
     async def start(self) -> None:
-        factory = load_object(self.spec.factory, what="factory")
         kwargs = dict(self.spec.factory_kwargs)
+        if self.isolated:  # the factory is imported and called in the child; this process holds a handle
+            from .isolated import ChildProcessObject
+
+            factory: Callable[..., Any] = functools.partial(
+                ChildProcessObject, self.spec.factory, start_timeout=self.spec.start_timeout,
+                close_timeout=self.spec.close_timeout, name=f"afg-{self.spec.label}-{self.id}")
+            kwargs = {"kwargs": kwargs}
+        else:
+            factory = load_object(self.spec.factory, what="factory")
         self._status = ResourceStatus.STARTING
         if self._closed.is_set():
             raise ResourceDied(f"{self.id} was released before it started")
@@ -135,7 +180,7 @@ class InProcessResource(Resource):
         fut.add_done_callback(self._factory_done)  # runs first, on the worker thread
         try:
             await asyncio.wrap_future(fut)  # cancelling this cancels the factory only if it has not begun
-        except ConfigError:
+        except (ConfigError, ResourceStartError):
             raise
         except Exception as e:
             raise ResourceStartError(f"{self.spec.label}: factory {self.spec.factory} failed: {type(e).__name__}: {e}") from e
@@ -227,3 +272,64 @@ class InProcessResource(Resource):
             close()
         except Exception:
             log.warning("%s: close() raised", self.id, exc_info=True)
+
+
+class ObjectProxy:
+    """The typed, async face of an object held by an :class:`InProcessResource`.
+
+    Subclass it once per simulator and declare each method with :func:`forward`::
+
+        class ScienceWorldProxy(ObjectProxy):
+            step = forward(ScienceWorldSimulator.step)
+
+    ``await proxy.step("look around", admissible=True)`` then runs ``ScienceWorldSimulator.step`` on the
+    resource's thread (or in its child process).  A method the simulator does not have fails when the
+    proxy class is defined (an ``AttributeError`` at import), a misspelt proxy method is an
+    ``AttributeError`` (and a type checker's error) at the call site, and the forwarded signature is the
+    simulator's own.
+
+    Args:
+        resource: the live resource (from ``scope.acquire`` or ``manager.acquire_global``).
+    """
+
+    def __init__(self, resource: InProcessResource) -> None:
+        self.resource = resource
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.resource.id})"
+
+
+class forward(Generic[S, P, T]):  # noqa: N801 - used like a decorator
+    """Declare an :class:`ObjectProxy` method that runs ``fn(obj, *args, **kwargs)`` where the object lives.
+
+    Args:
+        fn: an unbound method of the object's class (a module-level function taking the object first
+            also works).  Typed so that ``proxy.m(...)`` has ``fn``'s parameters (without the object)
+            and returns an awaitable of its result.
+    """
+
+    def __init__(self, fn: Callable[Concatenate[S, P], T]) -> None:
+        if not callable(fn):
+            raise TypeError(f"forward() needs a method of the object's class, got {fn!r}")
+        self.fn = fn
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, proxy: None, owner: type) -> forward[S, P, T]: ...
+    @overload
+    def __get__(self, proxy: ObjectProxy, owner: type) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    def __get__(self, proxy: ObjectProxy | None, owner: type) -> Any:
+        if proxy is None:
+            return self
+        fn, resource = self.fn, proxy.resource
+
+        async def method(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await resource.invoke(fn, *args, **kwargs)
+
+        method.__name__ = getattr(self, "name", getattr(fn, "__name__", "method"))
+        method.__doc__ = self.__doc__
+        return method

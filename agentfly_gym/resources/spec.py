@@ -312,10 +312,17 @@ class InProcessSpec(ResourceSpec):
     the pool hands a used instance out again), ``healthy() -> bool`` (health check) and
     ``close()`` (release).
 
+    With ``isolation="process"`` the object is built and driven in a child process instead (see
+    :mod:`agentfly_gym.resources.isolated`): the same calls, arguments and results pickled, the child
+    killed with its parent, a crashed child reported as ``ResourceDied``.  Use it for objects that hold
+    the GIL for long (a search index, a reward model) or may crash the interpreter.
+
     Attributes:
         factory: ``"package.module:callable"``.
         kwargs: keyword arguments for the factory (a mapping; stored as sorted pairs).
         close_timeout: seconds ``close()`` may take before the instance is abandoned.
+        isolation: ``"thread"`` (default: the object lives in this process, driven from its own thread)
+            or ``"process"`` (a child process, driven from that thread).
     """
 
     kind: ClassVar[str] = "inprocess"
@@ -323,10 +330,13 @@ class InProcessSpec(ResourceSpec):
     factory: str
     kwargs: Mapping[str, Any] | tuple = ()
     close_timeout: float = 30.0
+    isolation: str = "thread"
 
     def __post_init__(self) -> None:
         if not isinstance(self.factory, str) or not re.fullmatch(r"[\w.]+:[\w.]+", self.factory):
             raise ConfigError(f"factory={self.factory!r} must look like 'package.module:callable'")
+        if self.isolation not in ("thread", "process"):
+            raise ConfigError(f"isolation={self.isolation!r} is not 'thread' or 'process'")
         super().__post_init__()
 
     @property

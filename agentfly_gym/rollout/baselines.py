@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..errors import PolicyError
+from ..errors import NoExpert, PolicyError
 
 __all__ = ["RandomPolicy", "ExpertPolicy"]
 
@@ -46,7 +46,7 @@ class ExpertPolicy:
     """
 
     async def act(self, observation: str, info: dict[str, Any], env: Any) -> str:
-        fn = getattr(env, "expert_action", None)
-        if fn is None:
-            raise PolicyError(f"{type(env).__name__} has no expert (no expert_action method)")
-        return await fn()
+        try:
+            return await env.unwrapped.expert_action()
+        except NoExpert as e:
+            raise PolicyError(str(e)) from e

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ...errors import ConfigError, ResetNeeded
-from ...resources.inprocess import InProcessResource
+from ...resources.inprocess import ObjectProxy, forward
 from ...resources.manager import ResourceManager, RolloutScope
 from ...resources.spec import InProcessSpec, parse_bytes
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
 from .games import GameIndex, GameRecord, load_index, resolve_alfworld_root
 from .planner import ExpertPlanError, compute_plan
+from .simulator import ALFWorldSimulator
 
 __all__ = ["SIMULATOR_FACTORY", "ALFWorldEnv"]
 
 SIMULATOR_FACTORY = "agentfly_gym.envs.alfworld.simulator:ALFWorldSimulator"
+
+
+class ALFWorldProxy(ObjectProxy):
+    """The async, typed face of a pooled :class:`ALFWorldSimulator`."""
+
+    load = forward(ALFWorldSimulator.load)
+    step = forward(ALFWorldSimulator.step)
 
 _SYSTEM_TEMPLATE = """\
 You are an agent in a household (ALFWorld, the text version of the ALFRED benchmark). The first \
@@ -93,6 +102,7 @@ class ALFWorldEnv(AgentFlyEnv):
 
     env_name: ClassVar[str] = "ALFWorld"
     agent_prompt: ClassVar[AgentPrompt] = AgentPrompt(system=_SYSTEM_PROMPT)
+    reset_options = MappingProxyType({"task_id": "a game's task id (see the games property)"})
     max_observation_length: ClassVar[int] = 1 << 16
     max_action_length: ClassVar[int] = 1 << 12
 
@@ -121,7 +131,7 @@ class ALFWorldEnv(AgentFlyEnv):
         self.planner_timeout = planner_timeout
         self.plan_cache = bool(plan_cache)
         self.normalize_actions = bool(normalize_actions)
-        self._sim: InProcessResource | None = None
+        self._sim: ALFWorldProxy | None = None
         self._game: GameRecord | None = None
         self._admissible: list[str] = []
         self._history: list[str] = []
@@ -140,9 +150,6 @@ class ALFWorldEnv(AgentFlyEnv):
         return [self.simulator_spec]
 
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - {"task_id"}
-        if unknown:
-            raise ConfigError(f"ALFWorld: unknown reset option(s) {sorted(unknown)}; valid: ['task_id']")
         if "task_id" in options:
             game = self.index.by_task_id(options["task_id"])
         else:
@@ -151,9 +158,8 @@ class ALFWorldEnv(AgentFlyEnv):
         self._game = game
         self._task_id = game.task_id
         self._history, self._plan, self._plan_base, self._won = [], None, [], False
-        sim = await scope.acquire(self.simulator_spec)
-        assert isinstance(sim, InProcessResource)
-        obs, info = await sim.call("load", str(game.game_file))
+        sim = ALFWorldProxy(await scope.acquire(self.simulator_spec))
+        obs, info = await sim.load(str(game.game_file))
         self._sim = sim
         self._admissible = info["admissible_actions"]
         self._won = bool(info["won"])
@@ -169,7 +175,7 @@ class ALFWorldEnv(AgentFlyEnv):
             normalized = " ".join(command.split()).lower()
             if normalized in self._admissible:
                 command = normalized
-        obs, won, admissible, applied = await sim.call("step", command)
+        obs, won, admissible, applied = await sim.step(command)
         if applied:
             self._history.append(command)
         self._admissible = admissible

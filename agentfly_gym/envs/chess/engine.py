@@ -22,6 +22,7 @@ import chess
 import chess.engine
 
 from ...errors import ConfigError, ResourceDied, ResourceUnavailable
+from ...resources.inprocess import ObjectProxy, forward
 from ...resources.spec import InProcessSpec
 
 __all__ = ["StockfishEngine", "find_stockfish", "engine_spec", "ENGINE_FACTORY"]
@@ -232,3 +233,10 @@ class StockfishEngine:
 
     def __repr__(self) -> str:
         return f"<StockfishEngine pid={getattr(self, 'pid', None)} {self.path}>"
+
+
+class EngineProxy(ObjectProxy):
+    """The async, typed face of a pooled :class:`StockfishEngine` (``EngineProxy(await scope.acquire(spec))``)."""
+
+    play = forward(StockfishEngine.play)
+    best_move = forward(StockfishEngine.best_move)

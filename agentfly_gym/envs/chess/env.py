@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import numbers
 import os
+from types import MappingProxyType
 from typing import Any
 
 import chess
 
 from ...errors import ConfigError, ResetNeeded
-from ...resources.inprocess import InProcessResource
 from ...resources.manager import ResourceManager, RolloutScope
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
-from .engine import engine_spec, find_stockfish
+from .engine import EngineProxy, engine_spec, find_stockfish
 from .moves import MoveError, legal_moves_uci, parse_move
 from .puzzles import Puzzle, PuzzleSet, find_puzzles_file, load_puzzles
 
@@ -32,6 +32,9 @@ CHESS_PROMPT = AgentPrompt(system=(
     "(e.g. e4, Nf3, exd5, O-O, e8=Q). An illegal move is rejected and you may try again."))
 
 _PIECE_ORDER = ".PNBRQKpnbrqk"
+#: reset options per mode (AgentFlyEnv.reset_options)
+_PUZZLE_OPTIONS = MappingProxyType({"task_id": "a PuzzleId of the puzzle set"})
+_PLAY_OPTIONS = MappingProxyType({"agent_color": "'white', 'black' or 'random'", "fen": "the starting position (FEN)"})
 
 
 def render_board(board: chess.Board) -> str:
@@ -189,6 +192,7 @@ class ChessEnv(AgentFlyEnv):
         if not isinstance(expert_depth, int) or expert_depth < 1:
             raise ConfigError(f"expert_depth={expert_depth!r} must be an integer >= 1 (plies)")
         self.mode = mode
+        self.reset_options = _PUZZLE_OPTIONS if mode == "puzzle" else _PLAY_OPTIONS
         self.min_rating, self.max_rating = min_rating, max_rating
         self.agent_color = agent_color
         self.skill_level, self.engine_depth, self.engine_movetime = skill_level, engine_depth, engine_movetime
@@ -211,7 +215,7 @@ class ChessEnv(AgentFlyEnv):
         self._last_move: tuple[str, str] | None = None  # (uci, san) of the opponent's last move
         self._color: chess.Color = chess.WHITE
         self._agent_moves = 0
-        self._engine: InProcessResource | None = None
+        self._engine: EngineProxy | None = None
         self._expert_cache: tuple[tuple[int, str], str] | None = None
         self._result: float = 0.0
 
@@ -319,9 +323,6 @@ class ChessEnv(AgentFlyEnv):
         return await self._reset_play(scope, options)
 
     async def _reset_puzzle(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - {"task_id"}
-        if unknown:
-            raise ConfigError(f"unknown reset option(s) {sorted(unknown)} for mode='puzzle'; valid: ['task_id']")
         puzzles = await self.puzzles()
         task_id = options.get("task_id")
         if task_id is not None:
@@ -349,9 +350,6 @@ class ChessEnv(AgentFlyEnv):
         return self._observation(f"Puzzle: find the best move for {_color_name(board.turn)}."), self._info()
 
     async def _reset_play(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - {"agent_color", "fen"}
-        if unknown:
-            raise ConfigError(f"unknown reset option(s) {sorted(unknown)} for mode='play'; valid: ['agent_color', 'fen']")
         color = options.get("agent_color", self.agent_color)
         self._check_color(color, "options['agent_color']")
         if color == "random":
@@ -371,7 +369,7 @@ class ChessEnv(AgentFlyEnv):
         self._color = chess.WHITE if color == "white" else chess.BLACK
         strength = "full" if self.skill_level is None else f"skill{self.skill_level}"
         self._task_id = f"stockfish-{color}-{strength}" + ("" if fen is None else f"-{board.fen()}")
-        self._engine = await scope.acquire(self.engine_spec)
+        self._engine = EngineProxy(await scope.acquire(self.engine_spec))
         header = f"New game: you play {_color_name(self._color)}."
         if board.turn != self._color:
             await self._engine_move()
@@ -430,7 +428,7 @@ class ChessEnv(AgentFlyEnv):
     async def _engine_move(self) -> None:
         board = self._board
         assert board is not None and self._engine is not None
-        reply = await self._engine.call("play", board.copy(), depth=self.engine_depth, movetime=self.engine_movetime,
+        reply = await self._engine.play(board.copy(), depth=self.engine_depth, movetime=self.engine_movetime,
                                         skill_level=self.skill_level)
         if reply not in board.legal_moves:  # never expected from Stockfish; keep the game consistent
             raise RuntimeError(f"stockfish answered the illegal move {reply} in {board.fen()}")
@@ -494,8 +492,8 @@ class ChessEnv(AgentFlyEnv):
         if self._expert_cache is not None and self._expert_cache[0] == key:
             return self._expert_cache[1]
         if self._engine is None:
-            self._engine = await self.scope.acquire(self.engine_spec)
-        move = await self._engine.call("best_move", board.copy(), depth=self.expert_depth)
+            self._engine = EngineProxy(await self.scope.acquire(self.engine_spec))
+        move = await self._engine.best_move(board.copy(), depth=self.expert_depth)
         self._expert_cache = (key, move.uci())
         return move.uci()
 

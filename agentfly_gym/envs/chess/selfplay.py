@@ -32,13 +32,13 @@ import numpy as np
 from pettingzoo import AECEnv
 
 from ...errors import ConfigError, ResetNeeded, ResourceError
-from ...resources.inprocess import InProcessResource
+from ...resources.inprocess import InProcessResource, ObjectProxy, forward
 from ...resources.manager import ResourceManager, RolloutScope, default_manager
 from ...resources.spec import InProcessSpec
 from ...spaces import TextSpace
 from ...utils.aio import run_sync
 from ..prompting import AgentPrompt
-from .engine import engine_spec, find_stockfish
+from .engine import EngineProxy, engine_spec, find_stockfish
 from .env import render_board
 from .moves import MoveError, legal_moves_uci, parse_move
 
@@ -127,6 +127,13 @@ class SelfPlayBoard:
 
     def healthy(self) -> bool:
         return self.board is not None
+
+
+class SelfPlayBoardProxy(ObjectProxy):
+    """The async, typed face of a pooled :class:`SelfPlayBoard`."""
+
+    setup = forward(SelfPlayBoard.setup)
+    play = forward(SelfPlayBoard.play)
 
 
 def board_spec(max_games: int = 64) -> InProcessSpec:
@@ -236,8 +243,8 @@ class ChessSelfPlayEnv(AECEnv):
         self.rewards, self._cumulative_rewards, self.terminations, self.truncations, self.infos = {}, {}, {}, {}, {}
         self.agent_selection = "white"
         self._scope: RolloutScope | None = None
-        self._board_res: InProcessResource | None = None
-        self._engine = None
+        self._board_res: SelfPlayBoardProxy | None = None
+        self._engine: EngineProxy | None = None
         self._board: chess.Board | None = None  # a snapshot of the game's board after the last step
         self._feedback: dict[str, str] = {}
         self._last: tuple[str, str] | None = None  # (uci, san) of the last move played
@@ -309,8 +316,8 @@ class ChessSelfPlayEnv(AECEnv):
         self._game_id = f"{self.env_name}-{next(_game_ids)}"
         self._scope = self.manager.scope(self._game_id)
         try:
-            self._board_res = await self._scope.acquire(self._board_spec)
-            self._board = await self._board_res.call("setup", options.get("fen"))
+            self._board_res = SelfPlayBoardProxy(await self._scope.acquire(self._board_spec))
+            self._board = await self._board_res.setup(options.get("fen"))
         except BaseException:
             await self._end_game()
             raise
@@ -353,7 +360,7 @@ class ChessSelfPlayEnv(AECEnv):
         action = action[: self.max_action_length].encode("utf-8", "replace").decode("utf-8")
         assert self._board_res is not None
         try:
-            board, san, reason = await self._board_res.call("play", action)
+            board, san, reason = await self._board_res.play(action)
         except (ResourceError, OSError, RuntimeError) as e:
             await self._fault(f"{type(e).__name__}: {e}")
             return
@@ -413,8 +420,8 @@ class ChessSelfPlayEnv(AECEnv):
         if self._engine is None:
             if self._engine_spec is None:
                 self._engine_spec = engine_spec(find_stockfish(self._stockfish_path), max_engines=4)
-            self._engine = await self._scope.acquire(self._engine_spec)
-        move = await self._engine.call("best_move", self._board.copy(), depth=self.expert_depth)
+            self._engine = EngineProxy(await self._scope.acquire(self._engine_spec))
+        move = await self._engine.best_move(self._board.copy(), depth=self.expert_depth)
         return move.uci()
 
     # ------------------------------------------------------------------ sync API (PettingZoo)

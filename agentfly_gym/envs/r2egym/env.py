@@ -28,6 +28,7 @@ import tarfile
 from collections.abc import Sequence
 from importlib import resources as importlib_resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from ...errors import ConfigError, DataNotFoundError, EnvError
@@ -160,6 +161,7 @@ class R2EGymEnv(AgentFlyEnv):
     """
 
     env_name = "R2EGym"
+    reset_options = MappingProxyType({"task_id": "a task's id", "task_index": "int index into the task list"})
     agent_prompt = R2EAgentPrompt(system=SYSTEM_PROMPT)
     max_observation_length = 1 << 20
     #: well-formed tool calls the ``random`` policy chooses among (the action space is free text, so there
@@ -231,9 +233,6 @@ class R2EGymEnv(AgentFlyEnv):
 
     # ------------------------------------------------------------------ episode
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = sorted(set(options) - {"task_id", "task_index"})
-        if unknown:
-            raise ConfigError(f"unknown reset option(s) {unknown}; valid: 'task_id', 'task_index'")
         if "task_id" in options:
             task = self._by_id.get(options["task_id"])
             if task is None:

@@ -7,15 +7,16 @@ and reused by later episodes (a new task is loaded on the same JVM) and replaced
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ...errors import ConfigError
-from ...resources.inprocess import InProcessResource
+from ...resources.inprocess import ObjectProxy, forward
 from ...resources.manager import ResourceManager, RolloutScope
 from ...resources.spec import InProcessSpec
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
-from .simulator import FACTORY
+from .simulator import FACTORY, ScienceWorldSimulator
 from .tasks import (
     SPLITS,
     check_simplification,
@@ -44,8 +45,26 @@ SCIENCEWORLD_PROMPT = AgentPrompt(system=(
     "Think briefly, then end your reply with one line 'Action: <command>', e.g. 'Action: open door to kitchen'."
 ))
 
-_OPTION_KEYS = frozenset({"task_name", "task_id", "variation", "split", "simplification",
-                          "with_admissible_actions", "expert"})
+_RESET_OPTIONS = MappingProxyType({
+    "task_name": "a task name or number (see task_names())",
+    "task_id": "'<task name>-<variation>' (instead of task_name and variation)",
+    "variation": "the variation (int >= 0) in the split",
+    "split": "'train', 'dev' or 'test'",
+    "simplification": "simplifications string, e.g. 'easy'",
+    "with_admissible_actions": "bool: list valid actions in info",
+    "expert": "bool: plan the gold path at load",
+})
+
+
+class ScienceWorldProxy(ObjectProxy):
+    """The async, typed face of a pooled :class:`ScienceWorldSimulator` (one JVM)."""
+
+    split_variations = forward(ScienceWorldSimulator.split_variations)
+    load = forward(ScienceWorldSimulator.load)
+    step = forward(ScienceWorldSimulator.step)
+    gold_actions = forward(ScienceWorldSimulator.gold_actions)
+    inventory = forward(ScienceWorldSimulator.inventory)
+    look = forward(ScienceWorldSimulator.look)
 
 
 class ScienceWorldEnv(AgentFlyEnv):
@@ -104,6 +123,7 @@ class ScienceWorldEnv(AgentFlyEnv):
 
     env_name: ClassVar[str] = "ScienceWorld"
     agent_prompt: ClassVar[AgentPrompt] = SCIENCEWORLD_PROMPT
+    reset_options = _RESET_OPTIONS
 
     def __init__(self, *, task_name: str | int | None = None, variation: int | None = None, split: str = "train",
                  simplification: str = "easy", with_admissible_actions: bool = False, max_simulators: int = 4,
@@ -120,7 +140,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         if isinstance(max_simulators, bool) or not isinstance(max_simulators, int) or max_simulators < 1:
             raise ConfigError(f"max_simulators={max_simulators!r} must be an integer >= 1")
         self.resource_spec = self.simulator_spec(max_simulators=max_simulators, java_heap=java_heap)
-        self._sim: InProcessResource | None = None
+        self._sim: ScienceWorldProxy | None = None
         self._admissible = self.with_admissible_actions
         self._gold: list[str] | None = None
 
@@ -136,9 +156,6 @@ class ScienceWorldEnv(AgentFlyEnv):
 
     # ------------------------------------------------------------------ episode
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - _OPTION_KEYS
-        if unknown:
-            raise ConfigError(f"unknown ScienceWorld reset option(s) {sorted(unknown)}; valid: {sorted(_OPTION_KEYS)}")
         variation = self._check_variation(options.get("variation", self.default_variation))
         if options.get("task_id") is not None:
             if "task_name" in options or "variation" in options:
@@ -157,17 +174,17 @@ class ScienceWorldEnv(AgentFlyEnv):
         expert = bool(options.get("expert", False))
         self._gold = None
 
-        self._sim = sim = await scope.acquire(self.resource_spec)
-        splits = await sim.call("split_variations", task)
+        self._sim = sim = ScienceWorldProxy(await scope.acquire(self.resource_spec))
+        splits = await sim.split_variations(task)
         if variation is None:
             pool = splits[split]
             variation = int(pool[int(self.np_random.integers(len(pool)))])
         else:
             check_variation_in_split(task, variation, split, splits)
-        obs, info = await sim.call("load", task, variation, simplification, gold=expert, admissible=self._admissible)
+        obs, info = await sim.load(task, variation, simplification, gold=expert, admissible=self._admissible)
         self._task_id = format_task_id(task, variation)
         if expert:
-            self._gold = await sim.call("gold_actions")
+            self._gold = await sim.gold_actions()
         info.update(task_name=task, variation=variation, simplification=simplification)
         info.pop("completed", None)
         return obs, info
@@ -175,7 +192,7 @@ class ScienceWorldEnv(AgentFlyEnv):
     async def _step_episode(self, action: str) -> StepResult:
         sim = self._sim
         assert sim is not None
-        obs, reward, terminated, truncated, info = await sim.call("step", action, admissible=self._admissible)
+        obs, reward, terminated, truncated, info = await sim.step(action, admissible=self._admissible)
         info.pop("completed", None)
         return obs, reward, terminated, truncated, info
 
@@ -198,7 +215,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         _ = self.scope  # raises ResetNeeded outside an episode
         if self._gold is None:
             assert self._sim is not None
-            self._gold = await self._sim.call("gold_actions")
+            self._gold = await self._sim.gold_actions()
         return self._gold[self._steps] if self._steps < len(self._gold) else "look around"
 
     async def inventory(self) -> str:
@@ -209,7 +226,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         """
         _ = self.scope  # raises ResetNeeded outside an episode
         assert self._sim is not None
-        return await self._sim.call("inventory")
+        return await self._sim.inventory()
 
     # ------------------------------------------------------------------ validation
     @staticmethod

@@ -13,15 +13,14 @@ from .env import WebShopEnv
 from .pages import to_text
 from .reward import get_reward, normalize_color, token_set_ratio
 from .search import ProductSearch
-from .server import WebShopServer, WebShopServerProcess, create_server, parse_action
+from .server import WebShopServer, WebShopServerProxy, parse_action
 
 __all__ = [
            "Catalog",
            "ProductSearch",
            "WebShopEnv",
            "WebShopServer",
-           "WebShopServerProcess",
-           "create_server",
+           "WebShopServerProxy",
            "get_reward",
            "load_catalog",
            "normalize_color",

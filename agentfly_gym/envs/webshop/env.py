@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ...data import resolve_data_dir
 from ...errors import ConfigError, ResetNeeded, ResourceDied
-from ...resources.inprocess import InProcessResource
 from ...resources.manager import RolloutScope
 from ...resources.spec import InProcessSpec
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
 from .catalog import DATA_MARKER, HOW_TO_GET, find_data_files
 from .reward import DEFAULT_SPACY_MODEL
-from .server import OBSERVATION_MODES, SPLITS
+from .server import OBSERVATION_MODES, SERVER_FACTORY, SPLITS, WebShopServerProxy
 
 __all__ = ["WebShopEnv"]
 
@@ -69,7 +69,9 @@ class WebShopEnv(AgentFlyEnv):
         price_seed: seed of the catalog's price draws (see :mod:`.catalog`).
         spacy_model: spaCy model for the reward's noun matching.
         server_mode: ``"inprocess"`` (default; the server runs on its own thread in this process) or
-            ``"process"`` (a child process).
+            ``"process"`` (a child process: ``InProcessSpec(isolation="process")``; it dies with this
+            process, and a crashed server ends the running episodes with a handled fault and is
+            restarted at the next reset).
         search_requires_search_bar: refuse ``search[...]`` outside the search page (default False:
             upstream's text env searches from any page).
         max_episode_steps: default 15 steps.
@@ -91,6 +93,11 @@ class WebShopEnv(AgentFlyEnv):
 
     env_name: ClassVar[str] = "WebShop"
     agent_prompt: ClassVar[AgentPrompt] = AgentPrompt(system=_SYSTEM)
+    reset_options = MappingProxyType({
+        "task_id": "goal index (int, or its decimal string)",
+        "instruction": "a goal's instruction text (picks the first goal with that text)",
+        "split": "'all', 'train', 'eval' or 'test' (overrides the constructor's)",
+    })
 
     def __init__(self, *, data_dir: str | os.PathLike | None = None, products_file: str | None = None,
                  attributes_file: str | None = None, human_file: str | None = None, human_goals: bool = False,
@@ -114,15 +121,15 @@ class WebShopEnv(AgentFlyEnv):
         self.observation_mode = observation_mode
         self.split = split
         self.server_spec = InProcessSpec(
-            factory="agentfly_gym.envs.webshop.server:create_server",
-            kwargs={"server_mode": server_mode, "products_path": str(products.resolve()),
+            factory=SERVER_FACTORY, isolation="thread" if server_mode == "inprocess" else "process",
+            kwargs={"products_path": str(products.resolve()),
                     "attributes_path": str(attributes.resolve()),
                     "human_path": str(human.resolve()) if human is not None else None,
                     "num_products": num_products, "human_goals": bool(human_goals), "show_attrs": bool(show_attrs),
                     "price_seed": int(price_seed), "spacy_model": spacy_model,
                     "search_requires_search_bar": bool(search_requires_search_bar)},
             max_instances=1, start_timeout=900.0, name="webshop-server")
-        self._server: InProcessResource | None = None
+        self._server: WebShopServerProxy | None = None
         self._session: str | None = None
         self._split_cache: dict[str, list[int]] = {}
         self._weights: list[float] | None = None
@@ -133,15 +140,11 @@ class WebShopEnv(AgentFlyEnv):
             raise ConfigError(f"split={split!r} is not one of 'all', 'train', 'eval', 'test'")
 
     # ------------------------------------------------------------------ server
-    async def server(self) -> InProcessResource:
-        """The shared WebShop server resource (acquired globally on first use)."""
-        if self._server is None or self._server.obj is None:
-            self._server = await self.manager.acquire_global(self.server_spec)  # type: ignore[assignment]
-        return self._server  # type: ignore[return-value]
-
-    async def _call(self, method: str, *args: Any) -> Any:
-        server = await self.server()
-        return await server.call(method, *args)
+    async def server(self) -> WebShopServerProxy:
+        """The shared WebShop server (a global resource, acquired on first use), through its typed proxy."""
+        if self._server is None or self._server.resource.obj is None:
+            self._server = WebShopServerProxy(await self.manager.acquire_global(self.server_spec))
+        return self._server
 
     async def _choose_goal(self, options: dict[str, Any]) -> int:
         split = options.get("split", self.split)
@@ -151,7 +154,7 @@ class WebShopEnv(AgentFlyEnv):
             if options.get("task_id") is not None:
                 raise ConfigError(f"reset options task_id={options['task_id']!r} and instruction={instruction!r} "
                                   "both pick a goal; give one of them")
-            return await self._call("goal_index", instruction)
+            return await (await self.server()).goal_index(instruction)
         if "task_id" in options and options["task_id"] is not None:
             tid = options["task_id"]
             try:
@@ -160,20 +163,20 @@ class WebShopEnv(AgentFlyEnv):
                 idx = None
             if idx is None or (isinstance(tid, float) and not tid.is_integer()):
                 raise ConfigError(f"task_id={tid!r} must be a goal index (an int or its decimal string)")
-            n = await self._call("num_goals")
+            n = await (await self.server()).num_goals()
             if not 0 <= idx < n:
                 raise ConfigError(f"task_id={tid!r} is out of range: {n} goals (0..{n - 1})")
             return idx
         if split not in self._split_cache:
-            self._split_cache[split] = await self._call("split_indices", split)
+            self._split_cache[split] = await (await self.server()).split_indices(split)
         indices = self._split_cache[split]
         if not indices:
-            n = await self._call("num_goals")
+            n = await (await self.server()).num_goals()
             raise ConfigError(f"split={split!r} has no goals in this catalog ({n} goals; upstream's splits assume "
                               f"the full catalog: test 0-499, eval 500-1499, train 1500-); use split='all'")
         if split == "all":
             if self._weights is None:
-                self._weights = await self._call("goal_weights")
+                self._weights = await (await self.server()).goal_weights()
             w = [self._weights[i] for i in indices]
             total = sum(w)
             return int(self.np_random.choice(indices, p=[x / total for x in w]))
@@ -181,14 +184,11 @@ class WebShopEnv(AgentFlyEnv):
 
     # ------------------------------------------------------------------ episode hooks
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        unknown = set(options) - {"task_id", "instruction", "split"}
-        if unknown:
-            raise ConfigError(f"unknown reset options {sorted(unknown)}; valid: 'task_id', 'instruction', 'split'")
         for attempt in (0, 1):
             try:
                 idx = await self._choose_goal(options)
                 seed = int(self.np_random.integers(2**31))
-                view = await self._call("new_session", self.episode_id, idx, self.observation_mode, seed)
+                view = await (await self.server()).new_session(self.episode_id or "", idx, self.observation_mode, seed)
                 break
             except ResourceDied:
                 if attempt:
@@ -203,7 +203,7 @@ class WebShopEnv(AgentFlyEnv):
     async def _step_episode(self, action: str) -> StepResult:
         if self._session is None:
             raise ResetNeeded("WebShop: no session; call reset() first")
-        view = await self._call("step", self._session, action)
+        view = await (await self.server()).step(self._session, action)
         info = self._info(view)
         info["action_valid"] = view["valid"]
         if view["done"]:
@@ -213,10 +213,10 @@ class WebShopEnv(AgentFlyEnv):
 
     async def _end_of_episode(self) -> None:
         sid, self._session = self._session, None
-        if sid is None or self._server is None or self._server.obj is None:
+        if sid is None or self._server is None or self._server.resource.obj is None:
             return
         try:
-            await self._server.call("end_session", sid)
+            await self._server.end_session(sid)
         except Exception as e:  # a dead server has no session to drop
             log.debug("WebShop: end_session(%s) failed: %s", sid, e)
 
@@ -236,7 +236,7 @@ class WebShopEnv(AgentFlyEnv):
         """
         if self._session is None:
             raise ResetNeeded("WebShop: no episode is running; call reset() first")
-        action = await self._call("expert_action", self._session)
+        action = await (await self.server()).expert_action(self._session)
         if action is None:
             raise ResetNeeded("WebShop: the episode has ended")
         return action
@@ -249,4 +249,4 @@ class WebShopEnv(AgentFlyEnv):
         """
         if self._session is None:
             raise ResetNeeded("WebShop: no episode is running; call reset() first")
-        return await self._call("goal", int(self._task_id))
+        return await (await self.server()).goal(int(self._task_id))

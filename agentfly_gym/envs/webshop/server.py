@@ -6,9 +6,8 @@ actions are upstream's ``search[...]`` / ``click[...]`` with upstream's transiti
 
 Thread safety: the catalog, index and goals are read-only after construction; sessions live in a
 dict guarded by a lock and each session is only touched by its own rollout.  Environments reach
-one shared server as a *global* resource (:func:`create_server` is its ``InProcessSpec``
-factory); ``server_mode="process"`` runs the same server in a child process behind
-:class:`WebShopServerProcess`, which has the same methods.
+one shared server as a *global* resource (``InProcessSpec(factory=SERVER_FACTORY)``) through a
+:class:`WebShopServerProxy`; ``isolation="process"`` runs the same server in a child process.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-import multiprocessing
 import os
 import random
 import re
@@ -27,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ...data import cache_dir
-from ...errors import ConfigError, EnvError, ResourceDied
+from ...errors import ConfigError, EnvError
+from ...resources.inprocess import ObjectProxy, forward
 from .catalog import Catalog, load_catalog
 from .pages import (
     BACK_TO_SEARCH,
@@ -47,13 +46,15 @@ from .pages import (
 from .reward import DEFAULT_SPACY_MODEL, SpacyNouns, get_reward
 from .search import SEARCH_RETURN_N, ProductSearch
 
-__all__ = ["OBSERVATION_MODES", "SPLITS", "WebShopServer", "WebShopServerProcess", "create_server", "parse_action"]
+__all__ = ["OBSERVATION_MODES", "SERVER_FACTORY", "SPLITS", "WebShopServer", "WebShopServerProxy", "parse_action"]
 
 log = logging.getLogger(__name__)
 
 #: Goal index ranges of upstream's ``baseline_models/env.py`` (used when the whole catalog is loaded).
 SPLITS = {"test": (0, 500), "eval": (500, 1500), "train": (1500, None)}
 OBSERVATION_MODES = ("text", "text_rich")
+#: The ``InProcessSpec`` factory of the server.
+SERVER_FACTORY = "agentfly_gym.envs.webshop.server:WebShopServer"
 SEARCH_BAR_ACTION = "search[<your query>]"
 
 
@@ -437,125 +438,22 @@ class WebShopServer:
         return f"click[{PREV_PAGE.lower()}]"
 
 
-# ---------------------------------------------------------------------- process mode
-_PROCESS_METHODS = frozenset({"num_goals", "goal", "split_indices", "goal_weights", "stats", "new_session",
-                              "end_session", "observe", "step", "expert_action", "goal_index"})
+# ---------------------------------------------------------------------- the environments' face
+class WebShopServerProxy(ObjectProxy):
+    """The async, typed face of the shared :class:`WebShopServer` resource, in this process or, with
+    ``InProcessSpec(isolation="process")``, in a child process (arguments and results pickled)."""
 
-
-def _serve(conn: Any, kwargs: dict[str, Any]) -> None:  # runs in the child process
-    try:
-        server = WebShopServer(**kwargs)
-    except BaseException as e:  # report the load failure, then exit
-        conn.send(("err", _picklable(e)))
-        return
-    conn.send(("ok", None))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        method, args, kw = msg
-        try:
-            conn.send(("ok", getattr(server, method)(*args, **kw)))
-        except Exception as e:
-            conn.send(("err", _picklable(e)))
-
-
-def _picklable(e: BaseException) -> BaseException:
-    import pickle
-
-    try:
-        pickle.dumps(e)
-        return e
-    except Exception:
-        return RuntimeError(f"{type(e).__name__}: {e}")
-
-
-class WebShopServerProcess:
-    """A :class:`WebShopServer` in a child process (``multiprocessing`` spawn), with the same methods.
-
-    Calls are forwarded over a pipe one at a time; exceptions are re-raised here.  ``close()``
-    stops the child (terminate, then kill after 5 s).
-
-    Raises:
-        ResourceDied: the child exited (on any call after that).
-    """
-
-    def __init__(self, start_timeout: float = 600.0, **kwargs: Any) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, kwargs), name="webshop-server", daemon=True)
-        self._proc.start()
-        child.close()
-        self._lock = threading.Lock()
-        if not self._conn.poll(start_timeout):
-            self.close()
-            raise ResourceDied(f"WebShop server process did not load within {start_timeout}s")
-        status, payload = self._recv()
-        if status == "err":
-            self.close()
-            raise payload
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid
-
-    def _recv(self) -> tuple[str, Any]:
-        try:
-            return self._conn.recv()
-        except (EOFError, OSError) as e:
-            raise ResourceDied(f"WebShop server process {self._proc.pid} exited (code {self._proc.exitcode})") from e
-
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            if not self._proc.is_alive():
-                raise ResourceDied(f"WebShop server process {self._proc.pid} exited (code {self._proc.exitcode})")
-            try:
-                self._conn.send((method, args, kwargs))
-            except (OSError, ValueError) as e:
-                raise ResourceDied(f"WebShop server process {self._proc.pid} is unreachable: {e}") from e
-            status, payload = self._recv()
-        if status == "err":
-            raise payload
-        return payload
-
-    def __getattr__(self, name: str) -> Any:
-        if name in _PROCESS_METHODS:
-            return lambda *a, **k: self._call(name, *a, **k)
-        raise AttributeError(name)
-
-    def healthy(self) -> bool:
-        return self._proc.is_alive()
-
-    def close(self) -> None:
-        try:
-            self._conn.send(None)
-        except (OSError, ValueError):
-            log.debug("WebShop server process %s: pipe already closed", self._proc.pid)
-        self._proc.join(5)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(5)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(5)
-        self._conn.close()
-
-
-def create_server(*, server_mode: str = "inprocess", **kwargs: Any) -> WebShopServer | WebShopServerProcess:
-    """``InProcessSpec`` factory: a :class:`WebShopServer` (``server_mode="inprocess"``) or the same
-    server in a child process (``"process"``).  ``kwargs`` go to :class:`WebShopServer`.
-
-    Raises:
-        ConfigError: unknown ``server_mode``.
-    """
-    if server_mode == "inprocess":
-        return WebShopServer(**kwargs)
-    if server_mode == "process":
-        return WebShopServerProcess(**kwargs)
-    raise ConfigError(f"server_mode={server_mode!r} is not 'inprocess' or 'process'")
+    num_goals = forward(WebShopServer.num_goals)
+    goal = forward(WebShopServer.goal)
+    goal_index = forward(WebShopServer.goal_index)
+    split_indices = forward(WebShopServer.split_indices)
+    goal_weights = forward(WebShopServer.goal_weights)
+    stats = forward(WebShopServer.stats)
+    new_session = forward(WebShopServer.new_session)
+    end_session = forward(WebShopServer.end_session)
+    observe = forward(WebShopServer.observe)
+    step = forward(WebShopServer.step)
+    expert_action = forward(WebShopServer.expert_action)
 
 
 def measure_load(**kwargs: Any) -> dict[str, Any]:
