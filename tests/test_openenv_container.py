@@ -66,6 +66,18 @@ def _ours(client) -> list:
 
 
 @pytest.mark.docker
+def test_unchanged_image_is_not_rebuilt(echo_image, docker_client):
+    """The second build finds the image by its labels (the copied packages' versions) and builds nothing."""
+    from agentfly_gym.bridges.openenv_image import build_openenv_image
+
+    lines = []
+    assert build_openenv_image("echo_env", progress=lines.append) == echo_image
+    assert not any("building" in line or "Step " in line for line in lines), lines
+    labels = docker_client.images.get(echo_image).labels
+    assert "openenv-core==" in labels["agentfly.openenv.dists"] and labels["agentfly.openenv.env"] == "echo_env"
+
+
+@pytest.mark.docker
 async def test_echo_env_in_pooled_containers(echo_image, docker_client):
     """Episodes on a pool of one container: published on 127.0.0.1, a fresh container (and port) on reuse,
     a second episode waits for the first, a killed container gives a handled observation, nothing leaks."""
