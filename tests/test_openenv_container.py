@@ -127,3 +127,19 @@ async def test_echo_env_in_pooled_containers(echo_image, docker_client):
     finally:
         await m.aclose()
     assert _ours(docker_client) == []
+
+
+@pytest.mark.docker
+async def test_server_that_never_answers_fails_reset_clearly(echo_image, docker_client):
+    """A container whose command serves nothing: reset fails naming /health, and the container is discarded."""
+    from agentfly_gym.errors import ResourceStartError
+
+    async with ResourceManager() as m:
+        env = OpenEnvEnv(image=echo_image, command=("sleep", "infinity"), server_timeout=3, manager=m,
+                         container={"memory": "128m"})
+        with pytest.raises(ResourceStartError, match="did not answer /health with 200 within 3"):
+            await env.areset(seed=0)
+        (pool,) = [p for k, p in m.metrics().items() if k.startswith("container")]
+        assert pool["in_use"] == 0 and pool["idle"] == 0      # discarded, not parked for the next episode
+        await env.aclose()
+    assert _ours(docker_client) == []

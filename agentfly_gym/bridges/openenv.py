@@ -407,7 +407,11 @@ class OpenEnvEnv(AgentFlyEnv):
             box = await scope.acquire(self.container_spec)
             host, port = box.endpoint(self.port)
             url = f"http://{host}:{port}"
-            await wait_for_health(url, box, timeout=self.server_timeout)
+            try:
+                await wait_for_health(url, box, timeout=self.server_timeout)
+            except ResourceStartError:
+                await scope.discard(box)  # a server that never came up is not handed to the next episode
+                raise
         self._url = url
         self._client = GenericEnvClient(base_url=url, message_timeout_s=self.message_timeout)
         seed = int(self.np_random.integers(2**31 - 1))
@@ -477,7 +481,7 @@ async def wait_for_health(url: str, box: Any = None, *, timeout: float = 120.0, 
     deadline = time.monotonic() + timeout
     last = "no answer"
     polls = 0
-    async with httpx.AsyncClient(timeout=5.0) as http:
+    async with httpx.AsyncClient(timeout=5.0, trust_env=False) as http:  # no proxy between us and loopback
         while True:
             try:
                 r = await http.get(f"{url}/health")
