@@ -17,10 +17,13 @@ truncated; ``metadata`` says which).  Reset takes ``seed`` and ``options`` (e.g.
 
 **Wrapping** (OpenEnv env -> agentfly Gymnasium env): :class:`OpenEnvEnv` plays an OpenEnv
 environment through OpenEnv's own client (``GenericEnvClient``, one WebSocket session per episode).
-The server is either given (``base_url``) or served from an OpenEnv ASGI app (``app="module:attr"``)
-by the resource manager: an :class:`OpenEnvServer` resource (``InProcessSpec``) per instance, pooled
-up to ``max_servers``, held by one episode at a time and reset (a fresh OpenEnv session and
-``reset``) on reuse.
+The server is either given (``base_url``), served from an OpenEnv ASGI app (``app="module:attr"``)
+by the resource manager (an :class:`OpenEnvServer` resource, ``InProcessSpec``), or runs in a
+container of an OpenEnv image (``image=...``, e.g. the one
+:func:`~agentfly_gym.bridges.openenv_image.build_openenv_image` builds): a ``ContainerSpec`` with the
+server's port published on 127.0.0.1 (Docker backend).  Servers and containers are pooled up to
+``max_servers``, held by one episode at a time; on reuse a container is replaced by a fresh one (the
+pool's reset-on-reuse rule), an in-process server gets a fresh OpenEnv session and ``reset``.
 """
 
 from __future__ import annotations
@@ -42,13 +45,13 @@ from pydantic import Field
 
 from ..envs.base import AgentFlyEnv, StepResult
 from ..envs.prompting import AgentPrompt
-from ..errors import ConfigError, EnvError, ResourceStartError
+from ..errors import ConfigError, EnvError, ResourceDied, ResourceStartError
 from ..resources.manager import RolloutScope
-from ..resources.spec import InProcessSpec
+from ..resources.spec import ContainerSpec, InProcessSpec
 from ..utils.jsonargs import json_object
 
 __all__ = ["TextAction", "TextObservation", "AgentFlyOpenEnvironment", "create_openenv_app", "serve", "serve_main",
-           "OpenEnvEnv", "OpenEnvServer"]
+           "OpenEnvEnv", "OpenEnvServer", "wait_for_health"]
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +322,16 @@ class OpenEnvEnv(AgentFlyEnv):
     Args:
         base_url: a running OpenEnv server (``http://host:port``); or
         app: ``"module:attr"`` of an OpenEnv ASGI app, served by the resource manager
-            (:class:`OpenEnvServer`, one per episode in flight, pooled up to ``max_servers``).
+            (:class:`OpenEnvServer`, one per episode in flight, pooled up to ``max_servers``); or
+        image: a container image whose command serves OpenEnv on ``port`` (e.g.
+            ``build_openenv_image()``'s tag): one container per episode in flight, pooled up to
+            ``max_servers`` and replaced by a fresh one on reuse; the server is used once its
+            ``/health`` answers 200 (within ``server_timeout`` seconds).
+        port: the server's TCP port inside the container (``image`` only; default 8000).
+        command: the container's command (``image`` only; default OpenEnv's ``uvicorn server.app:app``
+            on ``port``).
+        container: further ``ContainerSpec`` fields for ``image`` (e.g. ``{"cpus": 0.5, "memory": "512m"}``).
+        server_timeout: seconds to wait for a container's server to answer ``/health``.
         action_field: the OpenEnv action field that receives the action text (e.g. ``"message"``).
         observation_field: the observation field shown as the text observation; None shows
             the whole observation as JSON (sorted keys).
@@ -331,8 +343,12 @@ class OpenEnvEnv(AgentFlyEnv):
     Rewards: OpenEnv's ``reward`` (None counts 0.0); ``done`` ends the episode (terminated).
     ``info`` has ``openenv`` (the raw observation dict) beside the standard keys.
 
+    A connection lost mid-episode (the server or its container died) ends the episode with a
+    handled observation (``truncated``, ``info["error"]``) and the container is discarded.
+
     Raises:
-        ConfigError: neither or both of ``base_url`` / ``app``; an empty ``action_field``.
+        ConfigError: not exactly one of ``base_url`` / ``app`` / ``image``; an empty ``action_field``;
+            bad ``container`` fields.
     """
 
     env_name = "OpenEnv"
@@ -340,13 +356,17 @@ class OpenEnvEnv(AgentFlyEnv):
     agent_prompt = AgentPrompt(system="You are an agent in an OpenEnv environment. Read each observation and end "
                                       "each reply with 'Action: <action>'.")
 
-    def __init__(self, *, base_url: str | None = None, app: str | None = None, action_field: str = "message",
+    def __init__(self, *, base_url: str | None = None, app: str | None = None, image: str | None = None,
+                 port: int = 8000, command: tuple[str, ...] | list[str] | None = None,
+                 container: dict[str, Any] | None = None, server_timeout: float = 120.0,
+                 action_field: str = "message",
                  observation_field: str | None = None, reset_kwargs: dict[str, Any] | None = None,
                  max_servers: int = 4, system_prompt: str | None = None, message_timeout: float = 60.0,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if (base_url is None) == (app is None):
-            raise ConfigError("OpenEnvEnv needs exactly one of base_url (a running server) or app ('module:attr')")
+        if sum(x is not None for x in (base_url, app, image)) != 1:
+            raise ConfigError("OpenEnvEnv needs exactly one of base_url (a running server), app ('module:attr') "
+                              f"or image (a container image); got base_url={base_url!r}, app={app!r}, image={image!r}")
         if not action_field:
             raise ConfigError("action_field must name the OpenEnv action field that takes the action text")
         self.base_url, self.app = base_url, app
@@ -355,12 +375,16 @@ class OpenEnvEnv(AgentFlyEnv):
         self.message_timeout = message_timeout
         self.server_spec = (InProcessSpec(factory="agentfly_gym.bridges.openenv:OpenEnvServer", kwargs={"app": app},
                                           max_instances=max_servers) if app is not None else None)
+        self.port, self.server_timeout = port, server_timeout
+        self.container_spec = (_server_container_spec(image, port, command, container, max_servers, server_timeout)
+                               if image is not None else None)
         if system_prompt is not None:
             self.agent_prompt = AgentPrompt(system=system_prompt)
         self._client = None
+        self._url: str | None = base_url
 
     def episode_resource_specs(self) -> list:
-        return [self.server_spec] if self.server_spec is not None else []
+        return [s for s in (self.server_spec, self.container_spec) if s is not None]
 
     def _text(self, observation: dict[str, Any]) -> str:
         if self.observation_field is not None:
@@ -377,15 +401,34 @@ class OpenEnvEnv(AgentFlyEnv):
         if self.server_spec is not None:
             server = await scope.acquire(self.server_spec)
             url = server.obj.base_url
+        if self.container_spec is not None:
+            box = await scope.acquire(self.container_spec)
+            host, port = box.endpoint(self.port)
+            url = f"http://{host}:{port}"
+            try:
+                await wait_for_health(url, box, timeout=self.server_timeout)
+            except ResourceStartError:
+                await scope.discard(box)  # a server that never came up is not handed to the next episode
+                raise
+        self._url = url
         self._client = GenericEnvClient(base_url=url, message_timeout_s=self.message_timeout)
         seed = int(self.np_random.integers(2**31 - 1))
         kwargs = {**self.reset_kwargs, **options}
-        result = await self._client.reset(seed=seed, **kwargs)
+        result = await self._guard(self._client.reset(seed=seed, **kwargs))
         self._task_id = str(kwargs.get("task_id", seed))
         return self._text(result.observation), {"openenv": result.observation}
 
+    async def _guard(self, call: Any) -> Any:
+        """Await an OpenEnv client call; a lost connection becomes :class:`ResourceDied` (the server is gone)."""
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            return await call
+        except (ConnectionClosed, ConnectionError, OSError) as e:
+            raise ResourceDied(f"the OpenEnv server at {self._url} is gone ({type(e).__name__}: {e})") from e
+
     async def _step_episode(self, action: str) -> StepResult:
-        result = await self._client.step({self.action_field: action})
+        result = await self._guard(self._client.step({self.action_field: action}))
         reward = 0.0 if result.reward is None else float(result.reward)
         return self._text(result.observation), reward, bool(result.done), False, {"openenv": result.observation}
 
@@ -393,3 +436,63 @@ class OpenEnvEnv(AgentFlyEnv):
         client, self._client = self._client, None
         if client is not None:
             await client.disconnect()
+
+
+def _server_container_spec(image: str, port: int, command: Any, container: dict[str, Any] | None,
+                           max_servers: int, server_timeout: float) -> ContainerSpec:
+    """The ``ContainerSpec`` of an OpenEnv server image: ``port`` published, network on, the server as command."""
+    from .openenv_image import openenv_server_command
+
+    extra = dict(container or {})
+    fixed = {"image", "ports", "command", "max_instances"} & set(extra)
+    if fixed:
+        raise ConfigError(f"container={container!r}: {sorted(fixed)} are set by OpenEnvEnv (use image=, port=, "
+                          "command=, max_servers=)")
+    if extra.get("network") is False:
+        raise ConfigError("container={'network': False} cannot publish the server's port; leave network on")
+    extra.setdefault("start_timeout", max(60.0, server_timeout))
+    try:
+        return ContainerSpec(image=image, ports=(port,), network=True, max_instances=max_servers,
+                             command=tuple(command) if command is not None else openenv_server_command(port),
+                             **{k: v for k, v in extra.items() if k != "network"})
+    except TypeError as e:
+        raise ConfigError(f"container={container!r}: {e}") from None
+
+
+async def wait_for_health(url: str, box: Any = None, *, timeout: float = 120.0, interval: float = 0.2) -> None:
+    """Wait until ``GET {url}/health`` answers 200 (OpenEnv servers' health endpoint).
+
+    Args:
+        url: the server's base URL.
+        box: its container (optional): a container that stops meanwhile fails at once.
+        timeout: seconds.
+        interval: seconds between polls.
+
+    Raises:
+        ResourceDied: ``box`` stopped before the server answered.
+        ResourceStartError: no 200 within ``timeout`` (the last answer or error is in the message).
+    """
+    import httpx
+
+    from ..resources.base import ResourceStatus
+
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    polls = 0
+    async with httpx.AsyncClient(timeout=5.0, trust_env=False) as http:  # no proxy between us and loopback
+        while True:
+            try:
+                r = await http.get(f"{url}/health")
+                if r.status_code == 200:
+                    return
+                last = f"HTTP {r.status_code}: {r.text[:200]}"
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}"
+            polls += 1
+            if box is not None and polls % 10 == 0 and await box.status() == ResourceStatus.UNHEALTHY:
+                raise ResourceDied(f"{box.id}: the container stopped before its OpenEnv server answered {url}/health "
+                                   f"(last: {last})")
+            if time.monotonic() > deadline:
+                raise ResourceStartError(f"the OpenEnv server at {url} did not answer /health with 200 within "
+                                         f"{timeout}s (last: {last})")
+            await asyncio.sleep(interval)

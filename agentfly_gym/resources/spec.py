@@ -173,6 +173,11 @@ class ContainerSpec(ResourceSpec):
         reset_paths: kept for compatibility and validated, no longer needed: ``reset()`` restores the
             whole writable file system on every backend (see
             :class:`~agentfly_gym.resources.containers.api.ContainerResource` for the reset contract).
+        ports: TCP ports a server inside listens on, each published on 127.0.0.1 of the host at a
+            free port the engine picks (``ContainerResource.endpoint(port)`` gives ``(host, port)``;
+            a fresh container after ``reset()`` may get another).  Needs ``network=True`` (a
+            published port needs a network; Docker's default bridge, which can also reach out).
+            Docker only: the sandbox backend raises ``ResourceUnavailable``.
     """
 
     kind: ClassVar[str] = "container"
@@ -191,8 +196,10 @@ class ContainerSpec(ResourceSpec):
     backend: str = "auto"
     command: tuple[str, ...] = ("sleep", "infinity")
     reset_paths: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        _check_ports(self.ports, self.network)
         if isinstance(self.reset_paths, str):
             object.__setattr__(self, "reset_paths", (self.reset_paths,))
         for p in self.reset_paths:
@@ -221,6 +228,20 @@ class ContainerSpec(ResourceSpec):
             if not isinstance(m, Mount):
                 raise ConfigError(f"mounts must hold Mount objects, got {m!r}")
         super().__post_init__()
+
+
+def _check_ports(ports: Any, network: bool) -> None:
+    """Validate ``ContainerSpec.ports``: distinct integers in 1..65535, and a network to publish them on."""
+    if isinstance(ports, (str, int)) or not isinstance(ports, (tuple, list)):
+        raise ConfigError(f"ports={ports!r} must be a tuple of TCP port numbers, e.g. (8000,)")
+    for p in ports:
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536:
+            raise ConfigError(f"ports entry {p!r} must be an integer port number in 1..65535")
+    if len(set(ports)) != len(ports):
+        raise ConfigError(f"ports={ports!r} lists a port twice")
+    if ports and not network:
+        raise ConfigError(f"ports={tuple(ports)!r} needs network=True: a container without a network "
+                          "cannot publish a port to the host")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

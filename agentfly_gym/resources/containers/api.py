@@ -10,6 +10,7 @@ import abc
 import dataclasses
 
 from ..base import Resource
+from ...errors import ConfigError, ResourceDied
 
 __all__ = ["ContainerResource", "ExecResult", "DEFAULT_MAX_OUTPUT"]
 
@@ -61,6 +62,25 @@ class ContainerResource(Resource, abc.ABC):
     """
 
     backend_name: str = "abstract"
+    published_ports: dict[int, tuple[str, int]]
+    """``spec.ports`` -> ``(host address, host port)`` of the live container (empty until started)."""
+
+    def endpoint(self, port: int) -> tuple[str, int]:
+        """Where the host reaches container port ``port`` (one of ``spec.ports``): ``(host, port)``.
+
+        The answer changes when ``reset()`` replaces the container; ask again after each acquire.
+
+        Raises:
+            ConfigError: ``port`` is not in ``spec.ports``.
+            ResourceDied: the container is not running (no published port now).
+        """
+        ports = getattr(self.spec, "ports", ())
+        if port not in ports:
+            raise ConfigError(f"port {port!r} is not published; spec.ports={ports!r}")
+        found = getattr(self, "published_ports", {}).get(port)
+        if found is None:
+            raise ResourceDied(f"{self.id}: container port {port} is not published now (not running)")
+        return found
 
     @abc.abstractmethod
     async def exec(self, cmd: str | list[str], *, timeout: float = 60.0, workdir: str | None = None,

@@ -15,6 +15,8 @@ Containers run with (``ContainerSpec`` field -> Docker setting):
   :data:`.watchdog.DISK_POLL` seconds and kills the container once it exceeds ``disk``: its exec then raises
   :class:`~agentfly_gym.errors.ResourceDied` saying so, and the pool replaces it;
 * ``network=False`` -> ``network_mode="none"`` (loopback only), ``True`` -> the default bridge;
+* ``ports`` -> each published on ``127.0.0.1`` at a host port the engine picks, read back after
+  start into ``DockerContainer.published_ports`` (``ContainerResource.endpoint(port)``);
 * ``mounts`` -> bind mounts, read-only where ``Mount.read_only``; ``env``, ``user``, ``workdir``;
 * always: ``init=True`` (docker-init reaps zombies as PID 1), ``security_opt=["no-new-privileges"]``,
   ``cap_drop=["ALL"]`` with :data:`.container.CAP_ADD` added back, and the manager's ownership labels

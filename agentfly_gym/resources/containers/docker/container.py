@@ -13,6 +13,7 @@ import tarfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from ....errors import (
@@ -65,6 +66,45 @@ exit 0
 """
 
 
+# ------------------------------------------------------------------------------- published ports
+
+def _port_bindings(ports: Sequence[int]) -> dict[str, tuple[str]] | None:
+    """docker-py's ``port_bindings`` for ``ContainerSpec.ports``: each TCP port on 127.0.0.1, host port
+    left to the engine (``("127.0.0.1",)``), so pooled containers never collide and nothing listens
+    beyond loopback."""
+    return {f"{p}/tcp": ("127.0.0.1",) for p in ports} or None
+
+
+def _read_published_ports(api: Any, cid: str, ports: Sequence[int]) -> dict[int, tuple[str, int]]:
+    """Container port -> ``("127.0.0.1", host port)`` as the engine published them (``NetworkSettings.Ports``).
+
+    The engine fills the bindings once the container runs; read a few times in case it lags.
+
+    Raises:
+        ResourceStartError: a port has no binding on 127.0.0.1 (the container stopped at once, or the
+            engine refused to publish it).
+    """
+    if not ports:
+        return {}
+    found: dict[str, Any] = {}
+    for _ in range(50):
+        try:
+            found = (api.inspect_container(cid).get("NetworkSettings") or {}).get("Ports") or {}
+        except Exception as e:  # noqa: BLE001  (reported below with what was found)
+            found = {"error": str(e)}
+        if all(found.get(f"{p}/tcp") for p in ports):
+            break
+        time.sleep(0.1)
+    out: dict[int, tuple[str, int]] = {}
+    for p in ports:
+        bound = [b for b in found.get(f"{p}/tcp") or () if b.get("HostIp") == "127.0.0.1" and b.get("HostPort")]
+        if not bound:
+            raise ResourceStartError(f"container {cid[:12]}: port {p}/tcp was not published on 127.0.0.1 "
+                                     f"(engine reports {found!r}); has the container exited?")
+        out[p] = ("127.0.0.1", int(bound[0]["HostPort"]))
+    return out
+
+
 # ------------------------------------------------------------------------------- the container
 
 class DockerContainer(ContainerResource):
@@ -108,6 +148,7 @@ class DockerContainer(ContainerResource):
         self.disk_mode: str | None = None  # "storage-opt", "watchdog", "fsize" or None (no limit)
         self._upper_dir: str | None = None
         self._death_reason: str | None = None
+        self.published_ports: dict[int, tuple[str, int]] = {}
 
     # -- lifecycle
     async def start(self) -> None:
@@ -159,6 +200,7 @@ class DockerContainer(ContainerResource):
                 cap_add=list(CAP_ADD),
                 binds={m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts} or None,
                 init=True,
+                port_bindings=_port_bindings(spec.ports),
                 **extra,
             )
 
@@ -170,7 +212,7 @@ class DockerContainer(ContainerResource):
             return api.create_container(
                 spec.image, command=list(spec.command), name=name, labels=self.labels, environment=env or None,
                 working_dir=spec.workdir or None, user=spec.user or None, host_config=host_config(storage_opt),
-                hostname="agentfly", detach=True, tty=False, stdin_open=False)
+                hostname="agentfly", detach=True, tty=False, stdin_open=False, ports=list(spec.ports) or None)
 
         use_opt = bool(spec.disk) and _storage_opt_ok is not False
         try:
@@ -207,6 +249,7 @@ class DockerContainer(ContainerResource):
             api.start(cid)
         except docker.errors.APIError as e:
             raise ResourceStartError(f"starting a container of {spec.image!r} failed: {e.explanation or e}") from e
+        self.published_ports = _read_published_ports(api, cid, spec.ports)
         res = self._exec_sync(["/bin/sh", "-c", _SETUP, "sh"], timeout=120, workdir="/",
                               env={"AFG_USER": spec.user} if spec.user else None, user="root",
                               max_output=10_000, use_timeout=False)
@@ -232,6 +275,7 @@ class DockerContainer(ContainerResource):
                 raise ResourceDied(f"{self.id} was released")
             cid, self.container_id = self.container_id, None
             self._fresh = False
+            self.published_ports = {}
         if cid is not None:
             self._remove_sync(cid)
         self._start_sync()
@@ -315,6 +359,7 @@ class DockerContainer(ContainerResource):
                 return
             self._released = True
             cid, self.container_id = self.container_id, None
+            self.published_ports = {}
         self._status = ResourceStatus.STOPPED
         if cid is not None:
             self._remove_sync(cid)
@@ -537,6 +582,16 @@ class DockerContainer(ContainerResource):
                     return f.read()
         raise FileNotFoundError(f"{path}: not a regular file in container {self.id}")
 
+    def endpoint(self, port: int) -> tuple[str, int]:
+        """``("127.0.0.1", host port)`` of container port ``port`` (see :meth:`ContainerResource.endpoint`).
+
+        Whoever asks may change the container's state over the network, where no ``exec`` is seen:
+        the container no longer counts as fresh, so ``park()``/``reset()`` replace it before reuse.
+        """
+        found = super().endpoint(port)
+        self._fresh = False
+        return found
+
     def _require_cid(self) -> str:
         cid = self.container_id
         if cid is None:
@@ -546,6 +601,7 @@ class DockerContainer(ContainerResource):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d.update(backend="docker", container=(self.container_id or "")[:12], name=self.name, image=self.spec.image,
+                 ports={p: f"{h}:{hp}" for p, (h, hp) in self.published_ports.items()},
                  disk=self.spec.disk, limits_enforced={"disk": self.disk_mode}, last_reset_time=self.last_reset_time)
         return d
 

@@ -87,7 +87,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ....errors import ConfigError, ResourceDied, ResourceStartError
+from ....errors import ConfigError, ResourceDied, ResourceStartError, ResourceUnavailable
 from ...base import ResourceStatus
 from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
 from ..output import OutputBuffer
@@ -772,7 +772,26 @@ def create(spec: ContainerSpec, labels: dict[str, str]) -> SandboxContainer:
     under :func:`sandbox_root`.
 
     Raises:
-        ResourceUnavailable: ``bwrap`` is not installed.
+        ResourceUnavailable: ``bwrap`` is not installed, or ``spec.ports`` is set (see :func:`_refuse_ports`).
     """
+    _refuse_ports(spec)
     find_bwrap()
     return SandboxContainer(spec, labels=labels)
+
+
+def _refuse_ports(spec: ContainerSpec) -> None:
+    """The sandbox backend cannot publish ``spec.ports``; say why and what to use instead.
+
+    A sandbox either has its own network namespace (``network=False``: loopback only, which the
+    host cannot reach, and bubblewrap has no port forwarding) or shares the host's
+    (``--share-net``: a server inside would bind the host's own port, so two pooled instances
+    collide on it and it is open to every local process, with no engine to pick a free port).
+
+    Raises:
+        ResourceUnavailable: ``spec.ports`` is not empty.
+    """
+    if spec.ports:
+        raise ResourceUnavailable(
+            f"the 'sandbox' container backend cannot publish ports={spec.ports!r}: its network namespace is "
+            "either private (unreachable from the host) or the host's own (pooled servers would collide on "
+            "one port); use backend='docker' (ports published on 127.0.0.1 at engine-chosen host ports)")
