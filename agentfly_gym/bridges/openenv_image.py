@@ -12,7 +12,7 @@ builds the same server from what is installed here instead:
   its server imports, at the versions installed here, ~50 MB; OpenEnv's optional web UI (gradio) is
   left out, as ``openenv.core.env_server`` allows) are copied file by file from this interpreter's
   site-packages into ``/opt/openenv/site`` of the image;
-* the recipe is built by :func:`agentfly_gym.images.build_image` with the build's network off, so
+* the recipe is built by :func:`agentfly_gym.resources.containers.images.build_image` with the build's network off, so
   the tag is a content hash of all of the above plus the base image id, and an unchanged build is a
   no-op (a few seconds to hash ~10 MB).
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..images import ImageBuildError, Progress, build_image
+from ..resources.containers.images import ImageBuildError, Progress, build_image
 
 __all__ = ["SERVER_PORT", "server_distributions", "build_openenv_image", "openenv_server_command",
            "stage_openenv_recipe"]
@@ -182,10 +182,10 @@ def build_openenv_image(env_name: str = "echo_env", *, name: str | None = None, 
         ``"<name>:<digest>"`` (``<name>:latest`` points to it too).
 
     Raises:
-        ConfigError, ImageBuildError: see :func:`stage_openenv_recipe` and :func:`~agentfly_gym.images.build_image`.
+        ConfigError, ImageBuildError: see :func:`stage_openenv_recipe` and :func:`~agentfly_gym.resources.containers.images.build_image`.
         ResourceUnavailable: no Docker engine answers.
     """
-    from ..images import _client, build_base_image
+    from ..resources.containers.images import _client, build_base_image
 
     repo = name or f"agentfly/openenv-{env_name.replace('_', '-')}"
     client = _client()
