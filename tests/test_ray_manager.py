@@ -292,3 +292,27 @@ def test_shutdown_and_sigterm_leave_no_actor_or_process(cluster, tmp_path):
     wait_for(lambda: not pool_actor_names(), 60, "the driver's pool actors to end")
     wait_for(lambda: all(stop is not None for _start, stop in lifetimes(events)), 60, "every instance to be closed")
     wait_for(lambda: not any(alive(p) for p in pids(events)), 60, "every host process to end")
+
+
+def test_remote_env_gives_the_same_episode_hosted_locally_and_on_ray(cluster):
+    """The same seed and actions give the same observations, rewards and infos whether the Chess env is
+    hosted in this process (a local manager) or in a Ray actor on a worker node."""
+    from agentfly_gym.resources import ResourceManager
+
+    async def play(manager):
+        env = RemoteEnv("agentfly/Chess-v0", manager=manager)
+        obs, info = await env.areset(seed=3)
+        trace = [(obs, info["task_id"], info["fen"])]
+        for action in ("Action: zz", info["admissible_actions"][0]):
+            obs, reward, term, trunc, info = await env.astep(action)
+            trace.append((obs, reward, term, trunc, info["fen"], info["error"]))
+        await env.aclose()
+        return trace
+
+    async def main():
+        async with ResourceManager() as local, RayResourceManager(placement=SIM) as remote:
+            return await play(local), await play(remote)
+
+    here, there = asyncio.run(main())
+    assert here == there
+    assert here[1][2:4] == (False, False) and here[1][5] is None  # the unparsable move was a handled step

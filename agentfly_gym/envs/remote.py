@@ -18,7 +18,9 @@ environment does on a resource fault); the next reset leases a fresh instance wh
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 from typing import Any
 
 from ..errors import ConfigError
@@ -27,9 +29,14 @@ from .base import AgentFlyEnv, StepResult
 
 __all__ = ["HostedEnv", "RemoteEnv", "hosted_env_spec"]
 
+log = logging.getLogger(__name__)
+
 
 class HostedEnv:
     """An environment made by ``gymnasium.make(env_id, **env_kwargs)``, driven through text-only methods.
+
+    Its methods are coroutines: a Ray host awaits them on its own event loop (one actor call per step, no
+    thread hop); with a local manager ``resource.call`` returns the coroutine, which the caller awaits.
 
     Args:
         env_id: a registered id, e.g. ``"agentfly/Chess-v0"``.
@@ -50,22 +57,22 @@ class HostedEnv:
         self.env_id = env_id
         self.env = gymnasium.make(env_id, disable_env_checker=True, **kwargs)
 
-    def env_reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """``env.reset(seed=seed, options=options)``: ``(observation, info)``."""
-        return self.env.reset(seed=seed, options=options)
+    async def env_reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode: ``(observation, info)`` of the env's ``areset(seed=seed, options=options)``."""
+        return await self.env.unwrapped.areset(seed=seed, options=options)
 
-    def env_step(self, action: str) -> StepResult:
-        """``env.step(action)``: ``(observation, reward, terminated, truncated, info)``."""
-        obs, reward, terminated, truncated, info = self.env.step(action)
+    async def env_step(self, action: str) -> StepResult:
+        """One step: ``(observation, reward, terminated, truncated, info)`` of the env's ``astep(action)``."""
+        obs, reward, terminated, truncated, info = await self.env.unwrapped.astep(action)
         return obs, float(reward), bool(terminated), bool(truncated), info
 
-    def reset(self) -> None:
-        """Pool hook on reuse: end any episode left running, so its resources go back before the next one."""
-        from ..utils.aio import run_sync
+    async def env_end(self) -> None:
+        """End the running episode (if any), so the resources it holds go back to their pools now."""
+        await self.env.unwrapped.aend_episode()
 
-        inner = self.env.unwrapped
-        if getattr(inner, "scope_is_open", False):
-            run_sync(inner.aend_episode())
+    async def aclose(self) -> None:
+        """End the episode and close the env on the loop that ran it (a Ray host calls this before ``close``)."""
+        await self.env.unwrapped.aclose()
 
     def healthy(self) -> bool:
         return True
@@ -118,15 +125,31 @@ class RemoteEnv(AgentFlyEnv):
     def episode_resource_specs(self) -> list:
         return [self.spec_of_host]
 
+    async def _host_call(self, method: str, *args: Any) -> Any:
+        return await self._host_call_on(self._host, method, *args)
+
     async def _reset_episode(self, scope: Any, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self._host = await scope.acquire(self.spec_of_host)
         seed = int(self.np_random.integers(2**31 - 1))
-        obs, info = await self._host.call("env_reset", seed, options or None)
+        obs, info = await self._host_call("env_reset", seed, options or None)
         self._task_id = str(info.get("task_id", ""))
         return obs, info
 
     async def _step_episode(self, action: str) -> StepResult:
-        return await self._host.call("env_step", action)
+        return await self._host_call("env_step", action)
 
     async def _end_of_episode(self) -> None:
-        self._host = None
+        host, self._host = self._host, None
+        if host is None or getattr(host, "dead", None) or getattr(host, "obj", True) is None:
+            return
+        try:
+            await self._host_call_on(host, "env_end")
+        except Exception as e:  # noqa: BLE001 - a host that died: the pool replaces it; the episode is over anyway
+            log.info("%s: ending the hosted episode failed (%s: %s)", self.env_id, type(e).__name__, e)
+
+    @staticmethod
+    async def _host_call_on(host: Any, method: str, *args: Any) -> Any:
+        out = await host.call(method, *args)
+        if inspect.isawaitable(out):  # a local InProcessResource hands the coroutine back: run it here
+            out = await out
+        return out

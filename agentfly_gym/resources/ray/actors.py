@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import inspect
 import logging
 import os
 import time
@@ -79,11 +80,15 @@ class ResourceHost:
         return (await self._res.status()).value
 
     async def call(self, method: str, args: tuple, kwargs: dict) -> Any:
-        """``resource.call(method, ...)`` for in-process objects, ``resource.<method>(...)`` for the rest."""
+        """``resource.call(method, ...)`` for in-process objects (a coroutine method is awaited on this actor's
+        event loop instead of the object's thread), ``resource.<method>(...)`` for the rest."""
         res = self._live()
         from ..inprocess import InProcessResource
 
         if isinstance(res, InProcessResource):
+            fn = getattr(res.obj, method, None)
+            if inspect.iscoroutinefunction(fn):  # an async object: awaited on this actor's loop, no thread hop
+                return await fn(*args, **kwargs)
             return await res.call(method, *args, **kwargs)
         return await self.invoke(method, args, kwargs)
 
@@ -110,10 +115,23 @@ class ResourceHost:
             mark(reason)
 
     async def close(self) -> None:
-        """Release the instance and everything it holds (containers, processes); idempotent."""
-        self._res = None
+        """Release the instance and everything it holds (containers, processes); idempotent.
+
+        An object with a coroutine ``aclose()`` (e.g. a hosted environment, whose episodes ran on this actor's
+        loop) closes there first; then whatever it took from this loop's default manager is released.
+        """
+        res, self._res = self._res, None
+        aclose = getattr(getattr(res, "obj", None), "aclose", None)
+        if inspect.iscoroutinefunction(aclose):
+            try:
+                await asyncio.wait_for(aclose(), HOST_CLOSE_TIMEOUT)
+            except Exception:  # noqa: BLE001 - closing anyway
+                log.warning("%s: aclose() of the hosted object failed", self._spec.label, exc_info=True)
         if self._manager is not None:
             await self._manager.aclose()
+        from ..manager import default_manager
+
+        await default_manager().aclose()  # what async objects acquired on this loop (no-op when nothing was)
 
     def _live(self) -> Any:
         if self._res is None:
