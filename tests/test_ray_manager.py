@@ -1,7 +1,7 @@
 """The cluster-wide resource manager on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``).
 
-One cluster per module: a head node and two worker nodes that offer the custom resource ``sim``; the
-fault test adds (and kills) a node of its own.  Pooled instances are ``tests/raytools.py``'s ``Counted``
+One cluster per module: a head node and two worker nodes that offer the custom resource ``sim`` (one of
+them also ``docker``); the fault test adds (and kills) a node of its own.  Pooled instances are ``tests/raytools.py``'s ``Counted``
 (it logs when each instance lives, so the cap is checked from outside) and real Chess-v0 puzzles hosted
 in Ray actors (``RemoteEnv``).  Several drivers are separate processes connected to the cluster.
 """
@@ -26,7 +26,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from agentfly_gym.envs.remote import RemoteEnv  # noqa: E402
 from agentfly_gym.errors import ConfigError, ResourceError, ResourceTimeout  # noqa: E402
-from agentfly_gym.resources import InProcessSpec  # noqa: E402
+from agentfly_gym.resources import ContainerSpec, InProcessSpec  # noqa: E402
 from agentfly_gym.resources.ray import RayResourceManager  # noqa: E402
 from agentfly_gym.resources.ray.select import manager_kind  # noqa: E402
 
@@ -55,7 +55,7 @@ def cluster():
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), str(REPO), old) if p)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     c.add_node(num_cpus=1, resources={"sim": 2})
-    c.add_node(num_cpus=1, resources={"sim": 2})
+    c.add_node(num_cpus=1, resources={"sim": 2, "docker": 2})
     ray.init(address=c.address, namespace="afg-test", log_to_driver=False)
     try:
         yield c
@@ -316,3 +316,30 @@ def test_remote_env_gives_the_same_episode_hosted_locally_and_on_ray(cluster):
     here, there = asyncio.run(main())
     assert here == there
     assert here[1][2:4] == (False, False) and here[1][5] is None  # the unparsable move was a handled step
+
+
+@pytest.mark.docker
+def test_container_lives_on_a_docker_node_and_is_removed_at_close(cluster, docker_client):
+    """A real Docker container placed by the ``docker`` node resource: its commands run through the host
+    actor on that node, its reuse resets it, and closing the manager removes it."""
+    spec = ContainerSpec(image="agentfly/base", backend="docker", max_instances=1, memory="256m", disk=None)
+    docker_node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("docker"))
+
+    async def main():
+        async with RayResourceManager(placement={"container": {"resources": {"docker": 1}}}) as m:
+            label = {"label": f"agentfly.manager={m.id}"}
+            async with m.scope("r1") as scope:
+                box = await scope.acquire(spec)
+                assert box.node_id == docker_node
+                r = await box.exec("echo hi > /tmp/mark && cat /tmp/mark")
+                assert r.exit_code == 0 and r.output.strip() == "hi"
+                assert len(docker_client.containers.list(filters=label)) == 1
+            async with m.scope("r2") as scope:
+                box = await scope.acquire(spec)
+                assert box.uses == 2
+                r = await box.exec("test -e /tmp/mark && echo leaked || echo clean")
+                assert r.output.strip() == "clean"  # reset on reuse, done where the container lives
+        return label
+
+    label = asyncio.run(main())
+    wait_for(lambda: not docker_client.containers.list(all=True, filters=label), 60, "the container to be removed")

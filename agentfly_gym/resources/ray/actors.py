@@ -50,6 +50,7 @@ class ResourceHost:
         self._manager: Any = None
         self._pool: Any = None
         self._res: Any = None
+        self._lock = asyncio.Lock()
 
     async def start(self) -> dict[str, Any]:
         """Start the instance.  Returns ``{"node_id", "pid", "resource_id"}``."""
@@ -63,16 +64,20 @@ class ResourceHost:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "resource_id": self._res.id}
 
     async def reset(self) -> None:
-        """Hand the instance back to the local pool and take it again: the pool resets it (or replaces it)."""
-        res, self._res = self._res, None
-        if res is not None:
-            await self._pool.release(res)
-        self._res = await self._pool.acquire()
+        """Take the instance (back) from the local pool, which resets it (or replaces it) on re-acquisition."""
+        async with self._lock:
+            res, self._res = self._res, None
+            if res is not None:
+                await self._pool.release(res)
+            self._res = await self._pool.acquire()
 
     async def park(self) -> None:
-        """The instance went idle in the cluster pool: let it stop the last rollout's work now."""
-        if self._res is not None:
-            await self._res.park()
+        """The instance went idle in the cluster pool: it goes idle in the local pool too, which parks it (stops
+        the last rollout's work now, e.g. replaces a container) and keeps it in its care until the next reset."""
+        async with self._lock:
+            res, self._res = self._res, None
+            if res is not None:
+                await self._pool.release(res)
 
     async def status(self) -> str:
         if self._res is None:
@@ -120,7 +125,8 @@ class ResourceHost:
         An object with a coroutine ``aclose()`` (e.g. a hosted environment, whose episodes ran on this actor's
         loop) closes there first; then whatever it took from this loop's default manager is released.
         """
-        res, self._res = self._res, None
+        async with self._lock:
+            res, self._res = self._res, None
         aclose = getattr(getattr(res, "obj", None), "aclose", None)
         if inspect.iscoroutinefunction(aclose):
             try:

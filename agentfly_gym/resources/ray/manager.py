@@ -68,6 +68,18 @@ def host_actor_options(placement: RayPlacement, node_id: str | None = None) -> d
     return opts
 
 
+def _done(ref: Any) -> bool:
+    ready, _ = _ray().wait([ref], timeout=0)
+    return bool(ready)
+
+
+async def _as_future(ref: Any) -> Any:
+    try:
+        return await ref
+    except Exception:  # noqa: BLE001 - a release into a dead pool: nothing left to wait for
+        return None
+
+
 class RayResource(Resource):
     """A client-side handle on one instance that lives in a Ray actor somewhere in the cluster.
 
@@ -199,6 +211,7 @@ class RayPool:
         self.handle = handle
         self._snapshot: dict[str, Any] = {"capacity": self.capacity, "in_use": 0, "idle": 0, "waiting": 0, "live": 0}
         self._leases: dict[str, RayResource] = {}
+        self._pending: list[Any] = []  # releases sent and not yet confirmed (an async actor may reorder calls)
         self.closed = False
 
     @property
@@ -211,9 +224,19 @@ class RayPool:
 
     async def fetch_snapshot(self) -> dict[str, Any]:
         """A fresh cluster-wide snapshot: in use, idle, waiting, starting, live, capacity, started, reused, died,
-        peak live, acquire wait mean/max and start mean (seconds), per-instance node and pid."""
+        peak live, acquire wait mean/max and start mean (seconds), per-instance node and pid.  This process's
+        releases sent before the call are counted."""
+        pending, self._pending = self._pending, []
+        if pending:
+            await asyncio.wait([asyncio.ensure_future(_as_future(r)) for r in pending], timeout=10)
         self._snapshot = await self.handle.snapshot.remote()
         return dict(self._snapshot)
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait (blocking, up to ``timeout`` seconds) until the pool has processed this process's releases."""
+        pending, self._pending = self._pending, []
+        if pending:
+            _ray().wait(pending, num_returns=len(pending), timeout=timeout)
 
     async def acquire(self, *, timeout: float | None = None, node_id: str | None = None) -> RayResource:
         """Lease an instance, waiting FIFO (across the cluster) while ``capacity`` instances are taken.
@@ -257,7 +280,8 @@ class RayPool:
         if self._leases.pop(res.lease_id, None) is None:
             return
         try:
-            self.handle.release.remote(res.lease_id, discard or res.dead is not None)
+            self._pending = [r for r in self._pending if not _done(r)]
+            self._pending.append(self.handle.release.remote(res.lease_id, discard or res.dead is not None))
         except Exception:  # noqa: BLE001 - the pool is gone, and its instances with it
             log.debug("releasing %s: the pool of %s is gone", res.lease_id, self.spec.label)
 
@@ -493,6 +517,8 @@ class RayResourceManager:
         """Per pool, cluster-wide (asked from the pool actors now; blocks up to 10 s): see :meth:`RayPool.fetch_snapshot`."""
         ray = _ray()
         pools = list(self._pools.values())
+        for p in pools:
+            p.settle()
         try:
             snaps = ray.get([p.handle.snapshot.remote() for p in pools], timeout=10)
         except Exception:  # noqa: BLE001 - a pool that died: report what was last seen
