@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from agentfly_gym.envs.remote import RemoteEnv  # noqa: E402
-from agentfly_gym.errors import ConfigError, ResourceError, ResourceTimeout  # noqa: E402
+from agentfly_gym.errors import ConfigError, ResourceTimeout  # noqa: E402
 from agentfly_gym.resources import ContainerSpec, InProcessSpec  # noqa: E402
 from agentfly_gym.resources.ray import RayResourceManager  # noqa: E402
 from agentfly_gym.resources.ray.select import manager_kind  # noqa: E402
@@ -343,3 +343,22 @@ def test_container_lives_on_a_docker_node_and_is_removed_at_close(cluster, docke
 
     label = asyncio.run(main())
     wait_for(lambda: not docker_client.containers.list(all=True, filters=label), 60, "the container to be removed")
+
+
+def test_verl_plugin_shares_the_cluster_pools_when_the_setting_says_ray(cluster, monkeypatch):
+    """``AGENTFLY_GYM_MANAGER=ray``: the plugin's per-worker manager is a RayResourceManager of this job."""
+    from agentfly_gym_verl import runtime
+
+    monkeypatch.setenv("AGENTFLY_GYM_MANAGER", "ray")
+    monkeypatch.setenv("AGENTFLY_GYM_RAY_GLOBAL", "node")
+
+    async def main():
+        m = runtime.get_manager()
+        try:
+            assert isinstance(m, RayResourceManager)
+            assert m.global_scope == "node" and m.namespace == ray.get_runtime_context().namespace
+        finally:
+            await runtime.ashutdown()
+        assert m.closed
+
+    asyncio.run(main())

@@ -30,7 +30,6 @@ import os
 import re
 import signal
 import threading
-import time
 import types
 import uuid
 import weakref
@@ -204,11 +203,14 @@ class RayPool:
             ``waiting``, ``live``, ...); :meth:`fetch_snapshot` asks for a fresh one.
     """
 
-    def __init__(self, manager: RayResourceManager, spec: ResourceSpec, handle: Any) -> None:
+    def __init__(self, manager: RayResourceManager, spec: ResourceSpec, placement: RayPlacement) -> None:
         self.manager = manager
         self.spec = spec
         self.capacity = spec.max_instances
-        self.handle = handle
+        self.placement = placement
+        self.handle = manager._pool_handle(spec, placement)  # found or made; attached on first use
+        self._attached = False
+        self._attach_lock = asyncio.Lock()
         self._snapshot: dict[str, Any] = {"capacity": self.capacity, "in_use": 0, "idle": 0, "waiting": 0, "live": 0}
         self._leases: dict[str, RayResource] = {}
         self._pending: list[Any] = []  # releases sent and not yet confirmed (an async actor may reorder calls)
@@ -250,6 +252,7 @@ class RayPool:
         """
         if self.closed:
             raise PoolClosedError(f"the pool of {self.spec.label} is closed in this process")
+        await self.attach()
         lease_id = f"{self.manager.id}-{uuid.uuid4().hex[:12]}"
         timeout = timeout if timeout is not None else self.manager.acquire_timeout
         ref = self.handle.acquire.remote(lease_id, self.manager.id, timeout, node_id)
@@ -258,6 +261,31 @@ class RayPool:
         res = RayResource(self, grant)
         self._leases[lease_id] = res
         return res
+
+    async def attach(self) -> None:
+        """Register this process with the cluster pool (once; without blocking the event loop).
+
+        Raises:
+            ResourceError: the pool kept shutting down (its last user was leaving) for about a minute.
+        """
+        if self._attached:
+            return
+        ray = _ray()
+        async with self._attach_lock:
+            for attempt in range(60):
+                if self._attached:
+                    return
+                try:
+                    if await self.handle.attach.remote(self.manager.id):
+                        self._attached = True
+                        return
+                except ray.exceptions.RayActorError:
+                    pass
+                # the pool is shutting down (its last user left); its name is free once it is gone
+                await asyncio.sleep(min(2.0, 0.1 * (attempt + 1)))
+                self.handle = self.manager._pool_handle(self.spec, self.placement)
+        raise ResourceError(f"could not attach to the cluster pool of {self.spec.label} in namespace "
+                            f"{self.manager.namespace!r}")
 
     async def _await_grant(self, ref: Any, lease_id: str) -> Grant:
         ray = _ray()
@@ -422,7 +450,7 @@ class RayResourceManager:
         if pool is None:
             placement = resolve_placement(self.placement, spec)
             self._check_placement(spec, placement)
-            pool = RayPool(self, spec, self._attach(spec, placement))
+            pool = RayPool(self, spec, placement)
             self._pools[spec.key] = pool
         return pool
 
@@ -436,7 +464,8 @@ class RayResourceManager:
                               f"cluster has; custom resources present: {custom} (declare them with "
                               "`ray start --resources='{\"NAME\": N}'`)")
 
-    def _attach(self, spec: ResourceSpec, placement: RayPlacement) -> Any:
+    def _pool_handle(self, spec: ResourceSpec, placement: RayPlacement) -> Any:
+        """The named pool actor of ``spec`` in this manager's namespace, made if it does not exist (no wait)."""
         ray = _ray()
         name = "agentfly-pool-" + re.sub(r"[^A-Za-z0-9_.-]", "-", spec.key)
         opts: dict[str, Any] = {"name": name, "namespace": self.namespace, "get_if_exists": True, "num_cpus": 0,
@@ -445,15 +474,7 @@ class RayResourceManager:
             opts["resources"] = {_HEAD: 0.001}  # pools live on the head node, not on a worker node that can die
         if self.detached:
             opts["lifetime"] = "detached"
-        for attempt in range(50):
-            handle = pool_actor_class().options(**opts).remote(spec, placement, self.id)
-            try:
-                if ray.get(handle.attach.remote(self.id), timeout=60):
-                    return handle
-            except ray.exceptions.RayActorError:
-                pass
-            time.sleep(0.1 * (attempt + 1))  # the old pool is shutting down; its name frees when it is gone
-        raise ResourceError(f"could not attach to the cluster pool {name!r} in namespace {self.namespace!r}")
+        return pool_actor_class().options(**opts).remote(spec, placement, self.id)
 
     def _forget(self, pool: RayPool) -> None:
         if self._pools.get(pool.spec.key) is pool:
@@ -490,6 +511,7 @@ class RayResourceManager:
                 r = None
             if r is None:
                 pool = self.pool(spec)
+                await pool.attach()
                 node = _ray().get_runtime_context().get_node_id() if self.global_scope == "node" else None
                 gkey = node or "cluster"
                 ref = pool.handle.acquire_global.remote(gkey, self.id, node, self.acquire_timeout)
