@@ -255,6 +255,10 @@ class PoolActor:
                     if iid is None and self._live() < self.capacity:
                         self._starting += 1
                         have_slot = True
+                    elif iid is None and node_id is not None and self._idle:
+                        # full, with idle instances only on other nodes: retire one to start here
+                        await self._discard(self._idle[0])
+                        continue
                 if iid is not None:
                     handed = iid  # put back if cancelled during the reset
                     inst = await self._reset(iid)
@@ -292,6 +296,10 @@ class PoolActor:
                 else:
                     self._promised -= 1
                     self._wake()
+            if fut.cancelled():  # shutdown() or cancel() (on the client's behalf) dropped this wait
+                if self._closed:
+                    raise PoolClosedError(f"the cluster pool of {self.spec.label} shut down") from None
+                raise ResourceError(f"acquisition {lease_id} of {self.spec.label} was cancelled by its client") from None
             if isinstance(e, TimeoutError):
                 self._stats["timeouts"] += 1
                 raise ResourceTimeout(
