@@ -78,3 +78,14 @@ def max_alive(events_dir: str | Path) -> int:
 def pids(events_dir: str | Path) -> set[int]:
     """The processes that hosted an instance."""
     return {int(line.split()[2]) for p in Path(events_dir).glob("*.log") for line in p.read_text().splitlines()}
+
+
+class Holder:
+    """A Ray actor that leases one instance of a spec with its own RayResourceManager and keeps it."""
+
+    async def hold(self, spec) -> str:
+        from agentfly_gym.resources.ray import RayResourceManager
+
+        self.manager = RayResourceManager(placement={"*": {"resources": {"sim": 1}}})
+        self.lease = await self.manager.pool(spec).acquire()
+        return self.lease.instance_id

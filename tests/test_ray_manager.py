@@ -229,9 +229,13 @@ def test_bad_settings_name_the_value(cluster, tmp_path, monkeypatch):
 
 def test_killed_node_ends_its_rollouts_with_an_error_and_others_finish(cluster, tmp_path):
     """Chess puzzles hosted on a node that is killed mid-episode end truncated with info["error"]; the
-    puzzles hosted elsewhere play to the end; a new episode starts on a replacement node."""
-    doomed = cluster.add_node(num_cpus=1, resources={"doomed": 2})
+    puzzles hosted elsewhere play to the end; the lease of a client process on that node comes back; a new
+    episode starts on a replacement node."""
+    doomed = cluster.add_node(num_cpus=1, resources={"doomed": 3})
     cluster.wait_for_nodes()
+    held = counted(tmp_path, 1)
+    holder = ray.remote(__import__("raytools").Holder).options(num_cpus=0, resources={"doomed": 1}).remote()
+    ray.get(holder.hold.remote(held), timeout=120)  # a client on the doomed node holds the only instance
     placement = {"*": {"resources": {"sim": 1}}, "doomed": {"resources": {"doomed": 1}}}
 
     async def main():
@@ -257,6 +261,9 @@ def test_killed_node_ends_its_rollouts_with_an_error_and_others_finish(cluster, 
                 assert err is None and (term or trunc)
             for term, trunc, err in outs[2:]:
                 assert trunc and not term and err and "died" in err, err
+            # the dead node's client gave its lease back (the pool watches its clients' nodes)
+            other = await m.pool(held).acquire(timeout=90)
+            m.pool(held).release_nowait(other)
             replacement = cluster.add_node(num_cpus=1, resources={"doomed": 2})
             obs, info = await lost[0].areset(seed=5)
             assert info["error"] is None and obs

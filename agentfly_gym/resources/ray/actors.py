@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: seconds a host gets to release its resource (stop a container, close a simulator) before it is killed
 HOST_CLOSE_TIMEOUT = 30.0
+#: seconds between two checks that the nodes of a pool's clients are alive
+CLIENT_NODE_CHECK = 5.0
 
 
 class ResourceHost:
@@ -193,6 +195,8 @@ class PoolActor:
         self._promised = 0  # free slots handed to woken waiters that have not started yet
         self._cancelled: dict[str, float] = {}
         self._clients: set[str] = set()
+        self._client_nodes: dict[str, str] = {}
+        self._watch: asyncio.Task | None = None
         self._globals: dict[str, str] = {}  # global key ("cluster" or a node id) -> lease id
         self._global_holders: dict[str, set[str]] = {}
         self._global_locks: dict[str, asyncio.Lock] = {}
@@ -202,17 +206,43 @@ class PoolActor:
                        "wait_total": 0.0, "wait_max": 0.0, "start_total": 0.0, "peak_live": 0}
 
     # ------------------------------------------------------------------ clients
-    def attach(self, client_id: str) -> bool:
-        """Register a client; False when the pool is shutting down (the client then makes a new one)."""
+    def attach(self, client_id: str, node_id: str | None = None) -> bool:
+        """Register a client (on Ray node ``node_id``); False when the pool is shutting down (the client then
+        makes a new one)."""
         if self._closed:
             return False
         self._clients.add(client_id)
+        if node_id:
+            self._client_nodes[client_id] = node_id
+            if self._watch is None:
+                self._watch = asyncio.get_running_loop().create_task(self._watch_client_nodes())
         return True
+
+    async def _watch_client_nodes(self) -> None:
+        """Every ``CLIENT_NODE_CHECK`` seconds: a client whose node died is detached (its leases come back)."""
+        import ray
+
+        while not self._closed:
+            await asyncio.sleep(CLIENT_NODE_CHECK)
+            if not self._client_nodes:
+                continue
+            try:
+                nodes = await asyncio.to_thread(ray.nodes)
+            except Exception:  # noqa: BLE001 - GCS busy: try again next round
+                continue
+            alive = {n["NodeID"] for n in nodes if n.get("Alive")}
+            for client, node in list(self._client_nodes.items()):
+                if node not in alive:
+                    log.warning("%s: client %s was on node %s, which died; returning its leases", self.spec.label,
+                                client, node[:12])
+                    self._client_nodes.pop(client, None)
+                    await self.detach(client)
 
     async def detach(self, client_id: str) -> int:
         """Forget a client: release its leases and its global holds.  Returns the clients left; at 0 the pool
         stops every instance and refuses new work (the caller then kills the actor)."""
         self._clients.discard(client_id)
+        self._client_nodes.pop(client_id, None)
         for lease_id, (_iid, cid) in list(self._leases.items()):
             if cid == client_id:
                 await self.release(lease_id)
@@ -498,6 +528,8 @@ class PoolActor:
     async def shutdown(self) -> None:
         """Stop every instance and fail every waiter; the pool accepts nothing afterwards."""
         self._closed = True
+        if self._watch is not None and self._watch is not asyncio.current_task():
+            self._watch.cancel()
         while self._waiters:
             _lid, _node, fut = self._waiters.popleft()
             if not fut.done():

@@ -18,6 +18,13 @@ travel.  Waiting is FIFO across processes, a re-acquired instance is reset first
 acquisition never strands an instance, and an instance whose actor or node died raises
 :class:`~agentfly_gym.errors.ResourceDied` on its next call (environments turn that into a truncated
 episode with ``info["error"]``) and is replaced by a fresh one wherever Ray finds room.
+
+Lifetime: a pool actor is owned by the process that made it (unless ``detached=True``) and its instances by
+the pool, so a driver that exits, is killed or gets SIGTERM takes them with it (on SIGTERM and at exit the
+manager first detaches, so hosts release their containers and processes in order).  A process that closes
+its manager returns its leases, and so does one whose node dies (the pool checks its clients' nodes every
+5 s); a process that dies on a live node without closing it while others keep the pool alive (e.g. a
+SIGKILLed worker that did not make the pool) keeps its leases until the pool ends.
 """
 
 from __future__ import annotations
@@ -276,7 +283,7 @@ class RayPool:
                 if self._attached:
                     return
                 try:
-                    if await self.handle.attach.remote(self.manager.id):
+                    if await self.handle.attach.remote(self.manager.id, ray.get_runtime_context().get_node_id()):
                         self._attached = True
                         return
                 except ray.exceptions.RayActorError:
