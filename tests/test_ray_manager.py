@@ -234,12 +234,14 @@ def test_killed_node_ends_its_rollouts_with_an_error_and_others_finish(cluster, 
     doomed = cluster.add_node(num_cpus=1, resources={"doomed": 3})
     cluster.wait_for_nodes()
     held = counted(tmp_path, 1)
-    holder = ray.remote(__import__("raytools").Holder).options(num_cpus=0, resources={"doomed": 1}).remote()
-    ray.get(holder.hold.remote(held), timeout=120)  # a client on the doomed node holds the only instance
     placement = {"*": {"resources": {"sim": 1}}, "doomed": {"resources": {"doomed": 1}}}
 
     async def main():
         async with RayResourceManager(placement=placement) as m:
+            await m.pool(held).attach()  # this process makes (and owns) the pool, so it outlives the holder
+            holder = ray.remote(__import__("raytools").Holder).options(num_cpus=0, resources={"doomed": 1}).remote()
+            await holder.hold.remote(held)  # a client on the doomed node holds the only instance
+            assert (await m.pool(held).fetch_snapshot())["in_use"] == 1
             safe = [RemoteEnv("agentfly/Chess-v0", max_instances=2, manager=m, step_timeout=120) for _ in range(2)]
             lost = [RemoteEnv("agentfly/Chess-v0", {"max_rating": 3000}, max_instances=2, manager=m, step_timeout=120)
                     for _ in range(2)]
