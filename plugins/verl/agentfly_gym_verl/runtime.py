@@ -6,7 +6,9 @@ They live here, at module level: :func:`get_manager` returns one
 event loop (a manager belongs to one loop), so simulators, engines and containers are reused
 across all trajectories of a worker.  :func:`shutdown` / :func:`ashutdown` release everything
 (the manager also tears its instances down at interpreter exit as a last resort).
-Nothing happens at import.
+With ``AGENTFLY_GYM_MANAGER=ray`` (or ``auto``: Ray when running inside a Ray job, as verl's workers do)
+that manager is a :class:`~agentfly_gym.resources.ray.RayResourceManager`, so every agent-loop worker of
+the cluster shares one set of pools.  Nothing happens at import.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 from typing import Any
 
 from agentfly_gym.resources.manager import ResourceManager
+from agentfly_gym.resources.ray.select import manager_from_environment
 
 __all__ = ["get_manager", "shutdown", "ashutdown", "chat_tokenizer", "record_failure", "failure_metrics",
            "reset_failure_metrics"]
@@ -76,7 +79,7 @@ def get_manager() -> ResourceManager:
         if _manager is not None and not _manager.closed and _manager_loop is loop:
             return _manager
         old, old_loop = _manager, _manager_loop
-        _manager = ResourceManager()
+        _manager = manager_from_environment()  # AGENTFLY_GYM_MANAGER=ray: one set of pools for the whole cluster
         _manager_loop = loop
     if old is not None and not old.closed:
         log.warning("agentfly_gym_verl: the event loop changed; closing the previous resource manager %s", old.id)

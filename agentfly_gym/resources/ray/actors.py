@@ -1,0 +1,575 @@
+"""The two Ray actors of the cluster-wide manager: one pool per spec, one host per instance.
+
+``PoolActor`` (a named actor, one per spec key and namespace) is the only place that decides how many
+instances of a spec live in the cluster: it caps them at ``spec.max_instances``, queues acquisitions
+FIFO, resets an instance before handing it out again, and replaces dead ones.  ``ResourceHost`` (one
+per instance, placed by Ray resources) owns the live resource through a local
+:class:`~agentfly_gym.resources.ResourceManager` and runs every call on it where it lives, so only the
+call's arguments and result cross the network.
+
+Both classes are plain Python here; :func:`pool_actor_class` and :func:`host_actor_class` wrap them
+with ``ray.remote`` on first use (nothing happens at import).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import inspect
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import PoolClosedError, ResourceDied, ResourceError, ResourceStartError, ResourceTimeout
+from ..spec import ResourceSpec
+from .placement import RayPlacement
+
+__all__ = ["PoolActor", "ResourceHost", "pool_actor_class", "host_actor_class", "Grant"]
+
+log = logging.getLogger(__name__)
+
+#: seconds a host gets to release its resource (stop a container, close a simulator) before it is killed
+HOST_CLOSE_TIMEOUT = 30.0
+#: seconds between two checks that the nodes of a pool's clients are alive
+CLIENT_NODE_CHECK = 5.0
+
+
+class ResourceHost:
+    """One live instance of a spec, inside its own Ray actor on the node Ray placed it.
+
+    The instance comes from a local :class:`~agentfly_gym.resources.ResourceManager` in this actor
+    (its pool gives the usual start, reset-on-reuse, health check and release), so every backend
+    works unchanged.  Method calls arrive as (name, args, kwargs) and run here.
+    """
+
+    def __init__(self, spec: ResourceSpec, manager_id: str) -> None:
+        os.environ["AGENTFLY_GYM_MANAGER"] = "local"  # what the instance itself needs is started here, not pooled again
+        self._spec = spec
+        self._manager_id = manager_id
+        self._manager: Any = None
+        self._pool: Any = None
+        self._res: Any = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> dict[str, Any]:
+        """Start the instance.  Returns ``{"node_id", "pid", "resource_id"}``."""
+        import ray
+
+        from ..manager import ResourceManager
+
+        self._manager = ResourceManager(manager_id=self._manager_id)
+        self._pool = self._manager.pool(self._spec)
+        self._res = await self._pool.acquire()
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "resource_id": self._res.id}
+
+    async def reset(self) -> None:
+        """Take the instance (back) from the local pool, which resets it (or replaces it) on re-acquisition."""
+        async with self._lock:
+            res, self._res = self._res, None
+            if res is not None:
+                await self._pool.release(res)
+            self._res = await self._pool.acquire()
+
+    async def park(self) -> None:
+        """The instance went idle in the cluster pool: it goes idle in the local pool too, which parks it (stops
+        the last rollout's work now, e.g. replaces a container) and keeps it in its care until the next reset."""
+        async with self._lock:
+            res, self._res = self._res, None
+            if res is not None:
+                await self._pool.release(res)
+
+    async def status(self) -> str:
+        if self._res is None:
+            return "stopped"
+        return (await self._res.status()).value
+
+    async def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """``resource.call(method, ...)`` for in-process objects (a coroutine method is awaited on this actor's
+        event loop instead of the object's thread), ``resource.<method>(...)`` for the rest."""
+        res = self._live()
+        from ..inprocess import InProcessResource
+
+        if isinstance(res, InProcessResource):
+            fn = getattr(res.obj, method, None)
+            if inspect.iscoroutinefunction(fn):  # an async object: awaited on this actor's loop, no thread hop
+                return await fn(*args, **kwargs)
+            return await res.call(method, *args, **kwargs)
+        return await self.invoke(method, args, kwargs)
+
+    async def invoke(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """``await resource.<method>(*args, **kwargs)`` (e.g. a container's ``exec``)."""
+        res = self._live()
+        if method.startswith("_"):
+            raise ResourceError(f"{res.id}: method {method!r} is private and cannot be called remotely")
+        fn = getattr(res, method, None)
+        if not callable(fn):
+            raise ResourceError(f"{res.id} ({type(res).__name__}) has no method {method!r}")
+        out = fn(*args, **kwargs)
+        if asyncio.iscoroutine(out):
+            out = await out
+        return out
+
+    async def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``resource.run(fn, ...)``: ``fn`` (pickled by Ray) runs on the object's thread here."""
+        return await self._live().run(fn, *args, **kwargs)
+
+    def mark_dead(self, reason: str) -> None:
+        mark = getattr(self._res, "mark_dead", None)
+        if callable(mark):
+            mark(reason)
+
+    async def close(self) -> None:
+        """Release the instance and everything it holds (containers, processes); idempotent.
+
+        An object with a coroutine ``aclose()`` (e.g. a hosted environment, whose episodes ran on this actor's
+        loop) closes there first; then whatever it took from this loop's default manager is released.
+        """
+        async with self._lock:
+            res, self._res = self._res, None
+        aclose = getattr(getattr(res, "obj", None), "aclose", None)
+        if inspect.iscoroutinefunction(aclose):
+            try:
+                await asyncio.wait_for(aclose(), HOST_CLOSE_TIMEOUT)
+            except Exception:  # noqa: BLE001 - closing anyway
+                log.warning("%s: aclose() of the hosted object failed", self._spec.label, exc_info=True)
+        if self._manager is not None:
+            await self._manager.aclose()
+        from ..manager import default_manager
+
+        await default_manager().aclose()  # what async objects acquired on this loop (no-op when nothing was)
+
+    def _live(self) -> Any:
+        if self._res is None:
+            raise ResourceDied(f"the host of {self._spec.label} holds no live instance")
+        return self._res
+
+
+@dataclasses.dataclass
+class Grant:
+    """What :meth:`PoolActor.acquire` hands a client: the lease id and the instance's host actor."""
+
+    lease_id: str
+    instance_id: str
+    handle: Any
+    node_id: str
+    pid: int
+    uses: int
+    waited: float
+    snapshot: dict[str, Any]
+
+
+@dataclasses.dataclass
+class _Instance:
+    id: str
+    handle: Any
+    node_id: str = ""
+    pid: int = 0
+    uses: int = 0
+    idle_since: float = 0.0
+
+
+class PoolActor:
+    """The cluster-wide pool of one spec: cap, FIFO waiting, reset on reuse, cancellation, dead instances.
+
+    Every client (a :class:`~agentfly_gym.resources.ray.RayResourceManager` in any process) attaches to
+    the pool by name; :meth:`acquire` grants a lease on one instance, :meth:`release` returns it (reset
+    happens when it is handed out again, as in the local pool).  An acquisition that its client gave up
+    (cancelled, timed out on the client side) is cancelled with :meth:`cancel` by the same lease id: if
+    it was already granted, the instance comes back at once, so no lease is stranded.  The pool ends its
+    instances when the last client detaches (or when it is killed: its hosts share its fate).
+    """
+
+    def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str) -> None:
+        self.spec = spec
+        self.capacity = spec.max_instances
+        self.placement = placement
+        self.manager_id = manager_id
+        self._instances: dict[str, _Instance] = {}
+        self._idle: collections.deque[str] = collections.deque()
+        self._leases: dict[str, tuple[str, str]] = {}  # lease id -> (instance id, client id)
+        self._waiters: collections.deque[tuple[str, str | None, asyncio.Future]] = collections.deque()
+        self._starting = 0
+        self._promised = 0  # free slots handed to woken waiters that have not started yet
+        self._cancelled: dict[str, float] = {}
+        self._clients: set[str] = set()
+        self._client_nodes: dict[str, str] = {}
+        self._watch: asyncio.Task | None = None
+        self._globals: dict[str, str] = {}  # global key ("cluster" or a node id) -> lease id
+        self._global_holders: dict[str, set[str]] = {}
+        self._global_locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+        self._n = 0
+        self._stats = {"acquires": 0, "started": 0, "reused": 0, "died": 0, "timeouts": 0, "cancelled": 0,
+                       "wait_total": 0.0, "wait_max": 0.0, "start_total": 0.0, "peak_live": 0}
+
+    # ------------------------------------------------------------------ clients
+    def attach(self, client_id: str, node_id: str | None = None) -> bool:
+        """Register a client (on Ray node ``node_id``); False when the pool is shutting down (the client then
+        makes a new one)."""
+        if self._closed:
+            return False
+        self._clients.add(client_id)
+        if node_id:
+            self._client_nodes[client_id] = node_id
+            if self._watch is None:
+                self._watch = asyncio.get_running_loop().create_task(self._watch_client_nodes())
+        return True
+
+    async def _watch_client_nodes(self) -> None:
+        """Every ``CLIENT_NODE_CHECK`` seconds: a client whose node died is detached (its leases come back)."""
+        import ray
+
+        while not self._closed:
+            await asyncio.sleep(CLIENT_NODE_CHECK)
+            if not self._client_nodes:
+                continue
+            try:
+                nodes = await asyncio.to_thread(ray.nodes)
+            except Exception:  # noqa: BLE001 - GCS busy: try again next round
+                continue
+            alive = {n["NodeID"] for n in nodes if n.get("Alive")}
+            for client, node in list(self._client_nodes.items()):
+                if node not in alive:
+                    log.warning("%s: client %s was on node %s, which died; returning its leases", self.spec.label,
+                                client, node[:12])
+                    self._client_nodes.pop(client, None)
+                    await self.detach(client)
+
+    async def detach(self, client_id: str) -> int:
+        """Forget a client: release its leases and its global holds.  Returns the clients left; at 0 the pool
+        stops every instance and refuses new work (the caller then kills the actor)."""
+        self._clients.discard(client_id)
+        self._client_nodes.pop(client_id, None)
+        for lease_id, (_iid, cid) in list(self._leases.items()):
+            if cid == client_id:
+                await self.release(lease_id)
+        for key, holders in list(self._global_holders.items()):
+            holders.discard(client_id)
+            if not holders:
+                await self.release_global(key)
+        if not self._clients:
+            await self.shutdown()
+        return len(self._clients)
+
+    # ------------------------------------------------------------------ acquire / release
+    def _live(self) -> int:
+        return len(self._instances) + self._starting + self._promised
+
+    async def acquire(self, lease_id: str, client_id: str, timeout: float | None = None,
+                      node_id: str | None = None) -> Grant:
+        """Lease one instance (on ``node_id`` when given), waiting FIFO while the pool is full.
+
+        Raises:
+            ResourceTimeout: no instance within ``timeout`` seconds.
+            ResourceStartError: a new instance failed to start.
+            PoolClosedError: the pool shut down.
+            ResourceError: the acquisition was cancelled by its client.
+        """
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        have_slot = False
+        handed: str | None = None
+        try:
+            while True:
+                if self._closed:
+                    raise PoolClosedError(f"the cluster pool of {self.spec.label} is closed")
+                if lease_id in self._cancelled:
+                    raise ResourceError(f"acquisition {lease_id} of {self.spec.label} was cancelled by its client")
+                iid = handed
+                handed = None
+                if iid is None and not have_slot and not self._waiters:
+                    iid = self._take_idle(node_id)
+                    if iid is None and self._live() < self.capacity:
+                        self._starting += 1
+                        have_slot = True
+                    elif iid is None and node_id is not None and self._idle:
+                        # full, with idle instances only on other nodes: retire one to start here
+                        await self._discard(self._idle[0])
+                        continue
+                if iid is not None:
+                    handed = iid  # put back if cancelled during the reset
+                    inst = await self._reset(iid)
+                    handed = None
+                    if inst is None:
+                        continue  # died or failed its reset: it was discarded, try again (its slot is free)
+                    return self._grant(lease_id, client_id, inst, t0)
+                if have_slot:
+                    have_slot = False
+                    inst = await self._start(node_id, deadline)  # consumes the reservation
+                    return self._grant(lease_id, client_id, inst, t0)
+                handed, have_slot = await self._wait(lease_id, node_id, deadline)
+        except BaseException:
+            if have_slot:
+                self._starting -= 1
+                self._wake()
+            if handed is not None:
+                self._put_back(handed)
+            raise
+
+    async def _wait(self, lease_id: str, node_id: str | None, deadline: float | None) -> tuple[str | None, bool]:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        entry = (lease_id, node_id, fut)
+        self._waiters.append(entry)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            kind, iid = await asyncio.wait_for(asyncio.shield(fut), remaining)
+        except (TimeoutError, asyncio.CancelledError) as e:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            if fut.done() and not fut.cancelled():  # woken just as it gave up: pass the gift on
+                kind, iid = fut.result()
+                if kind == "instance":
+                    self._put_back(iid)
+                else:
+                    self._promised -= 1
+                    self._wake()
+            if fut.cancelled():  # shutdown() or cancel() (on the client's behalf) dropped this wait
+                if self._closed:
+                    raise PoolClosedError(f"the cluster pool of {self.spec.label} shut down") from None
+                raise ResourceError(f"acquisition {lease_id} of {self.spec.label} was cancelled by its client") from None
+            if isinstance(e, TimeoutError):
+                self._stats["timeouts"] += 1
+                raise ResourceTimeout(
+                    f"no instance of {self.spec.label} became free within the acquire timeout "
+                    f"(cluster capacity {self.capacity}, in use {len(self._leases)}, waiting {len(self._waiters)})") from None
+            raise
+        if fut.cancelled():
+            raise ResourceError(f"acquisition {lease_id} of {self.spec.label} was cancelled by its client")
+        if kind == "instance":
+            return iid, False
+        self._promised -= 1
+        self._starting += 1
+        return None, True
+
+    def _take_idle(self, node_id: str | None) -> str | None:
+        for iid in list(self._idle):
+            if node_id is None or self._instances[iid].node_id == node_id:
+                self._idle.remove(iid)
+                return iid
+        return None
+
+    async def _reset(self, iid: str) -> _Instance | None:
+        inst = self._instances[iid]
+        if inst.uses == 0:
+            return inst
+        try:
+            await asyncio.wait_for(inst.handle.reset.remote(), self.spec.start_timeout)
+        except Exception as e:  # noqa: BLE001 - a dead node, a failed reset: replace the instance
+            log.warning("%s: instance %s failed its reset on reuse (%s: %s); discarding it", self.spec.label, iid,
+                        type(e).__name__, e)
+            self._stats["died"] += 1
+            await self._discard(iid)
+            return None
+        self._stats["reused"] += 1
+        return inst
+
+    async def _start(self, node_id: str | None, deadline: float | None) -> _Instance:
+        """Start one instance on a reserved slot (``self._starting`` was counted by the caller)."""
+        import ray
+
+        from .manager import host_actor_options
+
+        self._n += 1
+        iid = f"{self.spec.kind}-{self._n}"
+        opts = host_actor_options(self.placement, node_id)
+        handle = host_actor_class().options(name=None, **opts).remote(self.spec, self.manager_id)
+        t0 = time.monotonic()
+        limit = self.spec.start_timeout
+        try:
+            info = await asyncio.wait_for(handle.start.remote(), limit)
+        except BaseException as e:
+            self._starting -= 1
+            self._wake()
+            ray.kill(handle, no_restart=True)
+            if isinstance(e, TimeoutError):
+                raise ResourceStartError(
+                    f"{self.spec.label}: no instance was running within start_timeout={limit}s; is there a node with "
+                    f"free resources {self.placement.actor_options()}" + (f" on node {node_id}" if node_id else "")
+                    + "?") from None
+            if isinstance(e, ResourceError):
+                raise
+            if isinstance(e, Exception):
+                raise ResourceStartError(f"{self.spec.label}: starting an instance failed: {type(e).__name__}: {e}") from None
+            raise
+        self._starting -= 1
+        inst = _Instance(iid, handle, info["node_id"], info["pid"])
+        self._instances[iid] = inst
+        self._stats["started"] += 1
+        self._stats["start_total"] += time.monotonic() - t0
+        self._stats["peak_live"] = max(self._stats["peak_live"], len(self._instances))
+        return inst
+
+    def _grant(self, lease_id: str, client_id: str, inst: _Instance, t0: float) -> Grant:
+        inst.uses += 1
+        self._leases[lease_id] = (inst.id, client_id)
+        waited = time.monotonic() - t0
+        self._stats["acquires"] += 1
+        self._stats["wait_total"] += waited
+        self._stats["wait_max"] = max(self._stats["wait_max"], waited)
+        if self._cancelled.pop(lease_id, None) is not None:  # the client gave up while it was being prepared
+            self._leases.pop(lease_id, None)
+            self._put_back(inst.id)
+            raise ResourceError(f"acquisition {lease_id} of {self.spec.label} was cancelled by its client")
+        return Grant(lease_id, inst.id, inst.handle, inst.node_id, inst.pid, inst.uses, waited, self.snapshot())
+
+    def _put_back(self, iid: str) -> None:
+        """An instance came free: hand it to the first waiter that can take it, else park it idle."""
+        inst = self._instances.get(iid)
+        if inst is None:
+            return
+        for entry in list(self._waiters):
+            _lid, node, fut = entry
+            if node is None or node == inst.node_id:
+                self._waiters.remove(entry)
+                fut.set_result(("instance", iid))
+                return
+        inst.idle_since = time.monotonic()
+        self._idle.append(iid)
+        try:
+            inst.handle.park.remote()
+        except Exception:  # noqa: BLE001, S110 - a dead host is found on the next reset
+            pass
+
+    def _wake(self) -> None:
+        """A slot came free: give it to the first waiter (who starts a new instance), else idle instances stay."""
+        while self._waiters and self._live() < self.capacity:
+            _lid, _node, fut = self._waiters.popleft()
+            self._promised += 1
+            fut.set_result(("slot", None))
+        if self._waiters and self._idle and self._live() >= self.capacity:
+            # full of idle instances pinned elsewhere: retire one so a waiter pinned to a node can start
+            first_node = self._waiters[0][1]
+            if first_node is not None and not any(self._instances[i].node_id == first_node for i in self._idle):
+                asyncio.get_running_loop().create_task(self._discard(self._idle.popleft()))
+
+    async def release(self, lease_id: str, discard: bool = False) -> None:
+        """Return a lease; ``discard=True`` stops the instance (it died or its state is unknown)."""
+        entry = self._leases.pop(lease_id, None)
+        if entry is None:
+            return
+        iid, _client = entry
+        if discard or self._closed:
+            if discard:
+                self._stats["died"] += 1
+            await self._discard(iid)
+            return
+        inst = self._instances.get(iid)
+        if inst is not None and self.spec.max_uses is not None and inst.uses >= self.spec.max_uses:
+            await self._discard(iid)
+            return
+        self._put_back(iid)
+
+    def cancel(self, lease_id: str) -> None:
+        """The client gave up on acquisition ``lease_id``: drop its wait, or return what it was granted."""
+        self._stats["cancelled"] += 1
+        if lease_id in self._leases:
+            asyncio.get_running_loop().create_task(self.release(lease_id))
+            return
+        for entry in list(self._waiters):
+            if entry[0] == lease_id:
+                self._waiters.remove(entry)
+                entry[2].cancel()
+                return
+        now = time.monotonic()
+        self._cancelled = {k: t for k, t in self._cancelled.items() if now - t < 3600}
+        self._cancelled[lease_id] = now  # still starting or resetting: _grant returns it
+
+    async def _discard(self, iid: str) -> None:
+        inst = self._instances.pop(iid, None)
+        if iid in self._idle:
+            self._idle.remove(iid)
+        if inst is not None:
+            await _stop_host(inst.handle)
+        self._wake()
+
+    # ------------------------------------------------------------------ globals
+    async def acquire_global(self, key: str, client_id: str, node_id: str | None = None,
+                             timeout: float | None = None) -> Grant:
+        """The shared instance for ``key`` (``"cluster"``, or a node id with ``node_id`` set), started once."""
+        lock = self._global_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            lease_id = self._globals.get(key)
+            if lease_id is not None and lease_id in self._leases:
+                self._global_holders.setdefault(key, set()).add(client_id)
+                iid = self._leases[lease_id][0]
+                inst = self._instances[iid]
+                return Grant(lease_id, iid, inst.handle, inst.node_id, inst.pid, inst.uses, 0.0, self.snapshot())
+            lease_id = f"global-{key}-{self._n + 1}-{time.monotonic_ns()}"
+            grant = await self.acquire(lease_id, "__global__", timeout, node_id)
+            self._globals[key] = lease_id
+            self._global_holders.setdefault(key, set()).add(client_id)
+            return grant
+
+    async def release_global(self, key: str, discard: bool = True) -> None:
+        """Stop the shared instance for ``key`` (also when one holder found it dead)."""
+        lease_id = self._globals.pop(key, None)
+        self._global_holders.pop(key, None)
+        if lease_id is not None:
+            await self.release(lease_id, discard=discard)
+
+    # ------------------------------------------------------------------ metrics, shutdown
+    def snapshot(self) -> dict[str, Any]:
+        """Cluster-wide: in use, idle, waiting, starting, live, capacity, started, reused, died, peak live,
+        acquire wait mean/max and start mean (seconds), clients."""
+        s = self._stats
+        return {"spec": self.spec.label, "capacity": self.capacity, "in_use": len(self._leases),
+                "idle": len(self._idle), "waiting": len(self._waiters), "starting": self._starting,
+                "live": len(self._instances), "started": s["started"], "reused": s["reused"], "died": s["died"],
+                "acquires": s["acquires"], "timeouts": s["timeouts"], "cancelled": s["cancelled"],
+                "peak_live": s["peak_live"], "wait_mean": s["wait_total"] / s["acquires"] if s["acquires"] else 0.0,
+                "wait_max": s["wait_max"], "start_mean": s["start_total"] / s["started"] if s["started"] else 0.0,
+                "clients": len(self._clients),
+                "instances": {i.id: {"node_id": i.node_id, "pid": i.pid, "uses": i.uses}
+                              for i in self._instances.values()}}
+
+    async def shutdown(self) -> None:
+        """Stop every instance and fail every waiter; the pool accepts nothing afterwards."""
+        self._closed = True
+        if self._watch is not None and self._watch is not asyncio.current_task():
+            self._watch.cancel()
+        while self._waiters:
+            _lid, _node, fut = self._waiters.popleft()
+            if not fut.done():
+                fut.cancel()
+        self._leases.clear()
+        self._idle.clear()
+        insts, self._instances = list(self._instances.values()), {}
+        await asyncio.gather(*(_stop_host(i.handle) for i in insts), return_exceptions=True)
+
+
+async def _stop_host(handle: Any) -> None:
+    """Let a host release its resource, then kill its actor (also when the node is gone)."""
+    import ray
+
+    try:
+        await asyncio.wait_for(handle.close.remote(), HOST_CLOSE_TIMEOUT)
+    except Exception:  # noqa: BLE001, S110 - dead or stuck: killed below
+        pass
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # noqa: BLE001, S110 - already gone
+        pass
+
+
+_classes: dict[str, Any] = {}
+
+
+def pool_actor_class() -> Any:
+    """``ray.remote(PoolActor)``, made on first use."""
+    if "pool" not in _classes:
+        import ray
+
+        _classes["pool"] = ray.remote(max_restarts=0)(PoolActor)
+    return _classes["pool"]
+
+
+def host_actor_class() -> Any:
+    """``ray.remote(ResourceHost)``, made on first use."""
+    if "host" not in _classes:
+        import ray
+
+        _classes["host"] = ray.remote(max_restarts=0)(ResourceHost)
+    return _classes["host"]

@@ -1,0 +1,644 @@
+"""A resource manager for a whole Ray cluster, behind the API of :class:`~agentfly_gym.resources.ResourceManager`.
+
+    import ray
+    from agentfly_gym.resources.ray import RayResourceManager
+
+    ray.init()                                          # or run inside a Ray job (a verl worker)
+    async with RayResourceManager(placement={"container": {"resources": {"docker": 1}}}) as manager:
+        async with manager.scope("rollout-17") as scope:
+            box = await scope.acquire(ContainerSpec(image="agentfly/base", max_instances=64))
+            print((await box.exec("echo hi")).output)  # runs on the node that hosts the container
+
+Every process of a Ray job that makes a ``RayResourceManager`` (every verl agent-loop worker, on every
+node) attaches to the same per-spec pools: named Ray actors ``agentfly-pool-<spec key>`` in the job's
+namespace, so ``max_instances`` caps the whole cluster, not each process.  An instance lives in its own
+Ray actor on a node chosen by Ray resources (:class:`RayPlacement`); calls on it
+(``call``/``run``/``exec``/``put_files``/``get_file``) run there, and only their arguments and results
+travel.  Waiting is FIFO across processes, a re-acquired instance is reset first, a cancelled
+acquisition never strands an instance, and an instance whose actor or node died raises
+:class:`~agentfly_gym.errors.ResourceDied` on its next call (environments turn that into a truncated
+episode with ``info["error"]``) and is replaced by a fresh one wherever Ray finds room.
+
+Lifetime: a pool actor is owned by the process that made it (unless ``detached=True``) and its instances by
+the pool, so a driver that exits, is killed or gets SIGTERM takes them with it (on SIGTERM and at exit the
+manager first detaches, so hosts release their containers and processes in order).  A process that closes
+its manager returns its leases, and so does one whose node dies (the pool checks its clients' nodes every
+5 s); a process that dies on a live node without closing it while others keep the pool alive (e.g. a
+SIGKILLed worker that did not make the pool) keeps its leases until the pool ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import itertools
+import logging
+import os
+import re
+import signal
+import threading
+import types
+import uuid
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import ConfigError, PoolClosedError, ResourceDied, ResourceError
+from ..base import Resource, ResourceStatus
+from ..spec import ResourceSpec
+from .actors import Grant, pool_actor_class
+from .placement import PlacementTable, RayPlacement, resolve_placement
+
+__all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource", "host_actor_options"]
+
+log = logging.getLogger(__name__)
+
+_scope_ids = itertools.count(1)
+_live: weakref.WeakSet[RayResourceManager] = weakref.WeakSet()
+_HEAD = "node:__internal_head__"
+
+
+def _ray() -> Any:
+    import ray
+
+    return ray
+
+
+def host_actor_options(placement: RayPlacement, node_id: str | None = None) -> dict[str, Any]:
+    """``.options(...)`` for an instance's host actor: the placement's resources, pinned to ``node_id`` if given."""
+    opts = placement.actor_options()
+    if node_id is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    return opts
+
+
+def _done(ref: Any) -> bool:
+    ready, _ = _ray().wait([ref], timeout=0)
+    return bool(ready)
+
+
+async def _as_future(ref: Any) -> Any:
+    try:
+        return await ref
+    except Exception:  # noqa: BLE001 - a release into a dead pool: nothing left to wait for
+        return None
+
+
+class RayResource(Resource):
+    """A client-side handle on one instance that lives in a Ray actor somewhere in the cluster.
+
+    It offers what the local backends offer, forwarded to where the instance lives:
+    ``await call(method, *args, **kwargs)`` and ``await run(fn, *args, **kwargs)`` (in-process objects),
+    ``await exec(...)``, ``put_files(...)``, ``get_file(...)`` (containers) and ``await invoke(name, ...)``
+    for any other method.  When the host actor or its node is gone, every call raises
+    :class:`~agentfly_gym.errors.ResourceDied` and :attr:`obj` becomes None.
+
+    Attributes:
+        lease_id: the cluster pool's id of this lease.
+        instance_id: the pool's id of the instance (stable across leases of the same instance).
+        node_id: the Ray node the instance lives on.
+        pid: the host actor's process id on that node.
+    """
+
+    def __init__(self, pool: RayPool, grant: Grant) -> None:
+        super().__init__(pool.spec, labels={"manager": pool.manager.id, "node_id": grant.node_id})
+        self.id = f"{pool.spec.kind}@{grant.instance_id}"
+        self._pool = pool
+        self.lease_id = grant.lease_id
+        self.instance_id = grant.instance_id
+        self.handle = grant.handle
+        self.node_id = grant.node_id
+        self.pid = grant.pid
+        self.uses = grant.uses
+        self._dead: str | None = None
+        self._status = ResourceStatus.READY
+
+    @property
+    def obj(self) -> RayResource | None:
+        """Not None while the instance is believed alive (the check environments make before reusing a global)."""
+        return None if self._dead is not None else self
+
+    @property
+    def dead(self) -> str | None:
+        """Why the instance is dead, or None."""
+        return self._dead
+
+    def mark_dead(self, reason: str) -> None:
+        """Record that the instance stopped working; its release then stops it instead of reusing it."""
+        if self._dead is None:
+            self._dead = reason
+        self._status = ResourceStatus.UNHEALTHY
+
+    async def _remote(self, method: str, *args: Any) -> Any:
+        ray = _ray()
+        if self._dead is not None:
+            raise ResourceDied(f"{self.id} is dead: {self._dead}")
+        ref = getattr(self.handle, method).remote(*args)
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            try:
+                ray.cancel(ref)
+            except Exception:  # noqa: BLE001, S110 - best effort
+                pass
+            raise
+        except ray.exceptions.RayActorError as e:
+            reason = f"the Ray actor of {self.id} on node {self.node_id[:12]} died ({type(e).__name__})"
+            self.mark_dead(reason)
+            raise ResourceDied(reason) from None
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``obj.<method>(*args, **kwargs)`` of an in-process object (or ``<method>`` of another kind), run where
+        the instance lives.  Raises ResourceDied when its actor or node is gone; other errors as raised there."""
+        return await self._remote("call", method, args, kwargs)
+
+    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on the instance's thread where it lives (``fn`` is pickled)."""
+        return await self._remote("run", fn, args, kwargs)
+
+    async def invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``await resource.<method>(*args, **kwargs)`` on the live resource where it lives."""
+        return await self._remote("invoke", method, args, kwargs)
+
+    async def exec(self, *args: Any, **kwargs: Any) -> Any:
+        """A container's ``exec``, run on the node of the container; returns its ``ExecResult``."""
+        return await self.invoke("exec", *args, **kwargs)
+
+    async def put_files(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.invoke("put_files", *args, **kwargs)
+
+    async def get_file(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.invoke("get_file", *args, **kwargs)
+
+    async def start(self) -> None:
+        """Started by the cluster pool; nothing to do here."""
+
+    async def reset(self) -> None:
+        """Reset by the cluster pool when it hands the instance out again; nothing to do here."""
+
+    async def status(self) -> ResourceStatus:
+        if self._dead is not None:
+            return ResourceStatus.UNHEALTHY
+        try:
+            value = await asyncio.wait_for(self._remote("status"), 10)
+        except Exception:  # noqa: BLE001 - dead, stuck or gone
+            self.mark_dead("status check failed")
+            return ResourceStatus.UNHEALTHY
+        self._status = ResourceStatus(value)
+        return self._status
+
+    async def release(self) -> None:
+        """Return the lease to the cluster pool (stopping the instance when it is dead); idempotent."""
+        self._pool.release_nowait(self, discard=self._dead is not None)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update(node_id=self.node_id, pid=self.pid, lease_id=self.lease_id, dead=self._dead)
+        return d
+
+
+class RayPool:
+    """This process's face of one cluster pool (a named ``PoolActor``); made by :meth:`RayResourceManager.pool`.
+
+    Attributes:
+        spec: the pool's spec.
+        capacity: ``spec.max_instances``, the cap over the whole cluster.
+        handle: the pool actor.
+        metrics: the last cluster-wide snapshot seen by this process (attributes ``in_use``, ``idle``,
+            ``waiting``, ``live``, ...); :meth:`fetch_snapshot` asks for a fresh one.
+    """
+
+    def __init__(self, manager: RayResourceManager, spec: ResourceSpec, placement: RayPlacement) -> None:
+        self.manager = manager
+        self.spec = spec
+        self.capacity = spec.max_instances
+        self.placement = placement
+        self.handle = manager._pool_handle(spec, placement)  # found or made; attached on first use
+        self._attached = False
+        self._attach_lock = asyncio.Lock()
+        self._snapshot: dict[str, Any] = {"capacity": self.capacity, "in_use": 0, "idle": 0, "waiting": 0, "live": 0}
+        self._leases: dict[str, RayResource] = {}
+        self._pending: list[Any] = []  # releases sent and not yet confirmed (an async actor may reorder calls)
+        self.closed = False
+
+    @property
+    def metrics(self) -> types.SimpleNamespace:
+        return types.SimpleNamespace(**self._snapshot)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The last cluster-wide snapshot seen by this process (see :meth:`fetch_snapshot`)."""
+        return dict(self._snapshot)
+
+    async def fetch_snapshot(self) -> dict[str, Any]:
+        """A fresh cluster-wide snapshot: in use, idle, waiting, starting, live, capacity, started, reused, died,
+        peak live, acquire wait mean/max and start mean (seconds), per-instance node and pid.  This process's
+        releases sent before the call are counted."""
+        pending, self._pending = self._pending, []
+        if pending:
+            await asyncio.wait([asyncio.ensure_future(_as_future(r)) for r in pending], timeout=10)
+        self._snapshot = await self.handle.snapshot.remote()
+        return dict(self._snapshot)
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait (blocking, up to ``timeout`` seconds) until the pool has processed this process's releases."""
+        pending, self._pending = self._pending, []
+        if pending:
+            _ray().wait(pending, num_returns=len(pending), timeout=timeout)
+
+    async def acquire(self, *, timeout: float | None = None, node_id: str | None = None) -> RayResource:
+        """Lease an instance, waiting FIFO (across the cluster) while ``capacity`` instances are taken.
+
+        Args:
+            timeout: seconds to wait, None for the manager's default (None = no limit).
+            node_id: only an instance on this Ray node.
+
+        Raises:
+            ResourceTimeout, ResourceStartError, PoolClosedError: from the cluster pool.
+        """
+        if self.closed:
+            raise PoolClosedError(f"the pool of {self.spec.label} is closed in this process")
+        await self.attach()
+        lease_id = f"{self.manager.id}-{uuid.uuid4().hex[:12]}"
+        timeout = timeout if timeout is not None else self.manager.acquire_timeout
+        ref = self.handle.acquire.remote(lease_id, self.manager.id, timeout, node_id)
+        grant = await self._await_grant(ref, lease_id)
+        self._snapshot = grant.snapshot
+        res = RayResource(self, grant)
+        self._leases[lease_id] = res
+        return res
+
+    async def attach(self) -> None:
+        """Register this process with the cluster pool (once; without blocking the event loop).
+
+        Raises:
+            ResourceError: the pool kept shutting down (its last user was leaving) for about a minute.
+        """
+        if self._attached:
+            return
+        ray = _ray()
+        async with self._attach_lock:
+            for attempt in range(60):
+                if self._attached:
+                    return
+                try:
+                    if await self.handle.attach.remote(self.manager.id, ray.get_runtime_context().get_node_id()):
+                        self._attached = True
+                        return
+                except ray.exceptions.RayActorError:
+                    pass
+                # the pool is shutting down (its last user left); its name is free once it is gone
+                await asyncio.sleep(min(2.0, 0.1 * (attempt + 1)))
+                self.handle = self.manager._pool_handle(self.spec, self.placement)
+        raise ResourceError(f"could not attach to the cluster pool of {self.spec.label} in namespace "
+                            f"{self.manager.namespace!r}")
+
+    async def _await_grant(self, ref: Any, lease_id: str) -> Grant:
+        ray = _ray()
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            # the pool keeps going: tell it, so a wait is dropped and a grant comes straight back
+            try:
+                self.handle.cancel.remote(lease_id)
+            except Exception:  # noqa: BLE001, S110 - the pool is gone, and its instances with it
+                pass
+            raise
+        except ray.exceptions.RayActorError as e:
+            self.manager._forget(self)
+            raise PoolClosedError(f"the cluster pool of {self.spec.label} died ({type(e).__name__}); "
+                                  "the next acquisition makes a new one") from None
+
+    def release_nowait(self, res: RayResource, *, discard: bool = False) -> None:
+        """Return ``res``'s lease without waiting (so it also runs under cancellation and at shutdown)."""
+        if self._leases.pop(res.lease_id, None) is None:
+            return
+        try:
+            self._pending = [r for r in self._pending if not _done(r)]
+            self._pending.append(self.handle.release.remote(res.lease_id, discard or res.dead is not None))
+        except Exception:  # noqa: BLE001 - the pool is gone, and its instances with it
+            log.debug("releasing %s: the pool of %s is gone", res.lease_id, self.spec.label)
+
+    async def release(self, res: RayResource, *, discard: bool = False) -> None:
+        """Return ``res``; ``discard=True`` stops the instance instead of reusing it."""
+        self.release_nowait(res, discard=discard)
+
+    async def prewarm(self, n: int | None = None) -> None:
+        """Start ``n`` (default ``spec.min_idle``) instances now and leave them idle in the cluster pool."""
+        n = self.spec.min_idle if n is None else n
+        leases = await asyncio.gather(*(self.acquire() for _ in range(n)), return_exceptions=True)
+        for r in leases:
+            if isinstance(r, RayResource):
+                self.release_nowait(r)
+
+
+class RayRolloutScope:
+    """Resources held by one rollout, as :class:`~agentfly_gym.resources.RolloutScope` but leased from the
+    cluster pools: the same instance per spec key for the whole scope, all returned when it ends."""
+
+    def __init__(self, manager: RayResourceManager, scope_id: str, *, acquire_timeout: float | None = None) -> None:
+        self.manager = manager
+        self.id = scope_id
+        self.acquire_timeout = acquire_timeout
+        self._leases: dict[str, RayResource] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+
+    @property
+    def resources(self) -> dict[str, RayResource]:
+        return dict(self._leases)
+
+    async def acquire(self, spec: ResourceSpec, *, timeout: float | None = None) -> RayResource:
+        """The scope's instance of ``spec``, leased from its cluster pool on first use.
+
+        Raises:
+            ResourceTimeout, ResourceStartError, PoolClosedError: from the cluster pool.
+            ResourceError: the scope has already ended.
+        """
+        if self._closed:
+            raise ResourceError(f"scope {self.id!r} has ended; open a new one")
+        key = spec.key
+        lease = self._leases.get(key)
+        if lease is not None:
+            return lease
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            lease = self._leases.get(key)
+            if lease is None:
+                pool = self.manager.pool(spec)
+                lease = await pool.acquire(timeout=timeout if timeout is not None else self.acquire_timeout)
+                if self._closed:
+                    pool.release_nowait(lease)
+                    raise ResourceError(f"scope {self.id!r} ended during acquisition")
+                self._leases[key] = lease
+            return lease
+
+    async def release(self, spec: ResourceSpec, *, discard: bool = False) -> None:
+        lease = self._leases.pop(spec.key, None)
+        if lease is not None:
+            lease._pool.release_nowait(lease, discard=discard)
+
+    async def discard(self, resource: Resource) -> None:
+        """Release ``resource`` and stop it instead of reusing it."""
+        await self.release(resource.spec, discard=True)
+
+    async def aclose(self) -> None:
+        """Return every lease; never yields, so it also completes under cancellation."""
+        self._closed = True
+        leases, self._leases = self._leases, {}
+        for lease in leases.values():
+            lease._pool.release_nowait(lease)
+
+    async def __aenter__(self) -> RayRolloutScope:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class RayResourceManager:
+    """The resource manager of a Ray cluster: the API of :class:`~agentfly_gym.resources.ResourceManager`
+    (``scope``, ``acquire_global``, ``pool``, ``pools``, ``metrics``, ``prewarm``, ``aclose``), with pools
+    shared by every process of the job.
+
+    Args:
+        placement: where instances live: a mapping looked up by spec key, spec ``name``, spec kind, ``"*"``
+            (values: :class:`RayPlacement` or a mapping of its fields), or a callable ``spec -> RayPlacement``;
+            default: any node, no CPU reserved.
+        global_scope: ``"cluster"`` (one instance of a global resource per cluster) or ``"node"`` (one per
+            node, on the node of the caller) for :meth:`acquire_global`.
+        namespace: the Ray namespace of the pool actors; default: the job's own namespace, so every
+            worker of one job shares pools and two jobs never do.
+        detached: pool actors outlive the process that made them (``lifetime="detached"``) and end when the
+            last process using them detaches.  Default False: pools and their instances share the fate of
+            the process that made them, so nothing outlives a driver that is killed.
+        acquire_timeout: default seconds an acquisition may wait, None for no limit.
+        manager_id: labels this client and the resources it starts; random by default.
+        address: passed to ``ray.init`` when Ray is not initialised in this process yet.
+
+    Raises:
+        ConfigError: a bad ``global_scope`` or placement.
+    """
+
+    def __init__(self, *, placement: PlacementTable | None = None, global_scope: str = "cluster",
+                 namespace: str | None = None, detached: bool = False, acquire_timeout: float | None = None,
+                 manager_id: str | None = None, address: str | None = None) -> None:
+        if global_scope not in ("cluster", "node"):
+            raise ConfigError(f"global_scope={global_scope!r} is not one of 'cluster', 'node'")
+        if isinstance(placement, dict):
+            placement = {k: RayPlacement.of(v) for k, v in placement.items()}
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=namespace, log_to_driver=False)
+        self.id = manager_id or f"afg-ray-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.placement = placement
+        self.global_scope = global_scope
+        self.namespace = namespace or ray.get_runtime_context().namespace
+        self.detached = detached
+        self.acquire_timeout = acquire_timeout
+        self._pools: dict[str, RayPool] = {}
+        self._globals: dict[str, RayResource] = {}
+        self._global_locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+        _live.add(self)
+        _ensure_exit_hooks()
+
+    # ------------------------------------------------------------------ pools
+    def pool(self, spec: ResourceSpec) -> RayPool:
+        """This process's face of the cluster pool of ``spec.key``; the pool actor is found or made on first use.
+
+        Raises:
+            PoolClosedError: the manager is closed.
+            ConfigError: the spec's placement asks for a custom resource no node of the cluster has.
+        """
+        if self._closed:
+            raise PoolClosedError(f"resource manager {self.id} is closed")
+        pool = self._pools.get(spec.key)
+        if pool is None:
+            placement = resolve_placement(self.placement, spec)
+            self._check_placement(spec, placement)
+            pool = RayPool(self, spec, placement)
+            self._pools[spec.key] = pool
+        return pool
+
+    def _check_placement(self, spec: ResourceSpec, placement: RayPlacement) -> None:
+        have = _ray().cluster_resources()
+        missing = [name for name, _ in placement.resources if name not in have]
+        if missing:
+            custom = sorted(k for k in have if not k.startswith("node:") and k not in ("CPU", "GPU", "memory",
+                                                                                          "object_store_memory"))
+            raise ConfigError(f"placement of {spec.label} asks for resource(s) {missing} that no node of the Ray "
+                              f"cluster has; custom resources present: {custom} (declare them with "
+                              "`ray start --resources='{\"NAME\": N}'`)")
+
+    def _pool_handle(self, spec: ResourceSpec, placement: RayPlacement) -> Any:
+        """The named pool actor of ``spec`` in this manager's namespace, made if it does not exist (no wait)."""
+        ray = _ray()
+        name = "agentfly-pool-" + re.sub(r"[^A-Za-z0-9_.-]", "-", spec.key)
+        opts: dict[str, Any] = {"name": name, "namespace": self.namespace, "get_if_exists": True, "num_cpus": 0,
+                                "max_concurrency": 10_000}
+        if _HEAD in ray.cluster_resources():
+            opts["resources"] = {_HEAD: 0.001}  # pools live on the head node, not on a worker node that can die
+        if self.detached:
+            opts["lifetime"] = "detached"
+        return pool_actor_class().options(**opts).remote(spec, placement, self.id)
+
+    def _forget(self, pool: RayPool) -> None:
+        if self._pools.get(pool.spec.key) is pool:
+            del self._pools[pool.spec.key]
+        pool.closed = True
+
+    @property
+    def pools(self) -> dict[str, RayPool]:
+        return dict(self._pools)
+
+    # ------------------------------------------------------------------ scopes and globals
+    def scope(self, scope_id: str | None = None, *, acquire_timeout: float | None = None) -> RayRolloutScope:
+        """A rollout scope: ``async with manager.scope("traj-3") as scope: ...``."""
+        if self._closed:
+            raise PoolClosedError(f"resource manager {self.id} is closed")
+        return RayRolloutScope(self, scope_id or f"scope-{next(_scope_ids)}",
+                               acquire_timeout=acquire_timeout if acquire_timeout is not None else self.acquire_timeout)
+
+    async def acquire_global(self, spec: ResourceSpec) -> RayResource:
+        """The shared instance of ``spec``: one per cluster, or one per node with ``global_scope="node"``.
+
+        Every process that asks gets the same instance; it is stopped when the last process holding it closes
+        its manager, or by :meth:`release_global`.  Global resources are never reset between users.  A dead one
+        is replaced on the next call.
+        """
+        key = spec.key
+        r = self._globals.get(key)
+        if r is not None and r.dead is None:
+            return r
+        async with self._global_locks.setdefault(key, asyncio.Lock()):
+            r = self._globals.get(key)
+            if r is not None and r.dead is not None:
+                await self.release_global(spec)
+                r = None
+            if r is None:
+                pool = self.pool(spec)
+                await pool.attach()
+                node = _ray().get_runtime_context().get_node_id() if self.global_scope == "node" else None
+                gkey = node or "cluster"
+                ref = pool.handle.acquire_global.remote(gkey, self.id, node, self.acquire_timeout)
+                grant = await pool._await_grant(ref, f"global-{gkey}")
+                r = RayResource(pool, grant)
+                r._global_key = gkey  # type: ignore[attr-defined]
+                self._globals[key] = r
+            return r
+
+    async def release_global(self, spec: ResourceSpec) -> None:
+        """Stop the shared instance of ``spec`` (for every process using it)."""
+        r = self._globals.pop(spec.key, None)
+        pool = self._pools.get(spec.key)
+        if r is not None and pool is not None:
+            try:
+                await pool.handle.release_global.remote(getattr(r, "_global_key", "cluster"))
+            except _ray().exceptions.RayActorError:
+                pass
+
+    async def prewarm(self, spec: ResourceSpec, n: int | None = None) -> None:
+        await self.pool(spec).prewarm(n)
+
+    # ------------------------------------------------------------------ metrics, close
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        """Per pool, cluster-wide (asked from the pool actors now; blocks up to 10 s): see :meth:`RayPool.fetch_snapshot`."""
+        ray = _ray()
+        pools = list(self._pools.values())
+        for p in pools:
+            p.settle()
+        try:
+            snaps = ray.get([p.handle.snapshot.remote() for p in pools], timeout=10)
+        except Exception:  # noqa: BLE001 - a pool that died: report what was last seen
+            snaps = [p.snapshot() for p in pools]
+        for p, s in zip(pools, snaps):
+            p._snapshot = s
+        return {p.spec.key: s for p, s in zip(pools, snaps)}
+
+    async def ametrics(self) -> dict[str, dict[str, Any]]:
+        """:meth:`metrics` without blocking the event loop."""
+        pools = list(self._pools.values())
+        snaps = await asyncio.gather(*(p.fetch_snapshot() for p in pools), return_exceptions=True)
+        return {p.spec.key: (s if isinstance(s, dict) else p.snapshot()) for p, s in zip(pools, snaps)}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def aclose(self) -> None:
+        """Detach from every pool (returning this process's leases); the last process to detach stops the
+        pool's instances and its actor.  Idempotent."""
+        if self._closed:
+            return
+        await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self, timeout: float = 60.0) -> None:
+        """Synchronous :meth:`aclose` (interpreter exit, SIGTERM)."""
+        if self._closed:
+            return
+        self._closed = True
+        _live.discard(self)
+        ray = _ray()
+        pools, self._pools = list(self._pools.values()), {}
+        self._globals.clear()
+        if not ray.is_initialized():
+            return
+        refs = []
+        for p in pools:
+            p.closed = True
+            try:
+                refs.append((p, p.handle.detach.remote(self.id)))
+            except Exception:  # noqa: BLE001, S110 - gone already
+                pass
+        for p, ref in refs:
+            try:
+                left = ray.get(ref, timeout=timeout)
+            except Exception:  # noqa: BLE001 - dead or stuck: kill it (its hosts share its fate)
+                left = 0
+            if left == 0:
+                try:
+                    ray.kill(p.handle, no_restart=True)
+                except Exception:  # noqa: BLE001, S110
+                    pass
+
+    async def __aenter__(self) -> RayResourceManager:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+_hooks_installed = False
+_prev_sigterm: Any = None
+
+
+def _ensure_exit_hooks() -> None:
+    """At interpreter exit and on SIGTERM (main thread, chaining any previous handler), detach every live
+    manager so pools stop their instances (containers, processes) before the process ends."""
+    global _hooks_installed, _prev_sigterm
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_close_all)  # registered after ray.init's own hook, so it runs before ray.shutdown
+    if threading.current_thread() is threading.main_thread():
+        _prev_sigterm = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _close_all() -> None:
+    for m in list(_live):
+        try:
+            m.close_sync(timeout=30)
+        except Exception:  # noqa: BLE001 - best effort while exiting
+            log.debug("closing %s at exit failed", m.id, exc_info=True)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _close_all()
+    prev = _prev_sigterm
+    if callable(prev):
+        prev(signum, frame)
+    elif prev != signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,79 @@
+"""Which manager a process makes by default: the setting ``AGENTFLY_GYM_MANAGER``.
+
+=====================  ==========================================================================
+``AGENTFLY_GYM_MANAGER``  manager made by ``default_manager()`` and the verl plugin
+=====================  ==========================================================================
+unset or ``local``     :class:`~agentfly_gym.resources.ResourceManager` (pools in this process)
+``ray``                :class:`~agentfly_gym.resources.ray.RayResourceManager` (joins the Ray job
+                       this process runs in, or starts a local Ray)
+``auto``               ``ray`` when this process runs inside a Ray job (a Ray worker, or a driver
+                       that called ``ray.init``), else ``local``
+=====================  ==========================================================================
+
+With ``ray``: ``AGENTFLY_GYM_RAY_PLACEMENT`` (JSON, spec kind/name/key -> :class:`RayPlacement` fields,
+e.g. ``{"container": {"resources": {"docker": 1}}}``) places instances, ``AGENTFLY_GYM_RAY_GLOBAL``
+(``cluster`` or ``node``) says how many copies of a global resource (the WebShop server) run, and
+``AGENTFLY_GYM_RAY_NAMESPACE`` overrides the namespace of the pools (default: the job's).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from ...errors import ConfigError
+
+__all__ = ["manager_kind", "in_ray_job", "manager_from_environment", "SETTING"]
+
+SETTING = "AGENTFLY_GYM_MANAGER"
+_KINDS = ("local", "ray", "auto")
+
+
+def in_ray_job() -> bool:
+    """True when this process is a Ray worker or a driver connected to Ray (never imports Ray to find out)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        return bool(ray.is_initialized())
+    except Exception:  # noqa: BLE001 - a half-imported ray
+        return False
+
+
+def manager_kind() -> str:
+    """``"local"`` or ``"ray"``: what ``AGENTFLY_GYM_MANAGER`` asks for in this process now.
+
+    Raises:
+        ConfigError: the setting has another value.
+    """
+    value = os.environ.get(SETTING, "local").strip().lower() or "local"
+    if value not in _KINDS:
+        raise ConfigError(f"{SETTING}={value!r} is not one of {list(_KINDS)}")
+    if value == "auto":
+        return "ray" if in_ray_job() else "local"
+    return value
+
+
+def manager_from_environment(**kwargs: Any) -> Any:
+    """A new manager of the kind :func:`manager_kind` names, configured from the environment variables above.
+
+    Keyword arguments go to the manager's constructor (they override the environment).
+    """
+    if manager_kind() == "local":
+        from ..manager import ResourceManager
+
+        return ResourceManager(**kwargs)
+    from .manager import RayResourceManager
+    from .placement import parse_placements
+
+    placement = os.environ.get("AGENTFLY_GYM_RAY_PLACEMENT")
+    if placement and "placement" not in kwargs:
+        kwargs["placement"] = parse_placements(placement)
+    scope = os.environ.get("AGENTFLY_GYM_RAY_GLOBAL")
+    if scope and "global_scope" not in kwargs:
+        kwargs["global_scope"] = scope
+    ns = os.environ.get("AGENTFLY_GYM_RAY_NAMESPACE")
+    if ns and "namespace" not in kwargs:
+        kwargs["namespace"] = ns
+    return RayResourceManager(**kwargs)

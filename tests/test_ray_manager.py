@@ -1,0 +1,373 @@
+"""The cluster-wide resource manager on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``).
+
+One cluster per module: a head node and two worker nodes that offer the custom resource ``sim`` (one of
+them also ``docker``); the fault test adds (and kills) a node of its own.  Pooled instances are ``tests/raytools.py``'s ``Counted``
+(it logs when each instance lives, so the cap is checked from outside) and real Chess-v0 puzzles hosted
+in Ray actors (``RemoteEnv``).  Several drivers are separate processes connected to the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from agentfly_gym.envs.remote import RemoteEnv  # noqa: E402
+from agentfly_gym.errors import ConfigError, ResourceTimeout  # noqa: E402
+from agentfly_gym.resources import ContainerSpec, InProcessSpec  # noqa: E402
+from agentfly_gym.resources.ray import RayResourceManager  # noqa: E402
+from agentfly_gym.resources.ray.select import manager_kind  # noqa: E402
+
+from proctools import alive  # noqa: E402
+from raytools import lifetimes, max_alive, pids  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+SIM = {"*": {"resources": {"sim": 1}}}
+
+
+def wait_for(cond, timeout: float = 60.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    old = os.environ.get("PYTHONPATH")
+    # the nodes' workers import agentfly_gym and tests/raytools.py from here
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), str(REPO), old) if p)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    c.add_node(num_cpus=1, resources={"sim": 2})
+    c.add_node(num_cpus=1, resources={"sim": 2, "docker": 2})
+    ray.init(address=c.address, namespace="afg-test", log_to_driver=False)
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def counted(tmp_path: Path, cap: int, **kw) -> InProcessSpec:
+    return InProcessSpec(factory="raytools:Counted", kwargs={"events_dir": str(tmp_path), **kw}, max_instances=cap)
+
+
+def pool_actor_names() -> set[str]:
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("agentfly-pool-")}
+
+
+DRIVER = textwrap.dedent("""
+    import asyncio, json, sys, ray
+    from agentfly_gym.resources import InProcessSpec
+    from agentfly_gym.resources.ray import RayResourceManager
+    address, events, cap, n, rounds, out = sys.argv[1:7]
+    ray.init(address=address, namespace="afg-test", log_to_driver=False)
+    spec = InProcessSpec(factory="raytools:Counted", kwargs={"events_dir": events}, max_instances=int(cap))
+    async def one(m, i, r):
+        async with m.scope(f"{i}-{r}") as scope:
+            obj = await scope.acquire(spec, timeout=120)
+            first = await obj.call("step", "a")
+            await asyncio.sleep(0.2)
+            second = await obj.call("step", "b")
+            return [first, second, obj.uses]
+    async def main():
+        async with RayResourceManager(placement={"*": {"resources": {"sim": 1}}}) as m:
+            res = []
+            for r in range(int(rounds)):
+                res += await asyncio.gather(*(one(m, i, r) for i in range(int(n))))
+            return res
+    json.dump(asyncio.run(main()), open(out, "w"))
+""")
+
+
+def start_driver(cluster, tmp_path: Path, events: Path, name: str, cap: int, n: int, rounds: int) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / f"{name}.json"
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, cluster.address, str(events), str(cap), str(n), str(rounds),
+                             str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, out
+
+
+def test_cap_holds_across_driver_processes_and_reuse_is_reset(cluster, tmp_path):
+    """Three drivers (this process and two others) lease a pool of cap 3 at once: never more than 3
+    instances live in the cluster, every lease starts from a reset state, instances are reused."""
+    events = tmp_path / "events"
+    events.mkdir()
+    spec = counted(events, 3)
+
+    async def main():
+        async with RayResourceManager(placement=SIM) as m:
+            pool = m.pool(spec)  # this process makes the pool actor, so it outlives the other drivers
+            drivers = [start_driver(cluster, tmp_path, events, f"d{i}", 3, 3, 2) for i in range(2)]
+
+            async def one(i):
+                async with m.scope(f"main-{i}") as scope:
+                    obj = await scope.acquire(spec, timeout=120)
+                    first = await obj.call("step", "x")
+                    await asyncio.sleep(0.2)
+                    return [first, await obj.call("step", "y"), obj.uses]
+
+            mine = []
+            for _ in range(2):
+                mine += await asyncio.gather(*(one(i) for i in range(3)))
+            results = list(mine)
+            for proc, out in drivers:
+                log, _ = await asyncio.to_thread(proc.communicate, timeout=300)
+                assert proc.returncode == 0, log[-3000:]
+                results += json.loads(out.read_text())
+            snap = await pool.fetch_snapshot()
+            return results, snap
+
+    results, snap = asyncio.run(main())
+    assert len(results) == 18
+    for first, second, _uses in results:
+        assert first[1] == 1 and second[1] == 2, f"a lease did not start from a reset state: {first}, {second}"
+        assert first[0] == second[0]  # the same instance for the whole lease
+    assert max_alive(events) <= 3, f"{max_alive(events)} instances lived at once with a cap of 3"
+    assert snap["peak_live"] <= 3 and snap["started"] <= 3
+    assert snap["acquires"] == 18 and snap["reused"] == 18 - snap["started"] and max(r[2] for r in results) > 1
+    assert any(r[0][2] > 0 for r in results)  # the object's own reset ran on reuse
+
+
+def test_fifo_timeout_and_cancelled_acquisitions_strand_nothing(cluster, tmp_path):
+    spec = counted(tmp_path, 1)
+
+    async def main():
+        async with RayResourceManager(placement=SIM) as m:
+            pool = m.pool(spec)
+            holder = await pool.acquire()
+            with pytest.raises(ResourceTimeout, match="capacity 1"):
+                await pool.acquire(timeout=0.5)
+            # a waiter cancelled while it waits
+            t = asyncio.create_task(pool.acquire())
+            await asyncio.to_thread(wait_for, lambda: ray.get(pool.handle.snapshot.remote())["waiting"] == 1, 30, "a waiter")
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await t
+            # FIFO: waiters are served in the order they arrived
+            order: list[int] = []
+
+            async def waiter(i):
+                r = await pool.acquire(timeout=60)
+                order.append(i)
+                await pool.release(r)
+
+            tasks = []
+            for i in range(3):
+                tasks.append(asyncio.create_task(waiter(i)))
+                await asyncio.to_thread(wait_for, lambda: ray.get(pool.handle.snapshot.remote())["waiting"] == i + 1,
+                                        30, f"{i + 1} waiters")
+            await pool.release(holder)
+            await asyncio.gather(*tasks)
+            assert order == [0, 1, 2]
+            # cancelled right after asking, before or after the grant arrives: the instance comes back
+            for delay in (0.0, 0.05, 0.3):
+                t = asyncio.create_task(pool.acquire())
+                await asyncio.sleep(delay)
+                t.cancel()
+                try:
+                    r = await t
+                    await pool.release(r)
+                except asyncio.CancelledError:
+                    pass
+            r = await pool.acquire(timeout=30)  # would time out had any cancelled acquisition kept the lease
+            snap = await pool.fetch_snapshot()
+            assert snap["in_use"] == 1 and snap["live"] == 1
+            await pool.release(r)
+            await asyncio.to_thread(wait_for, lambda: ray.get(pool.handle.snapshot.remote())["in_use"] == 0, 30, "release")
+
+    asyncio.run(main())
+
+
+def test_global_resource_is_one_per_cluster_or_per_node(cluster, tmp_path):
+    spec = counted(tmp_path, 4)
+
+    async def main():
+        async with RayResourceManager() as a, RayResourceManager() as b:
+            ga, gb = await a.acquire_global(spec), await b.acquire_global(spec)
+            assert ga.instance_id == gb.instance_id  # two processes' managers, one instance
+            uid = (await ga.call("step", "x"))[0]
+            assert (await gb.call("step", "y"))[0] == uid
+        async with RayResourceManager(global_scope="node") as c:
+            gc = await c.acquire_global(spec)
+            assert gc.node_id == ray.get_runtime_context().get_node_id()
+
+    asyncio.run(main())
+
+
+def test_bad_settings_name_the_value(cluster, tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="gpu_slot"):
+        RayResourceManager(placement={"*": {"resources": {"gpu_slot": 1}}}).pool(counted(tmp_path, 1))
+    with pytest.raises(ConfigError, match="global_scope='rack'"):
+        RayResourceManager(global_scope="rack")
+    monkeypatch.setenv("AGENTFLY_GYM_MANAGER", "auto")
+    assert manager_kind() == "ray"  # this process is connected to Ray
+    monkeypatch.setenv("AGENTFLY_GYM_MANAGER", "cluster")
+    with pytest.raises(ConfigError, match="'cluster'"):
+        manager_kind()
+
+
+def test_killed_node_ends_its_rollouts_with_an_error_and_others_finish(cluster, tmp_path):
+    """Chess puzzles hosted on a node that is killed mid-episode end truncated with info["error"]; the
+    puzzles hosted elsewhere play to the end; the lease of a client process on that node comes back; a new
+    episode starts on a replacement node."""
+    doomed = cluster.add_node(num_cpus=1, resources={"doomed": 3})
+    cluster.wait_for_nodes()
+    held = counted(tmp_path, 1)
+    placement = {"*": {"resources": {"sim": 1}}, "doomed": {"resources": {"doomed": 1}}}
+
+    async def main():
+        async with RayResourceManager(placement=placement) as m:
+            await m.pool(held).attach()  # this process makes (and owns) the pool, so it outlives the holder
+            holder = ray.remote(__import__("raytools").Holder).options(num_cpus=0, resources={"doomed": 1}).remote()
+            await holder.hold.remote(held)  # a client on the doomed node holds the only instance
+            assert (await m.pool(held).fetch_snapshot())["in_use"] == 1
+            safe = [RemoteEnv("agentfly/Chess-v0", max_instances=2, manager=m, step_timeout=120) for _ in range(2)]
+            lost = [RemoteEnv("agentfly/Chess-v0", {"max_rating": 3000}, max_instances=2, manager=m, step_timeout=120)
+                    for _ in range(2)]
+            for e in lost:  # a distinct spec (kwargs differ), placed on the doomed node by its name
+                e.spec_of_host = dataclasses.replace(e.spec_of_host, name="doomed")
+            infos = await asyncio.gather(*(e.areset(seed=i) for i, e in enumerate(safe + lost)))
+            nodes = [e.scope.resources[e.spec_of_host.key].node_id for e in safe + lost]
+            assert set(nodes[2:]) == {doomed.node_id} and doomed.node_id not in nodes[:2]
+            cluster.remove_node(doomed)
+            outs = []
+            for e, (_obs, info) in zip(safe + lost, infos):
+                done, steps = False, 0
+                while not done and steps < 40:
+                    action = (info.get("admissible_actions") or ["e2e4"])[0]
+                    _obs, _r, term, trunc, info = await e.astep(action)
+                    done, steps = term or trunc, steps + 1
+                outs.append((term, trunc, info.get("error")))
+            for term, trunc, err in outs[:2]:
+                assert err is None and (term or trunc)
+            for term, trunc, err in outs[2:]:
+                assert trunc and not term and err and "died" in err, err
+            # the dead node's client gave its lease back (the pool watches its clients' nodes)
+            other = await m.pool(held).acquire(timeout=90)
+            m.pool(held).release_nowait(other)
+            replacement = cluster.add_node(num_cpus=1, resources={"doomed": 2})
+            obs, info = await lost[0].areset(seed=5)
+            assert info["error"] is None and obs
+            assert lost[0].scope.resources[lost[0].spec_of_host.key].node_id == replacement.node_id
+            for e in safe + lost:
+                await e.aclose()
+
+    asyncio.run(main())
+
+
+def test_shutdown_and_sigterm_leave_no_actor_or_process(cluster, tmp_path):
+    events = tmp_path / "events"
+    events.mkdir()
+    spec = counted(events, 2)
+
+    async def main():
+        m = RayResourceManager(placement=SIM)
+        async with m.scope("s") as scope:
+            obj = await scope.acquire(spec)
+            pid = await obj.call("pid")
+        await m.aclose()
+        return pid
+
+    pid = asyncio.run(main())
+    wait_for(lambda: not alive(pid), 60, "the host process to end")
+    wait_for(lambda: not pool_actor_names(), 60, "the pool actors to end")
+    # a driver killed by SIGTERM in the middle of its rollouts
+    proc, _out = start_driver(cluster, tmp_path, events, "term", 2, 2, 50)
+    wait_for(lambda: pool_actor_names(), 120, "the driver's pool")
+    wait_for(lambda: len(list(events.glob("*.log"))) >= 2, 120, "the driver's instances")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    wait_for(lambda: not pool_actor_names(), 60, "the driver's pool actors to end")
+    wait_for(lambda: all(stop is not None for _start, stop in lifetimes(events)), 60, "every instance to be closed")
+    wait_for(lambda: not any(alive(p) for p in pids(events)), 60, "every host process to end")
+
+
+def test_remote_env_gives_the_same_episode_hosted_locally_and_on_ray(cluster):
+    """The same seed and actions give the same observations, rewards and infos whether the Chess env is
+    hosted in this process (a local manager) or in a Ray actor on a worker node."""
+    from agentfly_gym.resources import ResourceManager
+
+    async def play(manager):
+        env = RemoteEnv("agentfly/Chess-v0", manager=manager)
+        obs, info = await env.areset(seed=3)
+        trace = [(obs, info["task_id"], info["fen"])]
+        for action in ("Action: zz", info["admissible_actions"][0]):
+            obs, reward, term, trunc, info = await env.astep(action)
+            trace.append((obs, reward, term, trunc, info["fen"], info["error"]))
+        await env.aclose()
+        return trace
+
+    async def main():
+        async with ResourceManager() as local, RayResourceManager(placement=SIM) as remote:
+            return await play(local), await play(remote)
+
+    here, there = asyncio.run(main())
+    assert here == there
+    assert here[1][2:4] == (False, False) and here[1][5] is None  # the unparsable move was a handled step
+
+
+@pytest.mark.docker
+def test_container_lives_on_a_docker_node_and_is_removed_at_close(cluster, docker_client):
+    """A real Docker container placed by the ``docker`` node resource: its commands run through the host
+    actor on that node, its reuse resets it, and closing the manager removes it."""
+    spec = ContainerSpec(image="agentfly/base", backend="docker", max_instances=1, memory="256m", disk=None)
+    docker_node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("docker"))
+
+    async def main():
+        async with RayResourceManager(placement={"container": {"resources": {"docker": 1}}}) as m:
+            label = {"label": f"agentfly.manager={m.id}"}
+            async with m.scope("r1") as scope:
+                box = await scope.acquire(spec)
+                assert box.node_id == docker_node
+                r = await box.exec("echo hi > /tmp/mark && cat /tmp/mark")
+                assert r.exit_code == 0 and r.output.strip() == "hi"
+                assert len(docker_client.containers.list(filters=label)) == 1
+            async with m.scope("r2") as scope:
+                box = await scope.acquire(spec)
+                assert box.uses == 2
+                r = await box.exec("test -e /tmp/mark && echo leaked || echo clean")
+                assert r.output.strip() == "clean"  # reset on reuse, done where the container lives
+        return label
+
+    label = asyncio.run(main())
+    wait_for(lambda: not docker_client.containers.list(all=True, filters=label), 60, "the container to be removed")
+
+
+def test_verl_plugin_shares_the_cluster_pools_when_the_setting_says_ray(cluster, monkeypatch):
+    """``AGENTFLY_GYM_MANAGER=ray``: the plugin's per-worker manager is a RayResourceManager of this job."""
+    from agentfly_gym_verl import runtime
+
+    monkeypatch.setenv("AGENTFLY_GYM_MANAGER", "ray")
+    monkeypatch.setenv("AGENTFLY_GYM_RAY_GLOBAL", "node")
+
+    async def main():
+        m = runtime.get_manager()
+        try:
+            assert isinstance(m, RayResourceManager)
+            assert m.global_scope == "node" and m.namespace == ray.get_runtime_context().namespace
+        finally:
+            await runtime.ashutdown()
+        assert m.closed
+
+    asyncio.run(main())
