@@ -26,6 +26,7 @@ SCRIPTS = {
     "bench_overhead": ["--envs", "ScienceWorld,Chess"],
     "bench_faults": ["--envs", "Chess", "--drivers", "0"],
     "bench_webshop_scale": [],
+    "bench_sim_costs": [],
 }
 
 
