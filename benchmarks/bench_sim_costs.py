@@ -19,7 +19,7 @@ Rollout       The issue's "8 random-policy trajectories of 5 turns" on ALFWorld-
 
 Writes ``results/bench_sim_costs.json`` and ``.png``.
 
-    python benchmarks/bench_sim_costs.py              # 300 steps, 6 games
+    python benchmarks/bench_sim_costs.py              # 1000 steps, 6 games
     python benchmarks/bench_sim_costs.py --scale 0    # smoke run
 """
 
@@ -61,7 +61,8 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
         server = sim._server
         assert sim.fold_calls
         order = list(series)
-        for i in range(n + 5):
+        warmup = max(5, n // 20)  # the first rounds warm the JVM's JIT
+        for i in range(n + warmup):
             random.Random(i).shuffle(order)  # rotate the order inside each round
             for name in order:
                 t0 = time.perf_counter()
@@ -77,9 +78,14 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
                     finally:
                         sim.fold_calls = True
                 else:
-                    await env.astep("look around")
-                if i >= 5:  # the first rounds warm the JIT
-                    series[name].append(time.perf_counter() - t0)
+                    _obs, _r, term, trunc, _info = await env.astep("look around")
+                dt = time.perf_counter() - t0
+                if i >= warmup:
+                    series[name].append(dt)
+                if name == "env_astep_folded" and (term or trunc):  # the env's episode limit
+                    await env.areset(seed=0, options={"task_name": "boil", "variation": 0})
+                    sim = env._sim.obj
+                    server = sim._server
         await env.aclose()
     raw = _median(series["raw_server_step"])
     summary = {f"{k}_median_ms": 1e3 * _median(v) for k, v in series.items()}
@@ -182,19 +188,20 @@ async def bench_alfworld_rollout(games: list[Any], work: Path, seed: int, *, ful
 
     out = {}
     cache = str(work / "rollout-cache")
-    EngineCache.clear_memory()
-    out["uncached"] = await _rollout(games, False, seed)
+    # the uncached runs are not first: the resets part has already warmed the process
     EngineCache.clear_memory()
     out["cold_cache"] = await _rollout(games, cache, seed)
     out["second_epoch"] = await _rollout(games, cache, seed)
+    EngineCache.clear_memory()
+    out["uncached"] = await _rollout(games, False, seed)
     if full:  # (the smoke size stops here)
         EngineCache.clear_memory()
         out["second_epoch_from_disk"] = await _rollout(games, cache, seed)
         group = [games[0]] * len(games)
         EngineCache.clear_memory()
-        out["grpo_group_uncached"] = await _rollout(group, False, seed)
-        EngineCache.clear_memory()
         out["grpo_group_cold_cache"] = await _rollout(group, str(work / "group-cache"), seed)
+        EngineCache.clear_memory()
+        out["grpo_group_uncached"] = await _rollout(group, False, seed)
     for k, v in out.items():
         print(f"  rollout {k}: wall {v['wall_s']:.1f} s, reset median {v['reset_median_s']:.2f} s", flush=True)
     return {"summary": {f"{k}_wall_s": v["wall_s"] for k, v in out.items()}, "runs": out}
@@ -210,7 +217,7 @@ def main() -> int:
     res = C.Result("bench_sim_costs", args)
     res.data["config"] = {"parts": sorted(parts)}
     res.data["results"] = {}
-    n_steps = C.scaled(300, args.scale, 20)
+    n_steps = C.scaled(1000, args.scale, 20)
     n_games = C.scaled(6, args.scale, 1)
     n_traj = C.scaled(8, args.scale, 2) if args.scale < 1 else 8
     res.data["config"].update({"steps": n_steps, "games": n_games, "trajectories": n_traj, "turns": 5})
