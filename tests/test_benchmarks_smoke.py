@@ -27,6 +27,7 @@ SCRIPTS = {
     "bench_faults": ["--envs", "Chess", "--drivers", "0"],
     "bench_webshop_scale": [],
     "bench_ray_manager": ["--parts", "overhead,acquire"],
+    "bench_sim_costs": [],
 }
 
 

@@ -11,6 +11,11 @@ drawer 1."``, ``move <o> to <r>``, ``help``.
 
 One :class:`ALFWorldSimulator` holds one ``PddlEnv`` (and so one private copy of Fast Downward's
 shared library, which is never unloaded) for its whole life and loads one game per episode.
+Loading a game's rules costs 1-2 s (TextWorld parses the grammar, Fast Downward translates the
+PDDL problem, four times per load and reset); what that computes is cached per game file, in
+memory and on disk (:mod:`.engine_cache`), so a game played again, by this simulator or any other,
+skips it.  The cache only ever returns what the engine computes for the same input text.
+
 Made by the resource manager from
 ``InProcessSpec(factory="agentfly_gym.envs.alfworld.simulator:ALFWorldSimulator")``; all calls
 run on the instance's own worker thread.
@@ -25,8 +30,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ...errors import EnvError
+from ...errors import ConfigError, EnvError
 from ...resources.spec import parse_bytes
+from .engine_cache import EngineCache, EngineEntry, entry_key, serving
 from .logic import upgrade_game
 
 __all__ = ["NOTHING_HAPPENS", "ALFWorldSimulator", "current_rss"]
@@ -71,12 +77,16 @@ class ALFWorldSimulator:
         upgrade_games: play game files of the json 2.1.1 release as alfworld 0.4.2 plays its own
             (2.1.2) download (:func:`~agentfly_gym.envs.alfworld.logic.upgrade_game`); ``False``
             plays every game file exactly as stored.
+        engine_cache: cache what loading a game computes (:mod:`.engine_cache`): ``True`` in
+            memory and in ``$AGENTFLY_GYM_CACHE/alfworld/engine``, a folder path for another
+            folder, ``"memory"`` for memory only, ``False`` to recompute on every load.
 
     Raises:
         ImportError: ``alfworld``/``textworld`` (with ``fast-downward-textworld``) are not installed.
     """
 
-    def __init__(self, max_rss_growth: int | str | None = None, upgrade_games: bool = True) -> None:
+    def __init__(self, max_rss_growth: int | str | None = None, upgrade_games: bool = True,
+                 engine_cache: bool | str | os.PathLike = True) -> None:
         try:
             import textworld
             from alfworld.agents.environment.alfred_tw_env import (
@@ -89,11 +99,22 @@ class ALFWorldSimulator:
                               f"with fast-downward-textworld): {e}") from e
         self.max_rss_growth = parse_bytes(max_rss_growth, field="max_rss_growth")
         self.upgrade_games = bool(upgrade_games)
+        if engine_cache is True:
+            self._cache: EngineCache | None = EngineCache(EngineCache.default_directory())
+        elif engine_cache == "memory":
+            self._cache = EngineCache(None)
+        elif engine_cache is False or engine_cache is None:
+            self._cache = None
+        elif isinstance(engine_cache, (str, os.PathLike)):
+            self._cache = EngineCache(engine_cache)
+        else:
+            raise ConfigError(f"engine_cache={engine_cache!r} must be True, False, 'memory' or a folder path")
         infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
         self._env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
         self._baseline_rss = current_rss()
         self._game_file: str | None = None
-        self._parsed: tuple[str, tuple[int, int]] | None = None
+        self._parsed: tuple[str, Any] | None = None  # (game file, its cache key or file stamp)
+        self._entry: EngineEntry | None = None
         self._admissible: list[str] = []
         self._won = False
         self._history: list[str] = []
@@ -115,17 +136,12 @@ class ALFWorldSimulator:
         game_file = str(Path(game_file))
         self._clear()
         try:
-            stamp = _file_stamp(game_file)
-            with _ENGINE_LOCK:
-                if self._parsed is None or self._parsed != (game_file, stamp):
-                    # Parsing the game's grammar and PDDL costs ~1-3 s; a game that is played again
-                    # (e.g. a group of rollouts of one task) skips it and only restarts the game.
-                    self._parsed = None
-                    self._env.load(self.game_data(game_file))
-                    self._parsed = (game_file, stamp)
-                state = self._env.reset()  # a fresh PddlState: nothing of an earlier episode survives
+            if self._cache is None:
+                state = self._load_uncached(game_file)
+            else:
+                state = self._load_cached(game_file)
         except Exception as e:
-            self._parsed = None
+            self._parsed = self._entry = None
             self._clear()
             raise EnvError(f"ALFWorld cannot load {game_file}: {type(e).__name__}: {e}") from e
         self._game_file = game_file
@@ -139,6 +155,47 @@ class ALFWorldSimulator:
             goal = obs.rsplit(marker, 1)[1].strip()
         return obs, {"admissible_actions": list(self._admissible), "won": self._won, "goal": goal,
                      "game_file": game_file}
+
+    def _load_uncached(self, game_file: str) -> Any:
+        stamp = _file_stamp(game_file)
+        with _ENGINE_LOCK:
+            if self._parsed != (game_file, stamp):
+                # Parsing the game's grammar and PDDL costs ~1-3 s; a game that is played again
+                # (e.g. a group of rollouts of one task) skips it and only restarts the game.
+                self._parsed = None
+                self._env.load(self.game_data(game_file))
+                self._parsed = (game_file, stamp)
+            return self._env.reset()  # a fresh PddlState: nothing of an earlier episode survives
+
+    def _load_cached(self, game_file: str) -> Any:
+        assert self._cache is not None
+        with open(game_file, "rb") as f:
+            raw = f.read()
+        key = entry_key(raw, upgrade_games=self.upgrade_games)
+        with _ENGINE_LOCK:
+            if self._parsed != (game_file, key) or self._entry is None:
+                # the same file with the same content loaded last: only the reset below is needed
+                self._parsed = None
+                entry = self._cache.get(key)
+                with serving(entry):
+                    self._env.load(self._game_data_of(raw))
+                self._parsed, self._entry = (game_file, key), entry
+            entry = self._entry
+            with serving(entry):
+                state = self._env.reset()  # a fresh PddlState: nothing of an earlier episode survives
+            self._cache.put(key, entry)
+        return state
+
+    @property
+    def cache_stats(self) -> dict[str, int]:
+        """Engine cache lookups of this simulator: ``memory_hits``, ``disk_hits``, ``misses`` (all 0 without a cache)."""
+        c = self._cache
+        return {"memory_hits": c.memory_hits if c else 0, "disk_hits": c.disk_hits if c else 0,
+                "misses": c.misses if c else 0}
+
+    def _game_data_of(self, raw: bytes) -> dict[str, Any]:
+        data = json.loads(raw.decode("utf-8"))
+        return upgrade_game(data) if self.upgrade_games else data
 
     def game_data(self, game_file: str | os.PathLike) -> dict[str, Any]:
         """The JSON of ``game_file`` as this simulator plays it (upgraded to 2.1.2 if ``upgrade_games``).
@@ -218,7 +275,7 @@ class ALFWorldSimulator:
     def close(self) -> None:
         """Drop the engine (its Fast Downward library copy stays mapped until the process exits)."""
         self._clear()
-        self._parsed = None
+        self._parsed = self._entry = None
         self._env = None
 
     def _clear(self) -> None:

@@ -1,0 +1,255 @@
+"""A content-keyed cache of what loading an ALFWorld game computes, in memory and on disk.
+
+Loading a game in TextWorld's ``PddlEnv`` (the engine behind ALFWorld's ``AlfredTWEnv``) spends
+its time in two pure functions of the game file's text:
+
+- ``textworld.envs.pddl.logic.GameLogic(domain, grammar)``: the game's grammar parsed (~0.2 s);
+- ``fast_downward.pddl2sas(domain, problem, optimize=...)``: Fast Downward's translation of the
+  PDDL problem, once plain and once optimised for replanning (~0.2-0.4 s each).  ``PddlEnv.load``
+  builds a ``PddlState`` (both translations) and ``PddlEnv.reset`` builds another one from the same
+  text, so a load and reset translate four times.
+
+:func:`serving` answers these calls from an :class:`EngineEntry` while the engine loads or resets
+a game: a result computed before is handed out as a fresh copy (unpickled, so the engine may mutate
+it as it does its own: ``PddlState`` adds types to the ``GameLogic``), and a result not computed
+before is computed by the real function and recorded.  An entry only answers a call whose inputs
+are byte-for-byte those it recorded (each result is filed under the SHA-256 of the function name
+and its inputs), so it cannot change what the engine computes, only skip recomputing it.
+
+Entries are keyed per game file by :func:`entry_key`: SHA-256 of the file's bytes, the options
+that change what is played (``upgrade_games``), the versions of the packages that compute and
+unpickle the results and this module's format number.  A changed game file has another key.  On
+disk an entry is one zlib-compressed pickle under ``$AGENTFLY_GYM_CACHE/alfworld/engine/``
+(default ``~/.cache/agentfly-gym/alfworld/engine``; ~0.2-0.3 MB per game), written to a temporary
+file and renamed into place, so concurrent writers never leave a torn file; an unreadable file
+counts as a miss and is rewritten.  Pickles are only read from that folder, which belongs to the
+user: do not point ``AGENTFLY_GYM_CACHE`` at a folder others can write.  In memory the last
+:data:`MEMORY_ENTRIES` entries are kept per process, shared by its simulators.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import logging
+import os
+import pickle
+import sys
+import threading
+import uuid
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ...data import cache_dir
+
+__all__ = ["FORMAT", "MEMORY_ENTRIES", "EngineCache", "EngineEntry", "entry_key", "serving"]
+
+log = logging.getLogger(__name__)
+
+#: Version of the entry format; part of every key.
+FORMAT = 1
+#: Entries kept in memory per process (~0.9 MB each, uncompressed pickles).
+MEMORY_ENTRIES = 32
+#: The packages whose versions are part of the key: they compute the results or define the pickled classes.
+_KEY_PACKAGES = ("textworld", "fast-downward-textworld", "alfworld", "tatsu")
+
+
+@functools.lru_cache(maxsize=1)
+def _package_versions() -> str:
+    out = []
+    for name in _KEY_PACKAGES:
+        try:
+            out.append(f"{name}={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            out.append(f"{name}=none")
+    out.append("python={}.{}".format(*sys.version_info[:2]))
+    return ";".join(out)
+
+
+def entry_key(game_bytes: bytes, *, upgrade_games: bool) -> str:
+    """The cache key of a game file: SHA-256 (hex, 64 characters) of the format, package versions,
+    ``upgrade_games`` and the SHA-256 of the file's bytes ``game_bytes``."""
+    h = hashlib.sha256(f"alfworld-engine/{FORMAT};{_package_versions()};upgrade_games={bool(upgrade_games)}\n".encode())
+    h.update(hashlib.sha256(game_bytes).digest())
+    return h.hexdigest()
+
+
+def _call_digest(function: str, *texts: str, **flags: Any) -> str:
+    h = hashlib.sha256(function.encode())
+    for t in texts:
+        b = t.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    h.update(repr(sorted(flags.items())).encode())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass
+class EngineEntry:
+    """The results recorded for one game file: call digest -> pickled result.
+
+    Attributes:
+        results: ``{digest: pickle bytes}`` (see :func:`serving`).
+        dirty: a result was added since the entry was read or written.
+    """
+
+    results: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    dirty: bool = False
+
+
+@contextlib.contextmanager
+def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
+    """While the block runs, ``GameLogic(...)`` and ``fast_downward.pddl2sas(...)`` as TextWorld's PDDL
+    engine calls them are answered from ``entry`` when it holds their inputs' results, and
+    computed and recorded into ``entry`` when not.
+
+    The two names are rebound on their modules for the duration of the block and restored after it,
+    even on error.  Hold the engine lock of :mod:`.simulator` around it: that lock already serialises
+    all engine work of this process.  A call from elsewhere in the block's time is still answered
+    correctly: the stand-ins return what the real functions return for the same inputs.
+    ``pddl2sas(..., verbose=True)`` (which prints) is passed through uncached.
+    """
+    import fast_downward
+    from textworld.envs.pddl import logic as pddl_logic
+
+    real_logic = pddl_logic.GameLogic
+    real_sas = fast_downward.pddl2sas
+
+    def _bind(logic: Any, sas: Any) -> None:
+        pddl_logic.GameLogic = logic
+        fast_downward.pddl2sas = sas
+
+    def _answer(digest: str, compute: Any) -> Any:
+        blob = entry.results.get(digest)
+        if blob is None:
+            value = compute()
+        # pickle finds classes by name: the real GameLogic must be bound while it (un)pickles one
+        _bind(real_logic, real_sas)
+        try:
+            if blob is not None:
+                return pickle.loads(blob)  # noqa: S301 - our own cache, see the module docstring
+            entry.results[digest] = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            entry.dirty = True
+            return value
+        finally:
+            _bind(game_logic, pddl2sas)
+
+    def game_logic(domain: str, grammar: str) -> Any:
+        return _answer(_call_digest("GameLogic", domain, grammar),
+                       lambda: real_logic(domain=domain, grammar=grammar))
+
+    def pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
+        if verbose:
+            return real_sas(domain, problem, verbose=verbose, optimize=optimize)
+        return _answer(_call_digest("pddl2sas", domain, problem, optimize=bool(optimize)),
+                       lambda: real_sas(domain, problem, verbose=False, optimize=optimize))
+
+    _bind(game_logic, pddl2sas)
+    try:
+        yield entry
+    finally:
+        _bind(real_logic, real_sas)
+
+
+class EngineCache:
+    """Entries by key: a per-process memory (LRU, :data:`MEMORY_ENTRIES`) over an optional folder.
+
+    Args:
+        directory: the folder of the on-disk entries; ``None``: memory only.  Created on the first write.
+
+    All methods are thread-safe; disk errors are logged and treated as misses.
+    """
+
+    _memory: collections.OrderedDict[str, EngineEntry] = collections.OrderedDict()
+    _lock = threading.Lock()
+
+    def __init__(self, directory: str | os.PathLike | None) -> None:
+        self.directory = Path(directory) if directory is not None else None
+        self.memory_hits = 0
+        self.disk_hits = 0
+        self.misses = 0
+
+    @classmethod
+    def default_directory(cls) -> Path:
+        """``$AGENTFLY_GYM_CACHE/alfworld/engine`` (see :func:`agentfly_gym.data.cache_dir`)."""
+        return cache_dir("alfworld", "engine")
+
+    @classmethod
+    def clear_memory(cls) -> None:
+        """Forget the entries held in this process's memory (the disk is left as it is)."""
+        with cls._lock:
+            cls._memory.clear()
+
+    def path(self, key: str) -> Path | None:
+        """The file of entry ``key`` (whether or not it exists), or ``None`` without a folder."""
+        return None if self.directory is None else self.directory / f"{key}.pickle.zlib"
+
+    def get(self, key: str) -> EngineEntry:
+        """The entry of ``key``: from memory, else from disk, else a new empty one (to be filled by
+        :func:`serving` and stored with :meth:`put`)."""
+        with self._lock:
+            entry = self._memory.get(key)
+            if entry is not None:
+                self._memory.move_to_end(key)
+                self.memory_hits += 1
+                return entry
+        entry = self._read(key)
+        if entry is None:
+            self.misses += 1
+            return EngineEntry()
+        self.disk_hits += 1
+        self._remember(key, entry)
+        return entry
+
+    def put(self, key: str, entry: EngineEntry) -> None:
+        """Keep ``entry`` in memory and, when it gained results, write it to disk (atomic rename)."""
+        self._remember(key, entry)
+        if not entry.dirty:
+            return
+        entry.dirty = False
+        path = self.path(key)
+        if path is None:
+            return
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(zlib.compress(pickle.dumps(dict(entry.results), protocol=pickle.HIGHEST_PROTOCOL), 1))
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("ALFWorld: cannot write the engine cache file %s: %s", path, e)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+    def _remember(self, key: str, entry: EngineEntry) -> None:
+        with self._lock:
+            self._memory[key] = entry
+            self._memory.move_to_end(key)
+            while len(self._memory) > MEMORY_ENTRIES:
+                self._memory.popitem(last=False)
+
+    def _read(self, key: str) -> EngineEntry | None:
+        path = self.path(key)
+        if path is None:
+            return None
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("ALFWorld: cannot read the engine cache file %s: %s", path, e)
+            return None
+        try:
+            results = pickle.loads(zlib.decompress(blob))  # noqa: S301 - our own cache, see the module docstring
+            if not isinstance(results, dict) or not all(isinstance(k, str) and isinstance(v, bytes)
+                                                        for k, v in results.items()):
+                raise ValueError("not a mapping of digests to pickles")
+        except Exception as e:  # noqa: BLE001 - a torn or foreign file is a miss, rewritten later
+            log.warning("ALFWorld: ignoring the unreadable engine cache file %s: %s", path, e)
+            return None
+        return EngineEntry(results=results)
