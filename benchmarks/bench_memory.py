@@ -43,7 +43,7 @@ ENVS: dict[str, dict[str, Any]] = {
 # concurrent episodes measured per env on this machine (2 cores, 23 GiB shared by several developers).
 # The issue asks for 8/32/128; where fewer are listed the reason is in SCALED_DOWN.
 SIZES: dict[str, dict[str, list[int]]] = {
-    "Chess": {"ours": [8, 32, 128], "gym_async": [8, 32]},
+    "Chess": {"ours": [8, 32], "gym_async": [8, 32]},
     "WebShop": {"ours": [8, 32, 128], "gym_async": [8]},
     "ALFWorld": {"ours": [8, 32], "gym_async": [8]},
     "ScienceWorld": {"ours": [8, 16], "gym_async": [8]},
@@ -54,6 +54,7 @@ SIZES: dict[str, dict[str, list[int]]] = {
 WAVE = 8
 
 SCALED_DOWN = {
+    "Chess": "one Stockfish process per episode (~85 MiB PSS): 128 would take ~11 GB of a shared 23 GiB machine",
     "ALFWorld": "128 concurrent resets (1.5-5 s of CPU each) take several minutes on 2 shared cores",
     "ScienceWorld": "one JVM (~230 MB at -Xmx400m) per concurrent episode: 32 would take ~7 GB of a shared 23 GiB "
                     "machine and 128 ~30 GB",
@@ -190,7 +191,8 @@ def run_child(env: str, n: int, mode: str, timeout: float) -> dict[str, Any]:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
-        raise RuntimeError(f"child {env} n={n} {mode} exited {p.returncode}: {(p.stderr or p.stdout)[-1500:]}")
+        errs = [x.strip() for x in (p.stderr or p.stdout).splitlines() if "Error" in x and not x.startswith(" ")]
+        raise RuntimeError(f"child {env} n={n} {mode} exited {p.returncode}: {errs[-1] if errs else 'no error line'}")
     r = json.loads(lines[-1][7:])
     r["wall_s"] = time.monotonic() - t0
     proc = r["open"]["pss"] - r["baseline"]["pss"]
@@ -252,6 +254,9 @@ def main() -> int:
             if k not in res.data["envs"]:
                 res.data["envs"][k] = v
                 res.data.setdefault("from_earlier_run", {})[k] = prev.get("command")
+        for k, v in prev.get("skipped", {}).items():
+            if k.split("/")[0] not in [e.strip() for e in args.envs.split(",")]:
+                res.data["skipped"].setdefault(k, v)
     return C.finish(res, plot)
 
 
