@@ -28,6 +28,8 @@ SCRIPTS = {
     "bench_webshop_scale": [],
     "bench_ray_manager": ["--parts", "overhead,acquire"],
     "bench_sim_costs": [],
+    "bench_trace_rollout": ["--profiles", "r2e"],
+    "bench_memory": ["--envs", "Chess"],
 }
 
 
@@ -68,7 +70,65 @@ def test_benchmark_script_writes_valid_json(runs, name):
     assert data["machine"]["cores"] >= 1 and data["machine"]["ram_bytes"] > 0
     assert data["packages"]["gymnasium"]
     # the script measured something (it did not skip everything)
-    measured = {k: v for k, v in data.items() if k in ("envs", "results", "median_wall_s") and v}
+    measured = {k: v for k, v in data.items() if k in ("envs", "results", "median_wall_s", "profiles") and v}
     assert measured, f"{name} measured nothing; skipped: {data.get('skipped')}"
     png = out / f"{name}.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _finished(runs, name):
+    out, procs, t0 = runs
+    proc, _log = procs[name]
+    try:
+        proc.wait(timeout=max(1.0, 240 - (time.monotonic() - t0)))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{name} did not finish in time")
+    if proc.returncode != 0:
+        pytest.fail(f"{name} failed:\n{(out / f'{name}.log').read_text()[-3000:]}")
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def test_trace_rollout_plays_the_traced_episodes_within_the_bound(runs):
+    """Every schedule plays exactly the traced turn counts; no schedule beats the ideal bound; the breakdown of
+    ours' slot time adds up to B x wall."""
+    sys.path.insert(0, str(BENCH))
+    import bench_trace_rollout as T
+
+    data = _finished(runs, "bench_trace_rollout")
+    prof = T.make_profiles()["r2e"]
+    (n, d), = data["profiles"]["r2e"]["by_n"].items()
+    traced = [prof.trace(data["seed"] + k)["turns"] for k in range(int(n))]
+    for sched in ("lockstep", "gym_async", "ours"):
+        (run,) = d["runs"][sched]
+        assert sorted(run["turns"]) == sorted(traced), sched
+        assert run["wall_s"] >= 0.99 * run["ideal_nominal_s"], sched
+    br = d["runs"]["ours"][0]["breakdown_slot_s"]
+    cap = br.pop("capacity (B x wall)")
+    assert sum(br.values()) == pytest.approx(cap, rel=1e-6)
+    assert "no GPU" in data["gpu"]
+
+
+def test_trace_profiles_are_deterministic_and_fit_their_sources():
+    """Same key, same trace; the R2E turn model reproduces the published mean (64.3, cap 100)."""
+    sys.path.insert(0, str(BENCH))
+    import bench_trace_rollout as T
+
+    prof = T.make_profiles()["r2e"]
+    assert prof.trace(7) == prof.trace(7) and prof.trace(7) != prof.trace(8)
+    turns = [prof.trace(k)["turns"] for k in range(1000)]
+    assert max(turns) == 100 and min(turns) >= 3
+    assert sum(turns) / len(turns) == pytest.approx(64.3, abs=2.5)
+    sim = T.simulate([prof.trace(k) for k in range(64)], 4, 1.0)
+    assert sim["ideal_s"] <= sim["ours_s"] <= sim["gym_async_s"] and sim["ours_s"] <= sim["lockstep_s"]
+
+
+def test_memory_counts_one_engine_per_episode_and_one_process_per_gym_env(runs):
+    """2 Chess games against Stockfish: ours = one interpreter + 2 engines; AsyncVectorEnv = the parent + 2
+    workers + their 2 engines; every per-episode figure is positive."""
+    data = _finished(runs, "bench_memory")
+    ours, = data["envs"]["Chess"]["ours"]
+    gym, = data["envs"]["Chess"]["gym_async"]
+    assert ours["n"] == gym["n"] == 2
+    assert ours["open"]["processes"] == 1 + 2
+    assert gym["open"]["processes"] == 1 + 2 + 2
+    assert ours["per_episode_pss_bytes"] > 0 and gym["per_episode_pss_bytes"] > 0
