@@ -20,6 +20,7 @@ from typing import Any
 import gymnasium
 
 from ..errors import ConfigError
+from ..registration import normalize_env_id  # also re-exported here: its old home
 from ..resources.manager import ResourceManager
 from .chain import run_chain_episode
 from .policy import SamplingParams
@@ -30,27 +31,6 @@ __all__ = ["RolloutConfig", "RolloutResult", "check_config", "run_rollouts", "no
 log = logging.getLogger(__name__)
 
 MODES = ("chain", "step")
-
-
-def normalize_env_id(name: str) -> str:
-    """``"Chess"``, ``"Chess-v0"`` or ``"agentfly/Chess-v0"`` -> ``"agentfly/Chess-v0"``.
-
-    Raises:
-        ConfigError: no registered agentfly environment has that name.
-    """
-    import agentfly_gym  # noqa: F401  (registers the envs)
-
-    cand = name if "/" in name else f"agentfly/{name}"
-    if cand not in gymnasium.registry and f"{cand}-v0" in gymnasium.registry:
-        cand = f"{cand}-v0"
-    if cand not in gymnasium.registry:
-        from ..registration import MULTIAGENT_ENVS, NAMESPACE
-
-        known = sorted(k for k in gymnasium.registry if k.startswith("agentfly/"))
-        multi = sorted(f"{NAMESPACE}/{n}" for n in MULTIAGENT_ENVS)
-        raise ConfigError(f"unknown environment {name!r}; registered: {known}; multi-agent (PettingZoo, "
-                          f"agentfly-gym rollout and make_multiagent only): {multi}")
-    return cand
 
 
 @dataclasses.dataclass
