@@ -3,9 +3,8 @@
 Heavy modules (transformers) are imported only by the names that need them.
 """
 
-from .baselines import ExpertPolicy, RandomPolicy
+from .policies import ActionPolicy, ExpertPolicy, Generation, RandomPolicy, SamplingParams, TextPolicy
 from .chain import run_chain_episode
-from .policy import ActionPolicy, Generation, SamplingParams, TextPolicy
 from .runner import RolloutConfig, RolloutResult, run_rollouts
 from .trajectory import Trajectory, Turn, load_trajectories, save_trajectories
 

@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from ..envs.base import AgentFlyEnv
-from .policy import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
+from .policies.base import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
 from .trajectory import Trajectory, Turn
 
 __all__ = ["run_chain_episode", "info_summary", "act_and_record", "finish_trajectory"]

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .chain import info_summary
-from .policy import SamplingParams, check_policy, take_turn
+from .policies.base import SamplingParams, check_policy, take_turn
 from .step import DEFAULT_HISTORY, StepRow, render_step_prompt
 from .trajectory import Trajectory, Turn
 

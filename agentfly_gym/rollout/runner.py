@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..registration import normalize_env_id  # also re-exported here: its old home
 from ..resources.manager import ResourceManager
 from .chain import run_chain_episode
-from .policy import SamplingParams
+from .policies.base import SamplingParams
 from .trajectory import Trajectory, save_trajectories
 
 __all__ = ["RolloutConfig", "RolloutResult", "check_config", "run_rollouts", "normalize_env_id", "summarize"]

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..envs.base import AgentFlyEnv
 from .chain import act_and_record, finish_trajectory
-from .policy import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
+from .policies.base import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
 from .trajectory import Trajectory, episode_status, read_schema_version, schema_metadata
 
 __all__ = ["StepRow", "run_step_episode", "render_step_prompt", "fit_step_prompt", "save_step_rows", "load_step_rows",

@@ -73,7 +73,7 @@ import gymnasium
 from agentfly_gym.errors import ConfigError, EnvError, ResourceError
 from agentfly_gym.rewards.configured import parse_reward
 from agentfly_gym.rollout.chain import run_chain_episode
-from agentfly_gym.rollout.policy import SamplingParams
+from agentfly_gym.rollout.policies.base import SamplingParams
 from agentfly_gym.registration import normalize_env_id
 from agentfly_gym.rollout.step import DEFAULT_HISTORY, run_step_episode
 from agentfly_gym.rollout.trajectory import Trajectory, episode_status

@@ -39,7 +39,7 @@ from typing import Any
 from agentfly_gym.errors import ConfigError, EnvError
 from agentfly_gym.registration import MULTIAGENT_ENVS, make_multiagent, normalize_multiagent_id
 from agentfly_gym.rollout.multiagent import PlayerTrajectory, run_multiagent_game
-from agentfly_gym.rollout.policy import SamplingParams
+from agentfly_gym.rollout.policies.base import SamplingParams
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from .agent_loop import MODES, AgentFlyAgentLoop, _as_dict, _scalar
