@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .chain import info_summary
+from .turns import info_summary
 from .policies.base import SamplingParams, check_policy, take_turn
 from .step import DEFAULT_HISTORY, StepRow, render_step_prompt
 from .trajectory import Trajectory, Turn

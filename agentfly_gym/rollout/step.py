@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..envs.base import AgentFlyEnv
-from .chain import act_and_record, finish_trajectory
+from .turns import act_and_record, finish_trajectory
 from .policies.base import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
 from .trajectory import Trajectory, episode_status, read_schema_version, schema_metadata
 

@@ -1,0 +1,69 @@
+"""Recording an episode into a :class:`~agentfly_gym.rollout.trajectory.Trajectory`, shared by chain
+mode (:mod:`.chain`), step mode (:mod:`.step`) and multi-agent games (:mod:`.multiagent`): one acted
+turn (parse the action, step the env, append a :class:`~agentfly_gym.rollout.trajectory.Turn`) and
+the end of an episode (flags, status, timings).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..envs.base import AgentFlyEnv
+from .trajectory import Trajectory, Turn
+
+__all__ = ["info_summary", "act_and_record", "finish_trajectory"]
+
+_INFO_KEYS = ("task_id", "step", "score", "won", "error")
+
+
+def info_summary(info: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-able standard keys of an env info dict."""
+    return {k: info[k] for k in _INFO_KEYS if k in info}
+
+
+async def act_and_record(env: AgentFlyEnv, traj: Trajectory, reply: str, sampled: list[int], finish: str,
+                         gen_s: float) -> tuple[str, str, float, bool, bool, dict[str, Any]]:
+    """Parse the action in ``reply``, step ``env`` with it, and record the turn in ``traj`` (shared by
+    chain and step mode): the reward is added to the return, a :class:`Turn` with the timings is
+    appended, and a handled fault is kept as ``traj.error``.
+
+    Returns:
+        ``(action, observation, reward, terminated, truncated, info)``.
+    """
+    action = env.agent_prompt.parse_action(reply)
+    t0 = time.monotonic()
+    obs, reward, terminated, truncated, info = await env.astep(action)
+    env_s = time.monotonic() - t0
+    traj.reward += reward
+    traj.turns.append(Turn(reply=reply, action=action, observation=obs, reward=reward, terminated=terminated,
+                           truncated=truncated, sampled_tokens=len(sampled), finish_reason=finish,
+                           generate_s=gen_s, env_s=env_s, info=info_summary(info)))
+    if info.get("error"):
+        traj.error = str(info["error"])
+    return action, obs, reward, terminated, truncated, info
+
+
+def finish_trajectory(traj: Trajectory, *, terminated: bool, truncated: bool, info: dict[str, Any], t_start: float,
+                      reset_s: float, token_budget: bool = False) -> Trajectory:
+    """Set how the episode ended, its success, its ``status`` and its timings (seconds; summed over
+    the turns).
+
+    ``status`` (see :data:`~agentfly_gym.rollout.trajectory.STATUSES`): ``error`` if a fault was
+    recorded, ``interrupted`` if the last generation was aborted by the server, ``token_budget``
+    if ``token_budget`` (the episode was stopped by a token limit), else ``complete`` when the env
+    terminated it and ``truncated`` otherwise.
+    """
+    traj.terminated, traj.truncated = terminated, truncated
+    if traj.error:
+        traj.status = "error"
+    elif traj.turns and traj.turns[-1].finish_reason == "aborted":
+        traj.status = "interrupted"
+    elif token_budget and not terminated:
+        traj.status = "token_budget"
+    else:
+        traj.status = "complete" if terminated else "truncated"
+    traj.success = bool(info.get("won", False))
+    traj.timings = {"wall": time.monotonic() - t_start, "generate": sum(t.generate_s for t in traj.turns),
+                    "env": sum(t.env_s for t in traj.turns), "reset": reset_s}
+    return traj
