@@ -7,8 +7,9 @@ written by the code before the refactoring with::
     python3 tests/golden_episodes.py --write
 
 Cases: the runner (``run_rollouts``) on Chess in chain and step mode with the seeded random policy,
-the expert and the bundled SmolLM2 (greedy-free seeded sampling, one trajectory at a time so the
-batch never changes the numbers), and the episode functions on one short ALFWorld game in both modes.
+the expert and the bundled SmolLM2 (seeded sampling), one trajectory at a time so that neither the
+order of the random policy's draws nor a model batch depends on scheduling; and the episode
+functions on one short ALFWorld game in both modes.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ async def record(include_model: bool = True) -> dict[str, list[dict]]:
     async with ResourceManager() as m:
         for mode in ("chain", "step"):
             for name, policy in (("random", RandomPolicy(seed=3)), ("expert", ExpertPolicy())):
-                cfg = RolloutConfig(env_ids=["Chess"], num_trajectories=2, group_size=2, concurrency=2, max_turns=4,
+                # one at a time: the random policy's one RNG then serves the trajectories in a fixed order
+                cfg = RolloutConfig(env_ids=["Chess"], num_trajectories=2, group_size=2, concurrency=1, max_turns=4,
                                     seed=5, mode=mode)
                 res = await run_rollouts(cfg, policy, chat, manager=m, progress=False)
                 out[f"runner-chess-{mode}-{name}"] = [canonical(t) for t in res.trajectories]
