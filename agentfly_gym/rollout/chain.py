@@ -21,9 +21,20 @@ from typing import Any
 from ..envs.base import AgentFlyEnv
 from .policies.base import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
 from .trajectory import Trajectory
-from .turns import act_and_record, finish_trajectory
+from .turns import act_and_record, append_reply, finish_trajectory
 
-__all__ = ["run_chain_episode"]
+__all__ = ["run_chain_episode", "budget_reached"]
+
+
+def budget_reached(traj: Trajectory, sampling: SamplingParams, max_context_tokens: int | None,
+                   max_response_tokens: int | None) -> bool:
+    """Whether a chain may not take another turn: its next turn could exceed ``max_context_tokens``
+    (prompt + response + ``sampling.max_tokens`` tokens), or its response already holds
+    ``max_response_tokens`` tokens (None: no such limit)."""
+    if max_context_tokens is not None and \
+            len(traj.prompt_ids) + len(traj.response_ids) + sampling.max_tokens > max_context_tokens:
+        return True
+    return max_response_tokens is not None and len(traj.response_ids) >= max_response_tokens
 
 
 async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, chat, *, env_id: str = "",
@@ -65,19 +76,14 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
                           mode="chain", prompt_ids=list(chat.prompt_ids(messages)))
         terminated = truncated = budget = False
         for turn_idx in range(max_turns):
-            if max_context_tokens is not None and \
-                    len(traj.prompt_ids) + len(traj.response_ids) + sampling.max_tokens > max_context_tokens:
-                truncated = budget = True
-                break
-            if max_response_tokens is not None and len(traj.response_ids) >= max_response_tokens:
+            if budget_reached(traj, sampling, max_context_tokens, max_response_tokens):
                 truncated = budget = True
                 break
             t0 = time.monotonic()
             sampled, logprobs, finish, reply = await take_turn(policy, chat, traj.prompt_ids + traj.response_ids,
                                                                sampling, obs, info, env)
             gen_s = time.monotonic() - t0
-            traj.extend(sampled, 1, logprobs)
-            traj.extend(chat.close_assistant_ids(sampled), 0)
+            append_reply(traj, chat, sampled, logprobs)
             messages.append({"role": "assistant", "content": reply})
             _, obs, _, terminated, truncated, info = await act_and_record(env, traj, reply, sampled, finish, gen_s)
             if terminated or truncated:

@@ -70,6 +70,21 @@ class StepRow:
     history_shown: int = 0
     prompt_cut: int = 0
 
+    @classmethod
+    def from_reply(cls, chat: Any, *, trajectory_id: str, group_id: str, step: int, prompt_ids: list[int],
+                   sampled: list[int], logprobs: list[float] | None, reward: float, anchor_obs: str, action: str,
+                   done: bool, history_shown: int = 0, prompt_cut: int = 0) -> StepRow:
+        """The row of one reply: ``response_ids`` = ``sampled`` verbatim (mask 1, ``logprobs`` or NaN)
+        + the ids closing the assistant message that the policy did not sample
+        (``chat.close_assistant_ids``; mask 0, logprob 0.0); ``episode_return`` 0.0 until the episode ends."""
+        close = list(chat.close_assistant_ids(sampled))
+        lps = list(logprobs) if logprobs is not None else [float("nan")] * len(sampled)
+        return cls(trajectory_id=trajectory_id, group_id=group_id, step=step, prompt_ids=prompt_ids,
+                   response_ids=sampled + close, response_mask=[1] * len(sampled) + [0] * len(close),
+                   response_logprobs=lps + [0.0] * len(close), reward=reward, episode_return=0.0,
+                   anchor_obs=anchor_obs, action=action, done=done, history_shown=history_shown,
+                   prompt_cut=prompt_cut)
+
 
 def render_step_prompt(env: AgentFlyEnv, task_obs: str, history: Sequence[tuple[str, str]], current_obs: str,
                        step: int, history_len: int) -> list[dict[str, str]]:
@@ -182,17 +197,14 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
             t0 = time.monotonic()
             sampled, logprobs, finish, reply = await take_turn(policy, chat, prompt_ids, sampling, obs, info, env)
             gen_s = time.monotonic() - t0
-            close = list(chat.close_assistant_ids(sampled))
-            lps = list(logprobs) if logprobs is not None else [float("nan")] * len(sampled)
             anchor = obs
             action, obs, reward, terminated, truncated, info = await act_and_record(env, traj, reply, sampled, finish,
                                                                                    gen_s)
             done = terminated or truncated or step == max_turns - 1
-            traj.steps.append(StepRow(trajectory_id=traj_id, group_id=traj.group_id, step=step, prompt_ids=prompt_ids,
-                                      response_ids=sampled + close, response_mask=[1] * len(sampled) + [0] * len(close),
-                                      response_logprobs=lps + [0.0] * len(close), reward=float(reward),
-                                      episode_return=0.0, anchor_obs=anchor, action=action, done=done,
-                                      history_shown=shown, prompt_cut=cut))
+            traj.steps.append(StepRow.from_reply(chat, trajectory_id=traj_id, group_id=traj.group_id, step=step,
+                                                 prompt_ids=prompt_ids, sampled=sampled, logprobs=logprobs,
+                                                 reward=float(reward), anchor_obs=anchor, action=action, done=done,
+                                                 history_shown=shown, prompt_cut=cut))
             past.append((action, obs))
             if terminated or truncated:
                 break

@@ -12,7 +12,7 @@ from typing import Any
 from ..envs.base import AgentFlyEnv
 from .trajectory import Trajectory, Turn
 
-__all__ = ["info_summary", "act_and_record", "finish_trajectory"]
+__all__ = ["info_summary", "append_reply", "act_and_record", "finish_trajectory"]
 
 _INFO_KEYS = ("task_id", "step", "score", "won", "error")
 
@@ -20,6 +20,18 @@ _INFO_KEYS = ("task_id", "step", "score", "won", "error")
 def info_summary(info: dict[str, Any]) -> dict[str, Any]:
     """The JSON-able standard keys of an env info dict."""
     return {k: info[k] for k in _INFO_KEYS if k in info}
+
+
+def append_reply(traj: Trajectory, chat: Any, sampled: list[int], logprobs: list[float] | None) -> None:
+    """Chain mode: append one reply to ``traj``'s response: the sampled ids verbatim (mask 1, their
+    logprobs, NaN when the policy has none), then the ids closing the assistant message that the policy
+    did not sample (``chat.close_assistant_ids``; mask 0, logprob 0.0).
+
+    Raises:
+        ValueError: ``logprobs`` is not None and its length differs from ``sampled``'s.
+    """
+    traj.extend(sampled, 1, logprobs)
+    traj.extend(chat.close_assistant_ids(sampled), 0)
 
 
 async def act_and_record(env: AgentFlyEnv, traj: Trajectory, reply: str, sampled: list[int], finish: str,
