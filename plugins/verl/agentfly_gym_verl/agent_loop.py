@@ -260,12 +260,7 @@ class AgentFlyAgentLoop(AgentLoopBase):
             raise ConfigError("agentfly step mode returns one row per env step, which only verl's V1 trainer accepts: "
                               "set trainer.use_v1=true (or use the chain-mode agent loop)")
         chat = chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs)
-        extra_gen = {}
-        if kwargs.get("priority") is not None:
-            extra_gen["priority"] = int(_scalar(kwargs["priority"]))
-        policy = VerlServerPolicy(self.server_manager, self.tokenizer, request_id=traj_id,
-                                  sampling_params=sampling_params, mode=mode, prompt_length=self.prompt_length,
-                                  response_length=self.response_length, extra_generate_kwargs=extra_gen)
+        policy = self._policy(traj_id, sampling_params, mode, kwargs)
         sampling = SamplingParams(max_tokens=self.max_tokens_per_turn)
         try:
             traj = await play_episode(row["env_id"], policy, chat, mode=mode, manager=get_manager(),
@@ -293,6 +288,17 @@ class AgentFlyAgentLoop(AgentLoopBase):
             log.warning("agentfly trajectory %s (%s, task %r) failed: %s: %s", traj_id, row["env_id"],
                         row["task_id"], type(e).__name__, e, exc_info=not isinstance(e, ConfigError))
             return self._failed(e, kwargs, want_logprobs, traj_id, group_id, mode, row, policy, use_v1)
+
+    def _policy(self, request_id: str, sampling_params: dict[str, Any], mode: str,
+                kwargs: dict[str, Any]) -> VerlServerPolicy:
+        """The policy of one trajectory (one player): verl's server manager under ``request_id``, with
+        the row's ``priority`` (when verl passes one) forwarded to every generate call."""
+        extra_gen = {}
+        if kwargs.get("priority") is not None:
+            extra_gen["priority"] = int(_scalar(kwargs["priority"]))
+        return VerlServerPolicy(self.server_manager, self.tokenizer, request_id=request_id,
+                                sampling_params=sampling_params, mode=mode, prompt_length=self.prompt_length,
+                                response_length=self.response_length, extra_generate_kwargs=extra_gen)
 
     def _trainer_context(self, kwargs: dict[str, Any]) -> bool:
         """Note the ``global_steps`` verl passes to ``run()`` (the weights version rows carry) and return

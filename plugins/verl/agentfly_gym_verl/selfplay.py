@@ -236,15 +236,8 @@ class SelfPlayAgentLoop(AgentFlyAgentLoop):
         gid = f"{key[0]}-g{key[1]}"
         env = None
         try:
-            extra_gen = {}
-            if kwargs.get("priority") is not None:
-                extra_gen["priority"] = int(_scalar(kwargs["priority"]))
             env = make_multiagent(row["env_id"], manager=get_manager(), **row["env_kwargs"])
-            game.policies = {a: VerlServerPolicy(self.server_manager, self.tokenizer, request_id=f"{gid}-{a}",
-                                                 sampling_params=sampling_params, mode=mode,
-                                                 prompt_length=self.prompt_length, response_length=self.response_length,
-                                                 extra_generate_kwargs=extra_gen)
-                             for a in env.possible_agents}
+            game.policies = {a: self._policy(f"{gid}-{a}", sampling_params, mode, kwargs) for a in env.possible_agents}
             chat = chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs)
             trajs = await run_multiagent_game(
                 env, game.policies, chat, mode=mode, sampling=SamplingParams(max_tokens=self.max_tokens_per_turn),
