@@ -13,7 +13,8 @@ from typing import Any
 
 import gymnasium
 
-__all__ = ["ENVS", "MULTIAGENT_ENVS", "register_envs", "normalize_env_id", "normalize_multiagent_id", "make_vector", "make_multiagent"]
+__all__ = ["ENVS", "MULTIAGENT_ENVS", "register_envs", "normalize_env_id", "normalize_multiagent_id", "make_vector",
+           "make_multiagent"]
 
 NAMESPACE = "agentfly"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import agentfly_gym  # noqa: F401
-from agentfly_gym.errors import ConfigError
+from agentfly_gym.errors import ConfigError, PolicyError
 from agentfly_gym.resources import ResourceManager
 from agentfly_gym.rollout import ExpertPolicy, play_episode
 from agentfly_gym.rollout.chat import ChatTokenizer
@@ -63,6 +63,36 @@ async def test_a_failure_is_an_error_trajectory_or_raised(chat):
             await play_episode("agentfly/Chess-v0", ExpertPolicy(), chat, manager=m, options={"no_such_option": 1},
                                on_error="raise")
         assert _in_use(m) == 0
+
+
+class ExpertThenFails:
+    """A user's ActionPolicy that plays the expert's first move and then raises (as a policy with a bug would)."""
+
+    def __init__(self):
+        self.expert, self.calls = ExpertPolicy(), 0
+
+    async def act(self, observation, info, env):
+        self.calls += 1
+        if self.calls > 1:
+            raise PolicyError("no idea what to play")
+        return await self.expert.act(observation, info, env)
+
+
+@pytest.mark.parametrize("mode", ["chain", "step"])
+async def test_a_policy_failure_mid_episode_keeps_what_was_played(chat, mode):
+    async with ResourceManager() as m:
+        traj = await play_episode("agentfly/Chess-v0", ExpertThenFails(), chat, mode=mode, manager=m, max_turns=10,
+                                  seed=2)
+        with pytest.raises(PolicyError, match="no idea"):
+            await play_episode("agentfly/Chess-v0", ExpertThenFails(), chat, mode=mode, manager=m, seed=2,
+                               on_error="raise")
+        assert _in_use(m) == 0
+    assert traj.error == "PolicyError: no idea what to play" and traj.status == "error"
+    assert traj.truncated and not traj.terminated and traj.num_turns == 1 and traj.prompt_ids
+    if mode == "chain":
+        assert sum(traj.response_mask) > 0 and traj.messages[-1]["role"] == "user"
+    else:
+        assert len(traj.steps) == 1 and traj.steps[0].done and traj.steps[0].episode_return == traj.reward
 
 
 async def test_bad_arguments_name_the_value(chat):

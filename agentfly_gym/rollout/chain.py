@@ -21,7 +21,7 @@ from typing import Any
 from ..envs.base import AgentFlyEnv
 from .policies.base import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
 from .trajectory import Trajectory
-from .turns import act_and_record, append_reply, finish_trajectory
+from .turns import act_and_record, append_reply, fail_trajectory, finish_trajectory
 
 __all__ = ["run_chain_episode", "budget_reached"]
 
@@ -42,7 +42,7 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
                             max_context_tokens: int | None = None, max_response_tokens: int | None = None,
                             seed: int | None = None,
                             options: dict[str, Any] | None = None, trajectory_id: str | None = None,
-                            group_id: str | None = None) -> Trajectory:
+                            group_id: str | None = None, keep_on_error: bool = False) -> Trajectory:
     """Play one episode of ``env`` with ``policy`` in chain mode and return its :class:`Trajectory`.
 
     Args:
@@ -58,6 +58,10 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
             many tokens (a trainer's response budget; the policy caps each reply to what is left);
             None for no limit.
         seed, options: passed to ``env.areset``.
+        keep_on_error: an exception raised after the reset (by the policy, or by the env instead of
+            reporting ``info["error"]``) ends the episode and the trajectory is returned with what was
+            played, ``error`` set, truncated, ``status="error"`` (:func:`~.turns.fail_trajectory`);
+            False: it propagates.
 
     The env's episode is always ended before returning, also on error or cancellation.
     """
@@ -74,27 +78,33 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
         traj = Trajectory(trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id or "",
                           env_id=env_id or env.env_name, task_id=str(info.get("task_id", "")), seed=seed,
                           mode="chain", prompt_ids=list(chat.prompt_ids(messages)))
-        terminated = truncated = budget = False
-        for turn_idx in range(max_turns):
-            if budget_reached(traj, sampling, max_context_tokens, max_response_tokens):
-                truncated = budget = True
-                break
-            t0 = time.monotonic()
-            sampled, logprobs, finish, reply = await take_turn(policy, chat, traj.prompt_ids + traj.response_ids,
-                                                               sampling, obs, info, env)
-            gen_s = time.monotonic() - t0
-            append_reply(traj, chat, sampled, logprobs)
-            messages.append({"role": "assistant", "content": reply})
-            _, obs, _, terminated, truncated, info = await act_and_record(env, traj, reply, sampled, finish, gen_s)
-            if terminated or truncated:
-                break
-            if turn_idx == max_turns - 1:
-                truncated = True
-                break
-            user = {"role": "user", "content": prompt.turn_message(obs)}
-            messages.append(user)
-            traj.extend(chat.append_ids([user]), 0)
         traj.messages = messages
+        terminated = truncated = budget = False
+        try:
+            for turn_idx in range(max_turns):
+                if budget_reached(traj, sampling, max_context_tokens, max_response_tokens):
+                    truncated = budget = True
+                    break
+                t0 = time.monotonic()
+                sampled, logprobs, finish, reply = await take_turn(policy, chat, traj.prompt_ids + traj.response_ids,
+                                                                   sampling, obs, info, env)
+                gen_s = time.monotonic() - t0
+                append_reply(traj, chat, sampled, logprobs)
+                messages.append({"role": "assistant", "content": reply})
+                _, obs, _, terminated, truncated, info = await act_and_record(env, traj, reply, sampled, finish,
+                                                                              gen_s)
+                if terminated or truncated:
+                    break
+                if turn_idx == max_turns - 1:
+                    truncated = True
+                    break
+                user = {"role": "user", "content": prompt.turn_message(obs)}
+                messages.append(user)
+                traj.extend(chat.append_ids([user]), 0)
+        except Exception as e:
+            if not keep_on_error:
+                raise
+            return fail_trajectory(traj, e, info=info, t_start=t_start, reset_s=reset_s)
         return finish_trajectory(traj, terminated=terminated, truncated=truncated, info=info, t_start=t_start,
                                  reset_s=reset_s, token_budget=budget)
     finally:

@@ -58,11 +58,13 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
             env's default).
         env_kwargs: constructor keyword arguments of the env.
         sampling, max_turns, seed, options, trajectory_id, group_id: as in the mode's function.
-        on_error: ``"record"``: an exception (a bad option, a resource that cannot start, a policy
-            or generation error) is logged (WARNING) and returned as a trajectory with nothing played,
-            ``error="<ExceptionType>: <message>"`` and ``status="error"``; ``"raise"``: it propagates.
-            A fault the env handled itself (``info["error"]``) is never raised: the episode ends there
-            and the trajectory keeps its turns, with ``error`` set and ``status="error"``.
+        on_error: ``"record"``: an exception is logged (WARNING) and returned as a trajectory with
+            ``error="<ExceptionType>: <message>"`` and ``status="error"``: with nothing played when it
+            came before or during the reset (a bad option, a resource that cannot start), else truncated
+            with the turns (step rows) played so far (a policy or generation error);
+            ``"raise"``: it propagates.  A fault the env handled itself (``info["error"]``) is never
+            raised: the episode ends there and the trajectory keeps its turns, with ``error`` set and
+            ``status="error"``.
 
     Raises:
         ConfigError: a bad ``mode`` or ``on_error`` (always raised).
@@ -78,7 +80,7 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
     try:
         env = gymnasium.make(env_id, manager=manager, **(env_kwargs or {})).unwrapped
         common = dict(env_id=env_id, sampling=sampling, max_turns=max_turns, seed=seed, options=options,
-                      trajectory_id=trajectory_id, group_id=group_id)
+                      trajectory_id=trajectory_id, group_id=group_id, keep_on_error=on_error == "record")
         if mode == "chain":
             return await run_chain_episode(env, policy, chat, max_context_tokens=max_context_tokens,
                                            max_response_tokens=max_response_tokens, **common)

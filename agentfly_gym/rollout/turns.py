@@ -6,13 +6,16 @@ the end of an episode (flags, status, timings).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from ..envs.base import AgentFlyEnv
 from .trajectory import Trajectory, Turn
 
-__all__ = ["info_summary", "append_reply", "act_and_record", "finish_trajectory"]
+__all__ = ["info_summary", "append_reply", "act_and_record", "finish_trajectory", "fail_trajectory"]
+
+log = logging.getLogger(__name__)
 
 _INFO_KEYS = ("task_id", "step", "score", "won", "error")
 
@@ -79,3 +82,15 @@ def finish_trajectory(traj: Trajectory, *, terminated: bool, truncated: bool, in
     traj.timings = {"wall": time.monotonic() - t_start, "generate": sum(t.generate_s for t in traj.turns),
                     "env": sum(t.env_s for t in traj.turns), "reset": reset_s}
     return traj
+
+
+def fail_trajectory(traj: Trajectory, error: Exception, *, info: dict[str, Any], t_start: float,
+                    reset_s: float) -> Trajectory:
+    """End ``traj`` after ``error`` was raised mid-episode (a policy or generation error, an env that
+    raised instead of reporting ``info["error"]``), keeping what was played: ``error`` =
+    ``"<ExceptionType>: <message>"``, truncated, ``status`` ``"error"`` (see :func:`finish_trajectory`);
+    logged at WARNING."""
+    log.warning("trajectory %s (%s) failed after %d turns: %s: %s", traj.trajectory_id, traj.env_id,
+                len(traj.turns), type(error).__name__, error)
+    traj.error = f"{type(error).__name__}: {error}"
+    return finish_trajectory(traj, terminated=False, truncated=True, info=info, t_start=t_start, reset_s=reset_s)
