@@ -110,7 +110,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if _is_multiagent(args.env):
         return _rollout_multiagent(args, env_kwargs)
     if args.policy == "random":  # it picks among info["admissible_actions"], which ScienceWorld lists only on request
-        from .rollout.runner import normalize_env_id
+        from .registration import normalize_env_id
 
         env_kwargs = {normalize_env_id(k): dict(v) for k, v in env_kwargs.items()}
         if "agentfly/ScienceWorld-v0" in map(normalize_env_id, args.env):
@@ -174,11 +174,14 @@ def _is_multiagent(env_ids: list[str]) -> bool:
         ConfigError: a multi-agent env is mixed with other envs.
     """
     from .errors import ConfigError
-    from .registration import MULTIAGENT_ENVS
+    from .registration import normalize_multiagent_id
 
     def multi(e: str) -> bool:
-        name = e.split("/", 1)[-1]
-        return name in MULTIAGENT_ENVS or f"{name}-v0" in MULTIAGENT_ENVS
+        try:
+            normalize_multiagent_id(e)
+        except ConfigError:
+            return False
+        return True
 
     flags = [multi(e) for e in env_ids]
     if any(flags) and len(env_ids) > 1:

@@ -13,7 +13,8 @@ from typing import Any
 
 import gymnasium
 
-__all__ = ["ENVS", "MULTIAGENT_ENVS", "register_envs", "make_vector", "make_multiagent"]
+__all__ = ["ENVS", "MULTIAGENT_ENVS", "register_envs", "normalize_env_id", "normalize_multiagent_id", "make_vector",
+           "make_multiagent"]
 
 NAMESPACE = "agentfly"
 
@@ -33,6 +34,45 @@ MULTIAGENT_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+def normalize_env_id(name: str) -> str:
+    """``"Chess"``, ``"Chess-v0"`` or ``"agentfly/Chess-v0"`` -> ``"agentfly/Chess-v0"`` (registers the envs first).
+
+    Raises:
+        ConfigError: no registered agentfly environment has that name (the message lists the registered
+            ids and the multi-agent ones, which :func:`make_multiagent` makes).
+    """
+    from .errors import ConfigError
+
+    register_envs()
+    cand = name if "/" in name else f"{NAMESPACE}/{name}"
+    if cand not in gymnasium.registry and f"{cand}-v0" in gymnasium.registry:
+        cand = f"{cand}-v0"
+    if cand not in gymnasium.registry:
+        known = sorted(k for k in gymnasium.registry if k.startswith(f"{NAMESPACE}/"))
+        multi = sorted(f"{NAMESPACE}/{n}" for n in MULTIAGENT_ENVS)
+        raise ConfigError(f"unknown environment {name!r}; registered: {known}; multi-agent (PettingZoo, "
+                          f"agentfly-gym rollout and make_multiagent only): {multi}")
+    return cand
+
+
+def normalize_multiagent_id(name: str) -> str:
+    """``"ChessSelfPlay"``, ``"ChessSelfPlay-v0"`` or ``"agentfly/ChessSelfPlay-v0"`` ->
+    ``"agentfly/ChessSelfPlay-v0"``: the id of a multi-agent environment of :data:`MULTIAGENT_ENVS`.
+
+    Raises:
+        ConfigError: no multi-agent environment has that name.
+    """
+    from .errors import ConfigError
+
+    short = name.split("/", 1)[1] if name.startswith(f"{NAMESPACE}/") else name
+    if short not in MULTIAGENT_ENVS and f"{short}-v0" in MULTIAGENT_ENVS:
+        short = f"{short}-v0"
+    if short not in MULTIAGENT_ENVS:
+        raise ConfigError(f"unknown multi-agent environment {name!r}; known: "
+                          f"{[f'{NAMESPACE}/{n}' for n in MULTIAGENT_ENVS]}")
+    return f"{NAMESPACE}/{short}"
+
+
 def make_multiagent(env_id: str, **kwargs: Any):
     """A multi-agent environment by id: ``"agentfly/ChessSelfPlay-v0"`` (``"ChessSelfPlay-v0"`` and
     ``"ChessSelfPlay"`` too), as an unwrapped PettingZoo ``AECEnv`` built with ``kwargs``.
@@ -43,12 +83,7 @@ def make_multiagent(env_id: str, **kwargs: Any):
     from .errors import ConfigError
     from .utils.imports import load_object
 
-    name = env_id.split("/", 1)[1] if env_id.startswith(f"{NAMESPACE}/") else env_id
-    if name not in MULTIAGENT_ENVS and f"{name}-v0" in MULTIAGENT_ENVS:
-        name = f"{name}-v0"
-    if name not in MULTIAGENT_ENVS:
-        raise ConfigError(f"unknown multi-agent environment {env_id!r}; known: "
-                          f"{[f'{NAMESPACE}/{n}' for n in MULTIAGENT_ENVS]}")
+    name = normalize_multiagent_id(env_id).split("/", 1)[1]
     entry_point, defaults = MULTIAGENT_ENVS[name]
     return load_object(entry_point, what="entry point")(**{**defaults, **kwargs})
 

@@ -100,7 +100,7 @@ class AgentFlyOpenEnvironment(Environment):
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
-        from ..rollout.runner import normalize_env_id
+        from ..registration import normalize_env_id
 
         self.env_id = normalize_env_id(env_id)
         self.env_kwargs = dict(env_kwargs or {})
@@ -203,7 +203,7 @@ def create_openenv_app(env_id: str, *, env_kwargs: dict[str, Any] | None = None,
     """
     from openenv.core.env_server.http_server import create_fastapi_app
 
-    from ..rollout.runner import normalize_env_id
+    from ..registration import normalize_env_id
 
     env_id = normalize_env_id(env_id)
     if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:

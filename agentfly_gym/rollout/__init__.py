@@ -3,14 +3,14 @@
 Heavy modules (transformers) are imported only by the names that need them.
 """
 
-from .baselines import ExpertPolicy, RandomPolicy
+from .policies import ActionPolicy, ExpertPolicy, Generation, RandomPolicy, SamplingParams, TextPolicy
 from .chain import run_chain_episode
-from .policy import ActionPolicy, Generation, SamplingParams, TextPolicy
+from .episode import play_episode
 from .runner import RolloutConfig, RolloutResult, run_rollouts
 from .trajectory import Trajectory, Turn, load_trajectories, save_trajectories
 
 __all__ = [
     "ActionPolicy", "ExpertPolicy", "Generation", "RandomPolicy", "RolloutConfig", "RolloutResult",
-    "SamplingParams", "TextPolicy", "Trajectory", "Turn", "load_trajectories", "run_chain_episode",
-    "run_rollouts", "save_trajectories",
+    "SamplingParams", "TextPolicy", "Trajectory", "Turn", "load_trajectories", "play_episode",
+    "run_chain_episode", "run_rollouts", "save_trajectories",
 ]

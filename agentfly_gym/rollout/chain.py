@@ -19,64 +19,22 @@ import uuid
 from typing import Any
 
 from ..envs.base import AgentFlyEnv
-from .policy import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
-from .trajectory import Trajectory, Turn
+from .policies.base import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
+from .trajectory import Trajectory
+from .turns import act_and_record, append_reply, fail_trajectory, finish_trajectory
 
-__all__ = ["run_chain_episode", "info_summary", "act_and_record", "finish_trajectory"]
-
-_INFO_KEYS = ("task_id", "step", "score", "won", "error")
-
-
-def info_summary(info: dict[str, Any]) -> dict[str, Any]:
-    """The JSON-able standard keys of an env info dict."""
-    return {k: info[k] for k in _INFO_KEYS if k in info}
+__all__ = ["run_chain_episode", "budget_reached"]
 
 
-async def act_and_record(env: AgentFlyEnv, traj: Trajectory, reply: str, sampled: list[int], finish: str,
-                         gen_s: float) -> tuple[str, str, float, bool, bool, dict[str, Any]]:
-    """Parse the action in ``reply``, step ``env`` with it, and record the turn in ``traj`` (shared by
-    chain and step mode): the reward is added to the return, a :class:`Turn` with the timings is
-    appended, and a handled fault is kept as ``traj.error``.
-
-    Returns:
-        ``(action, observation, reward, terminated, truncated, info)``.
-    """
-    action = env.agent_prompt.parse_action(reply)
-    t0 = time.monotonic()
-    obs, reward, terminated, truncated, info = await env.astep(action)
-    env_s = time.monotonic() - t0
-    traj.reward += reward
-    traj.turns.append(Turn(reply=reply, action=action, observation=obs, reward=reward, terminated=terminated,
-                           truncated=truncated, sampled_tokens=len(sampled), finish_reason=finish,
-                           generate_s=gen_s, env_s=env_s, info=info_summary(info)))
-    if info.get("error"):
-        traj.error = str(info["error"])
-    return action, obs, reward, terminated, truncated, info
-
-
-def finish_trajectory(traj: Trajectory, *, terminated: bool, truncated: bool, info: dict[str, Any], t_start: float,
-                      reset_s: float, token_budget: bool = False) -> Trajectory:
-    """Set how the episode ended, its success, its ``status`` and its timings (seconds; summed over
-    the turns).
-
-    ``status`` (see :data:`~agentfly_gym.rollout.trajectory.STATUSES`): ``error`` if a fault was
-    recorded, ``interrupted`` if the last generation was aborted by the server, ``token_budget``
-    if ``token_budget`` (the episode was stopped by a token limit), else ``complete`` when the env
-    terminated it and ``truncated`` otherwise.
-    """
-    traj.terminated, traj.truncated = terminated, truncated
-    if traj.error:
-        traj.status = "error"
-    elif traj.turns and traj.turns[-1].finish_reason == "aborted":
-        traj.status = "interrupted"
-    elif token_budget and not terminated:
-        traj.status = "token_budget"
-    else:
-        traj.status = "complete" if terminated else "truncated"
-    traj.success = bool(info.get("won", False))
-    traj.timings = {"wall": time.monotonic() - t_start, "generate": sum(t.generate_s for t in traj.turns),
-                    "env": sum(t.env_s for t in traj.turns), "reset": reset_s}
-    return traj
+def budget_reached(traj: Trajectory, sampling: SamplingParams, max_context_tokens: int | None,
+                   max_response_tokens: int | None) -> bool:
+    """Whether a chain may not take another turn: its next turn could exceed ``max_context_tokens``
+    (prompt + response + ``sampling.max_tokens`` tokens), or its response already holds
+    ``max_response_tokens`` tokens (None: no such limit)."""
+    if max_context_tokens is not None and \
+            len(traj.prompt_ids) + len(traj.response_ids) + sampling.max_tokens > max_context_tokens:
+        return True
+    return max_response_tokens is not None and len(traj.response_ids) >= max_response_tokens
 
 
 async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, chat, *, env_id: str = "",
@@ -84,7 +42,7 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
                             max_context_tokens: int | None = None, max_response_tokens: int | None = None,
                             seed: int | None = None,
                             options: dict[str, Any] | None = None, trajectory_id: str | None = None,
-                            group_id: str | None = None) -> Trajectory:
+                            group_id: str | None = None, keep_on_error: bool = False) -> Trajectory:
     """Play one episode of ``env`` with ``policy`` in chain mode and return its :class:`Trajectory`.
 
     Args:
@@ -100,6 +58,10 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
             many tokens (a trainer's response budget; the policy caps each reply to what is left);
             None for no limit.
         seed, options: passed to ``env.areset``.
+        keep_on_error: an exception raised after the reset (by the policy, or by the env instead of
+            reporting ``info["error"]``) ends the episode and the trajectory is returned with what was
+            played, ``error`` set, truncated, ``status="error"`` (:func:`~.turns.fail_trajectory`);
+            False: it propagates.
 
     The env's episode is always ended before returning, also on error or cancellation.
     """
@@ -116,32 +78,33 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
         traj = Trajectory(trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id or "",
                           env_id=env_id or env.env_name, task_id=str(info.get("task_id", "")), seed=seed,
                           mode="chain", prompt_ids=list(chat.prompt_ids(messages)))
-        terminated = truncated = budget = False
-        for turn_idx in range(max_turns):
-            if max_context_tokens is not None and \
-                    len(traj.prompt_ids) + len(traj.response_ids) + sampling.max_tokens > max_context_tokens:
-                truncated = budget = True
-                break
-            if max_response_tokens is not None and len(traj.response_ids) >= max_response_tokens:
-                truncated = budget = True
-                break
-            t0 = time.monotonic()
-            sampled, logprobs, finish, reply = await take_turn(policy, chat, traj.prompt_ids + traj.response_ids,
-                                                               sampling, obs, info, env)
-            gen_s = time.monotonic() - t0
-            traj.extend(sampled, 1, logprobs)
-            traj.extend(chat.close_assistant_ids(sampled), 0)
-            messages.append({"role": "assistant", "content": reply})
-            _, obs, _, terminated, truncated, info = await act_and_record(env, traj, reply, sampled, finish, gen_s)
-            if terminated or truncated:
-                break
-            if turn_idx == max_turns - 1:
-                truncated = True
-                break
-            user = {"role": "user", "content": prompt.turn_message(obs)}
-            messages.append(user)
-            traj.extend(chat.append_ids([user]), 0)
         traj.messages = messages
+        terminated = truncated = budget = False
+        try:
+            for turn_idx in range(max_turns):
+                if budget_reached(traj, sampling, max_context_tokens, max_response_tokens):
+                    truncated = budget = True
+                    break
+                t0 = time.monotonic()
+                sampled, logprobs, finish, reply = await take_turn(policy, chat, traj.prompt_ids + traj.response_ids,
+                                                                   sampling, obs, info, env)
+                gen_s = time.monotonic() - t0
+                append_reply(traj, chat, sampled, logprobs)
+                messages.append({"role": "assistant", "content": reply})
+                _, obs, _, terminated, truncated, info = await act_and_record(env, traj, reply, sampled, finish,
+                                                                              gen_s)
+                if terminated or truncated:
+                    break
+                if turn_idx == max_turns - 1:
+                    truncated = True
+                    break
+                user = {"role": "user", "content": prompt.turn_message(obs)}
+                messages.append(user)
+                traj.extend(chat.append_ids([user]), 0)
+        except Exception as e:
+            if not keep_on_error:
+                raise
+            return fail_trajectory(traj, e, info=info, t_start=t_start, reset_s=reset_s)
         return finish_trajectory(traj, terminated=terminated, truncated=truncated, info=info, t_start=t_start,
                                  reset_s=reset_s, token_budget=budget)
     finally:

@@ -197,7 +197,7 @@ def drift_main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         args = add_drift_arguments(argparse.ArgumentParser(prog="agentfly-gym drift")).parse_args(args)
     from transformers import AutoTokenizer
 
-    from .factory import _tokenizer_dir
+    from .policies.factory import _tokenizer_dir
     from .trajectory import load_trajectories
 
     path = Path(args.trajectories)

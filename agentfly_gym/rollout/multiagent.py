@@ -26,16 +26,16 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .chain import info_summary
-from .policy import SamplingParams, check_policy, take_turn
+from .chain import budget_reached
+from .episode import MODES
+from .policies.base import SamplingParams, check_policy, take_turn
 from .step import DEFAULT_HISTORY, StepRow, render_step_prompt
 from .trajectory import Trajectory, Turn
+from .turns import append_reply, info_summary
 
 __all__ = ["PlayerTrajectory", "run_multiagent_game", "run_multiagent_rollouts", "summarize_games"]
 
 log = logging.getLogger(__name__)
-
-MODES = ("chain", "step")
 
 
 @dataclasses.dataclass
@@ -162,11 +162,7 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
                     pl.messages.append(user)
                     tr.extend(pl.chat.append_ids([user]), 0)
                 pl.pending_user = False
-                if max_context_tokens is not None and \
-                        len(tr.prompt_ids) + len(tr.response_ids) + sampling.max_tokens > max_context_tokens:
-                    stop = "context"
-                    break
-                if max_response_tokens is not None and len(tr.response_ids) >= max_response_tokens:
+                if budget_reached(tr, sampling, max_context_tokens, max_response_tokens):
                     stop = "context"
                     break
                 prompt_ids = tr.prompt_ids + tr.response_ids
@@ -191,7 +187,6 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
                 break
             gen_s = time.monotonic() - t0
             action = prompt.parse_action(reply)
-            close = list(pl.chat.close_assistant_ids(sampled))
             t0 = time.monotonic()
             try:
                 await env.astep(action)
@@ -212,18 +207,14 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
                                  terminated=terminated, truncated=truncated, sampled_tokens=len(sampled),
                                  finish_reason=finish, generate_s=gen_s, env_s=env_s, info=info_summary(new_info)))
             if mode == "chain":
-                tr.extend(sampled, 1, logprobs)
-                tr.extend(close, 0)
+                append_reply(tr, pl.chat, sampled, logprobs)
                 pl.messages.append({"role": "assistant", "content": reply})
                 pl.pending_user = True
             else:
-                lps = list(logprobs) if logprobs is not None else [float("nan")] * len(sampled)
-                tr.steps.append(StepRow(trajectory_id=tr.trajectory_id, group_id=gid, step=len(tr.steps),
-                                        prompt_ids=prompt_ids, response_ids=sampled + close,
-                                        response_mask=[1] * len(sampled) + [0] * len(close),
-                                        response_logprobs=lps + [0.0] * len(close), reward=rewards[agent],
-                                        episode_return=0.0, anchor_obs=obs, action=action,
-                                        done=terminated or truncated))
+                tr.steps.append(StepRow.from_reply(pl.chat, trajectory_id=tr.trajectory_id, group_id=gid,
+                                                   step=len(tr.steps), prompt_ids=prompt_ids, sampled=sampled,
+                                                   logprobs=logprobs, reward=rewards[agent], anchor_obs=obs,
+                                                   action=action, done=terminated or truncated))
                 pl.past.append((action, new_obs))
             for a, r in rewards.items():
                 players[a].traj.reward += r

@@ -13,44 +13,21 @@ import json
 import logging
 import statistics
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import gymnasium
 
 from ..errors import ConfigError
+from ..registration import normalize_env_id  # also re-exported here: its old home
 from ..resources.manager import ResourceManager
-from .chain import run_chain_episode
-from .policy import SamplingParams
+from .episode import MODES, play_episode
+from .policies.base import SamplingParams
 from .trajectory import Trajectory, save_trajectories
 
 __all__ = ["RolloutConfig", "RolloutResult", "check_config", "run_rollouts", "normalize_env_id", "summarize"]
 
 log = logging.getLogger(__name__)
-
-MODES = ("chain", "step")
-
-
-def normalize_env_id(name: str) -> str:
-    """``"Chess"``, ``"Chess-v0"`` or ``"agentfly/Chess-v0"`` -> ``"agentfly/Chess-v0"``.
-
-    Raises:
-        ConfigError: no registered agentfly environment has that name.
-    """
-    import agentfly_gym  # noqa: F401  (registers the envs)
-
-    cand = name if "/" in name else f"agentfly/{name}"
-    if cand not in gymnasium.registry and f"{cand}-v0" in gymnasium.registry:
-        cand = f"{cand}-v0"
-    if cand not in gymnasium.registry:
-        from ..registration import MULTIAGENT_ENVS, NAMESPACE
-
-        known = sorted(k for k in gymnasium.registry if k.startswith("agentfly/"))
-        multi = sorted(f"{NAMESPACE}/{n}" for n in MULTIAGENT_ENVS)
-        raise ConfigError(f"unknown environment {name!r}; registered: {known}; multi-agent (PettingZoo, "
-                          f"agentfly-gym rollout and make_multiagent only): {multi}")
-    return cand
 
 
 @dataclasses.dataclass
@@ -158,37 +135,14 @@ def summarize(trajectories: list[Trajectory], wall_s: float, manager: ResourceMa
 async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: ResourceManager) -> Trajectory:
     g = k // config.group_size
     env_id = config.env_ids[g % len(config.env_ids)]
-    seed = config.seed + g
-    traj_id = f"traj-{k:05d}"
-    group_id = f"group-{g:05d}"
-    t0 = time.monotonic()
-    env = None
-    try:
-        env = gymnasium.make(env_id, manager=manager, **config.env_kwargs.get(env_id, {})).unwrapped
-        if config.mode == "step":
-            from .step import run_step_episode
-
-            traj = await run_step_episode(env, policy, chat, env_id=env_id, sampling=config.sampling,
-                                          max_turns=config.max_turns, history=config.history, seed=seed,
-                                          trajectory_id=traj_id, group_id=group_id)
-        else:
-            traj = await run_chain_episode(env, policy, chat, env_id=env_id, sampling=config.sampling,
-                                           max_turns=config.max_turns, max_context_tokens=config.max_context_tokens,
-                                           seed=seed, trajectory_id=traj_id, group_id=group_id)
-        if config.reward is not None:  # a judge / custom reward from configuration (never raises)
-            await config.reward.apply(traj, manager=manager)
-        return traj
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:
-        log.warning("trajectory %s (%s) failed: %s", traj_id, env_id, e)
-        log.debug("%s", traceback.format_exc())
-        return Trajectory(trajectory_id=traj_id, group_id=group_id, env_id=env_id, task_id="", seed=seed,
-                          mode=config.mode, prompt_ids=[], error=f"{type(e).__name__}: {e}", status="error",
-                          timings={"wall": time.monotonic() - t0})
-    finally:
-        if env is not None:
-            await env.aclose()
+    traj = await play_episode(env_id, policy, chat, mode=config.mode, manager=manager,
+                              env_kwargs=config.env_kwargs.get(env_id, {}), sampling=config.sampling,
+                              max_turns=config.max_turns, history=config.history, seed=config.seed + g,
+                              trajectory_id=f"traj-{k:05d}", group_id=f"group-{g:05d}",
+                              max_context_tokens=config.max_context_tokens)
+    if config.reward is not None:  # a judge / custom reward from configuration (never raises; skips failed ones)
+        await config.reward.apply(traj, manager=manager)
+    return traj
 
 
 def check_config(config: RolloutConfig) -> None:

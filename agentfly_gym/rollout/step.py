@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..envs.base import AgentFlyEnv
-from .chain import act_and_record, finish_trajectory
-from .policy import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
+from .turns import act_and_record, fail_trajectory, finish_trajectory
+from .policies.base import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
 from .trajectory import Trajectory, episode_status, read_schema_version, schema_metadata
 
 __all__ = ["StepRow", "run_step_episode", "render_step_prompt", "fit_step_prompt", "save_step_rows", "load_step_rows",
@@ -69,6 +69,21 @@ class StepRow:
     done: bool
     history_shown: int = 0
     prompt_cut: int = 0
+
+    @classmethod
+    def from_reply(cls, chat: Any, *, trajectory_id: str, group_id: str, step: int, prompt_ids: list[int],
+                   sampled: list[int], logprobs: list[float] | None, reward: float, anchor_obs: str, action: str,
+                   done: bool, history_shown: int = 0, prompt_cut: int = 0) -> StepRow:
+        """The row of one reply: ``response_ids`` = ``sampled`` verbatim (mask 1, ``logprobs`` or NaN)
+        + the ids closing the assistant message that the policy did not sample
+        (``chat.close_assistant_ids``; mask 0, logprob 0.0); ``episode_return`` 0.0 until the episode ends."""
+        close = list(chat.close_assistant_ids(sampled))
+        lps = list(logprobs) if logprobs is not None else [float("nan")] * len(sampled)
+        return cls(trajectory_id=trajectory_id, group_id=group_id, step=step, prompt_ids=prompt_ids,
+                   response_ids=sampled + close, response_mask=[1] * len(sampled) + [0] * len(close),
+                   response_logprobs=lps + [0.0] * len(close), reward=reward, episode_return=0.0,
+                   anchor_obs=anchor_obs, action=action, done=done, history_shown=history_shown,
+                   prompt_cut=prompt_cut)
 
 
 def render_step_prompt(env: AgentFlyEnv, task_obs: str, history: Sequence[tuple[str, str]], current_obs: str,
@@ -153,13 +168,15 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
                            sampling: SamplingParams | None = None, max_turns: int = 10, history: int = DEFAULT_HISTORY,
                            seed: int | None = None, options: dict[str, Any] | None = None,
                            trajectory_id: str | None = None, group_id: str | None = None,
-                           max_prompt_tokens: int | None = None) -> Trajectory:
+                           max_prompt_tokens: int | None = None, keep_on_error: bool = False) -> Trajectory:
     """Play one episode in step mode.  Returns a :class:`Trajectory` with ``mode="step"`` whose
     ``steps`` list holds one :class:`StepRow` per env step (its token fields are empty:
     the rows carry the tokens).  Arguments as :func:`~agentfly_gym.rollout.chain.run_chain_episode`,
     plus ``history``: how many past (action, observation) pairs each prompt shows, and
     ``max_prompt_tokens``: the most tokens of a prompt (None: no limit); a longer prompt drops its
     oldest history first (:func:`fit_step_prompt`), and the row records what was dropped.
+    ``keep_on_error`` as in :func:`~agentfly_gym.rollout.chain.run_chain_episode` (the rows played so
+    far are kept).
     """
     sampling = sampling or SamplingParams()
     check_policy(policy)
@@ -173,31 +190,38 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
                           task_id=str(info.get("task_id", "")), seed=seed, mode="step", prompt_ids=[])
         task_obs, past = obs, []
         terminated = truncated = False
-        for step in range(max_turns):
-            messages, prompt_ids, shown, cut = fit_step_prompt(chat, env, task_obs, past, obs, step, history,
-                                                               max_prompt_tokens)
-            if step == 0:
-                traj.prompt_ids = prompt_ids
-                traj.messages = list(messages)
-            t0 = time.monotonic()
-            sampled, logprobs, finish, reply = await take_turn(policy, chat, prompt_ids, sampling, obs, info, env)
-            gen_s = time.monotonic() - t0
-            close = list(chat.close_assistant_ids(sampled))
-            lps = list(logprobs) if logprobs is not None else [float("nan")] * len(sampled)
-            anchor = obs
-            action, obs, reward, terminated, truncated, info = await act_and_record(env, traj, reply, sampled, finish,
-                                                                                   gen_s)
-            done = terminated or truncated or step == max_turns - 1
-            traj.steps.append(StepRow(trajectory_id=traj_id, group_id=traj.group_id, step=step, prompt_ids=prompt_ids,
-                                      response_ids=sampled + close, response_mask=[1] * len(sampled) + [0] * len(close),
-                                      response_logprobs=lps + [0.0] * len(close), reward=float(reward),
-                                      episode_return=0.0, anchor_obs=anchor, action=action, done=done,
-                                      history_shown=shown, prompt_cut=cut))
-            past.append((action, obs))
-            if terminated or truncated:
-                break
-        else:
-            truncated = True
+        try:
+            for step in range(max_turns):
+                messages, prompt_ids, shown, cut = fit_step_prompt(chat, env, task_obs, past, obs, step, history,
+                                                                   max_prompt_tokens)
+                if step == 0:
+                    traj.prompt_ids = prompt_ids
+                    traj.messages = list(messages)
+                t0 = time.monotonic()
+                sampled, logprobs, finish, reply = await take_turn(policy, chat, prompt_ids, sampling, obs, info,
+                                                                   env)
+                gen_s = time.monotonic() - t0
+                anchor = obs
+                action, obs, reward, terminated, truncated, info = await act_and_record(env, traj, reply, sampled,
+                                                                                       finish, gen_s)
+                done = terminated or truncated or step == max_turns - 1
+                traj.steps.append(StepRow.from_reply(chat, trajectory_id=traj_id, group_id=traj.group_id, step=step,
+                                                     prompt_ids=prompt_ids, sampled=sampled, logprobs=logprobs,
+                                                     reward=float(reward), anchor_obs=anchor, action=action, done=done,
+                                                     history_shown=shown, prompt_cut=cut))
+                past.append((action, obs))
+                if terminated or truncated:
+                    break
+            else:
+                truncated = True
+        except Exception as e:
+            if not keep_on_error:
+                raise
+            for row in traj.steps:
+                row.episode_return = traj.reward
+            if traj.steps:
+                traj.steps[-1].done = True  # the episode ended there
+            return fail_trajectory(traj, e, info=info, t_start=t_start, reset_s=reset_s)
         for row in traj.steps:
             row.episode_return = traj.reward
         return finish_trajectory(traj, terminated=terminated, truncated=truncated, info=info, t_start=t_start,

@@ -5,7 +5,7 @@ Engines:
 * ``vllm``: ``vllm serve MODEL --host 127.0.0.1 --port P --tensor-parallel-size N
   --gpu-memory-utilization X [--max-model-len L] [extra args]`` (GPU).  Its
   ``/v1/completions`` takes token-id prompts and returns sampled token ids
-  (``return_token_ids``), which :class:`~agentfly_gym.rollout.openai_policy.OpenAITokenPolicy` uses.
+  (``return_token_ids``), which :class:`~agentfly_gym.rollout.policies.openai_policy.OpenAITokenPolicy` uses.
 * ``transformers``: ``transformers serve MODEL --host 127.0.0.1 --port P --device cpu``
   (CPU; ``pip install 'transformers[serving]'``).  Good for lifecycle tests and as a chat
   model API (an LLM judge); it returns no token ids, so it cannot back a token-faithful policy.

@@ -5,9 +5,9 @@ an entry of ``actor_rollout_ref.rollout.agent.agent_loop_config_path``, see ``ag
 and awaits ``run(sampling_params, **row)`` where ``row`` holds the dataset columns
 (``raw_prompt``, ``extra_info``, ``index``, ``data_source``, ``uid``, ...).  ``run`` makes the
 environment named by ``extra_info`` with the worker's shared resource manager
-(:func:`agentfly_gym_verl.runtime.get_manager`), rolls it out with the project's own
-:func:`~agentfly_gym.rollout.chain.run_chain_episode` or
-:func:`~agentfly_gym.rollout.step.run_step_episode` over verl's server manager
+(:func:`agentfly_gym_verl.runtime.get_manager`), plays it with the project's own
+:func:`~agentfly_gym.rollout.episode.play_episode` (chain or step mode, as ``agentfly-gym rollout`` does)
+over verl's server manager
 (:class:`~agentfly_gym_verl.policy.VerlServerPolicy`, one ``request_id`` per trajectory), and
 returns verl's ``AgentLoopOutput``:
 
@@ -68,14 +68,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import gymnasium
-
 from agentfly_gym.errors import ConfigError, EnvError, ResourceError
+from agentfly_gym.registration import normalize_env_id
 from agentfly_gym.rewards.configured import parse_reward
-from agentfly_gym.rollout.chain import run_chain_episode
-from agentfly_gym.rollout.policy import SamplingParams
-from agentfly_gym.rollout.runner import normalize_env_id
-from agentfly_gym.rollout.step import DEFAULT_HISTORY, run_step_episode
+from agentfly_gym.rollout.episode import MODES, play_episode
+from agentfly_gym.rollout.policies.base import SamplingParams
+from agentfly_gym.rollout.step import DEFAULT_HISTORY
 from agentfly_gym.rollout.trajectory import Trajectory, episode_status
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
@@ -85,8 +83,6 @@ from .runtime import chat_tokenizer, get_manager, record_failure
 __all__ = ["AgentFlyAgentLoop", "EXTRA_FIELD_DEFAULTS", "MODES", "parse_row"]
 
 log = logging.getLogger(__name__)
-
-MODES = ("chain", "step")
 
 #: The keys (and value types) of ``extra_fields`` in every output row.
 #: ``step`` is -1 and ``anchor_obs`` "" in chain mode; ``error`` is "" when nothing failed;
@@ -264,25 +260,17 @@ class AgentFlyAgentLoop(AgentLoopBase):
             raise ConfigError("agentfly step mode returns one row per env step, which only verl's V1 trainer accepts: "
                               "set trainer.use_v1=true (or use the chain-mode agent loop)")
         chat = chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs)
-        extra_gen = {}
-        if kwargs.get("priority") is not None:
-            extra_gen["priority"] = int(_scalar(kwargs["priority"]))
-        policy = VerlServerPolicy(self.server_manager, self.tokenizer, request_id=traj_id,
-                                  sampling_params=sampling_params, mode=mode, prompt_length=self.prompt_length,
-                                  response_length=self.response_length, extra_generate_kwargs=extra_gen)
+        policy = self._policy(traj_id, sampling_params, mode, kwargs)
         sampling = SamplingParams(max_tokens=self.max_tokens_per_turn)
-        env = None
         try:
-            env = gymnasium.make(row["env_id"], manager=get_manager(), **row["env_kwargs"]).unwrapped
-            common = dict(env_id=row["env_id"], sampling=sampling, max_turns=row["max_turns"], seed=row["seed"],
-                          options=row["options"], trajectory_id=traj_id, group_id=group_id)
-            if mode == "chain":
-                traj = await run_chain_episode(env, policy, chat, max_response_tokens=self.response_length, **common)
-            else:
-                traj = await run_step_episode(env, policy, chat, history=row["history"],
-                                              max_prompt_tokens=self.prompt_length, **common)
-                if not traj.steps:
-                    raise ConfigError(f"the episode ended without a step (max_turns={row['max_turns']})")
+            traj = await play_episode(row["env_id"], policy, chat, mode=mode, manager=get_manager(),
+                                      env_kwargs=row["env_kwargs"], sampling=sampling, max_turns=row["max_turns"],
+                                      history=row["history"], seed=row["seed"], options=row["options"],
+                                      trajectory_id=traj_id, group_id=group_id,
+                                      max_response_tokens=self.response_length, max_prompt_tokens=self.prompt_length,
+                                      on_error="raise")
+            if mode == "step" and not traj.steps:
+                raise ConfigError(f"the episode ended without a step (max_turns={row['max_turns']})")
             await self._apply_reward(traj)
             if traj.error and use_v1:
                 # the env or its resource faulted mid-episode (info["error"]): its return says nothing
@@ -300,9 +288,17 @@ class AgentFlyAgentLoop(AgentLoopBase):
             log.warning("agentfly trajectory %s (%s, task %r) failed: %s: %s", traj_id, row["env_id"],
                         row["task_id"], type(e).__name__, e, exc_info=not isinstance(e, ConfigError))
             return self._failed(e, kwargs, want_logprobs, traj_id, group_id, mode, row, policy, use_v1)
-        finally:
-            if env is not None:
-                await env.aclose()
+
+    def _policy(self, request_id: str, sampling_params: dict[str, Any], mode: str,
+                kwargs: dict[str, Any]) -> VerlServerPolicy:
+        """The policy of one trajectory (one player): verl's server manager under ``request_id``, with
+        the row's ``priority`` (when verl passes one) forwarded to every generate call."""
+        extra_gen = {}
+        if kwargs.get("priority") is not None:
+            extra_gen["priority"] = int(_scalar(kwargs["priority"]))
+        return VerlServerPolicy(self.server_manager, self.tokenizer, request_id=request_id,
+                                sampling_params=sampling_params, mode=mode, prompt_length=self.prompt_length,
+                                response_length=self.response_length, extra_generate_kwargs=extra_gen)
 
     def _trainer_context(self, kwargs: dict[str, Any]) -> bool:
         """Note the ``global_steps`` verl passes to ``run()`` (the weights version rows carry) and return

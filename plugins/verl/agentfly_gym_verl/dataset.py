@@ -92,7 +92,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
             or (with ``check``) a task id, split or reset option the env rejects.
         DataNotFoundError: (with ``check``) the env's data is missing.
     """
-    from agentfly_gym.rollout.runner import normalize_env_id
+    from agentfly_gym.registration import normalize_env_id
 
     env_id = normalize_env_id(env_id)
     if mode not in AGENT_NAMES:

@@ -1,4 +1,4 @@
-"""A :class:`~agentfly_gym.rollout.policy.TextPolicy` over verl's server manager.
+"""A :class:`~agentfly_gym.rollout.policies.base.TextPolicy` over verl's server manager.
 
 verl 0.9.1 hands every agent loop an ``LLMServerClient`` whose
 ``await generate(request_id, prompt_ids=..., sampling_params=...)`` returns a ``TokenOutput``
@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from agentfly_gym.errors import ConfigError, PolicyError
-from agentfly_gym.rollout.policy import Generation, SamplingParams
+from agentfly_gym.rollout.policies.base import Generation, SamplingParams
 
 __all__ = ["VerlServerPolicy"]
 

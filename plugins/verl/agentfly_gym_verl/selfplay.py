@@ -37,9 +37,9 @@ import uuid
 from typing import Any
 
 from agentfly_gym.errors import ConfigError, EnvError
-from agentfly_gym.registration import MULTIAGENT_ENVS, make_multiagent
+from agentfly_gym.registration import MULTIAGENT_ENVS, make_multiagent, normalize_multiagent_id
 from agentfly_gym.rollout.multiagent import PlayerTrajectory, run_multiagent_game
-from agentfly_gym.rollout.policy import SamplingParams
+from agentfly_gym.rollout.policies.base import SamplingParams
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from .agent_loop import MODES, AgentFlyAgentLoop, _as_dict, _scalar
@@ -94,12 +94,11 @@ def parse_selfplay_row(extra_info: Any, *, default_mode: str | None = None, defa
     """
     info = _as_dict(extra_info, "extra_info")
     env_id = str(info.get("env_id") or "")
-    name = env_id.split("/", 1)[-1]
-    if name not in MULTIAGENT_ENVS and f"{name}-v0" in MULTIAGENT_ENVS:
-        name = f"{name}-v0"
-    if name not in MULTIAGENT_ENVS:
+    try:
+        full_id = normalize_multiagent_id(env_id)
+    except ConfigError:
         raise ConfigError(f"extra_info['env_id']={env_id!r} is not a multi-agent environment; known: "
-                          f"{[f'agentfly/{n}' for n in MULTIAGENT_ENVS]}")
+                          f"{[f'agentfly/{n}' for n in MULTIAGENT_ENVS]}") from None
     mode = info.get("mode") or default_mode or "chain"
     if mode not in MODES:
         raise ConfigError(f"mode={mode!r} is not one of {MODES}")
@@ -116,7 +115,7 @@ def parse_selfplay_row(extra_info: Any, *, default_mode: str | None = None, defa
     options = _as_dict(info.get("reset_options"), "extra_info['reset_options']")
     env_kwargs = dict(default_env_kwargs or {})
     env_kwargs.update(_as_dict(info.get("env_kwargs"), "extra_info['env_kwargs']"))
-    return {"env_id": f"agentfly/{name}", "seed": seed, "options": options or None, "env_kwargs": env_kwargs,
+    return {"env_id": full_id, "seed": seed, "options": options or None, "env_kwargs": env_kwargs,
             "mode": mode, "max_turns": int(max_turns), "history": int(history),
             "task_id": str(options.get("fen", "")) if options else ""}
 
@@ -237,15 +236,8 @@ class SelfPlayAgentLoop(AgentFlyAgentLoop):
         gid = f"{key[0]}-g{key[1]}"
         env = None
         try:
-            extra_gen = {}
-            if kwargs.get("priority") is not None:
-                extra_gen["priority"] = int(_scalar(kwargs["priority"]))
             env = make_multiagent(row["env_id"], manager=get_manager(), **row["env_kwargs"])
-            game.policies = {a: VerlServerPolicy(self.server_manager, self.tokenizer, request_id=f"{gid}-{a}",
-                                                 sampling_params=sampling_params, mode=mode,
-                                                 prompt_length=self.prompt_length, response_length=self.response_length,
-                                                 extra_generate_kwargs=extra_gen)
-                             for a in env.possible_agents}
+            game.policies = {a: self._policy(f"{gid}-{a}", sampling_params, mode, kwargs) for a in env.possible_agents}
             chat = chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs)
             trajs = await run_multiagent_game(
                 env, game.policies, chat, mode=mode, sampling=SamplingParams(max_tokens=self.max_tokens_per_turn),

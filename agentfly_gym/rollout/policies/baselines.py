@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..errors import NoExpert, PolicyError
+from ...errors import NoExpert, PolicyError
 
 __all__ = ["RandomPolicy", "ExpertPolicy"]
 

@@ -1,0 +1,70 @@
+"""Build a policy (and the chat tokenizer that goes with it) from a short name.
+
+Names: ``smollm2`` (the bundled SmolLM2-135M-Instruct on CPU, batched), ``tiny-qwen``
+(a random tiny Qwen2 on the Qwen3 tokenizer, for plumbing tests), a local model folder,
+``random`` (random admissible action) and ``expert`` (the env's expert).  Scripted policies
+still need a tokenizer to turn their actions into token ids: ``tokenizer=`` names a folder,
+by default the bundled SmolLM2's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError
+
+__all__ = ["make_policy", "POLICY_NAMES"]
+
+POLICY_NAMES = ("smollm2", "tiny-qwen", "random", "expert")
+
+
+def _tokenizer_dir(tokenizer: str | None) -> Path:
+    from ..models import smollm2_dir
+
+    if tokenizer in (None, "smollm2"):
+        return smollm2_dir()
+    if tokenizer == "qwen3":
+        from ...data import DATA_ROOT_ENV
+
+        root = os.environ.get(DATA_ROOT_ENV)
+        if not root:
+            raise ConfigError(f"tokenizer='qwen3' needs ${DATA_ROOT_ENV} pointing at a data root with tokenizers/qwen3")
+        return Path(root) / "tokenizers" / "qwen3"
+    p = Path(tokenizer).expanduser()
+    if not p.is_dir():
+        raise ConfigError(f"tokenizer={tokenizer!r} is neither 'smollm2', 'qwen3' nor a tokenizer folder")
+    return p
+
+
+def make_policy(name: str, *, tokenizer: str | None = None, seed: int | None = 0, max_batch_size: int = 16,
+                torch_threads: int = 1) -> tuple[Any, Any]:
+    """``(policy, chat_tokenizer)`` for ``name`` (see the module docstring).
+
+    Raises:
+        ConfigError: unknown name or missing folder.
+    """
+    from transformers import AutoTokenizer
+
+    from ..chat import ChatTokenizer
+
+    if name in ("random", "expert"):
+        from .baselines import ExpertPolicy, RandomPolicy
+
+        tok = AutoTokenizer.from_pretrained(str(_tokenizer_dir(tokenizer)))
+        policy = RandomPolicy(seed=seed) if name == "random" else ExpertPolicy()
+        return policy, ChatTokenizer(tok)
+    from ..models import smollm2_dir, tiny_qwen_dir
+    from .transformers_policy import TransformersPolicy
+
+    if name == "smollm2":
+        model = smollm2_dir()
+    elif name == "tiny-qwen":
+        model = tiny_qwen_dir(_tokenizer_dir(tokenizer or "qwen3"))
+    elif Path(name).expanduser().is_dir():
+        model = Path(name).expanduser()
+    else:
+        raise ConfigError(f"policy={name!r} is not one of {POLICY_NAMES} nor a local model folder")
+    policy = TransformersPolicy(model, seed=seed, max_batch_size=max_batch_size, torch_threads=torch_threads)
+    return policy, ChatTokenizer(policy.tokenizer)

@@ -1,0 +1,529 @@
+"""A batching in-process transformers policy (the CPU default; works on a GPU device too).
+
+Concurrent :meth:`TransformersPolicy.generate` calls are collected by one worker thread for up
+to ``batch_wait_s`` seconds (or until ``max_batch_size`` requests are waiting) and decoded
+together: one left-padded forward pass per new token for the whole batch, with a KV cache.
+Each request is sampled with its own parameters and its own random generator, so requests
+with different :class:`~agentfly_gym.rollout.policies.base.SamplingParams` share a batch correctly and
+a seeded request gives the same tokens whatever it was batched with (up to floating-point
+differences of padded batched matmuls, which can flip a near-tie).
+
+Batching is continuous: requests that arrive while a batch runs are prefilled together (one
+forward pass) and join the running batch at the next decoding step, their KV cache left-padded to
+the batch's; rows that finish (stop token or their own ``max_tokens``) or whose caller cancelled
+leave at once with their KV-cache rows, and cache columns that became padding for every row are
+cut.  So trajectories that drift apart in an asynchronous rollout still share forward passes
+instead of queueing behind a whole wave.  Joining needs a ``DynamicCache`` of plain full-attention
+layers (Llama/SmolLM2, Qwen2/3); other models run in static waves (new requests wait for the
+running batch).  Measured on a loaded 2-core machine with the bundled SmolLM2, 8 concurrent
+32-token greedy requests ran 7x faster than 8 sequential ones with identical tokens.
+
+The event loop never blocks: requests cross to the worker thread through a queue and come
+back through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import os
+import queue
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError, PolicyError
+from .base import Generation, SamplingParams
+
+__all__ = ["TransformersPolicy"]
+
+log = logging.getLogger(__name__)
+
+_STOP = object()  # the sentinel that ends the worker thread
+
+
+@dataclasses.dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    seed: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    t0: float
+
+
+class TransformersPolicy:
+    """A :class:`~agentfly_gym.rollout.policies.base.TextPolicy` backed by a transformers causal LM.
+
+    Sampling, per request (``SamplingParams``): the next-token logits ``z`` (float32) give the
+    distribution ``p = softmax(z / temperature)``; ``top_k`` (> 0) keeps the k most likely
+    tokens, then ``top_p`` (< 1) keeps the smallest set of most likely tokens whose mass
+    reaches ``top_p`` (HF ``TopPLogitsWarper`` order); the token is drawn from the renormalised
+    remainder.  ``temperature == 0`` is greedy (argmax of ``z``).
+
+    Logprobs: ``Generation.logprobs[i] = log_softmax(z_i / temperature)[token_i]``, the
+    log-probability under the temperature-scaled distribution BEFORE top-k/top-p truncation
+    (the convention of vLLM's default ``logprobs_mode``, and the quantity an RL trainer
+    recomputes from the model); for greedy requests it is ``log_softmax(z_i)[token_i]`` of the
+    raw logits.  Every value is <= 0.
+
+    Stopping: on the tokenizer's eos id, the eos id(s) of the model's generation config and
+    model config, and ``sampling.stop_token_ids``; the stop token is included in
+    ``token_ids`` and ``finish_reason`` is ``"stop"``; otherwise ``max_tokens`` tokens are
+    returned with ``finish_reason`` ``"length"``.
+
+    Args:
+        model: a local model folder (e.g. :func:`~agentfly_gym.rollout.models.smollm2_dir`)
+            with its tokenizer (which must have a chat template for chat use).
+        device: torch device string ("cpu", "cuda", "cuda:1").
+        torch_threads: ``torch.set_num_threads`` value applied when the worker starts
+            (process-wide: torch has one intra-op pool); None leaves torch's setting.  One
+            thread is the fastest on a loaded 2-core machine.
+        max_batch_size: most requests decoded together.
+        batch_wait_s: seconds the worker waits for more requests after the first one arrives.
+        seed: seeds the per-request seeds of requests whose ``sampling.seed`` is None (drawn in
+            the order ``generate`` is called), so a run with a fixed seed and a fixed call
+            order is reproducible; None draws them from the OS.
+        dtype: torch dtype (or its name, e.g. "bfloat16") of the weights; None keeps the
+            folder's (float32 for the bundled models).
+        continuous_batching: let requests join a running batch (default); False runs static
+            waves (a request arriving mid-batch waits for the whole batch), e.g. for comparison.
+
+    Attributes:
+        tokenizer: the Hugging Face tokenizer of ``model``.
+        model: the loaded ``PreTrainedModel``.
+        eos_token_ids: frozenset of ids that always stop generation.
+        num_batches: prefill passes so far (one per group of requests admitted together).
+        num_forward_passes: model forward calls so far (prefills and decoding steps).
+        num_requests: requests served so far.
+        num_joined: requests that joined a batch already running (continuous batching).
+
+    Raises:
+        ConfigError: a bad argument (the message names it).
+        PolicyError: the model folder cannot be loaded.
+    """
+
+    def __init__(self, model: str | os.PathLike, *, device: str = "cpu", torch_threads: int | None = 1,
+                 max_batch_size: int = 8, batch_wait_s: float = 0.02, seed: int | None = None,
+                 dtype: Any = None, continuous_batching: bool = True) -> None:
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
+        if batch_wait_s < 0:
+            raise ConfigError(f"batch_wait_s must be >= 0 seconds, got {batch_wait_s!r}")
+        if torch_threads is not None and torch_threads < 1:
+            raise ConfigError(f"torch_threads must be >= 1 or None, got {torch_threads!r}")
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as e:
+            raise PolicyError(f"TransformersPolicy needs torch and transformers ({e}); "
+                              "install agentfly-gym[cpu-model]") from e
+        if isinstance(dtype, str):
+            if not isinstance(getattr(torch, dtype, None), torch.dtype):
+                raise ConfigError(f"dtype {dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16')")
+            dtype = getattr(torch, dtype)
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"model {str(path)!r} is not a local model folder "
+                              "(use agentfly_gym.rollout.models.smollm2_dir() for the bundled model)")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            kw = {"dtype": dtype} if dtype is not None else {}
+            self.model = AutoModelForCausalLM.from_pretrained(path, **kw).to(device).eval()
+        except Exception as e:  # noqa: BLE001  (reported as one clear error)
+            raise PolicyError(f"cannot load model folder {str(path)!r}: {type(e).__name__}: {e}") from e
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.continuous_batching = bool(continuous_batching)
+        self.torch_threads = torch_threads
+        self.eos_token_ids = frozenset(self._eos_ids())
+        if not self.eos_token_ids:
+            log.warning("model %s has no eos token id; generation stops only on max_tokens/stop_token_ids", path)
+        pad = self.tokenizer.pad_token_id
+        self._pad_id = pad if pad is not None else (min(self.eos_token_ids) if self.eos_token_ids else 0)
+        self._vocab = int(self.model.get_input_embeddings().weight.shape[0])
+        self._max_len = getattr(self.model.config, "max_position_embeddings", None)
+        self._seed_rng = random.Random(seed)
+        self._seeded = seed is not None
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.num_batches = 0
+        self.num_forward_passes = 0
+        self.num_requests = 0
+        self.num_joined = 0
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None),
+                    getattr(self.model.config, "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(i for i in src if isinstance(i, int))
+        return ids
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        """Sample one reply to ``prompt_ids`` (batched with concurrent calls).
+
+        Args:
+            prompt_ids: the prompt token ids (length >= 1, each in ``[0, vocab)``).
+            sampling: the request's sampling parameters.
+
+        Returns:
+            A :class:`Generation` (see the class docstring for logprobs and stopping);
+            ``latency`` is seconds from this call to the result, queueing included.
+
+        Raises:
+            ConfigError: invalid sampling parameters.
+            PolicyError: an invalid prompt, a prompt too long for the model, the policy is
+                closed, or generation failed.
+        """
+        self._check(prompt_ids, sampling)
+        if sampling.seed is not None:
+            seed = int(sampling.seed)
+        elif self._seeded:
+            seed = self._seed_rng.getrandbits(63)
+        else:
+            seed = int.from_bytes(os.urandom(8), "little") >> 1
+        loop = asyncio.get_running_loop()
+        req = _Request(list(prompt_ids), sampling, seed, loop, loop.create_future(), time.perf_counter())
+        with self._lock:
+            if self._closed:
+                raise PolicyError("the policy is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._worker, name="afg-transformers-policy", daemon=True)
+                self._thread.start()
+            self._queue.put(req)
+        return await req.future
+
+    def close(self) -> None:
+        """Stop the worker thread (after the running batch finishes); waiting requests fail with
+        :class:`PolicyError`.  Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+            self._fail_queued()  # queued requests fail now instead of running (or joining the running batch)
+            self._queue.put(_STOP)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    async def aclose(self) -> None:
+        """:meth:`close` without blocking the event loop."""
+        await asyncio.to_thread(self.close)
+
+    async def __aenter__(self) -> TransformersPolicy:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return (f"TransformersPolicy({self.model.config.model_type}, device={self.device}, "
+                f"max_batch_size={self.max_batch_size}, batches={self.num_batches})")
+
+    # ------------------------------------------------------------------ validation
+
+    def _check(self, prompt_ids: list[int], s: SamplingParams) -> None:
+        if not isinstance(s, SamplingParams):
+            raise ConfigError(f"sampling must be a SamplingParams, got {type(s).__name__}")
+        if not isinstance(s.max_tokens, int) or s.max_tokens < 1:
+            raise ConfigError(f"sampling.max_tokens must be an int >= 1, got {s.max_tokens!r}")
+        if not (s.temperature >= 0 and math.isfinite(s.temperature)):
+            raise ConfigError(f"sampling.temperature must be a finite number >= 0, got {s.temperature!r}")
+        if not (0 < s.top_p <= 1):
+            raise ConfigError(f"sampling.top_p must be in (0, 1], got {s.top_p!r}")
+        if not isinstance(s.top_k, int) or s.top_k < -1:
+            raise ConfigError(f"sampling.top_k must be an int >= -1 (0 or -1 disable it), got {s.top_k!r}")
+        if not prompt_ids:
+            raise PolicyError("prompt_ids is empty: a prompt needs at least one token")
+        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self._vocab]
+        if bad:
+            raise PolicyError(f"prompt_ids holds {len(bad)} ids outside [0, {self._vocab}), e.g. {bad[:3]}")
+        if self._max_len and len(prompt_ids) + s.max_tokens > self._max_len:
+            raise PolicyError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({s.max_tokens}) exceeds the "
+                              f"model's context of {self._max_len} tokens")
+
+    # ------------------------------------------------------------------ worker thread
+
+    def _worker(self) -> None:
+        import torch
+
+        if self.torch_threads is not None:
+            torch.set_num_threads(self.torch_threads)
+        rows: _Rows | None = None
+        stop = False
+        while True:
+            new: list[_Request] = []
+            if rows is None:
+                if stop:
+                    break
+                first = self._queue.get()
+                if first is _STOP:
+                    break
+                new.append(first)
+                stop = self._take_queued(new, self.max_batch_size, self.batch_wait_s)
+            elif not stop and rows.joinable and self.continuous_batching:
+                # continuous batching: requests that arrived meanwhile join the running batch now
+                stop = self._take_queued(new, self.max_batch_size - len(rows.reqs), 0.0)
+            new = [r for r in new if not r.future.cancelled()]
+            try:
+                if new:
+                    running = rows
+                    fresh = self._prefill(new)
+                    if running is None:
+                        rows = fresh
+                    else:
+                        running.merge(fresh)
+                        self.num_joined += len(new)
+                    rows = self._retire(rows)
+                    # the rows already running still decode in this round, so that a stream of newcomers'
+                    # prefills cannot hold them back (at most one prefill per decoding step)
+                    if running is not None and rows is not None:
+                        self._decode(rows)
+                        rows = self._retire(rows)
+                elif rows is not None:
+                    self._decode(rows)
+                    rows = self._retire(rows)
+                else:
+                    continue
+            except Exception as e:  # noqa: BLE001  (every caller in the failed forward pass gets the error)
+                err = PolicyError(f"generation failed: {type(e).__name__}: {e}")
+                err.__cause__ = e
+                for r in {id(r): r for r in (rows.reqs if rows is not None else []) + new}.values():
+                    _resolve(r, exc=err)
+                rows = None
+        self._fail_queued()  # whoever still waits learns that the policy closed
+
+    def _take_queued(self, new: list[_Request], limit: int, wait_s: float) -> bool:
+        """Move queued requests into ``new`` until it holds ``limit``, waiting up to ``wait_s`` seconds for
+        more; returns True when the stop sentinel was taken (the policy is closing)."""
+        deadline = time.monotonic() + wait_s
+        while len(new) < limit:
+            remaining = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return True
+            new.append(item)
+        return False
+
+    def _fail_queued(self) -> None:
+        """Take every request off the queue and fail it with PolicyError (the policy is closed)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                _resolve(item, exc=PolicyError("the policy was closed before this request ran"))
+
+    def _prefill(self, reqs: list[_Request]) -> _Rows:
+        """One forward pass over the left-padded prompts of ``reqs``; samples each one's first token."""
+        import torch
+
+        n = len(reqs)
+        self.num_batches += 1
+        self.num_requests += n
+        width = max(len(r.prompt_ids) for r in reqs)
+        input_ids = torch.full((n, width), self._pad_id, dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(reqs):
+            input_ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            attn[i, width - len(r.prompt_ids):] = 1
+        input_ids, attn = input_ids.to(self.device), attn.to(self.device)
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True)
+        self.num_forward_passes += 1
+        rows = _Rows(reqs=list(reqs), gens=[torch.Generator(device="cpu").manual_seed(r.seed) for r in reqs],
+                     stops=[self.eos_token_ids | set(r.sampling.stop_token_ids) for r in reqs],
+                     out_ids=[[] for _ in reqs], out_lp=[[] for _ in reqs], finish=[None] * n,
+                     next_ids=input_ids[:, -1:], attn=attn, pos=position_ids[:, -1:], past=out.past_key_values)
+        rows.joinable = _joinable(rows.past)
+        self._sample_rows(rows, out.logits[:, -1, :])
+        return rows
+
+    def _decode(self, rows: _Rows) -> None:
+        """One forward pass of every running row on its pending token; samples the next one."""
+        import torch
+
+        with torch.inference_mode():
+            out = self.model(input_ids=rows.next_ids, attention_mask=rows.attn, position_ids=rows.pos,
+                             past_key_values=rows.past, use_cache=True)
+        self.num_forward_passes += 1
+        rows.past = out.past_key_values
+        self._sample_rows(rows, out.logits[:, -1, :])
+
+    def _sample_rows(self, rows: _Rows, logits: Any) -> None:
+        import torch
+
+        logits = logits.float().cpu()
+        nxt = torch.full((len(rows.reqs),), self._pad_id, dtype=torch.long)
+        for i, r in enumerate(rows.reqs):
+            if rows.finish[i] is not None:  # only where the cache could not drop the row
+                continue
+            tok, lp = _sample(logits[i], r.sampling, rows.gens[i])
+            rows.out_ids[i].append(tok)
+            rows.out_lp[i].append(lp)
+            nxt[i] = tok
+            if tok in rows.stops[i]:
+                rows.finish[i] = "stop"
+            elif len(rows.out_ids[i]) >= r.sampling.max_tokens:
+                rows.finish[i] = "length"
+        rows.next_ids = nxt.unsqueeze(1).to(self.device)
+        rows.attn = torch.cat([rows.attn, torch.ones((rows.attn.shape[0], 1), dtype=rows.attn.dtype,
+                                                     device=self.device)], dim=1)
+        rows.pos = rows.pos + 1
+
+    def _retire(self, rows: _Rows) -> _Rows | None:
+        """Resolve finished rows and drop them (and cancelled ones) with their KV-cache rows, so that short
+        requests cost long ones nothing; returns None when no row is left."""
+        for i, r in enumerate(rows.reqs):
+            if rows.finish[i] is not None and not rows.resolved[i]:
+                rows.resolved[i] = True
+                ids = rows.out_ids[i]
+                g = Generation(token_ids=ids, logprobs=rows.out_lp[i], finish_reason=rows.finish[i],
+                               text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                               latency=time.perf_counter() - r.t0)
+                _resolve(r, result=g)
+        keep = [i for i, r in enumerate(rows.reqs) if rows.finish[i] is None and not r.future.cancelled()]
+        if not keep:
+            return None
+        if len(keep) < len(rows.reqs) and hasattr(rows.past, "batch_select_indices"):
+            rows.select(keep)
+        return rows
+
+
+@dataclasses.dataclass
+class _Rows:
+    """The running batch of the worker thread: its requests, their KV cache and per-row decoding state.
+
+    Between forward passes the cache holds ``T`` positions (left-padded), ``attn`` is ``(B, T + 1)``
+    and covers them plus the pending token ``next_ids`` ``(B, 1)``, whose position is ``pos`` ``(B, 1)``.
+    """
+
+    reqs: list[_Request]
+    gens: list[Any]
+    stops: list[set[int]]
+    out_ids: list[list[int]]
+    out_lp: list[list[float]]
+    finish: list[str | None]
+    next_ids: Any
+    attn: Any
+    pos: Any
+    past: Any
+    joinable: bool = False
+    resolved: list[bool] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.resolved = [False] * len(self.reqs)
+
+    _LISTS = ("reqs", "gens", "stops", "out_ids", "out_lp", "finish", "resolved")
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only rows ``keep``, then cut the cache columns that every remaining row has as padding."""
+        import torch
+
+        sel = torch.tensor(keep, device=self.attn.device)
+        self.past.batch_select_indices(sel)
+        self.next_ids, self.attn, self.pos = self.next_ids[sel], self.attn[sel], self.pos[sel]
+        for name in self._LISTS:
+            setattr(self, name, [getattr(self, name)[i] for i in keep])
+        if self.joinable:
+            lead = int(self.attn.any(dim=0).long().argmax())  # first column some row attends to
+            if lead > 0:
+                self.attn = self.attn[:, lead:]
+                for layer in self.past.layers:
+                    layer.keys, layer.values = layer.keys[..., lead:, :], layer.values[..., lead:, :]
+
+    def merge(self, other: _Rows) -> None:
+        """Append ``other``'s rows (a fresh prefill) to this batch, left-padding the shorter KV cache."""
+        import torch
+
+        ta, tb = self.attn.shape[1], other.attn.shape[1]
+        width = max(ta, tb)
+
+        def left_pad(x: Any, n: int, dim: int) -> Any:
+            if n == 0:
+                return x
+            shape = list(x.shape)
+            shape[dim] = n
+            return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+        self.attn = torch.cat([left_pad(self.attn, width - ta, 1), left_pad(other.attn, width - tb, 1)], dim=0)
+        for mine, theirs in zip(self.past.layers, other.past.layers):
+            mine.keys = torch.cat([left_pad(mine.keys, width - ta, -2), left_pad(theirs.keys, width - tb, -2)])
+            mine.values = torch.cat([left_pad(mine.values, width - ta, -2),
+                                     left_pad(theirs.values, width - tb, -2)])
+        self.next_ids = torch.cat([self.next_ids, other.next_ids])
+        self.pos = torch.cat([self.pos, other.pos])
+        for name in self._LISTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def _joinable(past: Any) -> bool:
+    """Whether new rows can be merged into this KV cache: a DynamicCache of plain full-attention layers
+    (e.g. Llama/SmolLM2, Qwen2/3).  Other caches (sliding windows, linear attention) run in static waves."""
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:
+        return False
+    layers = getattr(past, "layers", None)
+    return (isinstance(past, DynamicCache) and bool(layers) and all(type(la) is DynamicLayer for la in layers)
+            and all(getattr(la, "keys", None) is not None and la.keys.dim() == 4 for la in layers))
+
+
+def _sample(z: Any, s: SamplingParams, gen: Any) -> tuple[int, float]:
+    """One token from logits ``z`` (1-D float32 tensor, length vocab) and its logprob (see
+    :class:`TransformersPolicy` for the exact definitions)."""
+    import torch
+
+    if s.temperature == 0:
+        tok = int(torch.argmax(z))
+        return tok, float(torch.log_softmax(z, dim=-1)[tok])
+    scaled = z / s.temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    masked = scaled
+    if s.top_k and s.top_k > 0 and s.top_k < masked.numel():
+        kth = torch.topk(masked, s.top_k).values[-1]
+        masked = masked.masked_fill(masked < kth, float("-inf"))
+    if s.top_p < 1.0:
+        sorted_l, idx = torch.sort(masked, descending=True)
+        cum = torch.softmax(sorted_l, dim=-1).cumsum(-1)
+        remove = cum - torch.softmax(sorted_l, dim=-1) >= s.top_p  # keep until the mass reaches top_p
+        remove[0] = False
+        masked = masked.clone()
+        masked[idx[remove]] = float("-inf")
+    probs = torch.softmax(masked, dim=-1)
+    tok = int(torch.multinomial(probs, 1, generator=gen))
+    return tok, float(logp[tok])
+
+
+def _resolve(r: _Request, *, result: Generation | None = None, exc: BaseException | None = None) -> None:
+    """Complete ``r.future`` on its own loop (ignored when the caller cancelled or the loop closed)."""
+
+    def done() -> None:
+        if r.future.done():
+            return
+        if exc is not None:
+            r.future.set_exception(exc)
+        else:
+            r.future.set_result(result)
+
+    try:
+        r.loop.call_soon_threadsafe(done)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass
