@@ -80,7 +80,6 @@ def make_multiagent(env_id: str, **kwargs: Any):
     Raises:
         ConfigError: no multi-agent environment has that id.
     """
-    from .errors import ConfigError
     from .utils.imports import load_object
 
     name = normalize_multiagent_id(env_id).split("/", 1)[1]

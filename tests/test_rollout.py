@@ -189,6 +189,20 @@ async def test_a_bad_env_setting_fails_before_any_rollout(smollm2_policy):
         await run_rollouts(config, ExpertPolicy(), chat, progress=False)
 
 
+async def test_the_runner_makes_the_manager_the_setting_names(smollm2_policy, monkeypatch):
+    """Without ``manager=``, run_rollouts makes the kind AGENTFLY_GYM_MANAGER names (here a bad one is refused
+    by name, before any env starts; the Ray kind itself is tested in test_ray_manager.py)."""
+    chat = ChatTokenizer(smollm2_policy.tokenizer)
+    monkeypatch.setenv("AGENTFLY_GYM_MANAGER", "cluster-of-one")
+    with pytest.raises(ConfigError, match="AGENTFLY_GYM_MANAGER='cluster-of-one'"):
+        await run_rollouts(RolloutConfig(env_ids=["Chess-v0"], num_trajectories=1), ExpertPolicy(), chat,
+                           progress=False)
+    monkeypatch.setenv("AGENTFLY_GYM_MANAGER", "local")
+    result = await run_rollouts(RolloutConfig(env_ids=["Chess-v0"], num_trajectories=1, max_turns=1), ExpertPolicy(),
+                                chat, progress=False)
+    assert result.summary["errors"] == 0 and result.trajectories[0].num_turns == 1
+
+
 def test_config_errors_name_the_value():
     with pytest.raises(ConfigError, match="unknown environment"):
         RolloutConfig(env_ids=["Checkers-v0"])

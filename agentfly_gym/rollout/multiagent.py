@@ -331,7 +331,6 @@ async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, oppone
 
     from ..errors import ConfigError
     from ..registration import make_multiagent
-    from ..resources.manager import ResourceManager
     from .runner import RolloutResult, summarize
     from .trajectory import save_trajectories
 
@@ -346,7 +345,10 @@ async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, oppone
     agents = list(probe.possible_agents)
     full_id = f"agentfly/{type(probe).env_name}-v0"
     own = manager is None
-    manager = manager or ResourceManager()
+    if manager is None:  # AGENTFLY_GYM_MANAGER: local (default), ray or auto
+        from ..resources.ray.select import manager_from_environment
+
+        manager = manager_from_environment()
     sem = asyncio.Semaphore(concurrency)
     bar = None
     if progress:

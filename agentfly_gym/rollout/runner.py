@@ -202,7 +202,8 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
     The config is checked first (:func:`check_config`).  A trajectory that fails (e.g. no resource could be started) is kept with its ``error``
     set; it never stops the others.  If the run is cancelled (Ctrl-C under ``asyncio.run``),
     the trajectories finished so far are saved (``summary["interrupted"] = True``) before the
-    cancellation propagates, and every resource is released.  With ``manager=None`` a manager
+    cancellation propagates, and every resource is released.  With ``manager=None`` a manager of the kind
+    ``AGENTFLY_GYM_MANAGER`` names (local by default, see :mod:`agentfly_gym.resources.ray.select`)
     is created and closed here; a given manager is left open.
 
     Returns:
@@ -210,7 +211,10 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
     """
     check_config(config)
     own = manager is None
-    manager = manager or ResourceManager()
+    if manager is None:  # AGENTFLY_GYM_MANAGER: local (default), ray or auto
+        from ..resources.ray.select import manager_from_environment
+
+        manager = manager_from_environment()
     sem = asyncio.Semaphore(config.concurrency)
     finished: dict[int, Trajectory] = {}
     bar = None
