@@ -79,7 +79,7 @@ class RolloutScope:
                 pool = self.manager.pool(spec)
                 lease = await pool.acquire(timeout=timeout if timeout is not None else self.acquire_timeout)
                 if self._closed:  # the scope ended while we waited
-                    await pool.release(lease)
+                    await self._give_back(pool, lease)
                     raise ResourceError(f"scope {self.id!r} ended during acquisition")
                 self._leases[key] = lease
             return lease
@@ -88,7 +88,7 @@ class RolloutScope:
         """Release this scope's instance of ``spec`` early; ``discard=True`` stops it (e.g. it died)."""
         lease = self._leases.pop(spec.key, None)
         if lease is not None:
-            await self.manager.pool(spec).release(lease, discard=discard)
+            await self._give_back(self.manager.pool(spec), lease, discard=discard)
 
     async def discard(self, resource: Resource) -> None:
         """Release ``resource`` (held by this scope) and stop it instead of reusing it."""
@@ -99,13 +99,22 @@ class RolloutScope:
         self._closed = True
         leases, self._leases = self._leases, {}
         for key, lease in leases.items():
-            pool = self.manager._pools.get(key)
+            pool = self._pool_of(key, lease)
             if pool is None or pool.closed:
                 continue
             try:
-                await pool.release(lease)
+                await self._give_back(pool, lease)
             except Exception:
                 log.warning("releasing %r from scope %s failed", lease, self.id, exc_info=True)
+
+    # -- the two places a scope meets its manager's pools (a Ray scope overrides them)
+    def _pool_of(self, key: str, lease: Resource) -> Any:
+        """The pool ``lease`` (of spec key ``key``) goes back to, or None when it is gone."""
+        return self.manager._pools.get(key)
+
+    async def _give_back(self, pool: Any, lease: Resource, *, discard: bool = False) -> None:
+        """Return ``lease`` to ``pool``; ``discard`` stops it instead of keeping it for reuse."""
+        await pool.release(lease, discard=discard)
 
     async def __aenter__(self) -> RolloutScope:
         return self

@@ -1,7 +1,9 @@
 """Teardown at process end: no container, sandbox, simulator or server outlives its Python process.
 
 One owner: every :class:`~agentfly_gym.resources.ResourceManager` keeps a registry of the live
-instances it built and registers itself here (:func:`watch`) when it is created.  At interpreter
+instances it built and registers itself here (:func:`watch`) when it is created; so does the
+cluster-wide :class:`~agentfly_gym.resources.ray.RayResourceManager` (its ``close_sync`` detaches
+from the cluster pools, whose last user stops their instances).  At interpreter
 exit (``atexit``: a normal exit, an uncaught exception, Ctrl-C's ``KeyboardInterrupt``) and on
 SIGTERM, :func:`close_all_sync` calls ``terminate_sync()`` on every live instance of every
 manager not yet closed, in parallel threads (removing a container takes a round trip to the
@@ -22,11 +24,10 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .base import Resource
-    from .manager import ResourceManager
 
 __all__ = ["TERMINATE_TIMEOUT", "close_all_sync", "install_signal_handlers", "terminate_all", "watch"]
 
@@ -35,20 +36,31 @@ log = logging.getLogger(__name__)
 TERMINATE_TIMEOUT = 30.0
 """Seconds :func:`terminate_all` waits for the instances' ``terminate_sync`` calls together."""
 
-_live_managers: weakref.WeakSet[ResourceManager] = weakref.WeakSet()
+_live_managers: weakref.WeakSet[Any] = weakref.WeakSet()  # ResourceManager or RayResourceManager
 _atexit_registered = False
 _lock = threading.Lock()
 
 
-def watch(manager: ResourceManager) -> None:
+def watch(manager: Any, *, run_first: bool = False) -> None:
     """Tear ``manager``'s live instances down at exit and on SIGTERM (while it is not closed).
 
-    Registers the ``atexit`` hook once per process and installs the SIGTERM handler when called
-    on the main thread (see :func:`install_signal_handlers`).
+    ``manager`` is a :class:`~agentfly_gym.resources.ResourceManager` or any manager with ``id``,
+    ``closed`` and ``close_sync()`` (the Ray-backed one).  Registers the ``atexit`` hook once per
+    process and installs the SIGTERM handler when called on the main thread (see
+    :func:`install_signal_handlers`).
+
+    Args:
+        run_first: move the exit hook behind every hook registered so far, so that it runs before
+            them (``atexit`` runs the last registered first).  A manager whose teardown needs a
+            library that registers its own shutdown at exit (Ray: ``ray.init`` registers
+            ``ray.shutdown``) passes it after starting that library.
     """
     global _atexit_registered
     with _lock:
         _live_managers.add(manager)
+        if run_first and _atexit_registered:
+            atexit.unregister(_close_all_at_exit)
+            _atexit_registered = False
         if not _atexit_registered:
             atexit.register(_close_all_at_exit)
             _atexit_registered = True

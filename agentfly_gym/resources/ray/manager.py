@@ -30,22 +30,20 @@ SIGKILLed worker that did not make the pool) keeps its leases until the pool end
 from __future__ import annotations
 
 import asyncio
-import atexit
 import itertools
 import logging
 import os
 import re
-import signal
-import threading
 import types
 import uuid
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ...errors import ConfigError, PoolClosedError, ResourceDied, ResourceError
 from ..base import Resource, ResourceStatus
 from ..spec import ResourceSpec
+from .. import teardown
+from ..manager import RolloutScope
 from .actors import Grant, pool_actor_class
 from .placement import PlacementTable, RayPlacement, resolve_placement
 
@@ -54,7 +52,6 @@ __all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource", "h
 log = logging.getLogger(__name__)
 
 _scope_ids = itertools.count(1)
-_live: weakref.WeakSet[RayResourceManager] = weakref.WeakSet()
 _HEAD = "node:__internal_head__"
 
 
@@ -333,67 +330,16 @@ class RayPool:
                 self.release_nowait(r)
 
 
-class RayRolloutScope:
+class RayRolloutScope(RolloutScope):
     """Resources held by one rollout, as :class:`~agentfly_gym.resources.RolloutScope` but leased from the
-    cluster pools: the same instance per spec key for the whole scope, all returned when it ends."""
+    cluster pools: the same instance per spec key for the whole scope, all returned when it ends.  Leases go
+    back with ``release_nowait`` (one actor message, no wait), so ``aclose`` never yields."""
 
-    def __init__(self, manager: RayResourceManager, scope_id: str, *, acquire_timeout: float | None = None) -> None:
-        self.manager = manager
-        self.id = scope_id
-        self.acquire_timeout = acquire_timeout
-        self._leases: dict[str, RayResource] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._closed = False
+    def _pool_of(self, key: str, lease: Resource) -> Any:
+        return lease._pool
 
-    @property
-    def resources(self) -> dict[str, RayResource]:
-        return dict(self._leases)
-
-    async def acquire(self, spec: ResourceSpec, *, timeout: float | None = None) -> RayResource:
-        """The scope's instance of ``spec``, leased from its cluster pool on first use.
-
-        Raises:
-            ResourceTimeout, ResourceStartError, PoolClosedError: from the cluster pool.
-            ResourceError: the scope has already ended.
-        """
-        if self._closed:
-            raise ResourceError(f"scope {self.id!r} has ended; open a new one")
-        key = spec.key
-        lease = self._leases.get(key)
-        if lease is not None:
-            return lease
-        async with self._locks.setdefault(key, asyncio.Lock()):
-            lease = self._leases.get(key)
-            if lease is None:
-                pool = self.manager.pool(spec)
-                lease = await pool.acquire(timeout=timeout if timeout is not None else self.acquire_timeout)
-                if self._closed:
-                    pool.release_nowait(lease)
-                    raise ResourceError(f"scope {self.id!r} ended during acquisition")
-                self._leases[key] = lease
-            return lease
-
-    async def release(self, spec: ResourceSpec, *, discard: bool = False) -> None:
-        lease = self._leases.pop(spec.key, None)
-        if lease is not None:
-            lease._pool.release_nowait(lease, discard=discard)
-
-    async def discard(self, resource: Resource) -> None:
-        """Release ``resource`` and stop it instead of reusing it."""
-        await self.release(resource.spec, discard=True)
-
-    async def aclose(self) -> None:
-        """Return every lease; never yields, so it also completes under cancellation."""
-        self._closed = True
-        leases, self._leases = self._leases, {}
-        for lease in leases.values():
-            lease._pool.release_nowait(lease)
-
-    async def __aenter__(self) -> RayRolloutScope:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
+    async def _give_back(self, pool: Any, lease: Resource, *, discard: bool = False) -> None:
+        pool.release_nowait(lease, discard=discard)
 
 
 class RayResourceManager:
@@ -440,8 +386,10 @@ class RayResourceManager:
         self._globals: dict[str, RayResource] = {}
         self._global_locks: dict[str, asyncio.Lock] = {}
         self._closed = False
-        _live.add(self)
-        _ensure_exit_hooks()
+        # one teardown owner (resources/teardown.py): this manager detaches at exit and on SIGTERM (Ray's
+        # driver handler exits through atexit).  Registered after ray.init, whose own exit hook shuts Ray
+        # down: atexit runs last-registered first, so the pools are detached while Ray is still up.
+        teardown.watch(self, run_first=True)
 
     # ------------------------------------------------------------------ pools
     def pool(self, spec: ResourceSpec) -> RayPool:
@@ -578,7 +526,6 @@ class RayResourceManager:
         if self._closed:
             return
         self._closed = True
-        _live.discard(self)
         ray = _ray()
         pools, self._pools = list(self._pools.values()), {}
         self._globals.clear()
@@ -607,38 +554,3 @@ class RayResourceManager:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
-
-
-_hooks_installed = False
-_prev_sigterm: Any = None
-
-
-def _ensure_exit_hooks() -> None:
-    """At interpreter exit and on SIGTERM (main thread, chaining any previous handler), detach every live
-    manager so pools stop their instances (containers, processes) before the process ends."""
-    global _hooks_installed, _prev_sigterm
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    atexit.register(_close_all)  # registered after ray.init's own hook, so it runs before ray.shutdown
-    if threading.current_thread() is threading.main_thread():
-        _prev_sigterm = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def _close_all() -> None:
-    for m in list(_live):
-        try:
-            m.close_sync(timeout=30)
-        except Exception:  # noqa: BLE001 - best effort while exiting
-            log.debug("closing %s at exit failed", m.id, exc_info=True)
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    _close_all()
-    prev = _prev_sigterm
-    if callable(prev):
-        prev(signum, frame)
-    elif prev != signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
