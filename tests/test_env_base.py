@@ -19,7 +19,7 @@ from agentfly_gym.errors import ConfigError, NoExpert, PolicyError, ResourceDied
 from agentfly_gym.registration import ENVS
 from agentfly_gym.resources import ResourceManager
 from agentfly_gym.utils.imports import load_object
-from agentfly_gym.rollout.baselines import ExpertPolicy
+from agentfly_gym.rollout.policies.baselines import ExpertPolicy
 from agentfly_gym.vector import AsyncTextVectorEnv
 
 pytestmark = pytest.mark.timeout(120)
