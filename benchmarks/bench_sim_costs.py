@@ -57,7 +57,7 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
         env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_simulators=1,
                              max_episode_steps=None).unwrapped
         await env.areset(seed=0, options={"task_name": "boil", "variation": 0})
-        sim = env._sim.obj  # the ScienceWorldSimulator the env holds for this episode
+        sim = env._sim.resource.obj  # the ScienceWorldSimulator the env holds for this episode
         server = sim._server
         assert sim.fold_calls
         order = list(series)
@@ -84,7 +84,7 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
                     series[name].append(dt)
                 if name == "env_astep_folded" and (term or trunc):  # the env's episode limit
                     await env.areset(seed=0, options={"task_name": "boil", "variation": 0})
-                    sim = env._sim.obj
+                    sim = env._sim.resource.obj
                     server = sim._server
         await env.aclose()
     raw = _median(series["raw_server_step"])
