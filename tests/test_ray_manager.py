@@ -371,3 +371,26 @@ def test_verl_plugin_shares_the_cluster_pools_when_the_setting_says_ray(cluster,
         assert m.closed
 
     asyncio.run(main())
+
+
+def test_runner_plays_pooled_envs_through_typed_proxies_on_ray(cluster, monkeypatch):
+    """``agentfly-gym rollout`` under ``AGENTFLY_GYM_MANAGER=ray``: Chess games against Stockfish (an engine pool
+    reached through its typed proxy) and ScienceWorld (a JVM pool) play on the cluster, and the summary reads the
+    Ray pools' metrics under the local pool's names."""
+    from transformers import AutoTokenizer
+
+    from agentfly_gym.rollout import RandomPolicy, RolloutConfig, run_rollouts
+    from agentfly_gym.rollout.chat import ChatTokenizer
+    from agentfly_gym.rollout.models import smollm2_dir
+
+    monkeypatch.setenv("AGENTFLY_GYM_MANAGER", "ray")
+    monkeypatch.setenv("AGENTFLY_GYM_RAY_PLACEMENT", json.dumps(SIM))
+    chat = ChatTokenizer(AutoTokenizer.from_pretrained(smollm2_dir()))
+    config = RolloutConfig(env_ids=["Chess-v0", "ScienceWorld-v0"], num_trajectories=4, concurrency=4, max_turns=2,
+                           env_kwargs={"Chess-v0": {"mode": "play", "max_engines": 2},
+                                       "ScienceWorld-v0": {"max_simulators": 2, "with_admissible_actions": True}})
+    result = asyncio.run(run_rollouts(config, RandomPolicy(seed=0), chat, progress=False))
+    assert result.summary["errors"] == 0, [t.error for t in result.trajectories]
+    assert all(t.num_turns >= 1 for t in result.trajectories)
+    res = result.summary["resources"]
+    assert res["started"] >= 2 and 2 <= res["max_in_use"] <= 4 and set(res["pools"])

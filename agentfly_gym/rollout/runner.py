@@ -121,11 +121,12 @@ def summarize(trajectories: list[Trajectory], wall_s: float, manager: ResourceMa
         "env_s": sum(t.timings.get("env", 0.0) for t in trajectories),
         "per_env": per_env,
         "resources": {
-            "started": sum(p["started"] for p in pools.values()),
-            "reused": sum(p["reused"] for p in pools.values()),
-            "max_in_use": sum(p["max_in_use"] for p in pools.values()),
-            "mean_acquire_wait_s": (sum(p["acquire_wait_total"] for p in pools.values())
-                                    / max(1, sum(p["acquired"] for p in pools.values()))),
+            # .get: a Ray pool whose actor could not be asked (dead node) reports what it last saw
+            "started": sum(p.get("started", 0) for p in pools.values()),
+            "reused": sum(p.get("reused", 0) for p in pools.values()),
+            "max_in_use": sum(p.get("max_in_use", 0) for p in pools.values()),
+            "mean_acquire_wait_s": (sum(p.get("acquire_wait_total", 0.0) for p in pools.values())
+                                    / max(1, sum(p.get("acquired", 0) for p in pools.values()))),
             "pools": pools,
         },
     }

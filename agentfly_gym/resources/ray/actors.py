@@ -112,6 +112,19 @@ class ResourceHost:
             out = await out
         return out
 
+    async def invoke_fn(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``resource.invoke(fn, ...)`` of an in-process object: ``fn(obj, *args, **kwargs)`` (a typed proxy's
+        call); a coroutine function on an object in this process is awaited on this actor's loop."""
+        res = self._live()
+        from ..inprocess import InProcessResource
+
+        if not isinstance(res, InProcessResource):
+            raise ResourceError(f"{res.id} ({type(res).__name__}) is not an in-process object; call its own "
+                                "methods by name")
+        if inspect.iscoroutinefunction(fn) and not res.isolated and res.obj is not None:
+            return await fn(res.obj, *args, **kwargs)
+        return await res.invoke(fn, *args, **kwargs)
+
     async def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``resource.run(fn, ...)``: ``fn`` (pickled by Ray) runs on the object's thread here."""
         return await self._live().run(fn, *args, **kwargs)
@@ -203,7 +216,7 @@ class PoolActor:
         self._closed = False
         self._n = 0
         self._stats = {"acquires": 0, "started": 0, "reused": 0, "died": 0, "timeouts": 0, "cancelled": 0,
-                       "wait_total": 0.0, "wait_max": 0.0, "start_total": 0.0, "peak_live": 0}
+                       "wait_total": 0.0, "wait_max": 0.0, "start_total": 0.0, "peak_live": 0, "peak_in_use": 0}
 
     # ------------------------------------------------------------------ clients
     def attach(self, client_id: str, node_id: str | None = None) -> bool:
@@ -405,6 +418,7 @@ class PoolActor:
     def _grant(self, lease_id: str, client_id: str, inst: _Instance, t0: float) -> Grant:
         inst.uses += 1
         self._leases[lease_id] = (inst.id, client_id)
+        self._stats["peak_in_use"] = max(self._stats["peak_in_use"], len(self._leases))
         waited = time.monotonic() - t0
         self._stats["acquires"] += 1
         self._stats["wait_total"] += waited
@@ -513,7 +527,8 @@ class PoolActor:
     # ------------------------------------------------------------------ metrics, shutdown
     def snapshot(self) -> dict[str, Any]:
         """Cluster-wide: in use, idle, waiting, starting, live, capacity, started, reused, died, peak live,
-        acquire wait mean/max and start mean (seconds), clients."""
+        acquire wait mean/max and start mean (seconds), clients; plus the figures runner summaries read under
+        the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``, ... as in ``PoolMetrics``)."""
         s = self._stats
         return {"spec": self.spec.label, "capacity": self.capacity, "in_use": len(self._leases),
                 "idle": len(self._idle), "waiting": len(self._waiters), "starting": self._starting,
@@ -522,6 +537,10 @@ class PoolActor:
                 "peak_live": s["peak_live"], "wait_mean": s["wait_total"] / s["acquires"] if s["acquires"] else 0.0,
                 "wait_max": s["wait_max"], "start_mean": s["start_total"] / s["started"] if s["started"] else 0.0,
                 "clients": len(self._clients),
+                # the local pool's names for the same figures (PoolMetrics), so one summary reads either manager
+                "key": self.spec.key, "label": self.spec.label, "max_in_use": s["peak_in_use"],
+                "acquired": s["acquires"], "acquire_wait_total": s["wait_total"], "acquire_wait_max": s["wait_max"],
+                "start_time_total": s["start_total"],
                 "instances": {i.id: {"node_id": i.node_id, "pid": i.pid, "uses": i.uses}
                               for i in self._instances.values()}}
 

@@ -155,8 +155,16 @@ class RayResource(Resource):
         """``fn(*args, **kwargs)`` on the instance's thread where it lives (``fn`` is pickled)."""
         return await self._remote("run", fn, args, kwargs)
 
-    async def invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``await resource.<method>(*args, **kwargs)`` on the live resource where it lives."""
+    async def invoke(self, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a call on the live resource where it lives.
+
+        ``method`` is either the name of one of the resource's own methods (``"exec"``: ``await
+        resource.exec(*args, **kwargs)``), or a function ``fn`` run as ``fn(obj, *args, **kwargs)`` on an
+        in-process object, as :meth:`InProcessResource.invoke <agentfly_gym.resources.inprocess.InProcessResource.invoke>`
+        does (what typed simulator proxies send; ``fn`` is pickled by reference).
+        """
+        if callable(method):
+            return await self._remote("invoke_fn", method, args, kwargs)
         return await self._remote("invoke", method, args, kwargs)
 
     async def exec(self, *args: Any, **kwargs: Any) -> Any:
