@@ -220,6 +220,8 @@ def test_bad_settings_name_the_value(cluster, tmp_path, monkeypatch):
         RayResourceManager(placement={"*": {"resources": {"gpu_slot": 1}}}).pool(counted(tmp_path, 1))
     with pytest.raises(ConfigError, match="global_scope='rack'"):
         RayResourceManager(global_scope="rack")
+    with pytest.raises(ConfigError, match="resources='docker' must map resource names to amounts"):
+        RayResourceManager(placement={"container": {"resources": "docker"}})
     monkeypatch.setenv("AGENTFLY_GYM_MANAGER", "auto")
     assert manager_kind() == "ray"  # this process is connected to Ray
     monkeypatch.setenv("AGENTFLY_GYM_MANAGER", "cluster")

@@ -37,7 +37,11 @@ class RayPlacement:
     scheduling_strategy: str = "DEFAULT"
 
     def __post_init__(self) -> None:
-        res = dict(self.resources)
+        try:
+            res = dict(self.resources)
+        except (TypeError, ValueError):
+            raise ConfigError(f"placement resources={self.resources!r} must map resource names to amounts, "
+                              'e.g. {"docker": 1}') from None
         for name, amount in res.items():
             if not isinstance(name, str) or not name:
                 raise ConfigError(f"placement resource name {name!r} must be a non-empty string")
