@@ -17,7 +17,8 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 # loop-mounted ext4 disk limit (mkfs.ext4)
 { command -v setpriv >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1; } || need+=(util-linux)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
-ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || need+=(libseccomp2)
+# grep reads all of ldconfig's output (no -q): under pipefail an early exit would SIGPIPE ldconfig and fail the test
+ldconfig -p 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || need+=(libseccomp2)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v patch >/dev/null 2>&1 || need+=(patch)      # R2E-Gym task builds apply gold patches
