@@ -23,7 +23,7 @@ A backend is one function, ``create(spec, labels) -> Resource``:
 It never sees the manager, the pool or other instances.  The instance implements the lifecycle of
 :class:`~agentfly_gym.resources.Resource`: ``start``, ``reset``, ``status``, ``release``, keeping
 ``self._status`` (a :class:`~agentfly_gym.resources.base.ResourceStatus`) current as it goes, e.g.
-``RUNNING`` at the end of ``start`` and ``STOPPED`` in ``release``: ``repr``, ``describe()`` and
+``READY`` at the end of ``start`` and ``STOPPED`` in ``release``: ``repr``, ``describe()`` and
 ``agentfly-gym resources`` read it (and
 ``park``, ``terminate_sync`` for exit-time cleanup, ``describe``); container backends implement
 :class:`~agentfly_gym.resources.containers.api.ContainerResource` too, so tools and environments run
