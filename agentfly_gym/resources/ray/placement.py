@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Mapping
 from typing import Any, Union
 
@@ -113,10 +112,7 @@ def parse_placements(text: str) -> dict[str, RayPlacement]:
     Raises:
         ConfigError: not a JSON object of objects, or a bad placement.
     """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"placements {text!r} are not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"placements {text!r} must be a JSON object: spec kind/name/key -> placement fields")
+    from ...utils.jsonargs import json_object
+
+    data = json_object(text, "AGENTFLY_GYM_RAY_PLACEMENT (spec kind/name/key -> placement fields)")
     return {str(k): RayPlacement.of(v) for k, v in data.items()}
