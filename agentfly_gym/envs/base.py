@@ -32,7 +32,7 @@ import gymnasium.wrappers
 
 from ..errors import ConfigError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
 from ..resources.inprocess import InProcessResource
-from ..resources.manager import ResourceManager, RolloutScope, default_manager, install_signal_handlers
+from ..resources.manager import DefaultManaged, ResourceManager, RolloutScope, install_signal_handlers
 from ..spaces import TextSpace
 from ..utils.aio import run_sync
 from .prompting import AgentPrompt
@@ -105,7 +105,7 @@ def _enclosing_time_limit(env: gymnasium.Env) -> int | None:
         del frame
 
 
-class AgentFlyEnv(gymnasium.Env[str, str]):
+class AgentFlyEnv(DefaultManaged, gymnasium.Env[str, str]):
     """A text environment whose backing resources come from a :class:`ResourceManager`.
 
     Args:
@@ -207,13 +207,6 @@ class AgentFlyEnv(gymnasium.Env[str, str]):
         return []
 
     # ------------------------------------------------------------------ properties
-    @property
-    def manager(self) -> ResourceManager:
-        """The resource manager (the running loop's default one unless given)."""
-        if self._manager is None or self._manager.closed:
-            self._manager = default_manager()
-        return self._manager
-
     @property
     def scope(self) -> RolloutScope:
         """The current episode's rollout scope.

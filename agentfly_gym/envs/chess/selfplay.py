@@ -33,7 +33,7 @@ from pettingzoo import AECEnv
 
 from ...errors import ConfigError, ResetNeeded, ResourceError
 from ...resources.inprocess import InProcessResource, ObjectProxy, forward
-from ...resources.manager import ResourceManager, RolloutScope, default_manager
+from ...resources.manager import DefaultManaged, ResourceManager, RolloutScope
 from ...resources.spec import InProcessSpec
 from ...spaces import TextSpace
 from ...utils.aio import run_sync
@@ -148,7 +148,7 @@ def board_spec(max_games: int = 64) -> InProcessSpec:
                          close_timeout=5.0, name="chess-board")
 
 
-class ChessSelfPlayEnv(AECEnv):
+class ChessSelfPlayEnv(DefaultManaged, AECEnv):
     """A chess game between two language-model agents, ``"white"`` and ``"black"`` (PettingZoo AEC).
 
     Observations and actions are text (:class:`~agentfly_gym.spaces.TextSpace`).  ``observe(agent)``
@@ -264,13 +264,6 @@ class ChessSelfPlayEnv(AECEnv):
         return self.action_spaces[agent]
 
     # ------------------------------------------------------------------ properties
-    @property
-    def manager(self) -> ResourceManager:
-        """The resource manager (the running loop's default one unless given)."""
-        if self._manager is None or self._manager.closed:
-            self._manager = default_manager()
-        return self._manager
-
     @property
     def board(self) -> chess.Board:
         """A copy of the game's position (with its move stack).
