@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from verltools import trainer_config
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
@@ -161,7 +162,6 @@ async def test_compute_advantage_on_real_step_rows(tmp_path, tiny_qwen):
     batch as verl's V1 trainer does (``as_dict``: rm_scores, response_mask), then verl's compute_advantage
     and the V1 multi-trajectory entry with adv_estimator="gigpo"; advantages checked by hand."""
     import hydra
-    import verl
     from transformers import AutoTokenizer
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -170,9 +170,7 @@ async def test_compute_advantage_on_real_step_rows(tmp_path, tiny_qwen):
     from agentfly_gym_verl.runtime import ashutdown
 
     tok = AutoTokenizer.from_pretrained(tiny_qwen)
-    cfg = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
-    cfg.data.max_prompt_length, cfg.data.max_response_length = 4096, 64
-    cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path = str(agentfly_gym_verl.config_path())
+    cfg = trainer_config(4096, 64)
     path = build_dataset("Chess", [PUZZLE], None, tmp_path / "d.parquet", mode="step", max_turns=4,
                          env_kwargs={"mode": "puzzle"})
     row = dict(RLHFDataset(data_files=[str(path)], tokenizer=tok, config=cfg.data, processor=None)[0])

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from verltools import trainer_config
 
 from agentfly_gym.cli import main
 from agentfly_gym.errors import ConfigError
@@ -205,7 +206,6 @@ async def test_verl_agent_loop_yaml_reward_key(tmp_path, tiny_qwen, slow_judge):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "verl"))
-    import verl
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
@@ -217,8 +217,7 @@ async def test_verl_agent_loop_yaml_reward_key(tmp_path, tiny_qwen, slow_judge):
     from agentfly_gym_verl.runtime import ashutdown
 
     tok = AutoTokenizer.from_pretrained(tiny_qwen)
-    cfg = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
-    cfg.data.max_prompt_length, cfg.data.max_response_length = 4096, 64
+    cfg = trainer_config(4096, 64)
     path = build_dataset("Chess", ["tewjc"], None, tmp_path / "d.parquet", mode="step", max_turns=2,
                          env_kwargs={"mode": "puzzle"})
     row = dict(RLHFDataset(data_files=[str(path)], tokenizer=tok, config=cfg.data, processor=None)[0])

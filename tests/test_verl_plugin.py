@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from pathlib import Path
 
 import gymnasium
 import pytest
 from proctools import live_processes, wait_gone
+from verltools import trainer_config
 
 try:
     import hydra
@@ -37,7 +37,7 @@ except ImportError as e:  # pragma: no cover
                 "pip install 'verl[verl-core]==0.9.1' 'torch==2.13.0'", allow_module_level=True)
 
 import agentfly_gym  # noqa: F401,E402
-import agentfly_gym_verl  # noqa: E402
+import agentfly_gym_verl  # noqa: F401,E402  (the plugin, as a trainer imports it)
 from agentfly_gym.rollout.chat import ChatTokenizer  # noqa: E402
 from agentfly_gym.rollout.policy import SamplingParams  # noqa: E402
 from agentfly_gym.rollout.transformers_policy import TransformersPolicy  # noqa: E402
@@ -105,14 +105,7 @@ def policy(tiny_qwen):
 
 
 def _trainer_config(response_length: int = RESPONSE_LEN, use_v1: bool = True):
-    import verl
-
-    cfg = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
-    cfg.data.max_prompt_length = PROMPT_LEN
-    cfg.data.max_response_length = response_length
-    cfg.trainer.use_v1 = use_v1
-    cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path = str(agentfly_gym_verl.config_path())
-    return cfg
+    return trainer_config(PROMPT_LEN, response_length, use_v1=use_v1)
 
 
 def _make_loop(name: str, server, tokenizer, cfg, **overrides):

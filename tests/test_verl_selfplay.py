@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from pathlib import Path
 
 import pytest
+from verltools import trainer_config
 
 pytest.importorskip("pettingzoo")
 try:
@@ -30,7 +30,7 @@ try:
 except ImportError as e:  # pragma: no cover
     pytest.skip(f"verl 0.9.1 cannot be imported ({e})", allow_module_level=True)
 
-import agentfly_gym_verl  # noqa: E402
+import agentfly_gym_verl  # noqa: F401,E402  (the plugin, as a trainer imports it)
 from agentfly_gym.rollout.chat import ChatTokenizer  # noqa: E402
 from agentfly_gym.rollout.policy import SamplingParams  # noqa: E402
 from agentfly_gym.rollout.transformers_policy import TransformersPolicy  # noqa: E402
@@ -75,14 +75,7 @@ class ScriptedServer(ModelServer):
 
 
 def _cfg(use_v1: bool = True):
-    import verl
-
-    cfg = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
-    cfg.data.max_prompt_length = PROMPT_LEN
-    cfg.data.max_response_length = RESPONSE_LEN
-    cfg.trainer.use_v1 = use_v1
-    cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path = str(agentfly_gym_verl.config_path())
-    return cfg
+    return trainer_config(PROMPT_LEN, RESPONSE_LEN, use_v1=use_v1)
 
 
 def _loop(server, tokenizer, cfg, **overrides):

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
+from verltools import trainer_config
 import torch
 
 try:
-    from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, get_trajectory_info
     from verl.trainer.ppo.v1 import agent_loop_tq, trainer_base
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
@@ -129,12 +128,7 @@ def store(monkeypatch):
 
 
 def _config(tiny_qwen, n: int, response_length: int = 2048):
-    import verl
-
-    cfg = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
-    cfg.data.max_prompt_length = 1024
-    cfg.data.max_response_length = response_length
-    cfg.trainer.use_v1 = True
+    cfg = trainer_config(1024, response_length)
     cfg.actor_rollout_ref.model.path = str(tiny_qwen)
     cfg.actor_rollout_ref.rollout.name = "vllm"
     cfg.actor_rollout_ref.rollout.n = n
