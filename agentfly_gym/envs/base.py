@@ -32,12 +32,12 @@ import gymnasium.wrappers
 
 from ..errors import ConfigError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
 from ..resources.inprocess import InProcessResource
-from ..resources.manager import DefaultManaged, ResourceManager, RolloutScope, install_signal_handlers
+from ..resources.manager import ResourceManager, RolloutScope, default_manager, install_signal_handlers
 from ..spaces import TextSpace
 from ..utils.aio import run_sync
 from .prompting import AgentPrompt
 
-__all__ = ["AgentFlyEnv", "StepResult", "fault_message", "fault_step"]
+__all__ = ["AgentFlyEnv", "EnvResources", "StepResult", "fault_message", "fault_step"]
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,35 @@ def _enclosing_time_limit(env: gymnasium.Env) -> int | None:
         del frame
 
 
-class AgentFlyEnv(DefaultManaged, gymnasium.Env[str, str]):
+class EnvResources:
+    """What every agentfly environment (a Gymnasium :class:`AgentFlyEnv`, a PettingZoo AEC env) does with its
+    resources: :attr:`manager` is the manager it was given, or the running loop's :func:`default_manager` when
+    none was given or the given one was closed; :meth:`close` ends the running episode (its rollout scope).
+
+    Subclasses set ``_manager``, ``_scope`` (the episode's scope, None before the first reset), ``_closed``
+    and implement ``async aclose()``.
+    """
+
+    _manager: ResourceManager | None = None
+
+    @property
+    def manager(self) -> ResourceManager:
+        """The resource manager (the running loop's default one unless given)."""
+        if self._manager is None or self._manager.closed:
+            self._manager = default_manager()
+        return self._manager
+
+    def close(self) -> None:
+        """Sync wrapper of ``aclose()``; nothing to do when closed or when no episode ever started."""
+        if self._closed:
+            return
+        if self._scope is None:
+            self._closed = True
+            return
+        run_sync(self.aclose())
+
+
+class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
     """A text environment whose backing resources come from a :class:`ResourceManager`.
 
     Args:
@@ -337,15 +365,6 @@ class AgentFlyEnv(DefaultManaged, gymnasium.Env[str, str]):
     def step(self, action: str) -> StepResult:
         """Sync wrapper of :meth:`astep`."""
         return run_sync(self.astep(action))
-
-    def close(self) -> None:
-        """Sync wrapper of :meth:`aclose`."""
-        if self._closed:
-            return
-        if self._scope is None:
-            self._closed = True
-            return
-        run_sync(self.aclose())
 
     def render(self) -> str | None:
         """The last observation (``render_mode="ansi"``), else None."""

@@ -29,7 +29,7 @@ from .pool import ResourcePool
 from .spec import ResourceSpec
 from .teardown import install_signal_handlers
 
-__all__ = ["DefaultManaged", "ResourceManager", "RolloutScope", "default_manager", "install_signal_handlers"]
+__all__ = ["ResourceManager", "RolloutScope", "default_manager", "install_signal_handlers"]
 
 log = logging.getLogger(__name__)
 
@@ -261,19 +261,3 @@ def default_manager() -> ResourceManager:
         m = manager_from_environment()
         _default_managers[loop] = m
     return m
-
-
-class DefaultManaged:
-    """For an object given an optional ``manager`` (an environment): :attr:`manager` is that manager, or the
-    running loop's :func:`default_manager` when none was given or the given one was closed."""
-
-    _manager: ResourceManager | None = None
-
-    @property
-    def manager(self) -> ResourceManager:
-        """The resource manager (the running loop's default one unless given)."""
-        if self._manager is None or self._manager.closed:
-            self._manager = default_manager()
-        return self._manager
-
-

@@ -33,10 +33,11 @@ from pettingzoo import AECEnv
 
 from ...errors import ConfigError, ResetNeeded, ResourceError
 from ...resources.inprocess import InProcessResource, ObjectProxy, forward
-from ...resources.manager import DefaultManaged, ResourceManager, RolloutScope
+from ...resources.manager import ResourceManager, RolloutScope
 from ...resources.spec import InProcessSpec
 from ...spaces import TextSpace
 from ...utils.aio import run_sync
+from ..base import EnvResources
 from ..prompting import AgentPrompt
 from .engine import EngineProxy, engine_spec, find_stockfish
 from .env import render_board
@@ -148,7 +149,7 @@ def board_spec(max_games: int = 64) -> InProcessSpec:
                          close_timeout=5.0, name="chess-board")
 
 
-class ChessSelfPlayEnv(DefaultManaged, AECEnv):
+class ChessSelfPlayEnv(EnvResources, AECEnv):
     """A chess game between two language-model agents, ``"white"`` and ``"black"`` (PettingZoo AEC).
 
     Observations and actions are text (:class:`~agentfly_gym.spaces.TextSpace`).  ``observe(agent)``
@@ -455,15 +456,6 @@ class ChessSelfPlayEnv(DefaultManaged, AECEnv):
         if self.render_mode != "ansi" or self._board is None:
             return None
         return render_board(self._board) + f"\nFEN: {self._board.fen()}"
-
-    def close(self) -> None:
-        """Sync wrapper of :meth:`aclose`."""
-        if self._closed:
-            return
-        if self._scope is None:
-            self._closed = True
-            return
-        run_sync(self.aclose())
 
     # ------------------------------------------------------------------ internals
     def _info(self, agent: str, *, invalid: str | None = None) -> dict[str, Any]:
