@@ -99,8 +99,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     from .errors import ConfigError
-    from .rollout.factory import make_policy
-    from .rollout.policy import SamplingParams
+    from .rollout.policies.base import SamplingParams
+    from .rollout.policies.factory import make_policy
     from .rollout.runner import RolloutConfig, check_config, run_rollouts
     from .utils.jsonargs import json_object
 
@@ -193,9 +193,9 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
     from .utils.console import console
     from rich.table import Table
 
-    from .rollout.factory import make_policy
     from .rollout.multiagent import run_multiagent_rollouts
-    from .rollout.policy import SamplingParams
+    from .rollout.policies.base import SamplingParams
+    from .rollout.policies.factory import make_policy
 
     env_id = args.env[0]
     kwargs: dict[str, Any] = {}

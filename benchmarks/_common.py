@@ -8,6 +8,7 @@ plot ``<out>/<name>.png``.  ``<out>`` defaults to ``benchmarks/results``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import math
@@ -17,6 +18,8 @@ import shlex
 import statistics
 import sys
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +162,37 @@ def plt():
     import matplotlib.pyplot as pyplot
 
     return pyplot
+
+
+def subplots(*args: Any, **kwargs: Any):
+    """``plt().subplots(*args, **kwargs)``: a new figure and its axes (Agg backend); the preamble of every plot."""
+    return plt().subplots(*args, **kwargs)
+
+
+class Guard:
+    """What :func:`skip_on_error` yields: ``failed`` is True once the guarded block raised."""
+
+    failed = False
+
+
+@contextlib.contextmanager
+def skip_on_error(res: "Result", what: str, *, trace: bool = True, prefix: str = "failed: ") -> Iterator[Guard]:
+    """Run a part of a benchmark so that its failure is recorded as a skip instead of losing the
+    other parts' numbers.
+
+    An ``Exception`` raised in the block is swallowed: its traceback printed (``trace``) and
+    ``res.skip(what, f"{prefix}{type(e).__name__}: {e}")`` recorded; the yielded :class:`Guard` then
+    has ``failed=True`` (test it after the block to ``continue``).  ``KeyboardInterrupt`` and other
+    ``BaseException``s propagate.
+    """
+    guard = Guard()
+    try:
+        yield guard
+    except Exception as e:  # noqa: BLE001  (one part failing must not lose the others' numbers)
+        if trace:
+            traceback.print_exc()
+        res.skip(what, f"{prefix}{type(e).__name__}: {e}")
+        guard.failed = True
 
 
 def setup_env_vars() -> None:

@@ -676,19 +676,14 @@ def main() -> int:
             res.skip(name, why)
             continue
         print(f"[{name}] N={n} B={b} repeats={repeats}", flush=True)
-        try:
+        with C.skip_on_error(res, name):
             res.data["envs"][name] = asyncio.run(bench_env(name, n, b, repeats, model, args.explore, args.seed,
                                                            gym_async=not args.no_gym_async))
-        except Exception as e:  # noqa: BLE001  (one env failing must not lose the others' numbers)
-            import traceback
-
-            traceback.print_exc()
-            res.skip(name, f"failed: {type(e).__name__}: {e}")
     if not (tiny or args.no_real_model):
         rn, rb, rt = args.real_n, args.real_slots, 12
         print(f"[real model] SmolLM2 on Chess, N={rn} B={rb}: lockstep vs ours (continuous / static batching)",
               flush=True)
-        try:
+        with C.skip_on_error(res, "real_model", trace=False, prefix=""):
             rm = asyncio.run(real_model_runs(n=rn, b=rb, max_tokens=rt, seed=args.seed, repeats=args.real_repeats))
             res.data["real_model"] = {"env": "Chess (puzzle)", "n": rn, "slots": rb, "max_tokens": rt,
                                       "max_turns": 3, "repeats": args.real_repeats, "runs": rm}
@@ -696,14 +691,10 @@ def main() -> int:
                 pairs = [x["trajectories_per_s"] / y["trajectories_per_s"] for x, y in zip(rm[a], rm[base])
                          if y["trajectories_per_s"] > 0]
                 res.data["real_model"][f"{a}_over_{base}"] = C.median(pairs) if pairs else None
-        except Exception as e:  # noqa: BLE001
-            res.skip("real_model", f"{type(e).__name__}: {e}")
         print("[policy batching] SmolLM2 alone, staggered arrivals: continuous batching vs static waves", flush=True)
-        try:
+        with C.skip_on_error(res, "policy_batching", trace=False, prefix=""):
             res.data["policy_batching"] = asyncio.run(policy_batching_runs(
                 n=12, gap_s=0.5, max_tokens=32, max_batch=8, seed=args.seed, repeats=args.real_repeats))
-        except Exception as e:  # noqa: BLE001
-            res.skip("policy_batching", f"{type(e).__name__}: {e}")
     old = Path(args.out) / "bench_async_rollout.json"
     if args.merge and old.is_file():
         prev = json.loads(old.read_text())
@@ -721,11 +712,10 @@ def main() -> int:
 
 
 def plot(res: C.Result) -> None:
-    plt = C.plt()
     envs = res.data["envs"]
     if not envs:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = C.subplots(1, 2, figsize=(11, 4.2))
     scheds = ["lockstep", "gym_async", "ours"]
     colors = {"lockstep": "#d95f02", "gym_async": "#7570b3", "ours": "#1b9e77"}
     names = list(envs)

@@ -422,10 +422,9 @@ def available(name: str) -> str | None:
 
 
 def plot(res: C.Result) -> None:
-    plt = C.plt()
     r = res.data.get("results") or {}
     per_env = (r.get("rollouts") or {}).get("per_env") or {}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = C.subplots(1, 2, figsize=(11, 4))
     names = list(per_env)
     keys = ["completed", "faults", "faults_survived", "fuzzed", "unhandled"]
     width = 0.8 / len(keys)

@@ -232,10 +232,9 @@ def main() -> int:
             sizes = [2] if tiny else ([int(x) for x in args.sizes.split(",")] if args.sizes else SIZES[env][mode])
             rows = []
             for n in sizes:
-                try:
+                with C.skip_on_error(res, f"{env}/{mode}/{n}", trace=False, prefix="") as guard:
                     r = run_child(env, n, mode, args.timeout)
-                except Exception as e:  # noqa: BLE001  (one size failing must not lose the others)
-                    res.skip(f"{env}/{mode}/{n}", f"{type(e).__name__}: {e}")
+                if guard.failed:
                     continue
                 r["n"] = n
                 rows.append(r)
@@ -286,14 +285,13 @@ def _r2e_available() -> str | None:
 
 
 def plot(res: C.Result) -> None:
-    plt = C.plt()
     envs = res.data["envs"]
     if not envs:
         return
-    fig, ax = plt.subplots(figsize=(10, 4.4))
+    fig, ax = C.subplots(figsize=(10, 4.4))
     colors = {"ours": "#1b9e77", "gym_async": "#7570b3"}
     marks = {"ours": "o-", "gym_async": "s--"}
-    cmap = plt.get_cmap("tab10")
+    cmap = C.plt().get_cmap("tab10")
     for i, (env, modes) in enumerate(envs.items()):
         for mode, rows in modes.items():
             if not rows:

@@ -145,7 +145,7 @@ def main() -> int:
     res.data["config"] = {"steps": n, "warmup_dropped": warm, "chess_depth": args.depth}
     res.data["results"] = {}
     for name in [e.strip() for e in args.envs.split(",") if e.strip()]:
-        try:
+        with C.skip_on_error(res, name, trace=False, prefix="") as guard:
             if name == "ScienceWorld":
                 raw = asyncio.run(bench_scienceworld(n))
             elif name == "ALFWorld":
@@ -155,8 +155,7 @@ def main() -> int:
             else:
                 res.skip(name, "no raw-simulator comparison defined")
                 continue
-        except Exception as e:  # noqa: BLE001
-            res.skip(name, f"{type(e).__name__}: {e}")
+        if guard.failed:
             continue
         s = summarize(raw, warm)
         res.data["results"][name] = {"summary": s, "raw": raw}
@@ -166,12 +165,11 @@ def main() -> int:
 
 
 def plot(res: C.Result) -> None:
-    plt = C.plt()
     data = res.data["results"]
     if not data:
         return
     names = list(data)
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = C.subplots(figsize=(7.5, 4.2))
     w = 0.27
     series = [("raw_median_s", "raw simulator call", "#7570b3"),
               ("raw_with_reward_calls_median_s", "raw + reward/flag calls", "#e7298a"),

@@ -109,14 +109,13 @@ def main() -> int:
     repeats = args.repeats or (1 if tiny else 2)
     res.data["config"] = {"trajectories": n, "turns": turns, "gen_s": args.gen_s, "capacities": caps,
                           "repeats": repeats, "ray": "not available on this machine (not installed, no cluster)"}
-    try:
+    with C.skip_on_error(res, "ScienceWorld", trace=False, prefix="") as guard:
         import gymnasium
 
         import agentfly_gym  # noqa: F401
 
         gymnasium.make("agentfly/ScienceWorld-v0").close()
-    except Exception as e:  # noqa: BLE001
-        res.skip("ScienceWorld", f"{type(e).__name__}: {e}")
+    if guard.failed:
         res.save()
         return 0
     from transformers import AutoTokenizer
@@ -152,8 +151,7 @@ def main() -> int:
 
 
 def plot(res: C.Result, caps, med, runs, n) -> None:
-    plt = C.plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = C.subplots(figsize=(6.5, 4.2))
     ax.plot(caps, [med[c] for c in caps], "o-", color="#1b9e77", label="measured (median)")
     for c in caps:
         ax.scatter([c] * len(runs[c]), [x["wall_s"] for x in runs[c]], color="#1b9e77", alpha=0.35, s=12)

@@ -275,10 +275,9 @@ def main() -> int:
 
 
 def plot(res: C.Result) -> None:
-    plt = C.plt()
     d = res.data["results"]
     panels = [k for k in ("overhead", "acquire", "webshop") if k in d]
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.8), squeeze=False)
+    fig, axes = C.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.8), squeeze=False)
     for ax, k in zip(axes[0], panels):
         if k == "overhead":
             m = d[k]["median_s"]

@@ -176,7 +176,7 @@ def main() -> int:
             res.skip(backend, why)
             continue
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-        try:
+        with C.skip_on_error(res, backend) as guard:
             for r in range(repeats):
                 order = list(MODES[r % 3:] + MODES[: r % 3])
                 for mode in order:
@@ -187,11 +187,7 @@ def main() -> int:
                           f"{out['lifecycle_s_per_trajectory_median']:.3f} s ({100 * out['lifecycle_share_median']:.1f}%),"
                           f" first acquire {out['first_acquire_s_median'] * 1e3:.1f} ms, later acquire "
                           f"{(out['later_acquire_s_median'] or 0) * 1e6:.0f} us", flush=True)
-        except Exception as e:  # noqa: BLE001
-            import traceback
-
-            traceback.print_exc()
-            res.skip(backend, f"failed: {type(e).__name__}: {e}")
+        if guard.failed:
             continue
         keys = ("wall_s", "lifecycle_s_per_trajectory_median", "lifecycle_share_median", "first_acquire_s_median",
                 "first_acquire_s_max", "later_acquire_s_median", "release_s_median", "work_s_median",
@@ -203,12 +199,11 @@ def main() -> int:
 
 
 def plot(res: C.Result) -> None:
-    plt = C.plt()
     data = res.data["results"]
     if not data:
         return
     backends = list(data)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = C.subplots(1, 2, figsize=(11, 4.2))
     colors = {"per_turn": "#d95f02", "per_rollout": "#7570b3", "warm_pool": "#1b9e77"}
     w = 0.26
     for j, m in enumerate(MODES):

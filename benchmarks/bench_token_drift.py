@@ -162,10 +162,9 @@ def main() -> int:
     res.data["results"] = {}
     for model in models:
         print(f"[{model}] rolling out {per_env} trajectories on each of {env_ids}", flush=True)
-        try:
+        with C.skip_on_error(res, model, trace=False, prefix="") as guard:
             out = asyncio.run(roll(model, env_ids, per_env, turns, max_tokens, args.seed))
-        except Exception as e:  # noqa: BLE001
-            res.skip(model, f"{type(e).__name__}: {e}")
+        if guard.failed:
             continue
         res.data["results"][model] = out
         nv, ours = out["naive"], out["ours"]
@@ -178,11 +177,10 @@ def main() -> int:
 
 
 def plot(res: C.Result) -> None:
-    plt = C.plt()
     data = res.data["results"]
     if not data:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = C.subplots(1, 2, figsize=(11, 4.2))
     models = list(data)
     groups = [("naive: whole chain", lambda d: d["naive"]["chain"]), ("naive: each turn", lambda d: d["naive"]["turn"]),
               ("ours (stored ids)", lambda d: d["ours"])]

@@ -239,13 +239,12 @@ def _drop_lat(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def plot(res: C.Result) -> None:
-    plt = C.plt()
     data = res.data["results"]
     if not data:
         return
     ns = sorted(int(k) for k in data)
     s = [data[str(n)]["summary"] for n in ns]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    fig, axes = C.subplots(1, 3, figsize=(13, 4))
     ax = axes[0]
     ax.plot(ns, [x["cold_start_s"] for x in s], "o-", label="cold start (parse + index + cache)")
     ax.plot(ns, [x["second_start_s"] for x in s], "o-", label="second start (catalog + index)")

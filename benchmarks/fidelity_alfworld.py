@@ -325,12 +325,11 @@ def main() -> int:
           f"compared, {res.data['mismatches']} mismatches, {res.data['won']} won", flush=True)
 
     def plot(res: C.Result) -> None:
-        plt = C.plt()
         by_type: dict[str, list[dict[str, Any]]] = {}
         for r in res.data["per_game"]:
             by_type.setdefault(r["task_type"], []).append(r)
         names = sorted(by_type)
-        fig, ax = plt.subplots(figsize=(9, 4))
+        fig, ax = C.subplots(figsize=(9, 4))
         xs = range(len(names))
         ax.bar([x - 0.2 for x in xs], [sum(r["steps"] for r in by_type[n]) for n in names], 0.4, label="steps compared")
         ax.bar([x + 0.2 for x in xs], [sum(len(r["mismatches"]) for r in by_type[n]) for n in names], 0.4,

@@ -201,9 +201,8 @@ def main() -> int:
 
 
 def _plot(res: _common.Result) -> None:
-    plt = _common.plt()
     tasks = list(res.data["tasks"])
-    fig, ax = plt.subplots(figsize=(12, 5))
+    fig, ax = _common.subplots(figsize=(12, 5))
     width = 0.27
     for i, split in enumerate(("train", "dev", "test")):
         ax.bar([k + (i - 1) * width for k in range(len(tasks))], [res.data["tasks"][t][split]["max"] for t in tasks],

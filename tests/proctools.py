@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterable
 
 
@@ -26,20 +27,55 @@ def alive(pid: int) -> bool:
     return st is not None and st[1] != "Z"
 
 
-def live_processes(names: Iterable[str], *, children_of: int | None = None, zombies: bool = False) -> set[int]:
+TREE_MARKER = "AGENTFLY_TEST_TREE"
+"""Environment variable that tags the processes a test starts (children inherit it, orphans keep it)."""
+
+
+def mark_tree(monkeypatch) -> str:
+    """Tag every process this test starts from now on: set :data:`TREE_MARKER` to a fresh value in
+    this process's environment (undone by ``monkeypatch`` at the test's end) and return the value,
+    for :func:`live_processes` ``(marker=...)`` and for the ``env`` of a subprocess the test starts."""
+    value = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv(TREE_MARKER, value)
+    return value
+
+
+def _marked(pid: str, marker: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{TREE_MARKER}={marker}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _descendants(root: int, parents: dict[int, int]) -> set[int]:
+    out: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier and p not in out}
+        out |= frontier
+    return out
+
+
+def live_processes(names: Iterable[str], *, children_of: int | None = None, zombies: bool = False,
+                   marker: str | None = None) -> set[int]:
     """Pids whose name or command line contains one of ``names``.
 
     Args:
         children_of: only direct children of this pid (e.g. ``os.getpid()``).
         zombies: include zombie processes.
+        marker: only this test's processes: those that carry ``marker`` (see :func:`mark_tree`; a
+            leaked process keeps it when its parent exits) or descend from this process.
     """
     names = tuple(names)
     found = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        st = _stat(pid)
+    stats = {pid: _stat(pid) for pid in os.listdir("/proc") if pid.isdigit()}
+    mine = (_descendants(os.getpid(), {int(p): st[2] for p, st in stats.items() if st is not None})
+            if marker is not None else set())
+    for pid, st in stats.items():
         if st is None or (st[1] == "Z" and not zombies) or (children_of is not None and st[2] != children_of):
+            continue
+        if marker is not None and int(pid) not in mine and not _marked(pid, marker):
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:

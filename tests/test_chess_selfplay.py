@@ -83,6 +83,16 @@ def test_mate_gives_zero_sum_rewards_and_observations_per_side():
     env.close()
 
 
+def test_board_before_reset_names_the_env():
+    """Chess-v0 and ChessSelfPlay-v0 share one ``board`` property; its error names the env."""
+    from agentfly_gym.envs.chess.env import ChessEnv
+
+    for env, message in ((ChessEnv(), "Chess: no episode"), (_env(), "ChessSelfPlay: no game")):
+        with pytest.raises(ResetNeeded, match=message):
+            env.board  # noqa: B018
+        env.close()
+
+
 def test_invalid_moves_keep_the_turn_then_forfeit():
     env = _env(max_invalid_moves=2)
     env.reset()

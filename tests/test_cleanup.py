@@ -50,3 +50,21 @@ def test_no_process_outlives_its_python(how):
     assert not left, f"processes {left} of {pids} (engine, JVM) outlived their Python ({how}): {proc.stderr.read()[-2000:]}"
     if how == "sigterm":
         assert proc.returncode == -signal.SIGTERM
+
+
+def test_install_is_idempotent_and_leaves_an_application_handler_alone():
+    """teardown.install() is the one place the SIGTERM handler is installed (the manager's watch() and
+    the env constructor both call it): twice is once, and an application's own handler stays."""
+    code = textwrap.dedent("""
+        import signal
+        from agentfly_gym.resources import teardown
+        assert teardown.install() and teardown.install()
+        assert signal.getsignal(signal.SIGTERM) is teardown._on_sigterm
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        mine = lambda s, f: None
+        signal.signal(signal.SIGTERM, mine)
+        assert teardown.install() is False and signal.getsignal(signal.SIGTERM) is mine
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

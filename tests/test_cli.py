@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from proctools import default_sigint, live_processes, wait_gone
+from proctools import default_sigint, live_processes, mark_tree, wait_gone
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -48,7 +48,7 @@ def test_bad_rollout_arguments_are_clear_errors(args, message):
 
 
 @pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["sigterm", "double-ctrl-c"])
-def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals):
+def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals, monkeypatch):
     """Two quick WebShop episodes finish; two games against a Stockfish thinking 60 s a move cannot end in
     under two minutes (no mate before the engine's second move), so SIGTERM (or Ctrl-C pressed twice, the
     second one during the save), sent as soon as the CLI's ``-v`` log reports both WebShop trajectories
@@ -56,7 +56,8 @@ def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals):
     out = tmp_path / "run"
     kwargs = {"Chess-v0": {"mode": "play", "engine_depth": None, "engine_movetime": 60.0, "skill_level": 20},
               "WebShop-v0": {}}
-    before = live_processes(["java", "stockfish"])
+    marker = mark_tree(monkeypatch)  # the CLI's processes carry it, even once orphaned: other runs do not count
+    before = live_processes(["java", "stockfish"], marker=marker)
     proc = subprocess.Popen([sys.executable, "-m", "agentfly_gym", "-v", "rollout", "--env", "WebShop-v0", "--env",
                              "Chess-v0", "--policy", "random", "--tokenizer", "qwen3", "-n", "4",
                              "--max-turns", "100", "--no-progress", "--env-kwargs", json.dumps(kwargs),
@@ -74,7 +75,7 @@ def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals):
             break
         time.sleep(0.2)
     assert done == ["agentfly/WebShop-v0"] * 2, "".join(lines)
-    assert live_processes(["stockfish"]) - before, "the chess games should still be running"
+    assert live_processes(["stockfish"], marker=marker) - before, "the chess games should still be running"
     for i, sig in enumerate(signals):
         if i:
             time.sleep(0.05)
@@ -86,4 +87,4 @@ def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals):
     assert summary["interrupted"] is True, summary
     assert (summary["trajectories"], summary["errors"]) == (2, 0), summary
     assert (out / "trajectories.parquet").exists()
-    assert not wait_gone(live_processes(["java", "stockfish"]) - before, 20)
+    assert not wait_gone(live_processes(["java", "stockfish"], marker=marker) - before, 20)

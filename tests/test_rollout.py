@@ -21,14 +21,18 @@ from agentfly_gym.rollout import (ExpertPolicy, RandomPolicy, RolloutConfig, Sam
                                   run_chain_episode, run_rollouts)
 from agentfly_gym.rollout.chat import ChatTokenizer
 from agentfly_gym.rollout.step import run_step_episode
-from proctools import live_processes, wait_gone
+from proctools import live_processes, mark_tree, wait_gone
 
 
 @pytest.fixture(autouse=True)
-def no_leaked_simulators():
-    before = live_processes(["java", "stockfish"])
+def no_leaked_simulators(monkeypatch):
+    """This test's own JVMs and engines (tagged or below this process, so that other test runs on the
+    machine do not count) must not outlive it."""
+    marker = mark_tree(monkeypatch)
+    before = live_processes(["java", "stockfish"], marker=marker)
     yield
-    assert not wait_gone(live_processes(["java", "stockfish"]) - before), "a simulator process outlived its test"
+    assert not wait_gone(live_processes(["java", "stockfish"], marker=marker) - before), \
+        "a simulator process outlived its test"
 
 
 class Recording:

@@ -27,9 +27,8 @@ from .base import Resource
 from .containers.ownership import LABEL, owner_labels
 from .pool import ResourcePool
 from .spec import ResourceSpec
-from .teardown import install_signal_handlers
 
-__all__ = ["ResourceManager", "RolloutScope", "default_manager", "install_signal_handlers"]
+__all__ = ["ResourceManager", "RolloutScope", "default_manager"]
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .base import Resource
 
-__all__ = ["TERMINATE_TIMEOUT", "close_all_sync", "install_signal_handlers", "terminate_all", "watch"]
+__all__ = ["TERMINATE_TIMEOUT", "close_all_sync", "install", "terminate_all", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def watch(manager: Any, *, run_first: bool = False) -> None:
     ``manager`` is a :class:`~agentfly_gym.resources.ResourceManager` or any manager with ``id``,
     ``closed`` and ``close_sync()`` (the Ray-backed one).  Registers the ``atexit`` hook once per
     process and installs the SIGTERM handler when called on the main thread (see
-    :func:`install_signal_handlers`).
+    :func:`install`).
 
     Args:
         run_first: move the exit hook behind every hook registered so far, so that it runs before
@@ -64,7 +64,7 @@ def watch(manager: Any, *, run_first: bool = False) -> None:
         if not _atexit_registered:
             atexit.register(_close_all_at_exit)
             _atexit_registered = True
-    install_signal_handlers()
+    install()
 
 
 def terminate_all(instances: Iterable[Resource], *, timeout: float = TERMINATE_TIMEOUT) -> None:
@@ -138,9 +138,9 @@ def _on_sigterm(signum, frame) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def install_signal_handlers() -> bool:
+def install() -> bool:
     """Make SIGTERM release every live resource (containers, sandboxes, JVMs, engines, servers)
-    before the process ends.
+    before the process ends; the one place the library installs a signal handler.  Idempotent.
 
     Python runs ``atexit`` hooks on a normal exit and on Ctrl-C (``KeyboardInterrupt``), but not
     when SIGTERM's default action kills the process; this handler tears resources down

@@ -6,7 +6,7 @@ import asyncio
 import numbers
 import os
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import chess
 
@@ -81,7 +81,26 @@ def _color_name(color: chess.Color) -> str:
     return "White" if color == chess.WHITE else "Black"
 
 
-class ChessEnv(AgentFlyEnv):
+class BoardView:
+    """The ``board`` property both chess envs share (a copy of their ``_board``)."""
+
+    #: the ResetNeeded message when there is no position yet
+    _no_board_message: ClassVar[str]
+    _board: chess.Board | None
+
+    @property
+    def board(self) -> chess.Board:
+        """A copy of the current position (with its move stack).
+
+        Raises:
+            ResetNeeded: no episode (game) was started.
+        """
+        if self._board is None:
+            raise ResetNeeded(self._no_board_message)
+        return self._board.copy()
+
+
+class ChessEnv(BoardView, AgentFlyEnv):
     """Chess for language-model agents: Lichess puzzles (``mode="puzzle"``) or a game against Stockfish
     (``mode="play"``).  Actions are one move in UCI or SAN, parsed leniently (see
     :func:`agentfly_gym.envs.chess.moves.parse_move`); observations are text (board diagram, FEN, side to
@@ -159,6 +178,7 @@ class ChessEnv(AgentFlyEnv):
 
     env_name = "Chess"
     agent_prompt = CHESS_PROMPT
+    _no_board_message = "Chess: no episode; call reset() first"
 
     def __init__(self, *, mode: str = "puzzle", data_dir: str | os.PathLike | None = None,
                  puzzles_file: str | os.PathLike | None = None, min_rating: int | None = None,
@@ -239,17 +259,6 @@ class ChessEnv(AgentFlyEnv):
         if self._engine_spec_cache is None:
             self._engine_spec_cache = engine_spec(find_stockfish(self._stockfish_path), **self._engine_args)
         return self._engine_spec_cache
-
-    @property
-    def board(self) -> chess.Board:
-        """A copy of the current position (with its move stack).
-
-        Raises:
-            ResetNeeded: no episode was started.
-        """
-        if self._board is None:
-            raise ResetNeeded("Chess: no episode; call reset() first")
-        return self._board.copy()
 
     @property
     def puzzle(self) -> Puzzle | None:

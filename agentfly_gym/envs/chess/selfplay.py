@@ -40,7 +40,7 @@ from ...utils.aio import run_sync
 from ..base import EnvResources
 from ..prompting import AgentPrompt
 from .engine import EngineProxy, engine_spec, find_stockfish
-from .env import render_board
+from .env import BoardView, render_board
 from .moves import MoveError, legal_moves_uci, parse_move
 
 __all__ = ["ChessSelfPlayEnv", "SelfPlayBoard", "SELFPLAY_PROMPT", "BOARD_FACTORY", "board_spec", "env", "raw_env"]
@@ -149,7 +149,7 @@ def board_spec(max_games: int = 64) -> InProcessSpec:
                          close_timeout=5.0, name="chess-board")
 
 
-class ChessSelfPlayEnv(EnvResources, AECEnv):
+class ChessSelfPlayEnv(BoardView, EnvResources, AECEnv):
     """A chess game between two language-model agents, ``"white"`` and ``"black"`` (PettingZoo AEC).
 
     Observations and actions are text (:class:`~agentfly_gym.spaces.TextSpace`).  ``observe(agent)``
@@ -210,6 +210,7 @@ class ChessSelfPlayEnv(EnvResources, AECEnv):
     metadata: ClassVar[dict[str, Any]] = {"name": "chess_selfplay_v0", "render_modes": ["ansi"],
                                           "is_parallelizable": False, "render_fps": 1}
     env_name: ClassVar[str] = "ChessSelfPlay"
+    _no_board_message: ClassVar[str] = "ChessSelfPlay: no game; call reset() first"
     agent_prompt: ClassVar[AgentPrompt] = SELFPLAY_PROMPT
     max_observation_length: ClassVar[int] = 1 << 16
     max_action_length: ClassVar[int] = 1 << 16
@@ -265,17 +266,6 @@ class ChessSelfPlayEnv(EnvResources, AECEnv):
         return self.action_spaces[agent]
 
     # ------------------------------------------------------------------ properties
-    @property
-    def board(self) -> chess.Board:
-        """A copy of the game's position (with its move stack).
-
-        Raises:
-            ResetNeeded: no game was started.
-        """
-        if self._board is None:
-            raise ResetNeeded("ChessSelfPlay: no game; call reset() first")
-        return self._board.copy()
-
     @property
     def game_id(self) -> str:
         """The id of the current game (also the rollout scope id), ``""`` before the first reset."""

@@ -65,7 +65,8 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from agentfly_gym.errors import ConfigError, EnvError, ResourceError
@@ -186,6 +187,18 @@ def parse_row(extra_info: Any, *, default_mode: str | None = None, default_max_t
             "task_id": "" if options.get("task_id") is None else str(options["task_id"])}
 
 
+@dataclass(frozen=True)
+class _RunStart:
+    """What the shared prologue of ``run()`` settled (see :meth:`AgentFlyAgentLoop._start`)."""
+
+    want_logprobs: bool
+    traj_id: str
+    group_id: str  # verl's uid (the GRPO group), else "index-<index>"
+    use_v1: bool
+    row: dict[str, Any]
+    mode: str
+
+
 class AgentFlyAgentLoop(AgentLoopBase):
     """verl agent loop that plays one agentfly-gym episode per trajectory.
 
@@ -244,21 +257,12 @@ class AgentFlyAgentLoop(AgentLoopBase):
             ConfigError: step mode under ``trainer.use_v1=false``.
             asyncio.CancelledError: when cancelled (the env is closed first).
         """
-        want_logprobs = bool(sampling_params.get("logprobs", False))
-        traj_id = uuid.uuid4().hex[:16]
-        group_id = str(_scalar(kwargs.get("uid")) or f"index-{_scalar(kwargs.get('index'))}")
-        fallback_mode = self.mode or "chain"
-        use_v1 = self._trainer_context(kwargs)
-        try:
-            row = parse_row(kwargs.get("extra_info"), default_mode=self.mode, default_max_turns=self.max_turns,
-                            default_history=self.history, default_env_kwargs=self.default_env_kwargs)
-        except ConfigError as e:
-            log.warning("agentfly row %s: %s", traj_id, e)
-            return self._failed(e, kwargs, want_logprobs, traj_id, group_id, fallback_mode, {}, None, use_v1)
-        mode = self.mode or row["mode"]
-        if mode == "step" and not use_v1:
-            raise ConfigError("agentfly step mode returns one row per env step, which only verl's V1 trainer accepts: "
-                              "set trainer.use_v1=true (or use the chain-mode agent loop)")
+        start = self._start(sampling_params, kwargs, parse_row, what="agentfly", step_rows="env step",
+                            chain_hint="the chain-mode agent loop")
+        if not isinstance(start, _RunStart):
+            return start
+        want_logprobs, traj_id, group_id, use_v1 = start.want_logprobs, start.traj_id, start.group_id, start.use_v1
+        row, mode = start.row, start.mode
         chat = chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs)
         policy = self._policy(traj_id, sampling_params, mode, kwargs)
         sampling = SamplingParams(max_tokens=self.max_tokens_per_turn)
@@ -288,6 +292,39 @@ class AgentFlyAgentLoop(AgentLoopBase):
             log.warning("agentfly trajectory %s (%s, task %r) failed: %s: %s", traj_id, row["env_id"],
                         row["task_id"], type(e).__name__, e, exc_info=not isinstance(e, ConfigError))
             return self._failed(e, kwargs, want_logprobs, traj_id, group_id, mode, row, policy, use_v1)
+
+    def _start(self, sampling_params: dict[str, Any], kwargs: dict[str, Any],
+               parse: Callable[..., dict[str, Any]], *, what: str, step_rows: str,
+               chain_hint: str) -> _RunStart | AgentLoopOutput | list[AgentLoopOutput]:
+        """The prologue every ``run()`` shares: ids, trainer context, the row parsed by ``parse`` (a
+        :func:`parse_row`-like function of ``extra_info`` and the loop's defaults), and the step-mode check.
+
+        Args:
+            what: the loop's name in logs and errors (e.g. ``"agentfly self-play"``).
+            step_rows: what one step-mode row stands for (``"env step"``, ``"turn"``).
+            chain_hint: the alternative the step-mode error proposes.
+
+        Returns:
+            a :class:`_RunStart`, or (a row that does not parse) what :meth:`_failed` returns for it.
+
+        Raises:
+            ConfigError: step mode under ``trainer.use_v1=false``.
+        """
+        want_logprobs = bool(sampling_params.get("logprobs", False))
+        traj_id = uuid.uuid4().hex[:16]
+        group_id = str(_scalar(kwargs.get("uid")) or f"index-{_scalar(kwargs.get('index'))}")
+        use_v1 = self._trainer_context(kwargs)
+        try:
+            row = parse(kwargs.get("extra_info"), default_mode=self.mode, default_max_turns=self.max_turns,
+                        default_history=self.history, default_env_kwargs=self.default_env_kwargs)
+        except ConfigError as e:
+            log.warning("%s row %s (group %s): %s", what, traj_id, group_id, e)
+            return self._failed(e, kwargs, want_logprobs, traj_id, group_id, self.mode or "chain", {}, None, use_v1)
+        mode = self.mode or row["mode"]
+        if mode == "step" and not use_v1:
+            raise ConfigError(f"{what} step mode returns one row per {step_rows}, which only verl's V1 trainer "
+                              f"accepts: set trainer.use_v1=true (or use {chain_hint})")
+        return _RunStart(want_logprobs, traj_id, group_id, use_v1, row, mode)
 
     def _policy(self, request_id: str, sampling_params: dict[str, Any], mode: str,
                 kwargs: dict[str, Any]) -> VerlServerPolicy:

@@ -33,7 +33,6 @@ import asyncio
 import itertools
 import logging
 import time
-import uuid
 from typing import Any
 
 from agentfly_gym.errors import ConfigError, EnvError
@@ -42,7 +41,7 @@ from agentfly_gym.rollout.multiagent import PlayerTrajectory, run_multiagent_gam
 from agentfly_gym.rollout.policies.base import SamplingParams
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-from .agent_loop import MODES, AgentFlyAgentLoop, _as_dict, _scalar
+from .agent_loop import MODES, AgentFlyAgentLoop, _as_dict, _RunStart, _scalar
 from .policy import VerlServerPolicy
 from .runtime import chat_tokenizer, get_manager
 
@@ -179,22 +178,11 @@ class SelfPlayAgentLoop(AgentFlyAgentLoop):
         Raises:
             ConfigError: step mode under ``trainer.use_v1=false``.
         """
-        want_logprobs = bool(sampling_params.get("logprobs", False))
-        uid = str(_scalar(kwargs.get("uid")) or f"index-{_scalar(kwargs.get('index'))}")
-        fallback_mode = self.mode or "chain"
-        traj_id = uuid.uuid4().hex[:16]
-        use_v1 = self._trainer_context(kwargs)
-        try:
-            row = parse_selfplay_row(kwargs.get("extra_info"), default_mode=self.mode,
-                                     default_max_turns=self.max_turns, default_history=self.history,
-                                     default_env_kwargs=self.default_env_kwargs)
-        except ConfigError as e:
-            log.warning("agentfly self-play row %s: %s", uid, e)
-            return self._failed(e, kwargs, want_logprobs, traj_id, uid, fallback_mode, {}, None, use_v1)
-        mode = self.mode or row["mode"]
-        if mode == "step" and not use_v1:
-            raise ConfigError("agentfly self-play step mode returns one row per turn, which only verl's V1 trainer "
-                              "accepts: set trainer.use_v1=true (or use chain mode)")
+        start = self._start(sampling_params, kwargs, parse_selfplay_row, what="agentfly self-play", step_rows="turn",
+                            chain_hint="chain mode")
+        if not isinstance(start, _RunStart):
+            return start
+        want_logprobs, uid, use_v1, row, mode = start.want_logprobs, start.group_id, start.use_v1, start.row, start.mode
         session = _scalar(kwargs.get("session_id"))
         if session is None:  # the legacy trainer gives no session id: pair by arrival order
             if uid not in _ARRIVALS and len(_ARRIVALS) >= _MAX_ARRIVALS:

@@ -75,7 +75,6 @@ import posixpath
 import re
 import resource as _rlimit
 import secrets
-import shlex
 import shutil
 import signal
 import stat
@@ -93,6 +92,7 @@ from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
 from ..output import OutputBuffer
 from ..ownership import proc_start
 from ...spec import ContainerSpec
+from .argv import DEFAULT_PATH, SandboxLayout, exec_argv
 from .bwrap import bwrap_has, find_bwrap, seccomp_filter_bpf, setpriv, unshare
 from .cgroups import LIMIT_MODES, detect_limit_mode, kill_cgroups, make_cgroups, remove_cgroups
 from .rootfs import HOST_ENTRIES, SKIP_ROOTFS, host_secrets, resolve_rootfs
@@ -109,8 +109,6 @@ SANDBOX_DIR_ENV = "AGENTFLY_GYM_SANDBOX_DIR"
 
 MARKER_NAME = "agentfly-sandbox.json"
 BASE_WRITABLE = ("/tmp", "/root")
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_STAGE = "/run"  # where an exec's private mount namespace stages bind sources its host user cannot reach
 
 SANDBOX_UID_BASE = 1_600_000_000
 """First host uid (and gid) of the range sandboxes run as when the manager is root: each
@@ -276,8 +274,9 @@ class SandboxContainer(ContainerResource):
 
     def _argv(self, cmd: list[str], workdir: str, env: dict[str, str], user: str,
               fds: list[int]) -> list[str]:
-        """The command line of one exec; the descriptors it passes are appended to ``fds``
-        (the caller closes them once the process has started).
+        """The command line of one exec (built by :func:`.argv.exec_argv` from this instance's
+        layout); the descriptors it passes are appended to ``fds`` (the caller closes them once the
+        process has started).
 
         bwrap runs as the instance's unprivileged host user, so it can only bind host folders
         that user may reach.  A source below a folder closed to others (e.g. a Python or a
@@ -286,78 +285,31 @@ class SandboxContainer(ContainerResource):
         bwrap binds it from there; nothing of it outlives the exec.
         """
         spec = self.spec
-        staged: list[str] = []
         unprivileged = os.geteuid() == 0
-
-        def src(path: str | Path) -> str:
-            path = str(path)
-            point = self._stage_point(path) if unprivileged else None
-            if point is None:
-                return path
-            if point == _STAGE or point.startswith(_STAGE + "/"):
-                raise ConfigError(f"sandbox bind source {path!r} is below {_STAGE}, where execs stage sources")
-            if point not in staged:
-                staged.append(point)
-            return f"{_STAGE}/{staged.index(point)}{path[len(point):]}"
-
-        a = [self._bwrap or "bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
-        if spec.network:
-            a.append("--share-net")
         ids = self._lookup_user(user)
-        uid, gid = (ids[0], ids[1]) if ids is not None else (0, 0)
-        a += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL"]
-        if bwrap_has("--disable-userns"):  # bubblewrap >= 0.8; the seccomp filter refuses CLONE_NEWUSER anyway
-            a.append("--disable-userns")
-        for c, h in self._ro:
-            a += ["--ro-bind", src(h), c]
-        for c, target in self._links.items():
-            a += ["--symlink", target, c]
-        a += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"]
-        for c, is_dir in self._masks:
-            a += ["--tmpfs", c, "--remount-ro", c] if is_dir else ["--ro-bind", "/dev/null", c]
-        for w in self._writable:
-            a += ["--bind", src(self._host_of_writable(w)), w]
-        for c, h in self._late_ro:
-            a += ["--ro-bind", src(h), c]
-        for c, h, rw in self._mounts:
-            a += ["--bind" if rw else "--ro-bind", src(h), c]
-        a += ["--remount-ro", "/"]
+        uid, gid, home = ids if ids is not None else (0, 0, "/root")
+        layout = SandboxLayout(ro=self._ro, links=self._links, masks=self._masks,
+                               writable=[(w, str(self._host_of_writable(w))) for w in self._writable],
+                               late_ro=self._late_ro, mounts=self._mounts, path_prefix=self._extra_path)
+        seccomp_fd = None
         bpf = seccomp_filter_bpf()
         if bpf is not None:
-            mfd = os.memfd_create("agentfly-seccomp", os.MFD_CLOEXEC)
-            fds.append(mfd)
-            os.write(mfd, bpf)
-            os.lseek(mfd, 0, os.SEEK_SET)
-            a += ["--seccomp", str(mfd)]
-        home = ids[2] if ids is not None else "/root"
-        full_env = {"PATH": self._extra_path + DEFAULT_PATH, "HOME": home, "LANG": "C.UTF-8"}
-        full_env.update({str(k): str(v) for k, v in (spec.env or ())})
+            seccomp_fd = os.memfd_create("agentfly-seccomp", os.MFD_CLOEXEC)
+            fds.append(seccomp_fd)
+            os.write(seccomp_fd, bpf)
+            os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        full_env = {str(k): str(v) for k, v in (spec.env or ())}
         full_env.update(env)
-        a.append("--clearenv")
-        for k, v in full_env.items():
-            a += ["--setenv", k, v]
-        a += ["--chdir", workdir, "--"]
-        a += cmd
-        # run as root only long enough to join the cgroups (and stage sources), then become the
-        # instance's host user
-        if unprivileged:
-            a = [setpriv(), f"--reuid={self.host_uid}", f"--regid={self.host_gid}", "--clear-groups", "--", *a]
-        if staged:
-            q = shlex.quote
-            stage = [f"mount -t tmpfs -o mode=0755,size=1m agentfly-stage {_STAGE}"]
-            for i, path in enumerate(staged):
-                make = f"mkdir {_STAGE}/{i}" if os.path.isdir(path) else f": > {_STAGE}/{i}"
-                stage.append(f"{make} && mount --rbind {q(path)} {_STAGE}/{i}")  # with the disk volume below it
-            a = [unshare(), "--mount", "--propagation", "private", "--",
-                 "/bin/sh", "-ec", "; ".join(stage) + '; exec "$@"', "sh", *a]
-        steps = []
-        if self.limit_mode in ("cgroup1", "cgroup2") and self._cgroups:
-            steps += [f"echo $$ > {shlex.quote(str(Path(d, 'cgroup.procs')))}" for d in self._cgroups]
-        if spec.disk and self._volume is None:  # no file system of its own: at least no file past the limit
-            steps.append(f"ulimit -f {max(1, spec.disk // 512)}")
-        if steps:
-            a = ["/bin/sh", "-ec", "; ".join(steps) + '; exec "$@"', "sh", *a]
-        return a
+        cgroups = self._cgroups if self.limit_mode in ("cgroup1", "cgroup2") else []
+        file_blocks = max(1, spec.disk // 512) if spec.disk and self._volume is None else None
+        return exec_argv(layout, cmd, workdir=workdir, env=full_env, uid=uid, gid=gid, home=home,
+                         bwrap=self._bwrap or "bwrap", network=bool(spec.network),
+                         disable_userns=bwrap_has("--disable-userns"),  # bubblewrap >= 0.8; seccomp refuses it too
+                         seccomp_fd=seccomp_fd,
+                         drop_to=(setpriv(), self.host_uid, self.host_gid) if unprivileged else None,
+                         stage_point=self._stage_point, is_dir=os.path.isdir,
+                         unshare=unshare, cgroup_dirs=cgroups,
+                         file_blocks=file_blocks)
 
     def _stage_point(self, path: str) -> str | None:
         """``None`` when the instance's host user may search every folder above ``path``; else the
