@@ -21,16 +21,19 @@ from agentfly_gym.rollout import ExpertPolicy, RandomPolicy, SamplingParams  # n
 from agentfly_gym.rollout.chat import ChatTokenizer  # noqa: E402
 from agentfly_gym.rollout.multiagent import run_multiagent_game, run_multiagent_rollouts, summarize_games  # noqa: E402
 
-from proctools import live_processes, wait_gone  # noqa: E402
+from proctools import live_processes, mark_tree, wait_gone  # noqa: E402
 
 MATE_IN_ONE = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"  # Ra8#
 
 
 @pytest.fixture(autouse=True)
-def no_leaked_engines():
-    before = live_processes(["stockfish"])
+def no_leaked_engines(monkeypatch):
+    """This test's own engines (tagged or below this process, so that other test runs on the machine do
+    not count) must not outlive it."""
+    marker = mark_tree(monkeypatch)
+    before = live_processes(["stockfish"], marker=marker)
     yield
-    assert not wait_gone(live_processes(["stockfish"]) - before), "a Stockfish process outlived its test"
+    assert not wait_gone(live_processes(["stockfish"], marker=marker) - before), "a Stockfish process outlived its test"
 
 
 def _env(**kw):

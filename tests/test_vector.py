@@ -16,14 +16,17 @@ from agentfly_gym.envs.chess import ChessEnv
 from agentfly_gym.errors import ConfigError
 from agentfly_gym.resources import ResourceManager
 from agentfly_gym.vector import AsyncTextVectorEnv
-from proctools import live_processes, wait_gone
+from proctools import live_processes, mark_tree, wait_gone
 
 
 @pytest.fixture(autouse=True)
-def no_leaked_engines():
-    before = live_processes(["stockfish"])
+def no_leaked_engines(monkeypatch):
+    """This test's own engines (tagged or below this process, so that other test runs on the machine do
+    not count) must not outlive it."""
+    marker = mark_tree(monkeypatch)
+    before = live_processes(["stockfish"], marker=marker)
     yield
-    assert not wait_gone(live_processes(["stockfish"]) - before, 10), "a stockfish process outlived its test"
+    assert not wait_gone(live_processes(["stockfish"], marker=marker) - before, 10), "a stockfish process outlived its test"
 
 
 def test_make_vec_returns_async_text_vector_env_with_batch_semantics():
