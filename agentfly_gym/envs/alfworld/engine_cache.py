@@ -30,6 +30,7 @@ user: do not point ``AGENTFLY_GYM_CACHE`` at a folder others can write.  In memo
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -38,6 +39,7 @@ import importlib.metadata
 import logging
 import os
 import pickle
+import subprocess
 import sys
 import threading
 import uuid
@@ -48,7 +50,8 @@ from typing import Any
 
 from ...data import cache_dir
 
-__all__ = ["FORMAT", "MEMORY_ENTRIES", "EngineCache", "EngineEntry", "entry_key", "serving"]
+__all__ = ["FORMAT", "MEMORY_ENTRIES", "SYMBOL_ENTRIES", "EngineCache", "EngineEntry", "entry_key", "prefetch",
+           "serving", "start_translation_worker", "stop_translation_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,8 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 #: Entries kept in memory per process (~0.9 MB each, uncompressed pickles).
 MEMORY_ENTRIES = 32
+#: Parsed grammar snippets kept in memory per process, shared by all games (~2-4 KB each).
+SYMBOL_ENTRIES = 8192
 #: The packages whose versions are part of the key: they compute the results or define the pickled classes.
 _KEY_PACKAGES = ("textworld", "fast-downward-textworld", "alfworld", "tatsu")
 
@@ -97,10 +102,13 @@ class EngineEntry:
     Attributes:
         results: ``{digest: pickle bytes}`` (see :func:`serving`).
         dirty: a result was added since the entry was read or written.
+        pending: translations started by :func:`prefetch` and not yet collected (never written to disk).
     """
 
     results: dict[str, bytes] = dataclasses.field(default_factory=dict)
     dirty: bool = False
+    #: translations under way in the translation worker (:func:`prefetch`): digest -> future of pickle bytes
+    pending: dict[str, concurrent.futures.Future] = dataclasses.field(default_factory=dict, repr=False)
 
 
 @contextlib.contextmanager
@@ -117,9 +125,11 @@ def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
     """
     import fast_downward
     from textworld.envs.pddl import logic as pddl_logic
+    from textworld.envs.pddl import textgen
 
     real_logic = pddl_logic.GameLogic
     real_sas = fast_downward.pddl2sas
+    real_symbols = textgen._parse_and_convert
 
     def _bind(logic: Any, sas: Any) -> None:
         pddl_logic.GameLogic = logic
@@ -127,6 +137,11 @@ def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
 
     def _answer(digest: str, compute: Any) -> Any:
         blob = entry.results.get(digest)
+        if blob is None:
+            blob = _collect(entry, digest)
+            if blob is not None:
+                entry.results[digest] = blob
+                entry.dirty = True
         if blob is None:
             value = compute()
         # pickle finds classes by name: the real GameLogic must be bound while it (un)pickles one
@@ -150,11 +165,181 @@ def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
         return _answer(_call_digest("pddl2sas", domain, problem, optimize=bool(optimize)),
                        lambda: real_sas(domain, problem, verbose=False, optimize=optimize))
 
+    def symbols(text: str, **kwargs: Any) -> Any:
+        if set(kwargs) - {"rule_name", "trace"} or kwargs.get("trace") or not isinstance(text, str):
+            return real_symbols(text, **kwargs)
+        return _SYMBOLS.get((text, kwargs.get("rule_name")), lambda: real_symbols(text, **kwargs))
+
     _bind(game_logic, pddl2sas)
+    textgen._parse_and_convert = symbols
     try:
         yield entry
     finally:
         _bind(real_logic, real_sas)
+        textgen._parse_and_convert = real_symbols
+
+
+class _SymbolMemo:
+    """Process-wide LRU of TextWorld's parsed grammar snippets (``textgen._parse_and_convert``), keyed by
+    their text and rule name: the same rule texts recur in every game's grammar and command templates, so
+    they are parsed once per process.  Each call gets a fresh copy (unpickled): the engine sets the
+    symbols' contexts in place."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: collections.OrderedDict[tuple[str, Any], bytes] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple[str, Any], compute: Any) -> Any:
+        with self._lock:
+            blob = self._items.get(key)
+            if blob is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+        if blob is not None:
+            return pickle.loads(blob)  # noqa: S301 - pickled by this process
+        value = compute()
+        blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self.misses += 1
+            self._items[key] = blob
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_SYMBOLS = _SymbolMemo(SYMBOL_ENTRIES)
+
+# ------------------------------------------------------------------------------- translation worker
+_WORKER_SCRIPT = Path(__file__).with_name("_translate_worker.py")
+
+
+class _TranslationWorker:
+    """One child process (``_translate_worker.py``) running ``fast_downward.pddl2sas``, fed by one thread.
+
+    Requests are answered in order; a request's future raises where the child failed or died (the
+    caller then translates in-process).  The child exits when its stdin closes (this process exited or
+    :meth:`close`)."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-P", str(_WORKER_SCRIPT)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="alfworld-translate")
+        self.broken = False
+
+    def submit(self, domain: str, problem: str, optimize: bool) -> concurrent.futures.Future:
+        return self._thread.submit(self._call, domain, problem, optimize)
+
+    def _call(self, domain: str, problem: str, optimize: bool) -> bytes:
+        proc = self._proc
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            body = pickle.dumps((domain, problem, bool(optimize)), protocol=pickle.HIGHEST_PROTOCOL)
+            proc.stdin.write(len(body).to_bytes(8, "little") + body)
+            proc.stdin.flush()
+            head = proc.stdout.read(9)
+            if len(head) < 9:
+                raise EOFError("the translation worker exited")
+            n = int.from_bytes(head[1:], "little")
+            out = proc.stdout.read(n)
+            if len(out) < n:
+                raise EOFError("the translation worker exited mid-answer")
+        except (OSError, EOFError):
+            self.broken = True
+            raise
+        if head[0] != 0:
+            raise RuntimeError(f"translation failed in the worker: {pickle.loads(out)}")  # noqa: S301 - our child
+        return out
+
+    def close(self) -> None:
+        self.broken = True
+        with contextlib.suppress(OSError):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        self._thread.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+
+_WORKER: _TranslationWorker | None = None
+_WORKER_LOCK = threading.Lock()
+
+
+def start_translation_worker() -> _TranslationWorker | None:
+    """The process's one translation worker, started on the first call (a child process that imports
+    Fast Downward in the background); ``None`` where it cannot be started (logged)."""
+    global _WORKER
+    with _WORKER_LOCK:
+        if _WORKER is not None and _WORKER.broken:
+            _WORKER.close()
+            _WORKER = None
+        if _WORKER is None:
+            try:
+                _WORKER = _TranslationWorker()
+            except (OSError, RuntimeError) as e:
+                log.warning("ALFWorld: cannot start the translation worker (translations stay in-process): %s", e)
+                return None
+        return _WORKER
+
+
+def stop_translation_worker() -> None:
+    """Stop the translation worker if one runs (a later :func:`prefetch` starts a new one)."""
+    global _WORKER
+    with _WORKER_LOCK:
+        worker, _WORKER = _WORKER, None
+    if worker is not None:
+        worker.close()
+
+
+def _translation_digest(domain: str, problem: str, optimize: bool) -> str:
+    return _call_digest("pddl2sas", domain, problem, optimize=bool(optimize))
+
+
+def prefetch(entry: EngineEntry, domain: str, problem: str) -> bool:
+    """Start Fast Downward's optimised translation of ``problem`` (the one ``PddlState`` asks for second)
+    in the translation worker when ``entry`` does not hold it yet, so that it runs while this process
+    parses the grammar and makes the plain translation.  :func:`serving` collects it.
+
+    The worker runs the real ``fast_downward.pddl2sas`` on the same texts, whose output does not depend
+    on the process (same SAS text under different ``PYTHONHASHSEED``, checked when this was written).
+
+    Returns:
+        whether a translation was started.
+    """
+    digest = _translation_digest(domain, problem, True)
+    if digest in entry.results or digest in entry.pending:
+        return False
+    worker = start_translation_worker()
+    if worker is None:
+        return False
+    try:
+        entry.pending[digest] = worker.submit(domain, problem, True)
+    except RuntimeError as e:  # shut down (interpreter exit)
+        log.warning("ALFWorld: translation worker unavailable (translating in-process): %s", e)
+        return False
+    return True
+
+
+def _collect(entry: EngineEntry, digest: str) -> bytes | None:
+    """The pickled result of the worker's translation ``digest``, or ``None`` (none started, or it failed:
+    the caller then computes it in-process, so an error is raised as the real function raises it)."""
+    future = entry.pending.pop(digest, None)
+    if future is None:
+        return None
+    try:
+        return future.result()
+    except Exception as e:  # noqa: BLE001 - the in-process retry raises the real error, if any
+        log.warning("ALFWorld: the translation worker gave no result (translating in-process): %s", e)
+        return None
 
 
 class EngineCache:
