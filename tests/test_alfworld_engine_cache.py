@@ -20,6 +20,7 @@ import pytest
 
 from agentfly_gym.envs.alfworld import ALFWorldSimulator
 from agentfly_gym.envs.alfworld import engine_cache
+from agentfly_gym.errors import EnvError
 from agentfly_gym.envs.alfworld.engine_cache import EngineCache, EngineEntry, entry_key, serving
 
 pytestmark = pytest.mark.timeout(300)
@@ -234,3 +235,24 @@ def test_precompute_fills_the_cache_skips_whole_entries_and_an_interrupt_leaves_
     r = precompute_engine_cache(("valid_seen",), data_dir=sample, include_sample=False, cache_dir=cache, limit=3,
                                 progress=False)
     assert (r["computed"], r["present"]) == (1, 2)
+
+
+def test_a_load_pauses_the_garbage_collector_only_while_it_runs(game_file, tmp_path):
+    import gc
+
+    sim = ALFWorldSimulator(engine_cache=tmp_path / "cache", translation_worker=False)
+    assert gc.isenabled()
+    sim.load(game_file)
+    assert gc.isenabled()
+    broken = tmp_path / "broken" / "game.tw-pddl"
+    broken.parent.mkdir()
+    broken.write_text("{not json", encoding="utf-8")
+    with pytest.raises(EnvError):
+        sim.load(broken)  # fails inside the engine block
+    assert gc.isenabled(), "restored after a failed load too"
+    gc.disable()
+    try:
+        sim.load(game_file)
+        assert not gc.isenabled(), "a collector the caller paused stays paused"
+    finally:
+        gc.enable()

@@ -16,6 +16,18 @@ before is computed by the real function and recorded.  An entry only answers a c
 are byte-for-byte those it recorded (each result is filed under the SHA-256 of the function name
 and its inputs), so it cannot change what the engine computes, only skip recomputing it.
 
+What is not per game is shared by all games of the process, keyed by content: the grammar snippets
+(production rules and command templates) that ``textgen._parse_and_convert`` parses with TatSu, ~85%
+the same text in every game, are parsed once per process (:data:`SYMBOL_ENTRIES`, LRU, fresh copies
+handed out).  The PDDL domain is the same text in all games, but Fast Downward parses it in
+milliseconds; its costly work, the grounding of the game's problem, is per game.  So a game never
+seen before still pays both translations; :func:`prefetch` makes the optimised one in a child
+process (``_translate_worker.py``, one per process, started with the first simulator) while this
+process parses the grammar and makes the plain one.  Fast Downward's output does not depend on the
+process (the same SAS text under any ``PYTHONHASHSEED``), which is also what lets a disk entry
+written by one process serve another.  A worker that dies or fails is replaced, and the translation
+is then made in-process, which raises the real error if there is one.
+
 Entries are keyed per game file by :func:`entry_key`: SHA-256 of the file's bytes, the options
 that change what is played (``upgrade_games``), the versions of the packages that compute and
 unpickle the results and this module's format number.  A changed game file has another key.  On
@@ -114,10 +126,12 @@ class EngineEntry:
 @contextlib.contextmanager
 def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
     """While the block runs, ``GameLogic(...)`` and ``fast_downward.pddl2sas(...)`` as TextWorld's PDDL
-    engine calls them are answered from ``entry`` when it holds their inputs' results, and
-    computed and recorded into ``entry`` when not.
+    engine calls them are answered from ``entry`` when it holds their inputs' results (or the worker
+    started by :func:`prefetch` delivers them), and computed and recorded into ``entry`` when not;
+    ``textworld.envs.pddl.textgen._parse_and_convert`` (TatSu's parse of a grammar snippet) is
+    answered from the process-wide snippet memo.
 
-    The two names are rebound on their modules for the duration of the block and restored after it,
+    The three names are rebound on their modules for the duration of the block and restored after it,
     even on error.  Hold the engine lock of :mod:`.simulator` around it: that lock already serialises
     all engine work of this process.  A call from elsewhere in the block's time is still answered
     correctly: the stand-ins return what the real functions return for the same inputs.

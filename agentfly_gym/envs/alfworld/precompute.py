@@ -41,7 +41,8 @@ def _game_files(roots: Iterable[Path], splits: Sequence[str]) -> list[Path]:
 def precompute_engine_cache(splits: Sequence[str] = DEFAULT_SPLITS, *, data_dir: str | os.PathLike | None = None,
                             include_sample: bool = True, cache_dir: str | os.PathLike | None = None,
                             limit: int | None = None, progress: bool = True,
-                            upgrade_games: bool = True) -> dict[str, Any]:
+                            upgrade_games: bool = True,
+                            game_files: Sequence[str | os.PathLike] | None = None) -> dict[str, Any]:
     """Load each game of ``splits`` once with the engine cache on, writing the entries it lacks.
 
     Args:
@@ -53,6 +54,8 @@ def precompute_engine_cache(splits: Sequence[str] = DEFAULT_SPLITS, *, data_dir:
         limit: at most this many games (the first ones, in index order).
         progress: show a progress bar (tqdm).
         upgrade_games: as :class:`~.simulator.ALFWorldSimulator` (the key depends on it).
+        game_files: these game files instead of the splits' (``splits``, ``data_dir`` and
+            ``include_sample`` are then ignored).
 
     Returns:
         ``{"games", "computed", "present", "failed", "seconds", "cache_dir"}``: counts of games seen,
@@ -68,11 +71,14 @@ def precompute_engine_cache(splits: Sequence[str] = DEFAULT_SPLITS, *, data_dir:
     from .games import resolve_alfworld_root
     from .simulator import ALFWorldSimulator
 
-    roots = [resolve_alfworld_root(data_dir)]
-    sample = sample_dir("alfworld") if include_sample else None
-    if sample is not None and sample.resolve() != roots[0].resolve():
-        roots.append(sample)
-    files = _game_files(roots, splits)
+    if game_files is not None:
+        files = [Path(f) for f in game_files]
+    else:
+        roots = [resolve_alfworld_root(data_dir)]
+        sample = sample_dir("alfworld") if include_sample else None
+        if sample is not None and sample.resolve() != roots[0].resolve():
+            roots.append(sample)
+        files = _game_files(roots, splits)
     if limit is not None:
         files = files[: max(0, int(limit))]
     folder = Path(cache_dir) if cache_dir is not None else EngineCache.default_directory()
