@@ -256,3 +256,23 @@ def test_a_load_pauses_the_garbage_collector_only_while_it_runs(game_file, tmp_p
         assert not gc.isenabled(), "a collector the caller paused stays paused"
     finally:
         gc.enable()
+
+
+def test_the_cli_precomputes_into_agentfly_gym_cache_and_says_what_it_did(tmp_path, monkeypatch, capsys):
+    """`agentfly-gym data precompute alfworld` writes under $AGENTFLY_GYM_CACHE, never into the data folder."""
+    from agentfly_gym.data import sample_dir
+    from agentfly_gym.datasets import data_main
+
+    monkeypatch.setenv("AGENTFLY_GYM_CACHE", str(tmp_path / "cache"))
+    sample = sample_dir("alfworld")
+    before = sorted(p for p in sample.rglob("*"))
+    argv = ["precompute", "alfworld", "--data-dir", str(sample), "--split", "valid_unseen", "--limit", "1",
+            "--no-sample", "--no-progress"]
+    assert data_main(argv) == 0
+    assert "1 computed, 0 already there, 0 failed, of 1 games" in capsys.readouterr().out
+    assert len(list((tmp_path / "cache" / "alfworld" / "engine").glob("*.pickle.zlib"))) == 1
+    assert data_main(argv) == 0
+    assert "0 computed, 1 already there" in capsys.readouterr().out
+    assert sorted(p for p in sample.rglob("*")) == before
+    with pytest.raises(SystemExit):
+        data_main(["precompute", "webshop"])

@@ -62,7 +62,7 @@ from typing import Any
 
 from ...data import cache_dir
 
-__all__ = ["FORMAT", "MEMORY_ENTRIES", "SYMBOL_ENTRIES", "EngineCache", "EngineEntry", "entry_key", "prefetch",
+__all__ = ["FORMAT", "MEMORY_ENTRIES", "SYMBOL_ENTRIES", "WORKER_REQUESTS", "EngineCache", "EngineEntry", "entry_key", "prefetch",
            "serving", "start_translation_worker", "stop_translation_worker"]
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ FORMAT = 1
 MEMORY_ENTRIES = 32
 #: Parsed grammar snippets kept in memory per process, shared by all games (~2-4 KB each).
 SYMBOL_ENTRIES = 8192
+#: Translations one worker process makes before it is replaced (bounds what its heap can grow to).
+WORKER_REQUESTS = 500
 #: The packages whose versions are part of the key: they compute the results or define the pickled classes.
 _KEY_PACKAGES = ("textworld", "fast-downward-textworld", "alfworld", "tatsu")
 
@@ -246,8 +248,10 @@ class _TranslationWorker:
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="alfworld-translate")
         self.broken = False
+        self.requests = 0
 
     def submit(self, domain: str, problem: str, optimize: bool) -> concurrent.futures.Future:
+        self.requests += 1
         return self._thread.submit(self._call, domain, problem, optimize)
 
     def _call(self, domain: str, problem: str, optimize: bool) -> bytes:
@@ -290,10 +294,11 @@ _WORKER_LOCK = threading.Lock()
 
 def start_translation_worker() -> _TranslationWorker | None:
     """The process's one translation worker, started on the first call (a child process that imports
-    Fast Downward in the background); ``None`` where it cannot be started (logged)."""
+    Fast Downward in the background) and replaced when it broke or made :data:`WORKER_REQUESTS`
+    translations; ``None`` where it cannot be started (logged)."""
     global _WORKER
     with _WORKER_LOCK:
-        if _WORKER is not None and _WORKER.broken:
+        if _WORKER is not None and (_WORKER.broken or _WORKER.requests >= WORKER_REQUESTS):
             _WORKER.close()
             _WORKER = None
         if _WORKER is None:
