@@ -8,7 +8,7 @@ Subcommands:
     r2e build-tasks  build the local R2E-Gym task set
     drift            measure re-tokenization drift on saved trajectories
     dataset          write a verl training dataset (needs the verl plugin)
-    data             the full public data sets: status | download NAME | verify NAME
+    data             the full public data sets: status | download NAME | verify NAME | precompute alfworld
     serve            serve an environment through OpenEnv's server interface (needs the openenv extra)
 """
 

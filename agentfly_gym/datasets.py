@@ -383,7 +383,8 @@ def _in_use_rows() -> list[tuple[str, str, str]]:
 def data_main(argv: list[str]) -> int:
     """``agentfly-gym data status | download NAME | verify NAME`` (returns the exit status)."""
     p = argparse.ArgumentParser(prog="agentfly-gym data", allow_abbrev=False,
-                                description="the full public data sets: where they are, download, verify")
+                                description="the full public data sets: where they are, download, verify; "
+                                            "precompute ALFWorld's engine cache")
     sub = p.add_subparsers(dest="action", required=True)
     sub.add_parser("status", help="data sets, their folders and pins, and the folder each env reads now")
     for action in ("download", "verify"):
@@ -451,7 +452,8 @@ def data_main(argv: list[str]) -> int:
         return 1
 
 
-def _precompute(splits: list[str] | None, data_dir: str | os.PathLike | None, *, limit: int | None, sample: bool, progress: bool) -> int:
+def _precompute(splits: list[str] | None, data_dir: str | os.PathLike | None, *, limit: int | None, sample: bool,
+                progress: bool) -> int:
     from .envs.alfworld.precompute import DEFAULT_SPLITS, precompute_engine_cache
 
     try:

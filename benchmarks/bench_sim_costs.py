@@ -213,7 +213,8 @@ def bench_alfworld_resets(games: list[Any], work: Path, others: list[Any] | None
     summary: dict[str, Any] = {f"{k[:-2]}_median_s": _median([r[k] for r in rows]) for k in cols}
     summary.update({f"{k[:-2]}_max_s": max(r[k] for r in rows) for k in cols})
     summary["cold_vs_upstream_first"] = summary["ours_cold_median_s"] / summary["upstream_first_median_s"]
-    summary["cold_fresh_vs_upstream_first"] = summary["ours_cold_fresh_process_median_s"] / summary["upstream_first_median_s"]
+    summary["cold_fresh_vs_upstream_first"] = (summary["ours_cold_fresh_process_median_s"]
+                                               / summary["upstream_first_median_s"])
     summary["revisit_vs_upstream_again"] = summary["ours_other_simulator_median_s"] / summary["upstream_again_median_s"]
     summary["cold_games_under_1s"] = sum(r["ours_cold_s"] < 1.0 for r in rows)
     summary["cold_fresh_games_under_1s"] = sum(r["ours_cold_fresh_process_s"] < 1.0 for r in rows)
@@ -319,8 +320,8 @@ def main() -> int:
             axes[0].set_title("ScienceWorld 'look around'")
         if "ALFWorld_resets" in data:
             s = data["ALFWorld_resets"]["summary"]
-            keys = ["upstream_first", "upstream_again", "ours_uncached", "ours_cold_no_worker", "ours_cold_fresh_process",
-                    "ours_cold", "ours_same_simulator", "ours_other_simulator", "ours_from_disk",
+            keys = ["upstream_first", "upstream_again", "ours_uncached", "ours_cold_no_worker",
+                    "ours_cold_fresh_process", "ours_cold", "ours_same_simulator", "ours_other_simulator", "ours_from_disk",
                     "ours_precomputed_fresh_process"]
             axes[1].bar(range(len(keys)), [s[f"{k}_median_s"] for k in keys],
                         color=["grey", "grey", "C1", "C1", "C0", "C0", "C2", "C2", "C2", "C2"])

@@ -62,8 +62,8 @@ from typing import Any
 
 from ...data import cache_dir
 
-__all__ = ["FORMAT", "MEMORY_ENTRIES", "SYMBOL_ENTRIES", "WORKER_REQUESTS", "EngineCache", "EngineEntry", "entry_key", "prefetch",
-           "serving", "start_translation_worker", "stop_translation_worker"]
+__all__ = ["FORMAT", "MEMORY_ENTRIES", "SYMBOL_ENTRIES", "WORKER_REQUESTS", "EngineCache", "EngineEntry", "entry_key",
+           "prefetch", "serving", "start_translation_worker", "stop_translation_worker"]
 
 log = logging.getLogger(__name__)
 
