@@ -150,13 +150,17 @@ def test_concurrent_writers_leave_one_whole_file(tmp_path):
 def test_serving_restores_the_engine_functions_after_an_error():
     from textworld.envs.pddl import logic as pddl_logic
 
+    import textworld.logic as tw_logic
     from textworld.envs.pddl import textgen
 
-    before = (pddl_logic.GameLogic, fast_downward.pddl2sas, textgen._parse_and_convert)
+    def bound():
+        return (pddl_logic.GameLogic, fast_downward.pddl2sas, textgen._parse_and_convert, tw_logic._parse_and_convert)
+
+    before = bound()
     with pytest.raises(RuntimeError), serving(EngineEntry()):
-        assert pddl_logic.GameLogic is not before[0] and textgen._parse_and_convert is not before[2]
+        assert all(now is not then for now, then in zip(bound(), before))
         raise RuntimeError("boom")
-    assert (pddl_logic.GameLogic, fast_downward.pddl2sas, textgen._parse_and_convert) == before
+    assert bound() == before
 
 
 OTHER_GAME = "valid_seen/pick_and_place_simple-Book-None-SideTable-329/trial_T20190908_050633_745514"

@@ -18,7 +18,8 @@ and its inputs), so it cannot change what the engine computes, only skip recompu
 
 What is not per game is shared by all games of the process, keyed by content: the grammar snippets
 (production rules and command templates) that ``textgen._parse_and_convert`` parses with TatSu, ~85%
-the same text in every game, are parsed once per process (:data:`SYMBOL_ENTRIES`, LRU, fresh copies
+the same text in every game, and the rule conditions its derivations query (``textworld.logic``), are
+parsed once per process (:data:`SYMBOL_ENTRIES`, LRU, fresh copies
 handed out).  The PDDL domain is the same text in all games, but Fast Downward parses it in
 milliseconds; its costly work, the grounding of the game's problem, is per game.  So a game never
 seen before still pays both translations; :func:`prefetch` makes the optimised one in a child
@@ -130,10 +131,11 @@ def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
     """While the block runs, ``GameLogic(...)`` and ``fast_downward.pddl2sas(...)`` as TextWorld's PDDL
     engine calls them are answered from ``entry`` when it holds their inputs' results (or the worker
     started by :func:`prefetch` delivers them), and computed and recorded into ``entry`` when not;
-    ``textworld.envs.pddl.textgen._parse_and_convert`` (TatSu's parse of a grammar snippet) is
+    ``textworld.envs.pddl.textgen._parse_and_convert`` and ``textworld.logic._parse_and_convert``
+    (TatSu's parses of a grammar snippet and of a rule condition, pure functions of their text) are
     answered from the process-wide snippet memo.
 
-    The three names are rebound on their modules for the duration of the block and restored after it,
+    The four names are rebound on their modules for the duration of the block and restored after it,
     even on error.  Hold the engine lock of :mod:`.simulator` around it: that lock already serialises
     all engine work of this process.  A call from elsewhere in the block's time is still answered
     correctly: the stand-ins return what the real functions return for the same inputs.
@@ -141,11 +143,13 @@ def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
     """
     import fast_downward
     from textworld.envs.pddl import logic as pddl_logic
+    import textworld.logic as tw_logic
     from textworld.envs.pddl import textgen
 
     real_logic = pddl_logic.GameLogic
     real_sas = fast_downward.pddl2sas
     real_symbols = textgen._parse_and_convert
+    real_queries = tw_logic._parse_and_convert
 
     def _bind(logic: Any, sas: Any) -> None:
         pddl_logic.GameLogic = logic
@@ -181,34 +185,39 @@ def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
         return _answer(_call_digest("pddl2sas", domain, problem, optimize=bool(optimize)),
                        lambda: real_sas(domain, problem, verbose=False, optimize=optimize))
 
-    def symbols(text: str, **kwargs: Any) -> Any:
-        if set(kwargs) - {"rule_name", "trace"} or kwargs.get("trace") or not isinstance(text, str):
-            return real_symbols(text, **kwargs)
-        return _SYMBOLS.get((text, kwargs.get("rule_name")), lambda: real_symbols(text, **kwargs))
+    def memo(tag: str, real: Any) -> Any:
+        def parse(text: str, **kwargs: Any) -> Any:
+            if set(kwargs) - {"rule_name", "trace"} or kwargs.get("trace") or not isinstance(text, str):
+                return real(text, **kwargs)
+            return _SYMBOLS.get((tag, text, kwargs.get("rule_name")), lambda: real(text, **kwargs))
+
+        return parse
 
     _bind(game_logic, pddl2sas)
-    textgen._parse_and_convert = symbols
+    textgen._parse_and_convert = memo("textgen", real_symbols)
+    tw_logic._parse_and_convert = memo("logic", real_queries)
     try:
         yield entry
     finally:
         _bind(real_logic, real_sas)
         textgen._parse_and_convert = real_symbols
+        tw_logic._parse_and_convert = real_queries
 
 
 class _SymbolMemo:
-    """Process-wide LRU of TextWorld's parsed grammar snippets (``textgen._parse_and_convert``), keyed by
-    their text and rule name: the same rule texts recur in every game's grammar and command templates, so
+    """Process-wide LRU of TextWorld's parsed grammar snippets and rule conditions (``textgen`` and
+    ``textworld.logic``'s ``_parse_and_convert``), keyed by the parser, the text and the rule name: the same rule texts recur in every game's grammar and command templates, so
     they are parsed once per process.  Each call gets a fresh copy (unpickled): the engine sets the
     symbols' contexts in place."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: collections.OrderedDict[tuple[str, Any], bytes] = collections.OrderedDict()
+        self._items: collections.OrderedDict[tuple[str, str, Any], bytes] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: tuple[str, Any], compute: Any) -> Any:
+    def get(self, key: tuple[str, str, Any], compute: Any) -> Any:
         with self._lock:
             blob = self._items.get(key)
             if blob is not None:
