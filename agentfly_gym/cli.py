@@ -8,7 +8,7 @@ Subcommands:
     r2e build-tasks  build the local R2E-Gym task set
     drift            measure re-tokenization drift on saved trajectories
     dataset          write a verl training dataset (needs the verl plugin)
-    data             the full public data sets: status | download NAME | verify NAME
+    data             the full public data sets: status | download NAME | verify NAME | precompute alfworld
     serve            serve an environment through OpenEnv's server interface (needs the openenv extra)
 """
 
@@ -252,7 +252,7 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
                  "measure what re-tokenizing saved trajectories would change: FILE [--tokenizer ...]"),
     ("dataset",): ("agentfly_gym_verl.dataset", "dataset_main", "write a verl training parquet for an environment"),
     ("data",): ("agentfly_gym.datasets", "data_main",
-                "the full public data sets: status | download NAME | verify NAME (resumable, checksummed)"),
+                "the full public data sets: status | download NAME | verify NAME (resumable, checksummed) | precompute alfworld"),
     ("serve",): ("agentfly_gym.bridges.openenv", "serve_main",
                  "serve an environment to OpenEnv clients: --env ID --openenv [--port P] [--max-sessions N]"),
 }

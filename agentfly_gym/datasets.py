@@ -3,7 +3,8 @@
 ``agentfly-gym data status`` shows, per data set, where it would be downloaded, what is there and
 which folder each environment reads now; ``data download NAME`` fetches the upstream files
 (resumable, verified, see :mod:`agentfly_gym.download`) and prepares them in the layout the
-environments read; ``data verify NAME`` checks the downloaded files against their pins.
+environments read; ``data verify NAME`` checks the downloaded files against their pins; ``data precompute alfworld``
+fills ALFWorld's engine cache for whole splits (:mod:`agentfly_gym.envs.alfworld.precompute`).
 
 Checksums.  A file's SHA-256 is pinned here where the project knows it (:attr:`RemoteFile.sha256`,
 with :attr:`RemoteFile.pin_source` saying where the value comes from).  Where it does not — the
@@ -382,7 +383,8 @@ def _in_use_rows() -> list[tuple[str, str, str]]:
 def data_main(argv: list[str]) -> int:
     """``agentfly-gym data status | download NAME | verify NAME`` (returns the exit status)."""
     p = argparse.ArgumentParser(prog="agentfly-gym data", allow_abbrev=False,
-                                description="the full public data sets: where they are, download, verify")
+                                description="the full public data sets: where they are, download, verify; "
+                                            "precompute ALFWorld's engine cache")
     sub = p.add_subparsers(dest="action", required=True)
     sub.add_parser("status", help="data sets, their folders and pins, and the folder each env reads now")
     for action in ("download", "verify"):
@@ -394,6 +396,18 @@ def data_main(argv: list[str]) -> int:
         a.add_argument("--no-progress", action="store_true")
         if action == "download":
             a.add_argument("--mirror", default=None, help="base URL of a copy: <mirror>/<folder>/<file>")
+            a.add_argument("--precompute", action="store_true",
+                           help="alfworld: then fill the engine cache for its evaluation splits (as `precompute`)")
+    a = sub.add_parser("precompute", help="alfworld: load every game of the splits once so that first resets are "
+                                          "disk-cache hits (~0.2 s instead of ~1 s); entries go to "
+                                          "$AGENTFLY_GYM_CACHE/alfworld/engine; Ctrl-C keeps the finished ones")
+    a.add_argument("name", choices=["alfworld"])
+    a.add_argument("--split", action="append", default=None,
+                   help="split to fill (repeatable; default: valid_seen and valid_unseen; train is ~1 h)")
+    a.add_argument("--data-dir", default=None, help="the ALFWorld data root (default: the one the env reads)")
+    a.add_argument("--limit", type=int, default=None, help="at most this many games")
+    a.add_argument("--no-sample", action="store_true", help="skip the sample games shipped in the package")
+    a.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     from .utils.console import console as make_console
     from rich.table import Table
@@ -414,9 +428,15 @@ def data_main(argv: list[str]) -> int:
                 u.add_row(*row)
             console.print(u)
             return 0
+        if args.action == "precompute":
+            return _precompute(args.split, args.data_dir, limit=args.limit, sample=not args.no_sample,
+                               progress=not args.no_progress)
         pins = _parse_pins(args.sha256)
         if args.action == "download":
-            download_dataset(args.name, args.dest, sha256=pins, mirror=args.mirror, progress=not args.no_progress)
+            folder = download_dataset(args.name, args.dest, sha256=pins, mirror=args.mirror,
+                                      progress=not args.no_progress)
+            if args.precompute and args.name == "alfworld":
+                return _precompute(None, folder, limit=None, sample=True, progress=not args.no_progress)
             return 0
         results = verify_dataset(args.name, args.dest, sha256=pins, progress=not args.no_progress)
         for name, ok, detail in results:
@@ -430,6 +450,22 @@ def data_main(argv: list[str]) -> int:
         print(f"agentfly-gym data: error while preparing {what}: {e}; the downloaded files are kept, free the space "
               "or fix the cause and run the command again", file=sys.stderr)
         return 1
+
+
+def _precompute(splits: list[str] | None, data_dir: str | os.PathLike | None, *, limit: int | None, sample: bool,
+                progress: bool) -> int:
+    from .envs.alfworld.precompute import DEFAULT_SPLITS, precompute_engine_cache
+
+    try:
+        r = precompute_engine_cache(tuple(splits or DEFAULT_SPLITS), data_dir=data_dir, include_sample=sample,
+                                    limit=limit, progress=progress)
+    except KeyboardInterrupt:
+        print("agentfly-gym data precompute: interrupted; the entries written so far are kept (rerun to go on)",
+              file=sys.stderr)
+        return 130
+    print(f"alfworld engine cache: {r['computed']} computed, {r['present']} already there, {r['failed']} failed, "
+          f"of {r['games']} games in {r['seconds']} s ({r['cache_dir']})")
+    return 1 if r["failed"] else 0
 
 
 # ----------------------------------------------------------------------------- agentfly-gym envs

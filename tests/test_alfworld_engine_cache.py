@@ -9,14 +9,18 @@ calls the real function.
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import threading
+import zlib
 from pathlib import Path
 
 import fast_downward
 import pytest
 
 from agentfly_gym.envs.alfworld import ALFWorldSimulator
+from agentfly_gym.envs.alfworld import engine_cache
+from agentfly_gym.errors import EnvError
 from agentfly_gym.envs.alfworld.engine_cache import EngineCache, EngineEntry, entry_key, serving
 
 pytestmark = pytest.mark.timeout(300)
@@ -62,7 +66,7 @@ def test_a_revisited_game_is_served_from_the_cache_and_plays_identically(game_fi
     assert len(translations) == 4, "uncached: PddlEnv.load and reset translate twice each"
 
     translations.clear()
-    first = ALFWorldSimulator(engine_cache=cache)
+    first = ALFWorldSimulator(engine_cache=cache, translation_worker=False)
     assert _play(first, game_file) == reference
     assert sorted(translations) == [False, True], "a cold load translates once plain, once optimised"
     assert first.cache_stats == {"memory_hits": 0, "disk_hits": 0, "misses": 1}
@@ -97,14 +101,31 @@ def test_a_changed_game_file_is_not_served_from_the_old_entry(game_file, tmp_pat
     assert len(list(cache.glob("*.pickle.zlib"))) == 2
 
 
-def test_an_unreadable_cache_file_is_a_miss_and_is_rewritten(game_file, tmp_path, translations):
+def _whole_entry(game: Path, cache: Path) -> bytes:
+    ALFWorldSimulator(engine_cache=cache, translation_worker=False).load(game)
+    (path,) = cache.glob("*.pickle.zlib")
+    blob = path.read_bytes()
+    shutil.rmtree(cache)
+    EngineCache.clear_memory()
+    return blob
+
+
+@pytest.mark.parametrize("damage", ["foreign", "truncated", "wrong-shape"])
+def test_an_unreadable_cache_file_is_a_miss_and_is_rewritten(game_file, tmp_path, translations, damage):
     cache = tmp_path / "cache"
     reference = ALFWorldSimulator(engine_cache=False).load(game_file)
     key = entry_key(game_file.read_bytes(), upgrade_games=True)
+    if damage == "foreign":
+        bad = b"torn"
+    elif damage == "truncated":  # a partial copy of a whole entry (e.g. copied by hand, or a full disk)
+        whole = _whole_entry(game_file, cache)
+        bad = whole[: len(whole) // 2]
+    else:  # valid zlib and pickle, but not a mapping of digests to pickles
+        bad = zlib.compress(pickle.dumps({"digest": "not bytes"}))
     cache.mkdir()
-    (cache / f"{key}.pickle.zlib").write_bytes(b"torn")
+    (cache / f"{key}.pickle.zlib").write_bytes(bad)
     translations.clear()
-    sim = ALFWorldSimulator(engine_cache=cache)
+    sim = ALFWorldSimulator(engine_cache=cache, translation_worker=False)
     assert sim.load(game_file) == reference
     assert sim.cache_stats["misses"] == 1 and len(translations) == 2
     EngineCache.clear_memory()
@@ -129,8 +150,133 @@ def test_concurrent_writers_leave_one_whole_file(tmp_path):
 def test_serving_restores_the_engine_functions_after_an_error():
     from textworld.envs.pddl import logic as pddl_logic
 
-    before = (pddl_logic.GameLogic, fast_downward.pddl2sas)
+    import textworld.logic as tw_logic
+    from textworld.envs.pddl import textgen
+
+    def bound():
+        return (pddl_logic.GameLogic, fast_downward.pddl2sas, textgen._parse_and_convert, tw_logic._parse_and_convert)
+
+    before = bound()
     with pytest.raises(RuntimeError), serving(EngineEntry()):
-        assert pddl_logic.GameLogic is not before[0]
+        assert all(now is not then for now, then in zip(bound(), before))
         raise RuntimeError("boom")
-    assert (pddl_logic.GameLogic, fast_downward.pddl2sas) == before
+    assert bound() == before
+
+
+OTHER_GAME = "valid_seen/pick_and_place_simple-Book-None-SideTable-329/trial_T20190908_050633_745514"
+
+
+def _copy(shared_data: Path, rel: str, dst: Path) -> Path:
+    dst.parent.mkdir(parents=True)
+    shutil.copyfile(shared_data / "alfworld" / "json_2.1.1" / rel / "game.tw-pddl", dst)
+    return dst
+
+
+def test_a_game_never_seen_reuses_what_other_games_parsed_and_plays_identically(shared_data, tmp_path, translations):
+    """The grammar snippets shared by all games are parsed once per process (content-keyed), and the
+    optimised translation runs in the worker process: a second, different game must still give the
+    observations and admissible commands of the uncached engine, step by step."""
+    a = _copy(shared_data, GAME, tmp_path / "a" / "game.tw-pddl")
+    b = _copy(shared_data, OTHER_GAME, tmp_path / "b" / "game.tw-pddl")
+    references = [_play(ALFWorldSimulator(engine_cache=False), g) for g in (a, b)]
+    engine_cache._SYMBOLS.clear()
+    translations.clear()
+    sim = ALFWorldSimulator(engine_cache=tmp_path / "cache")
+    assert _play(sim, a) == references[0]
+    hits, misses = engine_cache._SYMBOLS.hits, engine_cache._SYMBOLS.misses
+    assert _play(sim, b) == references[1]
+    assert engine_cache._SYMBOLS.hits - hits > engine_cache._SYMBOLS.misses - misses > 0, \
+        "most of the second game's grammar is served from what the first one parsed"
+    assert translations == [False, False], "the optimised translations ran in the worker, the plain ones here"
+    EngineCache.clear_memory()
+    engine_cache._SYMBOLS.clear()
+    translations.clear()
+    again = ALFWorldSimulator(engine_cache=tmp_path / "cache", translation_worker=False)
+    assert [_play(again, g) for g in (a, b)] == references, "the worker's results, read back from disk"
+    assert translations == []
+
+
+def test_a_dead_translation_worker_falls_back_to_translating_here(game_file, tmp_path, translations):
+    reference = _play(ALFWorldSimulator(engine_cache=False), game_file)
+    worker = engine_cache.start_translation_worker()
+    assert worker is not None
+    worker._proc.kill()
+    worker._proc.wait()
+    translations.clear()
+    sim = ALFWorldSimulator(engine_cache=tmp_path / "cache")
+    assert _play(sim, game_file) == reference
+    assert sorted(translations) == [False, True], "the optimised translation was redone in this process"
+    assert engine_cache.start_translation_worker() is not worker, "a broken worker is replaced"
+    engine_cache.stop_translation_worker()
+
+
+def test_precompute_fills_the_cache_skips_whole_entries_and_an_interrupt_leaves_no_partial_file(tmp_path, monkeypatch):
+    """agentfly-gym data precompute alfworld, on the sample shipped in the package."""
+    from agentfly_gym.data import sample_dir
+    from agentfly_gym.envs.alfworld.precompute import precompute_engine_cache
+
+    sample = sample_dir("alfworld")
+    assert sample is not None
+    cache = tmp_path / "cache"
+    r = precompute_engine_cache(("valid_seen",), data_dir=sample, include_sample=False, cache_dir=cache, limit=2,
+                                progress=False)
+    assert (r["games"], r["computed"], r["present"], r["failed"]) == (2, 2, 0, 0)
+    assert len(list(cache.glob("*.pickle.zlib"))) == 2
+    EngineCache.clear_memory()
+    real = fast_downward.pddl2sas
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fast_downward, "pddl2sas", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        precompute_engine_cache(("valid_seen",), data_dir=sample, include_sample=False, cache_dir=cache, limit=3,
+                                progress=False)
+    assert sorted(p.name for p in cache.iterdir()) == sorted(p.name for p in cache.glob("*.pickle.zlib")), \
+        "no temporary or partial file"
+    assert len(list(cache.iterdir())) == 2
+    monkeypatch.setattr(fast_downward, "pddl2sas", real)
+    r = precompute_engine_cache(("valid_seen",), data_dir=sample, include_sample=False, cache_dir=cache, limit=3,
+                                progress=False)
+    assert (r["computed"], r["present"]) == (1, 2)
+
+
+def test_a_load_pauses_the_garbage_collector_only_while_it_runs(game_file, tmp_path):
+    import gc
+
+    sim = ALFWorldSimulator(engine_cache=tmp_path / "cache", translation_worker=False)
+    assert gc.isenabled()
+    sim.load(game_file)
+    assert gc.isenabled()
+    broken = tmp_path / "broken" / "game.tw-pddl"
+    broken.parent.mkdir()
+    broken.write_text("{not json", encoding="utf-8")
+    with pytest.raises(EnvError):
+        sim.load(broken)  # fails inside the engine block
+    assert gc.isenabled(), "restored after a failed load too"
+    gc.disable()
+    try:
+        sim.load(game_file)
+        assert not gc.isenabled(), "a collector the caller paused stays paused"
+    finally:
+        gc.enable()
+
+
+def test_the_cli_precomputes_into_agentfly_gym_cache_and_says_what_it_did(tmp_path, monkeypatch, capsys):
+    """`agentfly-gym data precompute alfworld` writes under $AGENTFLY_GYM_CACHE, never into the data folder."""
+    from agentfly_gym.data import sample_dir
+    from agentfly_gym.datasets import data_main
+
+    monkeypatch.setenv("AGENTFLY_GYM_CACHE", str(tmp_path / "cache"))
+    sample = sample_dir("alfworld")
+    before = sorted(p for p in sample.rglob("*"))
+    argv = ["precompute", "alfworld", "--data-dir", str(sample), "--split", "valid_unseen", "--limit", "1",
+            "--no-sample", "--no-progress"]
+    assert data_main(argv) == 0
+    assert "1 computed, 0 already there, 0 failed, of 1 games" in capsys.readouterr().out
+    assert len(list((tmp_path / "cache" / "alfworld" / "engine").glob("*.pickle.zlib"))) == 1
+    assert data_main(argv) == 0
+    assert "0 computed, 1 already there" in capsys.readouterr().out
+    assert sorted(p for p in sample.rglob("*")) == before
+    with pytest.raises(SystemExit):
+        data_main(["precompute", "webshop"])

@@ -16,6 +16,19 @@ before is computed by the real function and recorded.  An entry only answers a c
 are byte-for-byte those it recorded (each result is filed under the SHA-256 of the function name
 and its inputs), so it cannot change what the engine computes, only skip recomputing it.
 
+What is not per game is shared by all games of the process, keyed by content: the grammar snippets
+(production rules and command templates) that ``textgen._parse_and_convert`` parses with TatSu, ~85%
+the same text in every game, and the rule conditions its derivations query (``textworld.logic``), are
+parsed once per process (:data:`SYMBOL_ENTRIES`, LRU, fresh copies
+handed out).  The PDDL domain is the same text in all games, but Fast Downward parses it in
+milliseconds; its costly work, the grounding of the game's problem, is per game.  So a game never
+seen before still pays both translations; :func:`prefetch` makes the optimised one in a child
+process (``_translate_worker.py``, one per process, started with the first simulator) while this
+process parses the grammar and makes the plain one.  Fast Downward's output does not depend on the
+process (the same SAS text under any ``PYTHONHASHSEED``), which is also what lets a disk entry
+written by one process serve another.  A worker that dies or fails is replaced, and the translation
+is then made in-process, which raises the real error if there is one.
+
 Entries are keyed per game file by :func:`entry_key`: SHA-256 of the file's bytes, the options
 that change what is played (``upgrade_games``), the versions of the packages that compute and
 unpickle the results and this module's format number.  A changed game file has another key.  On
@@ -30,6 +43,7 @@ user: do not point ``AGENTFLY_GYM_CACHE`` at a folder others can write.  In memo
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -38,6 +52,7 @@ import importlib.metadata
 import logging
 import os
 import pickle
+import subprocess
 import sys
 import threading
 import uuid
@@ -48,7 +63,8 @@ from typing import Any
 
 from ...data import cache_dir
 
-__all__ = ["FORMAT", "MEMORY_ENTRIES", "EngineCache", "EngineEntry", "entry_key", "serving"]
+__all__ = ["FORMAT", "MEMORY_ENTRIES", "SYMBOL_ENTRIES", "WORKER_REQUESTS", "EngineCache", "EngineEntry", "entry_key",
+           "prefetch", "serving", "start_translation_worker", "stop_translation_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +72,10 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 #: Entries kept in memory per process (~0.9 MB each, uncompressed pickles).
 MEMORY_ENTRIES = 32
+#: Parsed grammar snippets kept in memory per process, shared by all games (~2-4 KB each).
+SYMBOL_ENTRIES = 8192
+#: Translations one worker process makes before it is replaced (bounds what its heap can grow to).
+WORKER_REQUESTS = 500
 #: The packages whose versions are part of the key: they compute the results or define the pickled classes.
 _KEY_PACKAGES = ("textworld", "fast-downward-textworld", "alfworld", "tatsu")
 
@@ -97,19 +117,25 @@ class EngineEntry:
     Attributes:
         results: ``{digest: pickle bytes}`` (see :func:`serving`).
         dirty: a result was added since the entry was read or written.
+        pending: translations started by :func:`prefetch` and not yet collected (never written to disk).
     """
 
     results: dict[str, bytes] = dataclasses.field(default_factory=dict)
     dirty: bool = False
+    #: translations under way in the translation worker (:func:`prefetch`): digest -> future of pickle bytes
+    pending: dict[str, concurrent.futures.Future] = dataclasses.field(default_factory=dict, repr=False)
 
 
 @contextlib.contextmanager
 def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
     """While the block runs, ``GameLogic(...)`` and ``fast_downward.pddl2sas(...)`` as TextWorld's PDDL
-    engine calls them are answered from ``entry`` when it holds their inputs' results, and
-    computed and recorded into ``entry`` when not.
+    engine calls them are answered from ``entry`` when it holds their inputs' results (or the worker
+    started by :func:`prefetch` delivers them), and computed and recorded into ``entry`` when not;
+    ``textworld.envs.pddl.textgen._parse_and_convert`` and ``textworld.logic._parse_and_convert``
+    (TatSu's parses of a grammar snippet and of a rule condition, pure functions of their text) are
+    answered from the process-wide snippet memo.
 
-    The two names are rebound on their modules for the duration of the block and restored after it,
+    The four names are rebound on their modules for the duration of the block and restored after it,
     even on error.  Hold the engine lock of :mod:`.simulator` around it: that lock already serialises
     all engine work of this process.  A call from elsewhere in the block's time is still answered
     correctly: the stand-ins return what the real functions return for the same inputs.
@@ -117,9 +143,13 @@ def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
     """
     import fast_downward
     from textworld.envs.pddl import logic as pddl_logic
+    import textworld.logic as tw_logic
+    from textworld.envs.pddl import textgen
 
     real_logic = pddl_logic.GameLogic
     real_sas = fast_downward.pddl2sas
+    real_symbols = textgen._parse_and_convert
+    real_queries = tw_logic._parse_and_convert
 
     def _bind(logic: Any, sas: Any) -> None:
         pddl_logic.GameLogic = logic
@@ -127,6 +157,11 @@ def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
 
     def _answer(digest: str, compute: Any) -> Any:
         blob = entry.results.get(digest)
+        if blob is None:
+            blob = _collect(entry, digest)
+            if blob is not None:
+                entry.results[digest] = blob
+                entry.dirty = True
         if blob is None:
             value = compute()
         # pickle finds classes by name: the real GameLogic must be bound while it (un)pickles one
@@ -150,11 +185,189 @@ def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
         return _answer(_call_digest("pddl2sas", domain, problem, optimize=bool(optimize)),
                        lambda: real_sas(domain, problem, verbose=False, optimize=optimize))
 
+    def memo(tag: str, real: Any) -> Any:
+        def parse(text: str, **kwargs: Any) -> Any:
+            if set(kwargs) - {"rule_name", "trace"} or kwargs.get("trace") or not isinstance(text, str):
+                return real(text, **kwargs)
+            return _SYMBOLS.get((tag, text, kwargs.get("rule_name")), lambda: real(text, **kwargs))
+
+        return parse
+
     _bind(game_logic, pddl2sas)
+    textgen._parse_and_convert = memo("textgen", real_symbols)
+    tw_logic._parse_and_convert = memo("logic", real_queries)
     try:
         yield entry
     finally:
         _bind(real_logic, real_sas)
+        textgen._parse_and_convert = real_symbols
+        tw_logic._parse_and_convert = real_queries
+
+
+class _SymbolMemo:
+    """Process-wide LRU of TextWorld's parsed grammar snippets and rule conditions (``textgen`` and
+    ``textworld.logic``'s ``_parse_and_convert``), keyed by the parser, the text and the rule name: the same rule texts recur in every game's grammar and command templates, so
+    they are parsed once per process.  Each call gets a fresh copy (unpickled): the engine sets the
+    symbols' contexts in place."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: collections.OrderedDict[tuple[str, str, Any], bytes] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple[str, str, Any], compute: Any) -> Any:
+        with self._lock:
+            blob = self._items.get(key)
+            if blob is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+        if blob is not None:
+            return pickle.loads(blob)  # noqa: S301 - pickled by this process
+        value = compute()
+        blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self.misses += 1
+            self._items[key] = blob
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_SYMBOLS = _SymbolMemo(SYMBOL_ENTRIES)
+
+# ------------------------------------------------------------------------------- translation worker
+_WORKER_SCRIPT = Path(__file__).with_name("_translate_worker.py")
+
+
+class _TranslationWorker:
+    """One child process (``_translate_worker.py``) running ``fast_downward.pddl2sas``, fed by one thread.
+
+    Requests are answered in order; a request's future raises where the child failed or died (the
+    caller then translates in-process).  The child exits when its stdin closes (this process exited or
+    :meth:`close`)."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-P", str(_WORKER_SCRIPT)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="alfworld-translate")
+        self.broken = False
+        self.requests = 0
+
+    def submit(self, domain: str, problem: str, optimize: bool) -> concurrent.futures.Future:
+        self.requests += 1
+        return self._thread.submit(self._call, domain, problem, optimize)
+
+    def _call(self, domain: str, problem: str, optimize: bool) -> bytes:
+        proc = self._proc
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            body = pickle.dumps((domain, problem, bool(optimize)), protocol=pickle.HIGHEST_PROTOCOL)
+            proc.stdin.write(len(body).to_bytes(8, "little") + body)
+            proc.stdin.flush()
+            head = proc.stdout.read(9)
+            if len(head) < 9:
+                raise EOFError("the translation worker exited")
+            n = int.from_bytes(head[1:], "little")
+            out = proc.stdout.read(n)
+            if len(out) < n:
+                raise EOFError("the translation worker exited mid-answer")
+        except (OSError, EOFError):
+            self.broken = True
+            raise
+        if head[0] != 0:
+            raise RuntimeError(f"translation failed in the worker: {pickle.loads(out)}")  # noqa: S301 - our child
+        return out
+
+    def close(self) -> None:
+        self.broken = True
+        with contextlib.suppress(OSError):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        self._thread.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+
+_WORKER: _TranslationWorker | None = None
+_WORKER_LOCK = threading.Lock()
+
+
+def start_translation_worker() -> _TranslationWorker | None:
+    """The process's one translation worker, started on the first call (a child process that imports
+    Fast Downward in the background) and replaced when it broke or made :data:`WORKER_REQUESTS`
+    translations; ``None`` where it cannot be started (logged)."""
+    global _WORKER
+    with _WORKER_LOCK:
+        if _WORKER is not None and (_WORKER.broken or _WORKER.requests >= WORKER_REQUESTS):
+            _WORKER.close()
+            _WORKER = None
+        if _WORKER is None:
+            try:
+                _WORKER = _TranslationWorker()
+            except (OSError, RuntimeError) as e:
+                log.warning("ALFWorld: cannot start the translation worker (translations stay in-process): %s", e)
+                return None
+        return _WORKER
+
+
+def stop_translation_worker() -> None:
+    """Stop the translation worker if one runs (a later :func:`prefetch` starts a new one)."""
+    global _WORKER
+    with _WORKER_LOCK:
+        worker, _WORKER = _WORKER, None
+    if worker is not None:
+        worker.close()
+
+
+def _translation_digest(domain: str, problem: str, optimize: bool) -> str:
+    return _call_digest("pddl2sas", domain, problem, optimize=bool(optimize))
+
+
+def prefetch(entry: EngineEntry, domain: str, problem: str) -> bool:
+    """Start Fast Downward's optimised translation of ``problem`` (the one ``PddlState`` asks for second)
+    in the translation worker when ``entry`` does not hold it yet, so that it runs while this process
+    parses the grammar and makes the plain translation.  :func:`serving` collects it.
+
+    The worker runs the real ``fast_downward.pddl2sas`` on the same texts, whose output does not depend
+    on the process (same SAS text under different ``PYTHONHASHSEED``, checked when this was written).
+
+    Returns:
+        whether a translation was started.
+    """
+    digest = _translation_digest(domain, problem, True)
+    if digest in entry.results or digest in entry.pending:
+        return False
+    worker = start_translation_worker()
+    if worker is None:
+        return False
+    try:
+        entry.pending[digest] = worker.submit(domain, problem, True)
+    except RuntimeError as e:  # shut down (interpreter exit)
+        log.warning("ALFWorld: translation worker unavailable (translating in-process): %s", e)
+        return False
+    return True
+
+
+def _collect(entry: EngineEntry, digest: str) -> bytes | None:
+    """The pickled result of the worker's translation ``digest``, or ``None`` (none started, or it failed:
+    the caller then computes it in-process, so an error is raised as the real function raises it)."""
+    future = entry.pending.pop(digest, None)
+    if future is None:
+        return None
+    try:
+        return future.result()
+    except Exception as e:  # noqa: BLE001 - the in-process retry raises the real error, if any
+        log.warning("ALFWorld: the translation worker gave no result (translating in-process): %s", e)
+        return None
 
 
 class EngineCache:
