@@ -86,10 +86,11 @@ def decode_state(text: str) -> tuple[float, bool, int | None]:
 
 
 def load(gateway: Any, server: Any, classes_dir: Path | str = CLASSES_DIR) -> Any:
-    """Load the class into ``gateway``'s JVM and return a new ``FoldedStep`` (a py4j ``JavaObject``).
+    """Load the class into ``gateway``'s JVM and return a new ``FoldedStep`` bound to ``server``
+    (the package's ``PythonInterface``; a py4j ``JavaObject``).
 
-    Its ``step(server, action)`` returns the string :func:`decode` reads.  Before returning, its
-    ``state(server)`` is checked against the package's own getters called one by one.
+    Its ``step(action)`` returns the string :func:`decode` reads.  Before returning, its
+    ``state()`` is checked against the package's own getters called one by one.
 
     Raises:
         FoldUnavailable: no class file, the JVM refused the class (version, linkage, a changed
@@ -107,9 +108,12 @@ def load(gateway: Any, server: Any, classes_dir: Path | str = CLASSES_DIR) -> An
         urls[0] = jvm.java.io.File(str(classes_dir)).toURI().toURL()
         loader = jvm.java.net.URLClassLoader(urls, server.getClass().getClassLoader())
         cls = loader.loadClass(CLASS_NAME)
-        helper = cls.getConstructor(gateway.new_array(jvm.java.lang.Class, 0)).newInstance(
-            gateway.new_array(jvm.java.lang.Object, 0))
-        got = decode_state(helper.state(server))
+        param_types = gateway.new_array(jvm.java.lang.Class, 1)
+        param_types[0] = jvm.java.lang.Class.forName("java.lang.Object")
+        args = gateway.new_array(jvm.java.lang.Object, 1)
+        args[0] = server
+        helper = cls.getConstructor(param_types).newInstance(args)
+        got = decode_state(helper.state())
         expected = (float(server.getScore()), bool(server.getCompleted()), server.getNumMoves())
     except Py4JNetworkError:
         raise

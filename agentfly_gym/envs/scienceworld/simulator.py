@@ -42,7 +42,6 @@ from ...errors import (
     ResourceStartError,
     ResourceUnavailable,
 )
-from . import java_fold
 from .tasks import check_simplification, resolve_task_name
 
 __all__ = ["FACTORY", "ScienceWorldSimulator"]
@@ -140,6 +139,9 @@ class ScienceWorldSimulator:
         global _FOLD_FALLBACK_LOGGED
         from py4j.protocol import Py4JNetworkError
 
+        from . import java_fold  # (not at import: ``python -m`` runs that module to rebuild the class)
+
+        self._decode_fold = java_fold.decode
         try:
             return java_fold.load(self._env._gateway, self._server).step
         except (java_fold.FoldUnavailable, Py4JNetworkError, OSError) as e:
@@ -320,9 +322,9 @@ class ScienceWorldSimulator:
         action = " ".join(action.split())  # newlines and runs of spaces -> one space
         if self.java_fold:  # step, getScore, getCompleted, getNumMoves in the JVM, one call
             valid = (("getValidActionObjectCombinations",),) if admissible else ()
-            folded, *rest = self._call_many((self._fold_step, self._server, action), *valid)
+            folded, *rest = self._call_many((self._fold_step, action), *valid)
             try:
-                obs, *flags = java_fold.decode(folded)
+                obs, *flags = self._decode_fold(folded)
             except (TypeError, ValueError) as e:
                 raise EnvError(f"ScienceWorld's folded step answered {str(folded)[:200]!r}: {e}") from e
             flags += rest

@@ -17,16 +17,22 @@ import scienceworld.runtime.pythonapi.PythonInterface;
  * {@code PythonInterface}'s), so it is compiled for Java 8, the release the package's jar targets.
  */
 public final class FoldedStep {
+    private final PythonInterface server;
+
+    /** Bind the package's {@code PythonInterface} (passed as an Object: py4j finds this constructor). */
+    public FoldedStep(Object server) {
+        this.server = (PythonInterface) server;
+    }
+
     /** Apply {@code action}, then read score, completion and moves: the encoded answers. */
-    public String step(Object server, String action) {
-        PythonInterface s = (PythonInterface) server;
-        String observation = s.step(action);
-        return encode(s, observation, true);
+    public String step(String action) {
+        String observation = server.step(action);
+        return encode(server, observation, true);
     }
 
     /** Score, completion and moves without stepping (no observation): checks the linkage. */
-    public String state(Object server) {
-        return encode((PythonInterface) server, null, false);
+    public String state() {
+        return encode(server, null, false);
     }
 
     private static String encode(PythonInterface s, String observation, boolean withObservation) {
