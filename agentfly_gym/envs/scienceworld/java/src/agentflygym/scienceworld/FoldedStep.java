@@ -7,7 +7,7 @@ import scienceworld.runtime.pythonapi.PythonInterface;
  * {@code PythonInterface}, exactly what the package's Python {@code ScienceWorldEnv.step} calls
  * first (step, getScore, getCompleted, getNumMoves, in that order) and returns them as one string.
  *
- * <p>Encoding (read by {@code simulator.py}'s {@code _decode_fold}): the score as
+ * <p>Encoding (read by {@code java_fold.py}'s {@code decode}): the score as
  * {@code Double.toString} (what py4j itself sends for a double, so Python's {@code float()}
  * reads the same value), the completion flag ({@code true}/{@code false}), the move counter
  * ({@code null} for a null {@code Integer}), each followed by a newline, then {@code s} and the
