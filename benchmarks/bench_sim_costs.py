@@ -3,9 +3,13 @@
 ScienceWorld  One JVM, task ``boil`` variation 0, ``look around`` repeated (a cheap step, so a
               fixed cost shows), interleaved per round: the raw py4j ``server.step`` alone; our
               ``ScienceWorldSimulator.step`` with its four calls (step, score, completion, moves)
-              folded into one round trip; the same with ``fold_calls=False`` (four round trips, as
-              before); and the full env, ``await env.astep`` (adds the resource thread hop and the
-              base env).  Overhead = median / median(raw) - 1 (goal < 5%).
+              made in the JVM by our Java class (one py4j call, the default); the same calls
+              pipelined in one round trip (``java_fold`` off, the previous default); the same with
+              ``fold_calls=False`` (four round trips); and the full env, ``await env.astep`` (adds
+              the resource thread hop and the base env).  Overhead = median / median(raw) - 1 (goal
+              < 5%).  Typical steps: the gold paths of two tasks (with unknown, free, help and
+              waiting commands first), replayed after a load per round, raw ``server.step`` vs our
+              three step paths in rotated order; overhead = median per-path total / raw's - 1.
 ALFWorld      Resets of the same games (valid_unseen, spread over the task types):
               upstream: alfworld 0.4.2's ``AlfredTWEnv(...).init_env(1)`` on a copy of the game
               (as ``fidelity_alfworld.py`` builds it; its ``reset()`` loads the game file), first
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import random
 import statistics
 import sys
@@ -55,15 +60,15 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
 
     from agentfly_gym.resources import ResourceManager
 
-    series: dict[str, list[float]] = {"raw_server_step": [], "sim_step_folded": [], "sim_step_unfolded": [],
-                                      "env_astep_folded": []}
+    series: dict[str, list[float]] = {"raw_server_step": [], "sim_step_java": [], "sim_step_pipelined": [],
+                                      "sim_step_unfolded": [], "env_astep_java": []}
     async with ResourceManager() as m:
         env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_simulators=1,
                              max_episode_steps=None).unwrapped
         await env.areset(seed=0, options={"task_name": "boil", "variation": 0})
         sim = env._sim.resource.obj  # the ScienceWorldSimulator the env holds for this episode
         server = sim._server
-        assert sim.fold_calls
+        assert sim.fold_calls and sim.java_fold
         order = list(series)
         warmup = max(5, n // 20)  # the first rounds warm the JVM's JIT
         for i in range(n + warmup):
@@ -72,21 +77,21 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 if name == "raw_server_step":
                     server.step("look around")
-                elif name == "sim_step_folded":
+                elif name == "sim_step_java":
                     sim.step("look around")
-                elif name == "sim_step_unfolded":
-                    sim.fold_calls = False
+                elif name in ("sim_step_pipelined", "sim_step_unfolded"):
+                    sim.java_fold, sim.fold_calls = False, name == "sim_step_pipelined"
                     try:
                         t0 = time.perf_counter()
                         sim.step("look around")
                     finally:
-                        sim.fold_calls = True
+                        sim.java_fold = sim.fold_calls = True
                 else:
                     _obs, _r, term, trunc, _info = await env.astep("look around")
                 dt = time.perf_counter() - t0
                 if i >= warmup:
                     series[name].append(dt)
-                if name == "env_astep_folded" and (term or trunc):  # the env's episode limit
+                if name == "env_astep_java" and (term or trunc):  # the env's episode limit
                     await env.areset(seed=0, options={"task_name": "boil", "variation": 0})
                     sim = env._sim.resource.obj
                     server = sim._server
@@ -94,7 +99,63 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
     raw = _median(series["raw_server_step"])
     summary = {f"{k}_median_ms": 1e3 * _median(v) for k, v in series.items()}
     summary.update({f"{k}_overhead_vs_raw": _median(v) / raw - 1 for k, v in series.items() if k != "raw_server_step"})
+    summary["loadavg_after_look_around"] = list(os.getloadavg())
     return {"summary": summary, "raw_s": series}
+
+
+TYPICAL = [("find-non-living-thing", 0, "easy"), ("chemistry-mix-paint-secondary-color", 27, "")]
+TYPICAL_EXTRA = ["fly to the moon", "inventory", "look at the ceiling", "help", "wait1"]
+
+
+def bench_scienceworld_typical(rounds: int) -> dict[str, Any]:
+    """Gold-path steps (16-100 ms each upstream): raw ``server.step`` vs our three step paths."""
+    from agentfly_gym.envs.scienceworld import ScienceWorldSimulator
+
+    paths = {"raw_server_step": None, "sim_step_java": (True, True), "sim_step_pipelined": (False, True),
+             "sim_step_unfolded": (False, False)}
+    sim = ScienceWorldSimulator()
+    assert sim.java_fold
+    out: dict[str, Any] = {}
+    try:
+        for task, variation, simplification in TYPICAL:
+            sim.load(task, variation, simplification, gold=True)
+            actions = TYPICAL_EXTRA + sim.gold_actions()
+            totals: dict[str, list[float]] = {k: [] for k in paths}
+            per_step: dict[str, list[list[float]]] = {k: [] for k in paths}
+            order = list(paths)
+            for r in range(rounds + 1):  # round 0 warms the JIT for these actions
+                random.Random(r).shuffle(order)
+                for name in order:
+                    sim.load(task, variation, simplification)
+                    times = []
+                    for a in actions:
+                        if paths[name] is None:
+                            t0 = time.perf_counter()
+                            sim._server.step(a)
+                        else:
+                            sim.java_fold, sim.fold_calls = paths[name]
+                            try:
+                                t0 = time.perf_counter()
+                                sim.step(a)
+                            finally:
+                                sim.java_fold = sim.fold_calls = True
+                        times.append(time.perf_counter() - t0)
+                    if r:
+                        totals[name].append(sum(times))
+                        per_step[name].append(times)
+            raw = _median(totals["raw_server_step"])
+            summary = {"steps": len(actions)}
+            summary.update({f"{k}_median_total_ms": 1e3 * _median(v) for k, v in totals.items()})
+            summary.update({f"{k}_overhead_vs_raw": _median(v) / raw - 1 for k, v in totals.items()
+                            if k != "raw_server_step"})
+            summary["raw_step_median_ms"] = 1e3 * _median([t for ts in per_step["raw_server_step"] for t in ts])
+            out[f"{task}:{variation}"] = {"summary": summary, "totals_s": totals}
+            print(f"  {task}:{variation}: {len(actions)} steps, "
+                  + ", ".join(f"{k} {v:.4g}" for k, v in summary.items() if k != "steps"), flush=True)
+    finally:
+        sim.close()
+    out["loadavg_after"] = list(os.getloadavg())
+    return out
 
 
 # --------------------------------------------------------------------------------------- ALFWorld resets
@@ -288,15 +349,20 @@ def main() -> int:
     res.data["config"] = {"parts": sorted(parts)}
     res.data["results"] = {}
     n_steps = C.scaled(1000, args.scale, 20)
+    n_rounds = C.scaled(30, args.scale, 1)
     n_games = C.scaled(6, args.scale, 1)
     n_traj = C.scaled(8, args.scale, 2) if args.scale < 1 else 8
-    res.data["config"].update({"steps": n_steps, "games": n_games, "trajectories": n_traj, "turns": 5})
+    res.data["config"].update({"steps": n_steps, "typical_rounds": n_rounds, "games": n_games,
+                               "trajectories": n_traj, "turns": 5})
     with tempfile.TemporaryDirectory(prefix="bench-sim-costs-") as tmp:
         work = Path(tmp)
         if "scienceworld" in parts:
             print("ScienceWorld step overhead ...", flush=True)
             res.data["results"]["ScienceWorld"] = asyncio.run(bench_scienceworld(n_steps))
-            print("  ", {k: round(v, 4) for k, v in res.data["results"]["ScienceWorld"]["summary"].items()}, flush=True)
+            print("  ", {k: v if isinstance(v, list) else round(v, 4)
+                         for k, v in res.data["results"]["ScienceWorld"]["summary"].items()}, flush=True)
+            print("ScienceWorld typical steps ...", flush=True)
+            res.data["results"]["ScienceWorld_typical"] = bench_scienceworld_typical(n_rounds)
         if "resets" in parts:
             print("ALFWorld resets ...", flush=True)
             picks = _games(2 * n_games, args.seed)  # the second half: "other games" loaded first
@@ -312,10 +378,10 @@ def main() -> int:
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
         if "ScienceWorld" in data:
             s = data["ScienceWorld"]["summary"]
-            names = ["raw_server_step", "sim_step_folded", "sim_step_unfolded", "env_astep_folded"]
-            axes[0].bar(range(4), [s[f"{n}_median_ms"] for n in names], color=["grey", "C0", "C1", "C2"])
-            axes[0].set_xticks(range(4), ["raw\nserver.step", "sim.step\nfolded", "sim.step\n4 round trips",
-                                          "env.astep\nfolded"])
+            names = ["raw_server_step", "sim_step_java", "sim_step_pipelined", "sim_step_unfolded", "env_astep_java"]
+            axes[0].bar(range(5), [s[f"{n}_median_ms"] for n in names], color=["grey", "C0", "C1", "C3", "C2"])
+            axes[0].set_xticks(range(5), ["raw\nserver.step", "sim.step\nJava fold", "sim.step\npipelined",
+                                          "sim.step\n4 round trips", "env.astep\nJava fold"], fontsize=8)
             axes[0].set_ylabel("median ms per step")
             axes[0].set_title("ScienceWorld 'look around'")
         if "ALFWorld_resets" in data:

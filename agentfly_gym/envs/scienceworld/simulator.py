@@ -11,9 +11,11 @@ description and the full valid-action list on every step (340-430 ms measured); 
 calls the server's ``step``, ``getScore``, ``getCompleted`` and ``getNumMoves`` only
 (16-100 ms) and lists valid actions only when asked (``admissible=True``).
 
-Those four calls are also folded into one py4j round trip: the package's Java side has no
-method that returns several of them (``PythonInterface.getScore``/``getCompleted`` return the
-fields that ``step`` sets, ``getNumMoves`` reads ``AgentInterface.curIter``), so the calls are
+Those four calls are also folded into one py4j call: the package's Java side has no method that
+returns several of them (``PythonInterface.getScore``/``getCompleted`` return the fields that
+``step`` sets, ``getNumMoves`` reads ``AgentInterface.curIter``), so a small Java class of ours
+(:mod:`.java_fold`, loaded into the JVM at start) makes the four calls in the package's order and
+returns their answers as one string.  Where it cannot be loaded (logged once), the calls are
 pipelined instead: all commands are written to one gateway connection at once and the answers
 read back in order.  py4j's Java side serves one connection's commands one after another on one
 thread, so each call sees exactly the state it would see when called alone.  Counting moves in
@@ -56,6 +58,8 @@ _LAUNCH_LOCK = threading.Lock()
 _CATALOGUE_LOCK = threading.Lock()
 _MAX_VARIATIONS: dict[str, int] = {}
 _SPLIT_VARIATIONS: dict[str, dict[str, tuple[int, ...]]] = {}
+# The fallback from the Java fold to pipelined calls is logged once per process at WARNING.
+_FOLD_FALLBACK_LOGGED = False
 
 
 def _noop() -> None:
@@ -73,6 +77,9 @@ class ScienceWorldSimulator:
             ``max_episode_steps``.
         fold_calls: send the py4j calls of one step (and of a load) in one round trip (see the
             module docstring); ``False`` makes one round trip per call.  The results are the same.
+        java_fold: make a step's four calls inside the JVM with the bundled Java class
+            (:mod:`.java_fold`; one py4j call); ``False``, or a class that does not load (logged
+            once), uses ``fold_calls``' path.  The results are the same.
 
     Raises:
         ConfigError: bad ``java_heap``.
@@ -85,7 +92,7 @@ class ScienceWorldSimulator:
     """
 
     def __init__(self, *, java_heap: str | None = "400m", env_step_limit: int = 100_000,
-                 fold_calls: bool = True) -> None:
+                 fold_calls: bool = True, java_fold: bool = True) -> None:
         if java_heap is not None and (not isinstance(java_heap, str) or not _HEAP_RE.fullmatch(java_heap)):
             raise ConfigError(f"java_heap={java_heap!r} must be None or a JVM size such as '400m' or '1g'")
         try:
@@ -96,6 +103,9 @@ class ScienceWorldSimulator:
         self._env: Any = None
         self._launch(scienceworld.ScienceWorldEnv, java_heap, env_step_limit)
         self.fold_calls = bool(fold_calls) and _can_pipeline(self._env._gateway._gateway_client)
+        self._fold_step: Any = self._load_java_fold() if java_fold else None
+        #: True while steps go through the Java fold (may be switched off; not on without the class).
+        self.java_fold = self._fold_step is not None
         self._forget_episode()
 
     # ------------------------------------------------------------------ lifecycle
@@ -123,6 +133,23 @@ class ScienceWorldSimulator:
         # finalizers now only queue the id; _call sends the queue from this simulator's own thread.
         self._freed_ids: collections.deque[str] = collections.deque()
         self._env._gateway._gateway_client.garbage_collect_object = self._freed_ids.append
+
+    def _load_java_fold(self) -> Any:
+        """The loaded ``FoldedStep.step`` (a py4j member), or None (logged) where it cannot be loaded."""
+        global _FOLD_FALLBACK_LOGGED
+        from py4j.protocol import Py4JNetworkError
+
+        from . import java_fold  # (not at import: ``python -m`` runs that module to rebuild the class)
+
+        self._decode_fold = java_fold.decode
+        try:
+            return java_fold.load(self._env._gateway, self._server).step
+        except (java_fold.FoldUnavailable, Py4JNetworkError, OSError) as e:
+            level = logging.DEBUG if _FOLD_FALLBACK_LOGGED else logging.WARNING
+            _FOLD_FALLBACK_LOGGED = True
+            log.log(level, "ScienceWorld: the Java step fold is unavailable (%s); steps use %s py4j calls instead",
+                    e, "pipelined" if self.fold_calls else "separate")
+            return None
 
     @property
     def pid(self) -> int:
@@ -293,7 +320,16 @@ class ScienceWorldSimulator:
         if self.task_name is None:
             raise EnvError("no ScienceWorld task is loaded; call load() first")
         action = " ".join(action.split())  # newlines and runs of spaces -> one space
-        obs, *flags = self._call_many(("step", action), *self._flag_calls(admissible))
+        if self.java_fold:  # step, getScore, getCompleted, getNumMoves in the JVM, one call
+            valid = (("getValidActionObjectCombinations",),) if admissible else ()
+            folded, *rest = self._call_many((self._fold_step, action), *valid)
+            try:
+                obs, *flags = self._decode_fold(folded)
+            except (TypeError, ValueError) as e:
+                raise EnvError(f"ScienceWorld's folded step answered {str(folded)[:200]!r}: {e}") from e
+            flags += rest
+        else:
+            obs, *flags = self._call_many(("step", action), *self._flag_calls(admissible))
         self._history.append(action)
         info = self._info(*flags)
         score = info["score"]
@@ -364,10 +400,12 @@ class ScienceWorldSimulator:
     def _call_many(self, *calls: tuple[Any, ...]) -> list[Any]:
         """``[server.<name>(*args) for name, *args in calls]``, in one round trip when ``fold_calls``.
 
-        The calls run in order on the JVM whatever happens; an exception of one call is raised
-        after all answers are read (so the connection stays in step), as :meth:`_call` raises it.
+        ``name`` is a method name of the package's ``PythonInterface`` or a py4j member of another
+        Java object.  The calls run in order on the JVM whatever happens; an exception of one call
+        is raised after all answers are read (so the connection stays in step), as :meth:`_call`
+        raises it.
         """
-        if not self.fold_calls:
+        if not self.fold_calls or len(calls) == 1:
             return [self._call(name, *args) for name, *args in calls]
         if self._closed:
             raise ResourceDied("the ScienceWorld simulator was closed")
@@ -384,15 +422,16 @@ class ScienceWorldSimulator:
                 self._disconnect()
             raise ResourceDied(f"ScienceWorld JVM (pid {self.pid}) {state}: {type(e).__name__}: {str(e)[:200]}") from e
 
-    def _call(self, method: str, *args: Any) -> Any:
-        """Call ``server.<method>(*args)``; a dead JVM becomes :class:`ResourceDied`."""
+    def _call(self, method: Any, *args: Any) -> Any:
+        """Call ``server.<method>(*args)`` (or ``method(*args)`` for a py4j member); a dead JVM
+        becomes :class:`ResourceDied`."""
         if self._closed:
             raise ResourceDied("the ScienceWorld simulator was closed")
         from py4j.protocol import Py4JError, Py4JJavaError
 
         try:
             self._send_freed_ids()
-            return getattr(self._server, method)(*args)
+            return (getattr(self._server, method) if isinstance(method, str) else method)(*args)
         except Py4JJavaError as e:  # an exception inside a live JVM
             raise EnvError(f"ScienceWorld raised: {str(e)[:500]}") from e
         except (Py4JError, OSError) as e:  # connection lost: the JVM died or hangs
@@ -424,8 +463,9 @@ def _can_pipeline(client: Any) -> bool:
 
 
 def _pipelined_call(server: Any, calls: tuple[tuple[Any, ...], ...]) -> list[Any]:
-    """Send ``calls`` (``(method, *args)``) to ``server`` on one py4j connection in one write, then
-    read the answers in order: one network round trip instead of one per call.
+    """Send ``calls`` (``(method, *args)``; ``method``: a name of ``server``'s or a py4j member of
+    another object on the same gateway) to the JVM on one py4j connection in one write, then read
+    the answers in order: one network round trip instead of one per call.
 
     The commands are the ones py4j's ``JavaMember.__call__`` sends (its protocol, built by the
     member's own ``_build_args``), and each answer goes through py4j's ``get_return_value``, so
@@ -441,13 +481,13 @@ def _pipelined_call(server: Any, calls: tuple[tuple[Any, ...], ...]) -> list[Any
     client = server._gateway_client
     members, payload = [], []
     for name, *args in calls:
-        member = getattr(server, name)
+        member = getattr(server, name) if isinstance(name, str) else name
         args_command, temp_args = member._build_args(*args)
         if temp_args:  # converted collections: let py4j manage their lifetime
             for t in temp_args:
                 if hasattr(t, "_detach"):
                     t._detach()
-            return [getattr(server, n)(*a) for n, *a in calls]
+            return [(getattr(server, n) if isinstance(n, str) else n)(*a) for n, *a in calls]
         members.append(member)
         payload.append(proto.CALL_COMMAND_NAME + member.command_header + args_command + proto.END_COMMAND_PART)
     connection = client._get_connection()
