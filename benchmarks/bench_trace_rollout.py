@@ -497,7 +497,8 @@ async def bench_profile(profile: Profile, b: int, ns: list[int], repeats: int, s
 async def zero_latency_probe(envs: list[Any], kwargs: dict[str, Any], manager: Any, n: int, b: int, chat: Any,
                              seed: int, profile: Profile) -> dict[str, Any]:
     """The same trajectories with every generation and tool duration set to 0: wall and CPU seconds (this
-    process, all threads) per turn of lockstep and ours, i.e. each schedule's own cost per turn."""
+    process, all threads) per turn of lockstep and ours, i.e. each schedule's own cost per turn; ours also with
+    ``ChatTokenizer``'s backend shortcut off, between two runs with it on."""
     from bench_async_rollout import run_lockstep
 
     zero = TraceLatency(profile, 0.0, seed)
@@ -505,8 +506,11 @@ async def zero_latency_probe(envs: list[Any], kwargs: dict[str, Any], manager: A
     for e in envs:
         e.time_scale = 0.0
     out = {}
+    fast = chat.fast_encode
     try:
-        for sched in ("lockstep", "ours"):
+        # "ours, tokenizer.encode": the same with ChatTokenizer's backend shortcut switched off (the cost it saves)
+        for sched in ("lockstep", "ours", "ours, tokenizer.encode", "ours (again)"):
+            chat.fast_encode = fast and sched != "ours, tokenizer.encode"
             c0, t0 = time.process_time(), time.monotonic()
             if sched == "lockstep":
                 r = await run_lockstep(envs, n, {"options": None, "max_turns": profile.max_turns},
@@ -521,6 +525,7 @@ async def zero_latency_probe(envs: list[Any], kwargs: dict[str, Any], manager: A
             print(f"  [{profile.name}] zero-latency {sched}: {out[sched]['wall_ms_per_turn']:.2f} ms wall, "
                   f"{out[sched]['cpu_ms_per_turn']:.2f} ms CPU per turn ({turns} turns)", flush=True)
     finally:
+        chat.fast_encode = fast
         for e in envs:
             e.time_scale = kwargs["time_scale"]
     return out
