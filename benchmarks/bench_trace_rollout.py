@@ -567,7 +567,8 @@ def main() -> int:
     p.add_argument("--time-scale", type=float, default=None, help="multiply every duration (default: the profile's)")
     p.add_argument("--no-gym-async", action="store_true", help="skip Gymnasium's AsyncVectorEnv")
     p.add_argument("--order-draws", type=int, default=None,
-                   help="trace sets in the simulated arrival-order vs longest-first study (default 200; 5 at --scale 0)")
+                   help="trace sets in the simulated arrival-order vs longest-first study "
+                        "(default 200; 5 at --scale 0)")
     p.add_argument("--suffix", default="", help="appended to the result files' name (e.g. _r2e_scale0.01 for a "
                    "slower run kept next to the standard one)")
     args = p.parse_args()
