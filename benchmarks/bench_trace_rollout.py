@@ -568,7 +568,7 @@ def main() -> int:
     p.add_argument("--no-gym-async", action="store_true", help="skip Gymnasium's AsyncVectorEnv")
     p.add_argument("--order-draws", type=int, default=None,
                    help="trace sets in the simulated arrival-order vs longest-first study "
-                        "(default 200; 5 at --scale 0)")
+                        "(default 200; 5 at --scale 0; 0 skips it)")
     p.add_argument("--suffix", default="", help="appended to the result files' name (e.g. _r2e_scale0.01 for a "
                    "slower run kept next to the standard one)")
     args = p.parse_args()
@@ -597,7 +597,8 @@ def main() -> int:
                                           gym_async=not args.no_gym_async))
             r["fit"] = describe(prof)
             draws = args.order_draws if args.order_draws is not None else (5 if tiny else 200)
-            r["order_study"] = {str(k * b): order_study(prof, b, k * b, args.seed, draws) for k in per_slot}
+            r["order_study"] = {str(k * b): order_study(prof, b, k * b, args.seed, draws)
+                                for k in per_slot} if draws > 0 else {}
             for k, o in r["order_study"].items():
                 print(f"[{name}] N={k}: simulated efficiency over {draws} trace sets: arrival order mean "
                       f"{o['arrival_order']['mean']:.3f} (>= 0.95 in {o['arrival_order']['share_at_least_0.95']:.0%}),"
