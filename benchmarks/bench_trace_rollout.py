@@ -245,7 +245,11 @@ class TracePolicy:
 
 # ----------------------------------------------------------------------------- simulation (zero overhead)
 def simulate(traces: list[dict[str, Any]], b: int, scale: float) -> dict[str, float]:
-    """Makespans (s) of lockstep, gym_async and ours with zero overhead, plus the ideal bound."""
+    """Makespans (s) of lockstep, gym_async and ours with zero overhead, plus the ideal bound, a clairvoyant
+    longest-first schedule (``lpt_s``: trajectories started longest first, which needs their lengths in
+    advance) and a lower bound on any schedule's makespan (``best_schedule_lower_bound_s``).  Efficiencies
+    are ideal / makespan as everywhere here; the best any schedule can reach lies between ``lpt_efficiency``
+    and ``best_schedule_efficiency_at_most``."""
     turns = [[(g * scale, s * scale) for g, s in zip(t["gen_s"], t["tool_s"])] for t in traces]
     totals = [sum(g + s for g, s in tr) for tr in turns]
     ideal = max(max(totals), sum(totals) / b)
@@ -255,6 +259,16 @@ def simulate(traces: list[dict[str, Any]], b: int, scale: float) -> dict[str, fl
         i = min(range(b), key=slots.__getitem__)
         slots[i] += tot
     ours = max(slots)
+    # clairvoyant longest-first (LPT, Graham 1969: within 4/3 - 1/(3b) of the optimum), and a lower bound on the
+    # optimal makespan of ANY schedule of whole trajectories on b slots: the ideal, and the b-th plus the
+    # (b+1)-th longest (two of the b+1 longest share a slot)
+    slots = [0.0] * b
+    for tot in sorted(totals, reverse=True):
+        i = min(range(b), key=slots.__getitem__)
+        slots[i] += tot
+    lpt = max(slots)
+    desc = sorted(totals, reverse=True)
+    best_lb = max(ideal, desc[b - 1] + desc[b] if len(desc) > b else 0.0)
     # lockstep: batches; per turn max gen then max step over the live ones
     lock = 0.0
     for s in range(0, len(turns), b):
@@ -279,7 +293,61 @@ def simulate(traces: list[dict[str, Any]], b: int, scale: float) -> dict[str, fl
                 cur[i] = [queue.pop(0), 0] if queue else None
     return {"ideal_s": ideal, "ours_s": ours, "lockstep_s": lock, "gym_async_s": gym,
             "ours_over_lockstep": lock / ours, "ours_over_gym_async": gym / ours,
-            "ours_efficiency": ideal / ours, "work_s": sum(totals)}
+            "ours_efficiency": ideal / ours, "work_s": sum(totals),
+            "lpt_s": lpt, "lpt_efficiency": ideal / lpt, "best_schedule_lower_bound_s": best_lb,
+            "best_schedule_efficiency_at_most": ideal / best_lb}
+
+
+def order_study(profile: Profile, b: int, n: int, seed: int, draws: int) -> dict[str, Any]:
+    """Efficiency (ideal / makespan, zero overhead) of arrival order (ours) and of the clairvoyant longest-first
+    order over ``draws`` independent trace sets of ``n`` trajectories (set j: keys ``seed + 100_000 * (j + 1) + k``).
+
+    Trajectory lengths are i.i.d., so every order chosen without knowing them (a scheduler that starts a
+    trajectory only when a slot frees) has the distribution of arrival order: its row is what any
+    non-clairvoyant schedule of whole trajectories on b slots reaches; the longest-first row needs the
+    lengths in advance."""
+    arrival, lpt = [], []
+    for j in range(draws):
+        sim = simulate([profile.trace(seed + 100_000 * (j + 1) + k) for k in range(n)], b, 1.0)
+        arrival.append(sim["ours_efficiency"])
+        lpt.append(sim["lpt_efficiency"])
+
+    def summ(x: list[float]) -> dict[str, float]:
+        return {"mean": float(np.mean(x)), "p10": C.pct(x, 0.1), "p50": C.pct(x, 0.5), "p90": C.pct(x, 0.9),
+                "share_at_least_0.95": float(np.mean([v >= 0.95 for v in x]))}
+
+    return {"n": n, "slots": b, "draws": draws, "arrival_order": summ(arrival), "longest_first": summ(lpt)}
+
+
+class LoadSampler:
+    """Samples ``os.getloadavg()`` every ``every_s`` seconds in a daemon thread (the machine is shared)."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        import threading
+
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._every = every_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import os
+
+        while True:
+            one, five, fifteen = os.getloadavg()
+            self.samples.append({"t_s": round(time.monotonic() - self._t0, 1), "1min": one, "5min": five,
+                                 "15min": fifteen})
+            if self._stop.wait(self._every):
+                return
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        ones = [x["1min"] for x in self.samples]
+        return {"every_s": self._every, "samples": self.samples,
+                "1min": {"min": min(ones), "median": C.median(ones), "max": max(ones)}}
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -429,7 +497,8 @@ async def bench_profile(profile: Profile, b: int, ns: list[int], repeats: int, s
 async def zero_latency_probe(envs: list[Any], kwargs: dict[str, Any], manager: Any, n: int, b: int, chat: Any,
                              seed: int, profile: Profile) -> dict[str, Any]:
     """The same trajectories with every generation and tool duration set to 0: wall and CPU seconds (this
-    process, all threads) per turn of lockstep and ours, i.e. each schedule's own cost per turn."""
+    process, all threads) per turn of lockstep and ours, i.e. each schedule's own cost per turn; ours also with
+    ``ChatTokenizer``'s backend shortcut off, between two runs with it on."""
     from bench_async_rollout import run_lockstep
 
     zero = TraceLatency(profile, 0.0, seed)
@@ -437,8 +506,11 @@ async def zero_latency_probe(envs: list[Any], kwargs: dict[str, Any], manager: A
     for e in envs:
         e.time_scale = 0.0
     out = {}
+    fast = chat.fast_encode
     try:
-        for sched in ("lockstep", "ours"):
+        # "ours, tokenizer.encode": the same with ChatTokenizer's backend shortcut switched off (the cost it saves)
+        for sched in ("lockstep", "ours", "ours, tokenizer.encode", "ours (again)"):
+            chat.fast_encode = fast and sched != "ours, tokenizer.encode"
             c0, t0 = time.process_time(), time.monotonic()
             if sched == "lockstep":
                 r = await run_lockstep(envs, n, {"options": None, "max_turns": profile.max_turns},
@@ -453,6 +525,7 @@ async def zero_latency_probe(envs: list[Any], kwargs: dict[str, Any], manager: A
             print(f"  [{profile.name}] zero-latency {sched}: {out[sched]['wall_ms_per_turn']:.2f} ms wall, "
                   f"{out[sched]['cpu_ms_per_turn']:.2f} ms CPU per turn ({turns} turns)", flush=True)
     finally:
+        chat.fast_encode = fast
         for e in envs:
             e.time_scale = kwargs["time_scale"]
     return out
@@ -493,9 +566,14 @@ def main() -> int:
     p.add_argument("--per-slot", default="4,16", help="N / B values (N = 4B and 16B by default)")
     p.add_argument("--time-scale", type=float, default=None, help="multiply every duration (default: the profile's)")
     p.add_argument("--no-gym-async", action="store_true", help="skip Gymnasium's AsyncVectorEnv")
+    p.add_argument("--order-draws", type=int, default=None,
+                   help="trace sets in the simulated arrival-order vs longest-first study "
+                        "(default 200; 5 at --scale 0; 0 skips it)")
+    p.add_argument("--suffix", default="", help="appended to the result files' name (e.g. _r2e_scale0.01 for a "
+                   "slower run kept next to the standard one)")
     args = p.parse_args()
     C.setup_env_vars()
-    res = C.Result("bench_trace_rollout", args)
+    res = C.Result("bench_trace_rollout" + args.suffix, args)
     tiny = args.scale == 0
     repeats = args.repeats or (1 if tiny else 2)
     b = 2 if tiny else args.slots
@@ -505,6 +583,7 @@ def main() -> int:
                        "inference server, not a model run; the GPU figure of issue 17 is not measured here")
     res.data["config"] = {"slots": b, "trajectories": [k * b for k in per_slot], "repeats": repeats}
     res.data["profiles"] = {}
+    load = LoadSampler()
     for name in [x.strip() for x in args.profiles.split(",") if x.strip()]:
         if name not in profiles:
             res.skip(name, f"unknown profile; known: {sorted(profiles)}")
@@ -517,12 +596,20 @@ def main() -> int:
             r = asyncio.run(bench_profile(prof, b, [k * b for k in per_slot], repeats, args.seed, scale,
                                           gym_async=not args.no_gym_async))
             r["fit"] = describe(prof)
+            draws = args.order_draws if args.order_draws is not None else (5 if tiny else 200)
+            r["order_study"] = {str(k * b): order_study(prof, b, k * b, args.seed, draws)
+                                for k in per_slot} if draws > 0 else {}
+            for k, o in r["order_study"].items():
+                print(f"[{name}] N={k}: simulated efficiency over {draws} trace sets: arrival order mean "
+                      f"{o['arrival_order']['mean']:.3f} (>= 0.95 in {o['arrival_order']['share_at_least_0.95']:.0%}),"
+                      f" longest first mean {o['longest_first']['mean']:.3f}", flush=True)
             res.data["profiles"][name] = r
         except Exception as e:  # noqa: BLE001  (one profile failing must not lose the other's numbers)
             import traceback
 
             traceback.print_exc()
             res.skip(name, f"failed: {type(e).__name__}: {e}")
+    res.data["load_average_during_run"] = load.stop()
     return C.finish(res, plot)
 
 
@@ -547,6 +634,9 @@ def plot(res: C.Result) -> None:
             sim = d["simulated"]
             axes[0].plot([x + w], [d["n"] / sim["ours_s"]], marker="_", ms=18, mew=2, color="#1b9e77",
                          label="ours, zero-overhead simulation" if x == 0 else None, ls="none")
+            if "lpt_s" in sim:
+                axes[0].plot([x + w], [d["n"] / sim["lpt_s"]], marker="x", ms=6, color="black",
+                             label="longest first (clairvoyant), simulation" if x == 0 else None, ls="none")
             axes[0].plot([x - w], [d["n"] / sim["lockstep_s"]], marker="_", ms=18, mew=2, color="#d95f02",
                          label="lockstep, zero-overhead simulation" if x == 0 else None, ls="none")
             r = d["ratios"].get("ours_over_lockstep")

@@ -122,6 +122,27 @@ def test_trace_profiles_are_deterministic_and_fit_their_sources():
     assert sim["ideal_s"] <= sim["ours_s"] <= sim["gym_async_s"] and sim["ours_s"] <= sim["lockstep_s"]
 
 
+def test_longest_first_and_the_lower_bound_bracket_the_optimal_schedule():
+    """On small trace sets the exhaustive optimum of whole trajectories on b slots lies between the simulation's
+    lower bound and its longest-first makespan, which keeps Graham's 4/3 - 1/(3b) guarantee."""
+    import itertools
+
+    sys.path.insert(0, str(BENCH))
+    import bench_trace_rollout as T
+
+    prof = T.make_profiles()["r2e"]
+    b, n = 3, 7
+    for j in range(4):
+        traces = [prof.trace(1000 * j + k) for k in range(n)]
+        sim = T.simulate(traces, b, 1.0)
+        totals = [sum(t["gen_s"]) + sum(t["tool_s"]) for t in traces]
+        opt = min(max(sum(x for x, s in zip(totals, a) if s == i) for i in range(b))
+                  for a in itertools.product(range(b), repeat=n))
+        assert sim["ideal_s"] <= sim["best_schedule_lower_bound_s"] <= opt * (1 + 1e-9)
+        assert opt <= sim["lpt_s"] * (1 + 1e-9) <= (4 / 3 - 1 / (3 * b)) * opt * (1 + 1e-9)
+        assert sim["lpt_efficiency"] <= sim["best_schedule_efficiency_at_most"] <= 1.0
+
+
 def test_memory_counts_one_engine_per_episode_and_one_process_per_gym_env(runs):
     """2 Chess games against Stockfish: ours = one interpreter + 2 engines; AsyncVectorEnv = the parent + 2
     workers + their 2 engines; every per-episode figure is positive."""
