@@ -36,10 +36,16 @@ def test_ports_need_a_network_and_valid_numbers():
 
 
 def test_sandbox_backend_refuses_ports(tmp_path):
+    """Chosen by name, the sandbox is refused when the spec (or the env) is built; chosen by ``"auto"``, when
+    the backend is created at acquisition."""
     from agentfly_gym.resources.containers.sandbox import create
 
+    with pytest.raises(ConfigError, match="'sandbox' container backend cannot publish ports=\\(8000,\\)"):
+        ContainerSpec(image=str(tmp_path), backend="sandbox", network=True, ports=(8000,))
+    with pytest.raises(ConfigError, match="'sandbox' container backend cannot publish ports=\\(8000,\\)"):
+        OpenEnvEnv(image="agentfly/openenv-echo-env", container={"backend": "sandbox"})
     with pytest.raises(ResourceUnavailable, match="'sandbox' container backend cannot publish ports=\\(8000,\\)"):
-        create(ContainerSpec(image=str(tmp_path), backend="sandbox", network=True, ports=(8000,)), {})
+        create(ContainerSpec(image=str(tmp_path), backend="auto", network=True, ports=(8000,)), {})
 
 
 def test_bad_container_settings_are_named():
@@ -143,3 +149,4 @@ async def test_server_that_never_answers_fails_reset_clearly(echo_image, docker_
         assert pool["in_use"] == 0 and pool["idle"] == 0      # discarded, not parked for the next episode
         await env.aclose()
     assert _ours(docker_client) == []
+
