@@ -30,7 +30,7 @@ from agentfly_gym.resources import ContainerSpec, InProcessSpec  # noqa: E402
 from agentfly_gym.resources.ray import RayResourceManager  # noqa: E402
 from agentfly_gym.resources.ray.select import manager_kind  # noqa: E402
 
-from proctools import alive  # noqa: E402
+from proctools import alive, pids_with_env  # noqa: E402
 from raytools import lifetimes, max_alive, pids  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -396,3 +396,32 @@ def test_runner_plays_pooled_envs_through_typed_proxies_on_ray(cluster, monkeypa
     assert all(t.num_turns >= 1 for t in result.trajectories)
     res = result.summary["resources"]
     assert res["started"] >= 2 and 2 <= res["max_in_use"] <= 4 and set(res["pools"])
+
+
+@pytest.mark.parametrize("after", [0.0, 2.0])
+def test_sigterm_while_ray_starts_leaves_no_process_and_writes_the_summary(tmp_path, after):
+    """``AGENTFLY_GYM_MANAGER=ray agentfly-gym rollout`` starts a local Ray (``ray.init``, seconds); a SIGTERM in
+    the middle of that start (``after`` seconds after its first Ray process appeared) is held until the start
+    has finished, then cancels the run as any SIGTERM does: exit status 130, summary.json written
+    (interrupted), and no process of the run's tree left (the Ray node's, its dashboard's helpers) shortly
+    after.  Processes are told apart by a variable in their environment, so others' Ray stays out of it."""
+    mark = os.urandom(8).hex()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(AGENTFLY_GYM_MANAGER="ray", AFG_TEST_TREE=mark)
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "agentfly_gym", "rollout", "--env", "Chess-v0", "--policy", "random",
+                             "-n", "2", "--max-turns", "2", "--no-progress", "--output-dir", str(out)],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: any("gcs_server" in c or "raylet" in c for c in pids_with_env("AFG_TEST_TREE", mark).values()),
+                 120, "Ray's first processes")
+        time.sleep(after)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    wait_for(lambda: not pids_with_env("AFG_TEST_TREE", mark), 30, "every process of the run to end")

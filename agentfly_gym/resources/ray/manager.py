@@ -21,7 +21,9 @@ episode with ``info["error"]``) and is replaced by a fresh one wherever Ray find
 
 Lifetime: a pool actor is owned by the process that made it (unless ``detached=True``) and its instances by
 the pool, so a driver that exits, is killed or gets SIGTERM takes them with it (on SIGTERM and at exit the
-manager first detaches, so hosts release their containers and processes in order).  A process that closes
+manager first detaches, so hosts release their containers and processes in order).  When the manager starts a
+local Ray itself (``ray.init``), a SIGTERM during that start is held until it has finished and then handled as any
+other (see :func:`_start_ray`): ``agentfly-gym rollout`` still writes its summary and leaves no Ray process.  A process that closes
 its manager returns its leases, and so does one whose node dies (the pool checks its clients' nodes every
 5 s); a process that dies on a live node without closing it while others keep the pool alive (e.g. a
 SIGKILLed worker that did not make the pool) keeps its leases until the pool ends.
@@ -81,6 +83,29 @@ async def _as_future(ref: Any) -> Any:
         return await ref
     except Exception:  # noqa: BLE001 - a release into a dead pool: nothing left to wait for
         return None
+
+
+def _start_ray(**kwargs: Any) -> None:
+    """``ray.init(**kwargs, log_to_driver=False)`` with SIGTERM held until it has finished (see
+    :func:`~agentfly_gym.resources.teardown.hold_sigterm`).
+
+    ``ray.init`` first replaces the process's SIGTERM handler with one that raises ``SystemExit`` (through
+    ``ray._private.utils.set_sigterm_handler``), and a SIGTERM during the seconds its start takes then stops
+    it half-way and orphans the dashboard's helper processes.  During the start that call only records
+    Ray's handler; afterwards the application's own handler is back in charge (``agentfly-gym rollout``
+    cancels the run and writes its summary), else Ray's.  A SIGTERM that came meanwhile is delivered then.
+    """
+    ray = _ray()
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    original = getattr(utils, "set_sigterm_handler", None)
+    with teardown.hold_sigterm() as hold:
+        if original is not None:
+            utils.set_sigterm_handler = hold.keep
+        try:
+            ray.init(log_to_driver=False, **kwargs)
+        finally:
+            if original is not None:
+                utils.set_sigterm_handler = original
 
 
 class RayResource(Resource):
@@ -383,7 +408,7 @@ class RayResourceManager:
             placement = {k: RayPlacement.of(v) for k, v in placement.items()}
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=address, namespace=namespace, log_to_driver=False)
+            _start_ray(address=address, namespace=namespace)
         self.id = manager_id or f"afg-ray-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.placement = placement
         self.global_scope = global_scope
