@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -150,3 +151,31 @@ async def test_server_that_never_answers_fails_reset_clearly(echo_image, docker_
         await env.aclose()
     assert _ours(docker_client) == []
 
+
+@pytest.mark.docker
+def test_closed_envs_leave_no_container_past_the_idle_time(echo_image, docker_client):
+    """Sync envs on the default manager (which lives until process exit): after ``close()`` the pool keeps a
+    fresh container idle, so the next env reuses it warm (one start), and removes it once ``max_idle_time``
+    (300 s by default, 4 s here) has passed with nobody acquiring it; the manager stays open."""
+    kw = dict(image=echo_image, action_field="message", observation_field="echoed_message", max_servers=1,
+              container={"cpus": 0.5, "memory": "256m", "max_idle_time": 4.0})
+    first = OpenEnvEnv(**kw)
+    key = first.container_spec.key
+
+    def pool_containers() -> list:
+        return docker_client.containers.list(all=True, filters={"label": [f"agentfly.pool={key}",
+                                                                          f"agentfly.pid={os.getpid()}"]})
+
+    assert first.reset(seed=0)[0] == READY and first.step("hi")[0] == "hi"
+    first.close()
+    second = OpenEnvEnv(**kw)
+    assert second.reset(seed=1)[0] == READY
+    manager = second.manager
+    second.close()
+    snap = manager.metrics()[key]
+    assert snap["started"] == 1 and snap["reused"] == 1      # warm reuse across envs
+    deadline = time.monotonic() + 120
+    while pool_containers() or manager.metrics()[key]["idle"]:
+        assert time.monotonic() < deadline, f"containers still up: {pool_containers()}"
+        time.sleep(0.2)
+    assert not manager.closed and manager.metrics()[key]["recycled"] == 1

@@ -296,6 +296,40 @@ async def test_min_idle_prewarms_and_tops_up():
         assert pool.size == 3
 
 
+async def _until(cond, timeout: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_idle_instances_expire_on_a_timer_and_are_reused_warm_before():
+    """``max_idle_time`` releases an instance that nobody acquires again on a timer of the loop (asyncpg's
+    ``max_inactive_connection_lifetime``), not at the next acquisition; acquired again in time, the same
+    instance serves (reset), and ``min_idle`` instances stay."""
+    async with box_manager() as m:
+        s = spec(max_idle_time=0.3)
+        pool = m.pool(s)
+        r = await pool.acquire()
+        await pool.release(r)
+        r2 = await pool.acquire()
+        assert r2 is r and r.resets == 1 and not r.released    # warm reuse within the idle time
+        await pool.release(r)
+        await _until(lambda: r.released)                       # no acquisition needed
+        assert pool.size == 0 and pool.metrics.idle == 0 and pool.metrics.recycled == 1
+
+        s = spec(max_idle_time=0.2, min_idle=1, max_instances=2)
+        pool = m.pool(s)
+        a, b = await pool.acquire(), await pool.acquire()
+        await pool.release(a)
+        await pool.release(b)
+        await _until(lambda: a.released or b.released)
+        await asyncio.sleep(0.5)                                # the timer does not go below min_idle
+        assert pool.metrics.idle == 1 and pool.size == 1 and [a.released, b.released].count(True) == 1
+    assert ContainerSpec(image="x").max_idle_time == 300.0     # containers expire by default
+
+
 async def test_max_uses_recycles_an_instance():
     async with box_manager() as m:
         s = spec(max_instances=1, max_uses=2)

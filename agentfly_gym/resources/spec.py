@@ -179,9 +179,16 @@ class ContainerSpec(ResourceSpec):
             published port needs a network; Docker's default bridge, which can also reach out).
             Docker only: with ``backend="sandbox"`` the spec is refused at once (``ConfigError``); with
             ``backend="auto"`` a choice of the sandbox fails at acquisition (``ResourceUnavailable``).
+        max_idle_time: as for every spec, but 300 seconds by default (asyncpg's default for idle
+            connections): a container (on Docker, the fresh one made when it went idle) that no
+            rollout acquires again within 5 minutes is removed, so none outlives the last env that used
+            it by more than that, while envs made one after another (a training loop) still reuse warm
+            containers.  ``None`` keeps idle containers until the manager closes.
     """
 
     kind: ClassVar[str] = "container"
+
+    max_idle_time: float | None = 300.0
 
     image: str
     sandbox_image: str | None = None
