@@ -330,6 +330,25 @@ async def test_idle_instances_expire_on_a_timer_and_are_reused_warm_before():
     assert ContainerSpec(image="x").max_idle_time == 300.0     # containers expire by default
 
 
+async def test_a_global_is_stopped_once_its_last_user_left_for_max_idle_time():
+    """``acquire_global(spec, user=...)`` + ``leave_global``: the shared instance outlives its last user by
+    ``spec.max_idle_time`` seconds (a new user in between keeps it), then stops; without users it stays."""
+    async with box_manager() as m:
+        s = spec(max_idle_time=0.3)
+        u1, u2 = Box(s), Box(s)                                 # any weakly referenceable object is a user
+        g = await m.acquire_global(s, user=u1)
+        m.leave_global(s, u1)
+        assert await m.acquire_global(s, user=u2) is g         # taken up again in time: the same instance
+        await asyncio.sleep(0.5)
+        assert not g.released
+        m.leave_global(s, u2)
+        await _until(lambda: g.released)
+        g2 = await m.acquire_global(s)                         # a new one, kept (no user to leave)
+        assert g2 is not g and m.pool(s).metrics.recycled == 1
+        await asyncio.sleep(0.5)
+        assert not g2.released
+
+
 async def test_max_uses_recycles_an_instance():
     async with box_manager() as m:
         s = spec(max_instances=1, max_uses=2)

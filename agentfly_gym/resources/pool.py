@@ -173,8 +173,9 @@ class ResourcePool:
         """
         return _AcquireContext(self, timeout if timeout is not None else self.acquire_timeout)
 
-    async def release(self, resource: Resource, *, discard: bool = False) -> None:
-        """Give ``resource`` back.  With ``discard=True`` it is stopped instead of kept.
+    async def release(self, resource: Resource, *, discard: bool = False, retire: bool = False) -> None:
+        """Give ``resource`` back.  With ``discard=True`` it is stopped instead of kept (counted as
+        ``replaced``); with ``retire=True`` it is stopped as no longer needed (counted as ``recycled``).
 
         Never blocks: stopping runs in a background task that :meth:`close` awaits, so a
         release inside a cancelled task still completes.
@@ -186,8 +187,8 @@ class ResourcePool:
         resource.last_released_at = time.monotonic()
         self._sync_counts()
         max_uses = self.spec.max_uses
-        if discard or self._closed:
-            self._retire(resource, replaced=discard)
+        if discard or retire or self._closed:
+            self._retire(resource, replaced=discard, recycled=retire and not discard)
         elif max_uses is not None and resource.uses >= max_uses:
             self._retire(resource, recycled=True)
         else:

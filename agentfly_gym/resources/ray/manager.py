@@ -481,12 +481,14 @@ class RayResourceManager:
         return RayRolloutScope(self, scope_id or f"scope-{next(_scope_ids)}",
                                acquire_timeout=acquire_timeout if acquire_timeout is not None else self.acquire_timeout)
 
-    async def acquire_global(self, spec: ResourceSpec) -> RayResource:
+    async def acquire_global(self, spec: ResourceSpec, *, user: Any = None) -> RayResource:
         """The shared instance of ``spec``: one per cluster, or one per node with ``global_scope="node"``.
 
         Every process that asks gets the same instance; it is stopped when the last process holding it closes
         its manager, or by :meth:`release_global`.  Global resources are never reset between users.  A dead one
-        is replaced on the next call.
+        is replaced on the next call.  ``user`` is accepted for the local manager's API and not tracked: on a
+        cluster the instance's lifetime follows the processes' managers, not single envs (see
+        :meth:`leave_global`).
         """
         key = spec.key
         r = self._globals.get(key)
@@ -508,6 +510,10 @@ class RayResourceManager:
                 r._global_key = gkey  # type: ignore[attr-defined]
                 self._globals[key] = r
             return r
+
+    def leave_global(self, spec: ResourceSpec, user: Any) -> None:
+        """Nothing: a cluster-wide global instance stays until the last process using it closes its manager
+        (:meth:`aclose`, or at exit and on SIGTERM), since other processes' envs may still use it."""
 
     async def release_global(self, spec: ResourceSpec) -> None:
         """Stop the shared instance of ``spec`` (for every process using it)."""
