@@ -23,10 +23,10 @@ Lifetime: a pool actor is owned by the process that made it (unless ``detached=T
 the pool, so a driver that exits, is killed or gets SIGTERM takes them with it (on SIGTERM and at exit the
 manager first detaches, so hosts release their containers and processes in order).  When the manager starts a
 local Ray itself (``ray.init``), a SIGTERM during that start is held until it has finished and then handled as any
-other (see :func:`_start_ray`): ``agentfly-gym rollout`` still writes its summary and leaves no Ray process.  A process that closes
-its manager returns its leases, and so does one whose node dies (the pool checks its clients' nodes every
-5 s); a process that dies on a live node without closing it while others keep the pool alive (e.g. a
-SIGKILLed worker that did not make the pool) keeps its leases until the pool ends.
+other (see :func:`_start_ray`): ``agentfly-gym rollout`` still writes its summary and leaves no Ray process.  A
+process that closes its manager returns its leases, and so does one whose node dies or whose process ends
+without closing it (SIGKILL, a crash) while others keep the pool alive: every 5 s the pool checks its clients'
+nodes and, in the cluster's tables, their processes (a driver's job, a worker's id).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from ..base import Resource, ResourceStatus
 from ..spec import ResourceSpec
 from .. import teardown
 from ..manager import RolloutScope
-from .actors import Grant, pool_actor_class
+from .actors import Grant, client_owner, pool_actor_class
 from .placement import PlacementTable, RayPlacement, resolve_placement
 
 __all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource", "host_actor_options"]
@@ -313,7 +313,8 @@ class RayPool:
                 if self._attached:
                     return
                 try:
-                    if await self.handle.attach.remote(self.manager.id, ray.get_runtime_context().get_node_id()):
+                    if await self.handle.attach.remote(self.manager.id, ray.get_runtime_context().get_node_id(),
+                                                       client_owner()):
                         self._attached = True
                         return
                 except ray.exceptions.RayActorError:
