@@ -117,8 +117,8 @@ class WebShopEnv(AgentFlyEnv):
         self._check_split(split)
         if server_mode not in ("inprocess", "process"):
             raise ConfigError(f"server_mode={server_mode!r} is not 'inprocess' or 'process'")
-        if server_idle_time is not None and (isinstance(server_idle_time, bool)
-                                             or not isinstance(server_idle_time, (int, float)) or not server_idle_time > 0):
+        seconds = isinstance(server_idle_time, (int, float)) and not isinstance(server_idle_time, bool)
+        if server_idle_time is not None and not (seconds and server_idle_time > 0):
             raise ConfigError(f"server_idle_time={server_idle_time!r} must be None or a number of seconds > 0")
         if num_products is not None and (isinstance(num_products, bool) or not isinstance(num_products, int) or num_products < 1):
             raise ConfigError(f"num_products={num_products!r} must be None or an integer >= 1")
