@@ -216,7 +216,7 @@ async def test_idle_containers_are_removed_after_max_idle_time(manager, r2e_dock
     episode reuses it."""
     import os
 
-    env = _env(manager, {"backend": "docker", "image": r2e_docker_image}, max_containers=1, max_idle_time=3.0)
+    env = _env(manager, {"backend": "docker", "image": r2e_docker_image}, max_containers=1, max_idle_time=5.0)
     await env.areset(seed=1)
     (box,) = env.scope.resources.values()
     key = box.spec.key
