@@ -130,3 +130,21 @@ async def procs_settle(marker: str, *, present: bool, timeout: float = 10.0) -> 
     while bool(pids_with(marker)) != present and loop.time() < deadline:
         await asyncio.sleep(0.05)
     return bool(pids_with(marker)) == present
+
+
+def pids_with_env(name: str, value: str) -> dict[int, str]:
+    """Pids (with their command lines) whose environment holds ``name=value``: a whole process tree whose root
+    the test started with that variable, however its processes were re-parented (e.g. a Ray node's)."""
+    needle = f"{name}={value}".encode()
+    found = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if needle not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found[int(pid)] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                pass
+    return found

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -36,10 +37,16 @@ def test_ports_need_a_network_and_valid_numbers():
 
 
 def test_sandbox_backend_refuses_ports(tmp_path):
+    """Chosen by name, the sandbox is refused when the spec (or the env) is built; chosen by ``"auto"``, when
+    the backend is created at acquisition."""
     from agentfly_gym.resources.containers.sandbox import create
 
+    with pytest.raises(ConfigError, match="'sandbox' container backend cannot publish ports=\\(8000,\\)"):
+        ContainerSpec(image=str(tmp_path), backend="sandbox", network=True, ports=(8000,))
+    with pytest.raises(ConfigError, match="'sandbox' container backend cannot publish ports=\\(8000,\\)"):
+        OpenEnvEnv(image="agentfly/openenv-echo-env", container={"backend": "sandbox"})
     with pytest.raises(ResourceUnavailable, match="'sandbox' container backend cannot publish ports=\\(8000,\\)"):
-        create(ContainerSpec(image=str(tmp_path), backend="sandbox", network=True, ports=(8000,)), {})
+        create(ContainerSpec(image=str(tmp_path), backend="auto", network=True, ports=(8000,)), {})
 
 
 def test_bad_container_settings_are_named():
@@ -143,3 +150,32 @@ async def test_server_that_never_answers_fails_reset_clearly(echo_image, docker_
         assert pool["in_use"] == 0 and pool["idle"] == 0      # discarded, not parked for the next episode
         await env.aclose()
     assert _ours(docker_client) == []
+
+
+@pytest.mark.docker
+def test_closed_envs_leave_no_container_past_the_idle_time(echo_image, docker_client):
+    """Sync envs on the default manager (which lives until process exit): after ``close()`` the pool keeps a
+    fresh container idle, so the next env reuses it warm (one start), and removes it once ``max_idle_time``
+    (300 s by default, 8 s here) has passed with nobody acquiring it; the manager stays open."""
+    kw = dict(image=echo_image, action_field="message", observation_field="echoed_message", max_servers=1,
+              container={"cpus": 0.5, "memory": "256m", "max_idle_time": 8.0})
+    first = OpenEnvEnv(**kw)
+    key = first.container_spec.key
+
+    def pool_containers() -> list:
+        return docker_client.containers.list(all=True, filters={"label": [f"agentfly.pool={key}",
+                                                                          f"agentfly.pid={os.getpid()}"]})
+
+    assert first.reset(seed=0)[0] == READY and first.step("hi")[0] == "hi"
+    first.close()
+    second = OpenEnvEnv(**kw)
+    assert second.reset(seed=1)[0] == READY
+    manager = second.manager
+    second.close()
+    snap = manager.metrics()[key]
+    assert snap["started"] == 1 and snap["reused"] == 1      # warm reuse across envs
+    deadline = time.monotonic() + 120
+    while pool_containers() or manager.metrics()[key]["idle"]:
+        assert time.monotonic() < deadline, f"containers still up: {pool_containers()}"
+        time.sleep(0.2)
+    assert not manager.closed and manager.metrics()[key]["recycled"] == 1

@@ -208,3 +208,30 @@ def test_check_env_and_make():
         assert not (term or trunc) and obs.startswith("ERROR")
     finally:
         env.close()
+
+
+async def test_idle_containers_are_removed_after_max_idle_time(manager, r2e_docker_image, docker_client):
+    """A container the pool keeps idle after the last episode (on Docker, the fresh one made when it went
+    idle) is removed once ``max_idle_time`` passes, while the manager stays open; within it, the next
+    episode reuses it."""
+    import os
+
+    env = _env(manager, {"backend": "docker", "image": r2e_docker_image}, max_containers=1, max_idle_time=5.0)
+    await env.areset(seed=1)
+    (box,) = env.scope.resources.values()
+    key = box.spec.key
+    await env.aend_episode()
+    _, info = await env.areset(seed=2)
+    assert info["container"] == box.id                       # warm reuse within the idle time
+    await env.aclose()
+
+    def pool_containers() -> list:
+        return docker_client.containers.list(all=True, filters={"label": [f"agentfly.pool={key}",
+                                                                          f"agentfly.pid={os.getpid()}"]})
+
+    deadline = time.monotonic() + 120
+    while pool_containers() or manager.metrics()[key]["idle"]:
+        assert time.monotonic() < deadline, f"containers still up: {pool_containers()}"
+        await asyncio.sleep(0.2)
+    assert not manager.closed and manager.metrics()[key]["recycled"] == 1
+    assert R2EGymEnv(tasks=FIXTURES / "tasks.jsonl", backend="sandbox").max_idle_time == 300.0

@@ -30,7 +30,7 @@ from agentfly_gym.resources import ContainerSpec, InProcessSpec  # noqa: E402
 from agentfly_gym.resources.ray import RayResourceManager  # noqa: E402
 from agentfly_gym.resources.ray.select import manager_kind  # noqa: E402
 
-from proctools import alive  # noqa: E402
+from proctools import alive, pids_with_env  # noqa: E402
 from raytools import lifetimes, max_alive, pids  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -396,3 +396,100 @@ def test_runner_plays_pooled_envs_through_typed_proxies_on_ray(cluster, monkeypa
     assert all(t.num_turns >= 1 for t in result.trajectories)
     res = result.summary["resources"]
     assert res["started"] >= 2 and 2 <= res["max_in_use"] <= 4 and set(res["pools"])
+
+
+@pytest.mark.parametrize("after", [0.0, 2.0])
+def test_sigterm_while_ray_starts_leaves_no_process_and_writes_the_summary(tmp_path, after):
+    """``AGENTFLY_GYM_MANAGER=ray agentfly-gym rollout`` starts a local Ray (``ray.init``, seconds); a SIGTERM in
+    the middle of that start (``after`` seconds after its first Ray process appeared) is held until the start
+    has finished, then cancels the run as any SIGTERM does: exit status 130, summary.json written
+    (interrupted), and no process of the run's tree left (the Ray node's, its dashboard's helpers) shortly
+    after.  Processes are told apart by a variable in their environment, so others' Ray stays out of it."""
+    import shutil
+    import tempfile
+
+    mark = os.urandom(8).hex()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # a Ray of its own: its own temp folder (short, for Ray's socket paths), so it neither finds this module's
+    # cluster nor anyone else's through the address file ray.init reads
+    ray_tmp = tempfile.mkdtemp(prefix="afg-ray-", dir="/tmp")
+    env.update(AGENTFLY_GYM_MANAGER="ray", AFG_TEST_TREE=mark, RAY_TMPDIR=ray_tmp)
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "agentfly_gym", "rollout", "--env", "Chess-v0", "--policy", "random",
+                             "-n", "2", "--max-turns", "2", "--no-progress", "--output-dir", str(out)],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: any("gcs_server" in c or "raylet" in c for c in pids_with_env("AFG_TEST_TREE", mark).values()),
+                 120, "Ray's first processes")
+        time.sleep(after)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 130, output[-3000:]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["interrupted"] is True
+        wait_for(lambda: not pids_with_env("AFG_TEST_TREE", mark), 30, "every process of the run to end")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+HOLDER = textwrap.dedent("""
+    import asyncio, sys, ray
+    from agentfly_gym.resources import InProcessSpec
+    from agentfly_gym.resources.ray import RayResourceManager
+    address, events = sys.argv[1:3]
+    ray.init(address=address, namespace="afg-test", log_to_driver=False)
+    spec = InProcessSpec(factory="raytools:Counted", kwargs={"events_dir": events}, max_instances=1)
+    async def main():
+        m = RayResourceManager(placement={"*": {"resources": {"sim": 1}}})
+        obj = await m.pool(spec).acquire(timeout=120)
+        print("held", await obj.call("pid"), flush=True)
+        await asyncio.sleep(3600)
+    asyncio.run(main())
+""")
+
+
+@ray.remote(num_cpus=0)
+class _Holder:
+    """A worker process (an actor) that leases the pool's one instance and keeps it."""
+
+    async def hold(self, events: str) -> int:
+        self.manager = RayResourceManager(placement=SIM)
+        self.lease = await self.manager.pool(counted(Path(events), 1)).acquire(timeout=120)
+        return os.getpid()
+
+
+def test_leases_of_a_sigkilled_client_come_back(cluster, tmp_path):
+    """A client process killed with SIGKILL on a node that stays up (a driver, then a worker) never detaches; the
+    pool finds its process gone in the cluster's tables and takes its lease back, so the next acquisition of the
+    pool's single instance is served instead of waiting until the pool ends."""
+    events = tmp_path / "events"
+    events.mkdir()
+    spec = counted(events, 1)
+
+    async def main():
+        async with RayResourceManager(placement=SIM) as m:
+            await m.pool(spec).attach()  # this process keeps the pool (its owner) while the holders come and go
+            log = tmp_path / "holder.log"
+            with open(log, "w") as err:
+                holder = subprocess.Popen([sys.executable, "-c", HOLDER, cluster.address, str(events)],
+                                          stdout=subprocess.PIPE, stderr=err, text=True)
+            try:
+                line = await asyncio.to_thread(holder.stdout.readline)  # "held <pid>", or "" if it died
+                assert line.startswith("held"), log.read_text()[-3000:]
+            finally:
+                holder.kill()
+                holder.wait()
+            async with m.scope("after-driver") as scope:
+                obj = await scope.acquire(spec, timeout=90)
+                assert (await obj.call("step", "x"))[1] == 1           # reset: nothing of the dead client's lease
+            actor = _Holder.remote()
+            pid = await actor.hold.remote(str(events))
+            os.kill(pid, signal.SIGKILL)
+            async with m.scope("after-worker") as scope:
+                await scope.acquire(spec, timeout=90)
+            snap = await m.pool(spec).fetch_snapshot()
+            assert snap["clients"] == 1 and snap["started"] == 1 and snap["timeouts"] == 0
+
+    asyncio.run(main())

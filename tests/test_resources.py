@@ -296,6 +296,59 @@ async def test_min_idle_prewarms_and_tops_up():
         assert pool.size == 3
 
 
+async def _until(cond, timeout: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_idle_instances_expire_on_a_timer_and_are_reused_warm_before():
+    """``max_idle_time`` releases an instance that nobody acquires again on a timer of the loop (asyncpg's
+    ``max_inactive_connection_lifetime``), not at the next acquisition; acquired again in time, the same
+    instance serves (reset), and ``min_idle`` instances stay."""
+    async with box_manager() as m:
+        s = spec(max_idle_time=0.3)
+        pool = m.pool(s)
+        r = await pool.acquire()
+        await pool.release(r)
+        r2 = await pool.acquire()
+        assert r2 is r and r.resets == 1 and not r.released    # warm reuse within the idle time
+        await pool.release(r)
+        await _until(lambda: r.released)                       # no acquisition needed
+        assert pool.size == 0 and pool.metrics.idle == 0 and pool.metrics.recycled == 1
+
+        s = spec(max_idle_time=0.2, min_idle=1, max_instances=2)
+        pool = m.pool(s)
+        a, b = await pool.acquire(), await pool.acquire()
+        await pool.release(a)
+        await pool.release(b)
+        await _until(lambda: a.released or b.released)
+        await asyncio.sleep(0.5)                                # the timer does not go below min_idle
+        assert pool.metrics.idle == 1 and pool.size == 1 and [a.released, b.released].count(True) == 1
+    assert ContainerSpec(image="x").max_idle_time == 300.0     # containers expire by default
+
+
+async def test_a_global_is_stopped_once_its_last_user_left_for_max_idle_time():
+    """``acquire_global(spec, user=...)`` + ``leave_global``: the shared instance outlives its last user by
+    ``spec.max_idle_time`` seconds (a new user in between keeps it), then stops; without users it stays."""
+    async with box_manager() as m:
+        s = spec(max_idle_time=0.3)
+        u1, u2 = Box(s), Box(s)                                 # any weakly referenceable object is a user
+        g = await m.acquire_global(s, user=u1)
+        m.leave_global(s, u1)
+        assert await m.acquire_global(s, user=u2) is g         # taken up again in time: the same instance
+        await asyncio.sleep(0.5)
+        assert not g.released
+        m.leave_global(s, u2)
+        await _until(lambda: g.released)
+        g2 = await m.acquire_global(s)                         # a new one, kept (no user to leave)
+        assert g2 is not g and m.pool(s).metrics.recycled == 1
+        await asyncio.sleep(0.5)
+        assert not g2.released
+
+
 async def test_max_uses_recycles_an_instance():
     async with box_manager() as m:
         s = spec(max_instances=1, max_uses=2)

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import gymnasium
 import pytest
@@ -466,3 +467,34 @@ def test_make_vec_sub_envs_have_their_own_sessions(data_dir):
     finally:
         v.close()
         run_sync(_close_default_manager())
+
+
+def test_process_server_outlives_the_last_env_by_server_idle_time(data_dir):
+    """``server_mode="process"`` on the default manager (which lives until process exit): an env made while
+    another is open, or soon after the last one closed, shares the running server (warm, one child
+    process); ``server_idle_time`` after the last env closed the child process is gone, and a later env starts
+    a new one."""
+    kw = dict(data_dir=str(data_dir), server_mode="process", server_idle_time=8.0)
+    first = gymnasium.make("agentfly/WebShop-v0", **kw)
+    first.reset(seed=0)
+    first.step("search[pillow]")
+    pid = run_sync(first.unwrapped.server()).resource.child_pid
+    first.close()
+    second = gymnasium.make("agentfly/WebShop-v0", **kw)
+    second.reset(seed=1)
+    assert run_sync(second.unwrapped.server()).resource.child_pid == pid
+    run_sync(second.unwrapped.aend_episode())
+    second.close()                                         # no episode running: close still lets go of the server
+    assert alive(pid)
+    deadline = time.monotonic() + 120
+    while alive(pid):
+        assert time.monotonic() < deadline, f"the WebShop server process {pid} outlived its idle time"
+        time.sleep(0.2)
+    third = gymnasium.make("agentfly/WebShop-v0", **kw)
+    third.reset(seed=2)
+    new_pid = run_sync(third.unwrapped.server()).resource.child_pid
+    assert new_pid not in (None, pid) and alive(new_pid)
+    third.close()
+    manager = third.unwrapped.manager
+    run_sync(manager.aclose())
+    assert not alive(new_pid)

@@ -326,7 +326,9 @@ class OpenEnvEnv(AgentFlyEnv):
         image: a container image whose command serves OpenEnv on ``port`` (e.g.
             ``build_openenv_image()``'s tag): one container per episode in flight, pooled up to
             ``max_servers`` and replaced by a fresh one on reuse; the server is used once its
-            ``/health`` answers 200 (within ``server_timeout`` seconds).
+            ``/health`` answers 200 (within ``server_timeout`` seconds).  A container the pool keeps idle
+            (the next env reuses it warm) is removed after ``ContainerSpec.max_idle_time``, 300 s unless
+            ``container={"max_idle_time": ...}`` says otherwise.
         port: the server's TCP port inside the container (``image`` only; default 8000).
         command: the container's command (``image`` only; default OpenEnv's ``uvicorn server.app:app``
             on ``port``).
@@ -348,7 +350,7 @@ class OpenEnvEnv(AgentFlyEnv):
 
     Raises:
         ConfigError: not exactly one of ``base_url`` / ``app`` / ``image``; an empty ``action_field``;
-            bad ``container`` fields.
+            bad ``container`` fields (``{"backend": "sandbox"}`` among them: it cannot publish the port).
     """
 
     env_name = "OpenEnv"

@@ -151,6 +151,9 @@ class ResourceManager:
         self._pools: dict[str, ResourcePool] = {}
         self._globals: dict[str, Resource] = {}
         self._global_locks: dict[str, asyncio.Lock] = {}
+        self._global_users: dict[str, weakref.WeakSet[Any]] = {}  # spec key -> who holds the global now
+        self._global_timers: dict[str, asyncio.TimerHandle] = {}  # spec key -> its release, once nobody holds it
+        self._global_releases: set[asyncio.Task] = set()
         self._instances: weakref.WeakSet[Resource] = weakref.WeakSet()  # every instance built, until collected
         self._closed = False
         teardown.watch(self)
@@ -183,13 +186,24 @@ class ResourceManager:
         return RolloutScope(self, scope_id or f"scope-{next(_scope_ids)}",
                             acquire_timeout=acquire_timeout if acquire_timeout is not None else self.acquire_timeout)
 
-    async def acquire_global(self, spec: ResourceSpec) -> Resource:
+    async def acquire_global(self, spec: ResourceSpec, *, user: Any = None) -> Resource:
         """The one process-wide shared instance of ``spec`` (e.g. a WebShop server, an LLM judge).
 
         Started on first call, returned as is afterwards, released by :meth:`release_global`
         or :meth:`aclose`.  Global resources are never reset between users.
+
+        Args:
+            user: who holds the instance (an env; kept as a weak reference) until it calls
+                :meth:`leave_global`.  Once every user has left, the instance is released after
+                ``spec.max_idle_time`` seconds unless it is acquired again meanwhile (``None``: kept until
+                the manager closes).  Without a user the instance is kept until the manager closes.
         """
         key = spec.key
+        if user is not None:
+            self._global_users.setdefault(key, weakref.WeakSet()).add(user)
+            timer = self._global_timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
         r = self._globals.get(key)
         if r is not None:
             return r
@@ -200,6 +214,33 @@ class ResourceManager:
                 r = await self.pool(spec).acquire()
                 self._globals[key] = r
             return r
+
+    def leave_global(self, spec: ResourceSpec, user: Any) -> None:
+        """``user`` (as given to :meth:`acquire_global`) no longer needs the shared instance of ``spec``.
+
+        When it was the last user, the instance is released ``spec.max_idle_time`` seconds later unless
+        someone acquires it meanwhile (with ``max_idle_time=None`` it stays until the manager closes).
+        Call it from the manager's event loop; a user that never acquired is ignored.
+        """
+        key = spec.key
+        users = self._global_users.get(key)
+        if users is None or user not in users:
+            return
+        users.discard(user)
+        ttl = spec.max_idle_time
+        if users or ttl is None or self._closed or key not in self._globals or key in self._global_timers:
+            return
+        self._global_timers[key] = asyncio.get_running_loop().call_later(ttl, self._expire_global, spec)
+
+    def _expire_global(self, spec: ResourceSpec) -> None:
+        """The release :meth:`leave_global` scheduled: stop the instance if nobody took it up again."""
+        key = spec.key
+        self._global_timers.pop(key, None)
+        r = None if self._closed or self._global_users.get(key) else self._globals.pop(key, None)
+        if r is not None:  # from now on acquire_global starts a fresh one
+            task = asyncio.ensure_future(self._pools[key].release(r, retire=True))
+            self._global_releases.add(task)
+            task.add_done_callback(self._global_releases.discard)
 
     async def release_global(self, spec: ResourceSpec) -> None:
         """Stop the global instance of ``spec`` if one is live."""
@@ -224,6 +265,9 @@ class ResourceManager:
         """Release every instance of every pool, in use or idle; idempotent."""
         self._closed = True
         self._globals.clear()
+        for timer in self._global_timers.values():
+            timer.cancel()
+        self._global_timers.clear()
         pools = list(self._pools.values())
         await asyncio.gather(*(p.terminate() for p in pools), return_exceptions=True)
 

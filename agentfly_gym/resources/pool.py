@@ -2,8 +2,10 @@
 
 Modelled on asyncpg's ``Pool``: ``await pool.acquire(timeout=...)`` or
 ``async with pool.acquire() as resource``; ``min_idle`` pre-warms, ``max_uses``
-recycles, ``max_idle_time`` expires idle instances, ``close()`` is graceful and
-``terminate()`` immediate.
+recycles, ``max_idle_time`` expires idle instances (as asyncpg's
+``max_inactive_connection_lifetime``: on a timer of the pool's event loop, so an instance
+nobody asks for again is released without waiting for the next acquisition), ``close()``
+is graceful and ``terminate()`` immediate.
 
 Guarantees (pinned by tests/test_pool.py):
 
@@ -16,7 +18,9 @@ Guarantees (pinned by tests/test_pool.py):
 * a cancelled or timed-out acquisition never strands an instance or a capacity slot;
 * an instance whose start failed or was abandoned keeps its capacity slot until its
   ``release()`` has finished (an in-process start that is cut short is closed when its
-  factory returns), so the cap holds for processes, not only for handed-out instances.
+  factory returns), so the cap holds for processes, not only for handed-out instances;
+* with ``spec.max_idle_time``, an instance given back and not acquired again within that many
+  seconds is released (pre-warmed instances that never served, and ``min_idle`` of them, stay).
 """
 
 from __future__ import annotations
@@ -139,6 +143,7 @@ class ResourcePool:
         self._stopping: set[Resource] = set()  # failed or abandoned starts whose release is running
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None  # the next max_idle_time check, while one is due
         self.metrics = PoolMetrics(key=spec.key, label=spec.label, capacity=spec.max_instances)
 
     # ------------------------------------------------------------------ public API
@@ -168,8 +173,9 @@ class ResourcePool:
         """
         return _AcquireContext(self, timeout if timeout is not None else self.acquire_timeout)
 
-    async def release(self, resource: Resource, *, discard: bool = False) -> None:
-        """Give ``resource`` back.  With ``discard=True`` it is stopped instead of kept.
+    async def release(self, resource: Resource, *, discard: bool = False, retire: bool = False) -> None:
+        """Give ``resource`` back.  With ``discard=True`` it is stopped instead of kept (counted as
+        ``replaced``); with ``retire=True`` it is stopped as no longer needed (counted as ``recycled``).
 
         Never blocks: stopping runs in a background task that :meth:`close` awaits, so a
         release inside a cancelled task still completes.
@@ -181,8 +187,8 @@ class ResourcePool:
         resource.last_released_at = time.monotonic()
         self._sync_counts()
         max_uses = self.spec.max_uses
-        if discard or self._closed:
-            self._retire(resource, replaced=discard)
+        if discard or retire or self._closed:
+            self._retire(resource, replaced=discard, recycled=retire and not discard)
         elif max_uses is not None and resource.uses >= max_uses:
             self._retire(resource, recycled=True)
         else:
@@ -217,6 +223,7 @@ class ResourcePool:
     async def terminate(self) -> None:
         """Release every instance now, in use or not, and fail all waiters."""
         self._closed = True
+        self._cancel_idle_timer()
         self._fail_waiters(PoolClosedError(f"pool {self.spec.label} is closed"))
         for r in list(self._idle) + list(self._in_use):
             self._retire(r)
@@ -294,6 +301,7 @@ class ResourcePool:
         else:
             self._idle.append(r)
             self._spawn(self._safe_park(r))
+            self._arm_idle_timer()
         self._sync_counts()
 
     async def _safe_park(self, r: Resource) -> None:
@@ -395,14 +403,44 @@ class ResourcePool:
             self._wake_for_slot()
 
     def _expire_idle(self) -> None:
+        """Release idle instances given back more than ``spec.max_idle_time`` seconds ago, oldest first,
+        keeping ``spec.min_idle`` idle ones."""
         ttl = self.spec.max_idle_time
-        if ttl is None:
+        if ttl is None or self._closed:
             return
         now = time.monotonic()
-        for r in list(self._idle):
-            if r.last_released_at is not None and now - r.last_released_at > ttl:
+        for r in sorted(self._idle, key=lambda r: r.last_released_at or now):
+            if len(self._idle) <= self.spec.min_idle:
+                break
+            if r.last_released_at is not None and now - r.last_released_at >= ttl:
                 self._idle.remove(r)
                 self._retire(r, recycled=True)
+        self._sync_counts()
+
+    def _arm_idle_timer(self) -> None:
+        """Schedule the next :meth:`_expire_idle` for when the oldest idle instance reaches ``max_idle_time``."""
+        ttl = self.spec.max_idle_time
+        if ttl is None or self._closed or self._loop is None or len(self._idle) <= self.spec.min_idle:
+            return
+        due = [r.last_released_at + ttl for r in self._idle if r.last_released_at is not None]
+        if not due:
+            return
+        when = min(due) - time.monotonic() + self._loop.time()
+        if self._idle_timer is not None:
+            if self._idle_timer.when() <= when:
+                return
+            self._idle_timer.cancel()
+        self._idle_timer = self._loop.call_at(when, self._on_idle_timer)
+
+    def _on_idle_timer(self) -> None:
+        self._idle_timer = None
+        self._expire_idle()
+        self._arm_idle_timer()
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
 
     async def _wait_for_grant(self, timeout: float | None) -> Resource | None:
         """Queue FIFO until a release grants an instance (or ``None``: a free slot)."""

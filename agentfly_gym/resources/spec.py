@@ -177,10 +177,18 @@ class ContainerSpec(ResourceSpec):
             free port the engine picks (``ContainerResource.endpoint(port)`` gives ``(host, port)``;
             a fresh container after ``reset()`` may get another).  Needs ``network=True`` (a
             published port needs a network; Docker's default bridge, which can also reach out).
-            Docker only: the sandbox backend raises ``ResourceUnavailable``.
+            Docker only: with ``backend="sandbox"`` the spec is refused at once (``ConfigError``); with
+            ``backend="auto"`` a choice of the sandbox fails at acquisition (``ResourceUnavailable``).
+        max_idle_time: as for every spec, but 300 seconds by default (asyncpg's default for idle
+            connections): a container (on Docker, the fresh one made when it went idle) that no
+            rollout acquires again within 5 minutes is removed, so none outlives the last env that used
+            it by more than that, while envs made one after another (a training loop) still reuse warm
+            containers.  ``None`` keeps idle containers until the manager closes.
     """
 
     kind: ClassVar[str] = "container"
+
+    max_idle_time: float | None = 300.0
 
     image: str
     sandbox_image: str | None = None
@@ -199,7 +207,7 @@ class ContainerSpec(ResourceSpec):
     ports: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_ports(self.ports, self.network)
+        _check_ports(self.ports, self.network, self.backend)
         if isinstance(self.reset_paths, str):
             object.__setattr__(self, "reset_paths", (self.reset_paths,))
         for p in self.reset_paths:
@@ -230,8 +238,17 @@ class ContainerSpec(ResourceSpec):
         super().__post_init__()
 
 
-def _check_ports(ports: Any, network: bool) -> None:
-    """Validate ``ContainerSpec.ports``: distinct integers in 1..65535, and a network to publish them on."""
+SANDBOX_PORTS_REFUSAL = (
+    "the 'sandbox' container backend cannot publish ports={ports!r}: its network namespace is either private "
+    "(unreachable from the host) or the host's own (pooled servers would collide on one port); use "
+    "backend='docker' (ports published on 127.0.0.1 at engine-chosen host ports)")
+"""Why the sandbox backend refuses ``ContainerSpec.ports`` (``.format(ports=...)``); one wording for the spec's
+check (``backend="sandbox"``, a ``ConfigError``) and the backend's (``"auto"`` resolved to it at acquisition)."""
+
+
+def _check_ports(ports: Any, network: bool, backend: str = "auto") -> None:
+    """Validate ``ContainerSpec.ports``: distinct integers in 1..65535, a network to publish them on, and a
+    backend that can publish them (the sandbox cannot; ``"auto"`` is checked when it is resolved)."""
     if isinstance(ports, (str, int)) or not isinstance(ports, (tuple, list)):
         raise ConfigError(f"ports={ports!r} must be a tuple of TCP port numbers, e.g. (8000,)")
     for p in ports:
@@ -242,6 +259,8 @@ def _check_ports(ports: Any, network: bool) -> None:
     if ports and not network:
         raise ConfigError(f"ports={tuple(ports)!r} needs network=True: a container without a network "
                           "cannot publish a port to the host")
+    if ports and backend == "sandbox":
+        raise ConfigError(SANDBOX_PORTS_REFUSAL.format(ports=tuple(ports)))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

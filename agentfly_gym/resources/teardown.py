@@ -9,6 +9,10 @@ SIGTERM, :func:`close_all_sync` calls ``terminate_sync()`` on every live instanc
 manager not yet closed, in parallel threads (removing a container takes a round trip to the
 engine), bounded by :data:`TERMINATE_TIMEOUT` seconds.
 
+A library started on the way that would install a SIGTERM handler of its own (``ray.init``) is started
+under :func:`hold_sigterm`, so a SIGTERM during its start neither cuts it short nor displaces the
+application's handler.
+
 Backends install no handler of their own; they implement ``Resource.terminate_sync`` (synchronous,
 idempotent, never raises).  What a SIGKILLed process leaves is found by its ownership labels and
 removed by ``agentfly-gym resources gc`` (:mod:`agentfly_gym.resources.containers.ownership`).
@@ -17,6 +21,7 @@ removed by ``agentfly-gym resources gc`` (:mod:`agentfly_gym.resources.container
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -29,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .base import Resource
 
-__all__ = ["TERMINATE_TIMEOUT", "close_all_sync", "install", "terminate_all", "watch"]
+__all__ = ["TERMINATE_TIMEOUT", "SigtermHold", "close_all_sync", "hold_sigterm", "install", "terminate_all",
+           "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -164,3 +170,56 @@ def install() -> bool:
     _prev_sigterm = cur
     signal.signal(signal.SIGTERM, _on_sigterm)
     return True
+
+
+class SigtermHold:
+    """What :func:`hold_sigterm` yields: whether a SIGTERM arrived, and the handler a library asked for meanwhile.
+
+    Attributes:
+        received: a SIGTERM arrived while held (it is delivered when the hold ends).
+        library_handler: what a starting library asked to install (see :meth:`keep`), or None.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self.library_handler: Any = None
+
+    def _hold(self, signum, frame) -> None:
+        self.received = True
+
+    def keep(self, handler: Any) -> None:
+        """Record ``handler`` instead of installing it (a library's ``signal.signal(SIGTERM, handler)`` stand-in)."""
+        self.library_handler = handler
+
+
+@contextlib.contextmanager
+def hold_sigterm():
+    """Hold SIGTERM while a library that installs a SIGTERM handler of its own starts (``ray.init``).
+
+    A process stopped half-way through such a start leaves what it had begun behind (``ray.init`` cut
+    short by SIGTERM orphans the Ray dashboard's helper processes for up to a minute).  Inside the block a
+    SIGTERM is only recorded; when the block ends (the start finished or failed), the handler in charge is
+    put back and the signal is delivered to it, so the process ends the way it ends on any other SIGTERM.
+    The handler put back is the application's own (one that was there before: e.g. ``agentfly-gym
+    rollout``'s, which cancels the run and saves what finished), else the one the library asked for through
+    :meth:`SigtermHold.keep` (Ray's exits through ``atexit``, where Ray and these managers shut down), else
+    the one that was there (the default action, or :func:`install`'s).
+
+    A no-op off the main thread (only the main thread receives signal handlers' calls).
+    """
+    hold = SigtermHold()
+    if threading.current_thread() is not threading.main_thread():
+        yield hold
+        return
+    prev = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, hold._hold)
+    try:
+        yield hold
+    finally:
+        application = prev is signal.SIG_IGN or (callable(prev) and prev is not _on_sigterm)
+        if application or hold.library_handler is None:
+            signal.signal(signal.SIGTERM, prev if prev is not None else signal.SIG_DFL)
+        else:
+            signal.signal(signal.SIGTERM, hold.library_handler)
+        if hold.received:
+            signal.raise_signal(signal.SIGTERM)

@@ -141,6 +141,8 @@ class R2EGymEnv(AgentFlyEnv):
         disk: limit on what an episode may write in its container (bytes or ``"1g"``; ``None``: no
             limit): a model that fills the disk ends its own episode, never the host's disk.
         max_containers: pool capacity (containers alive at once for this spec).
+        max_idle_time: seconds a container the pool keeps idle waits for the next episode before it
+            is removed (default 300, ``ContainerSpec``'s); ``None`` keeps it until the manager closes.
         bash_timeout: seconds an ``execute_bash`` command may run before it is killed.
         test_timeout: seconds the hidden tests may run at grading.
         max_output: characters of tool output kept per observation.
@@ -178,7 +180,8 @@ class R2EGymEnv(AgentFlyEnv):
     def __init__(self, *, tasks: str | os.PathLike | Sequence[R2ETask] | None = None, backend: str = "auto",
                  image: str | None = None, cpus: float = 1.0, memory: int | str | None = "2g", pids: int = 512,
                  disk: int | str | None = "1g",
-                 max_containers: int = 4, bash_timeout: float = 90.0, test_timeout: float = 300.0,
+                 max_containers: int = 4, max_idle_time: float | None = 300.0, bash_timeout: float = 90.0,
+                 test_timeout: float = 300.0,
                  max_output: int = 10_000, max_episode_steps: int | None = 40, step_timeout: float | None = None,
                  manager: ResourceManager | None = None, reset_timeout: float | None = 900.0,
                  render_mode: str | None = None) -> None:
@@ -212,6 +215,10 @@ class R2EGymEnv(AgentFlyEnv):
         self.image = image
         self.cpus, self.memory, self.pids, self.disk = cpus, memory, pids, disk
         self.max_containers = max_containers
+        if max_idle_time is not None and (isinstance(max_idle_time, bool) or not isinstance(max_idle_time, (int, float))
+                                          or not max_idle_time > 0):
+            raise ConfigError(f"max_idle_time={max_idle_time!r} must be None or a number of seconds > 0")
+        self.max_idle_time = max_idle_time
         self.bash_timeout, self.test_timeout, self.max_output = bash_timeout, test_timeout, max_output
         self._task: R2ETask | None = None
         self._box: ContainerResource | None = None
@@ -224,7 +231,8 @@ class R2EGymEnv(AgentFlyEnv):
         """The container spec of ``task``: one generic spec for all local tasks (``image``, else the
         project's R2E image on Docker and the host's system in the sandbox), the row's image otherwise."""
         common = {"cpus": self.cpus, "memory": self.memory, "pids": self.pids, "disk": self.disk,
-                  "workdir": TESTBED, "max_instances": self.max_containers, "name": "r2egym"}
+                  "workdir": TESTBED, "max_instances": self.max_containers, "max_idle_time": self.max_idle_time,
+                  "name": "r2egym"}
         if task.local:
             if self.image is not None:
                 return ContainerSpec(image=self.image, backend=self.backend, **common)

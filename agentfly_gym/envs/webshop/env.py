@@ -11,6 +11,7 @@ from ...data import resolve_data_dir
 from ...errors import ConfigError, ResetNeeded, ResourceDied
 from ...resources.manager import RolloutScope
 from ...resources.spec import InProcessSpec
+from ...utils.aio import run_sync
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
 from .catalog import DATA_MARKER, HOW_TO_GET, find_data_files
@@ -72,6 +73,11 @@ class WebShopEnv(AgentFlyEnv):
             ``"process"`` (a child process: ``InProcessSpec(isolation="process")``; it dies with this
             process, and a crashed server ends the running episodes with a handled fault and is
             restarted at the next reset).
+        server_idle_time: seconds the shared server stays up once every env using it has been closed,
+            so that envs made one after another (a training loop) reuse it warm (default 300); then it
+            is stopped (its child process with it in ``"process"`` mode, its memory in ``"inprocess"``
+            mode), and the next env starts a new one.  ``None`` keeps it until the resource manager
+            closes (the default manager: process exit).  Close envs (``env.close()``) for this to apply.
         search_requires_search_bar: refuse ``search[...]`` outside the search page (default False:
             upstream's text env searches from any page).
         max_episode_steps: default 15 steps.
@@ -104,13 +110,16 @@ class WebShopEnv(AgentFlyEnv):
                  num_products: int | None = None, split: str = "all", observation_mode: str = "text",
                  show_attrs: bool = False, price_seed: int = 42, spacy_model: str = DEFAULT_SPACY_MODEL,
                  server_mode: str = "inprocess", search_requires_search_bar: bool = False,
-                 max_episode_steps: int | None = 15, **kwargs: Any) -> None:
+                 server_idle_time: float | None = 300.0, max_episode_steps: int | None = 15, **kwargs: Any) -> None:
         super().__init__(max_episode_steps=max_episode_steps, **kwargs)
         if observation_mode not in OBSERVATION_MODES:
             raise ConfigError(f"observation_mode={observation_mode!r} is not one of {OBSERVATION_MODES}")
         self._check_split(split)
         if server_mode not in ("inprocess", "process"):
             raise ConfigError(f"server_mode={server_mode!r} is not 'inprocess' or 'process'")
+        seconds = isinstance(server_idle_time, (int, float)) and not isinstance(server_idle_time, bool)
+        if server_idle_time is not None and not (seconds and server_idle_time > 0):
+            raise ConfigError(f"server_idle_time={server_idle_time!r} must be None or a number of seconds > 0")
         if num_products is not None and (isinstance(num_products, bool) or not isinstance(num_products, int) or num_products < 1):
             raise ConfigError(f"num_products={num_products!r} must be None or an integer >= 1")
         folder = resolve_data_dir("webshop", data_dir, how_to_get=HOW_TO_GET,
@@ -128,7 +137,7 @@ class WebShopEnv(AgentFlyEnv):
                     "num_products": num_products, "human_goals": bool(human_goals), "show_attrs": bool(show_attrs),
                     "price_seed": int(price_seed), "spacy_model": spacy_model,
                     "search_requires_search_bar": bool(search_requires_search_bar)},
-            max_instances=1, start_timeout=900.0, name="webshop-server")
+            max_instances=1, start_timeout=900.0, max_idle_time=server_idle_time, name="webshop-server")
         self._server: WebShopServerProxy | None = None
         self._session: str | None = None
         self._split_cache: dict[str, list[int]] = {}
@@ -143,8 +152,24 @@ class WebShopEnv(AgentFlyEnv):
     async def server(self) -> WebShopServerProxy:
         """The shared WebShop server (a global resource, acquired on first use), through its typed proxy."""
         if self._server is None or self._server.resource.obj is None:
-            self._server = WebShopServerProxy(await self.manager.acquire_global(self.server_spec))
+            self._server = WebShopServerProxy(await self.manager.acquire_global(self.server_spec, user=self))
         return self._server
+
+    async def aclose(self) -> None:
+        """End the running episode and stop using the shared server: once no open env uses it, it is
+        stopped after ``server_idle_time`` seconds (see the class docstring)."""
+        await super().aclose()
+        server, self._server = self._server, None
+        manager = self._manager
+        if server is not None and manager is not None and not manager.closed:
+            manager.leave_global(self.server_spec, self)
+
+    def close(self) -> None:
+        """Sync wrapper of :meth:`aclose` (also when no episode is running: the env may still hold the server)."""
+        if self._server is not None and not self._closed:
+            run_sync(self.aclose())
+            return
+        super().close()
 
     async def _choose_goal(self, options: dict[str, Any]) -> int:
         split = options.get("split", self.split)

@@ -33,8 +33,33 @@ log = logging.getLogger(__name__)
 
 #: seconds a host gets to release its resource (stop a container, close a simulator) before it is killed
 HOST_CLOSE_TIMEOUT = 30.0
-#: seconds between two checks that the nodes of a pool's clients are alive
+#: seconds between two checks that a pool's clients (their nodes, their processes) are alive
 CLIENT_NODE_CHECK = 5.0
+
+
+def client_owner() -> dict[str, Any]:
+    """Who this process is to Ray, for :meth:`PoolActor.attach`: ``worker_id`` and ``job_id`` (hex), and whether it
+    is the job's driver (else a worker: a task's or an actor's process)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    worker = ray._private.worker
+    return {"worker_id": ctx.get_worker_id(), "job_id": ctx.get_job_id(),
+            "driver": worker.global_worker.mode == worker.SCRIPT_MODE}
+
+
+def dead_owners(owners: dict[str, dict[str, Any]]) -> list[str]:
+    """The clients (of ``owners``: client id -> :func:`client_owner`) whose process has ended, as the cluster's
+    control store (GCS) records it: a driver whose job is dead, a worker that is no longer among the live
+    workers.  Read through ``ray._private.state`` (the tables ``ray.nodes()`` reads), which needs no dashboard
+    (``ray.util.state`` does).  Blocking: run it in a thread.
+    """
+    from ray._private.state import state
+
+    jobs = {j["JobID"]: j["IsDead"] for j in state.job_table()}
+    workers = set(state.workers()) if any(not o.get("driver", True) for o in owners.values()) else set()
+    return [client for client, o in owners.items()
+            if jobs.get(o.get("job_id"), False) or (not o.get("driver", True) and o.get("worker_id") not in workers)]
 
 
 class ResourceHost:
@@ -209,6 +234,7 @@ class PoolActor:
         self._cancelled: dict[str, float] = {}
         self._clients: set[str] = set()
         self._client_nodes: dict[str, str] = {}
+        self._client_owners: dict[str, dict[str, Any]] = {}  # client id -> its process (see client_owner)
         self._watch: asyncio.Task | None = None
         self._globals: dict[str, str] = {}  # global key ("cluster" or a node id) -> lease id
         self._global_holders: dict[str, set[str]] = {}
@@ -219,43 +245,60 @@ class PoolActor:
                        "wait_total": 0.0, "wait_max": 0.0, "start_total": 0.0, "peak_live": 0, "peak_in_use": 0}
 
     # ------------------------------------------------------------------ clients
-    def attach(self, client_id: str, node_id: str | None = None) -> bool:
-        """Register a client (on Ray node ``node_id``); False when the pool is shutting down (the client then
-        makes a new one)."""
+    def attach(self, client_id: str, node_id: str | None = None, owner: dict[str, Any] | None = None) -> bool:
+        """Register a client (on Ray node ``node_id``, in the process ``owner`` describes: see :func:`client_owner`);
+        False when the pool is shutting down (the client then makes a new one)."""
         if self._closed:
             return False
         self._clients.add(client_id)
         if node_id:
             self._client_nodes[client_id] = node_id
-            if self._watch is None:
-                self._watch = asyncio.get_running_loop().create_task(self._watch_client_nodes())
+        if owner:
+            self._client_owners[client_id] = dict(owner)
+        if (node_id or owner) and self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_clients())
         return True
 
-    async def _watch_client_nodes(self) -> None:
-        """Every ``CLIENT_NODE_CHECK`` seconds: a client whose node died is detached (its leases come back)."""
+    async def _watch_clients(self) -> None:
+        """Every ``CLIENT_NODE_CHECK`` seconds: a client whose node died, or whose process ended without detaching
+        (SIGKILL, a crash), is detached: its leases come back."""
         import ray
 
         while not self._closed:
             await asyncio.sleep(CLIENT_NODE_CHECK)
-            if not self._client_nodes:
-                continue
-            try:
-                nodes = await asyncio.to_thread(ray.nodes)
-            except Exception:  # noqa: BLE001 - GCS busy: try again next round
-                continue
-            alive = {n["NodeID"] for n in nodes if n.get("Alive")}
-            for client, node in list(self._client_nodes.items()):
-                if node not in alive:
-                    log.warning("%s: client %s was on node %s, which died; returning its leases", self.spec.label,
-                                client, node[:12])
-                    self._client_nodes.pop(client, None)
-                    await self.detach(client)
+            if self._client_nodes:
+                try:
+                    nodes = await asyncio.to_thread(ray.nodes)
+                except Exception:  # noqa: BLE001 - GCS busy: try again next round
+                    nodes = None
+                if nodes is not None:
+                    alive = {n["NodeID"] for n in nodes if n.get("Alive")}
+                    for client, node in list(self._client_nodes.items()):
+                        if node not in alive:
+                            log.warning("%s: client %s was on node %s, which died; returning its leases",
+                                        self.spec.label, client, node[:12])
+                            self._client_nodes.pop(client, None)
+                            await self.detach(client)
+            owners = {c: o for c, o in self._client_owners.items() if c in self._clients}
+            if owners and not self._closed:
+                try:
+                    dead = await asyncio.to_thread(dead_owners, owners)
+                except Exception:  # noqa: BLE001 - GCS busy or its tables changed shape: try again next round
+                    log.debug("%s: checking the clients' processes failed", self.spec.label, exc_info=True)
+                    dead = []
+                for client in dead:
+                    if client in self._clients:
+                        o = owners[client]
+                        log.warning("%s: the %s process of client %s ended without detaching; returning its leases",
+                                    self.spec.label, "driver" if o.get("driver") else "worker", client)
+                        await self.detach(client)
 
     async def detach(self, client_id: str) -> int:
         """Forget a client: release its leases and its global holds.  Returns the clients left; at 0 the pool
         stops every instance and refuses new work (the caller then kills the actor)."""
         self._clients.discard(client_id)
         self._client_nodes.pop(client_id, None)
+        self._client_owners.pop(client_id, None)
         for lease_id, (_iid, cid) in list(self._leases.items()):
             if cid == client_id:
                 await self.release(lease_id)

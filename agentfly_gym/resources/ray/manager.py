@@ -21,10 +21,12 @@ episode with ``info["error"]``) and is replaced by a fresh one wherever Ray find
 
 Lifetime: a pool actor is owned by the process that made it (unless ``detached=True``) and its instances by
 the pool, so a driver that exits, is killed or gets SIGTERM takes them with it (on SIGTERM and at exit the
-manager first detaches, so hosts release their containers and processes in order).  A process that closes
-its manager returns its leases, and so does one whose node dies (the pool checks its clients' nodes every
-5 s); a process that dies on a live node without closing it while others keep the pool alive (e.g. a
-SIGKILLed worker that did not make the pool) keeps its leases until the pool ends.
+manager first detaches, so hosts release their containers and processes in order).  When the manager starts a
+local Ray itself (``ray.init``), a SIGTERM during that start is held until it has finished and then handled as any
+other (see :func:`_start_ray`): ``agentfly-gym rollout`` still writes its summary and leaves no Ray process.  A
+process that closes its manager returns its leases, and so does one whose node dies or whose process ends
+without closing it (SIGKILL, a crash) while others keep the pool alive: every 5 s the pool checks its clients'
+nodes and, in the cluster's tables, their processes (a driver's job, a worker's id).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from ..base import Resource, ResourceStatus
 from ..spec import ResourceSpec
 from .. import teardown
 from ..manager import RolloutScope
-from .actors import Grant, pool_actor_class
+from .actors import Grant, client_owner, pool_actor_class
 from .placement import PlacementTable, RayPlacement, resolve_placement
 
 __all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource", "host_actor_options"]
@@ -81,6 +83,29 @@ async def _as_future(ref: Any) -> Any:
         return await ref
     except Exception:  # noqa: BLE001 - a release into a dead pool: nothing left to wait for
         return None
+
+
+def _start_ray(**kwargs: Any) -> None:
+    """``ray.init(**kwargs, log_to_driver=False)`` with SIGTERM held until it has finished (see
+    :func:`~agentfly_gym.resources.teardown.hold_sigterm`).
+
+    ``ray.init`` first replaces the process's SIGTERM handler with one that raises ``SystemExit`` (through
+    ``ray._private.utils.set_sigterm_handler``), and a SIGTERM during the seconds its start takes then stops
+    it half-way and orphans the dashboard's helper processes.  During the start that call only records
+    Ray's handler; afterwards the application's own handler is back in charge (``agentfly-gym rollout``
+    cancels the run and writes its summary), else Ray's.  A SIGTERM that came meanwhile is delivered then.
+    """
+    ray = _ray()
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    original = getattr(utils, "set_sigterm_handler", None)
+    with teardown.hold_sigterm() as hold:
+        if original is not None:
+            utils.set_sigterm_handler = hold.keep
+        try:
+            ray.init(log_to_driver=False, **kwargs)
+        finally:
+            if original is not None:
+                utils.set_sigterm_handler = original
 
 
 class RayResource(Resource):
@@ -288,7 +313,8 @@ class RayPool:
                 if self._attached:
                     return
                 try:
-                    if await self.handle.attach.remote(self.manager.id, ray.get_runtime_context().get_node_id()):
+                    if await self.handle.attach.remote(self.manager.id, ray.get_runtime_context().get_node_id(),
+                                                       client_owner()):
                         self._attached = True
                         return
                 except ray.exceptions.RayActorError:
@@ -383,7 +409,7 @@ class RayResourceManager:
             placement = {k: RayPlacement.of(v) for k, v in placement.items()}
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=address, namespace=namespace, log_to_driver=False)
+            _start_ray(address=address, namespace=namespace)
         self.id = manager_id or f"afg-ray-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.placement = placement
         self.global_scope = global_scope
@@ -456,12 +482,14 @@ class RayResourceManager:
         return RayRolloutScope(self, scope_id or f"scope-{next(_scope_ids)}",
                                acquire_timeout=acquire_timeout if acquire_timeout is not None else self.acquire_timeout)
 
-    async def acquire_global(self, spec: ResourceSpec) -> RayResource:
+    async def acquire_global(self, spec: ResourceSpec, *, user: Any = None) -> RayResource:
         """The shared instance of ``spec``: one per cluster, or one per node with ``global_scope="node"``.
 
         Every process that asks gets the same instance; it is stopped when the last process holding it closes
         its manager, or by :meth:`release_global`.  Global resources are never reset between users.  A dead one
-        is replaced on the next call.
+        is replaced on the next call.  ``user`` is accepted for the local manager's API and not tracked: on a
+        cluster the instance's lifetime follows the processes' managers, not single envs (see
+        :meth:`leave_global`).
         """
         key = spec.key
         r = self._globals.get(key)
@@ -483,6 +511,10 @@ class RayResourceManager:
                 r._global_key = gkey  # type: ignore[attr-defined]
                 self._globals[key] = r
             return r
+
+    def leave_global(self, spec: ResourceSpec, user: Any) -> None:
+        """Nothing: a cluster-wide global instance stays until the last process using it closes its manager
+        (:meth:`aclose`, or at exit and on SIGTERM), since other processes' envs may still use it."""
 
     async def release_global(self, spec: ResourceSpec) -> None:
         """Stop the shared instance of ``spec`` (for every process using it)."""

@@ -91,7 +91,7 @@ from ...base import ResourceStatus
 from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
 from ..output import OutputBuffer
 from ..ownership import proc_start
-from ...spec import ContainerSpec
+from ...spec import SANDBOX_PORTS_REFUSAL, ContainerSpec
 from .argv import DEFAULT_PATH, SandboxLayout, exec_argv
 from .bwrap import bwrap_has, find_bwrap, seccomp_filter_bpf, setpriv, unshare
 from .cgroups import LIMIT_MODES, detect_limit_mode, kill_cgroups, make_cgroups, remove_cgroups
@@ -742,8 +742,5 @@ def _refuse_ports(spec: ContainerSpec) -> None:
     Raises:
         ResourceUnavailable: ``spec.ports`` is not empty.
     """
-    if spec.ports:
-        raise ResourceUnavailable(
-            f"the 'sandbox' container backend cannot publish ports={spec.ports!r}: its network namespace is "
-            "either private (unreachable from the host) or the host's own (pooled servers would collide on "
-            "one port); use backend='docker' (ports published on 127.0.0.1 at engine-chosen host ports)")
+    if spec.ports:  # reached with backend="auto" resolved here; backend="sandbox" is refused by the spec itself
+        raise ResourceUnavailable(SANDBOX_PORTS_REFUSAL.format(ports=spec.ports))
