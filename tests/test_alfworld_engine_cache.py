@@ -133,6 +133,33 @@ def test_an_unreadable_cache_file_is_a_miss_and_is_rewritten(game_file, tmp_path
     assert again.load(game_file) == reference and again.cache_stats["disk_hits"] == 1
 
 
+@pytest.mark.parametrize("damage", ["cut-result", "wrong-result"])
+def test_a_readable_entry_whose_results_do_not_load_is_discarded_and_rebuilt(game_file, tmp_path, translations,
+                                                                            damage, caplog):
+    """A well-formed file (zlib, a mapping of digests to pickles) whose results are damaged inside:
+    the load drops it, computes the game again and rewrites the entry (found by a newcomer: the
+    reset used to fail with UnpicklingError / AttributeError every time)."""
+    cache = tmp_path / "cache"
+    reference = ALFWorldSimulator(engine_cache=False).load(game_file)
+    key = entry_key(game_file.read_bytes(), upgrade_games=True)
+    results = pickle.loads(zlib.decompress(_whole_entry(game_file, cache)))
+    assert results, "the entry holds results"
+    if damage == "cut-result":
+        results = {k: v[: len(v) // 2] for k, v in results.items()}
+    else:
+        results = {k: pickle.dumps(7) for k in results}
+    cache.mkdir()
+    (cache / f"{key}.pickle.zlib").write_bytes(zlib.compress(pickle.dumps(results)))
+    EngineCache.clear_memory()
+    translations.clear()
+    sim = ALFWorldSimulator(engine_cache=cache, translation_worker=False)
+    assert sim.load(game_file) == reference
+    assert "discarded" in caplog.text and len(translations) == 2
+    EngineCache.clear_memory()
+    again = ALFWorldSimulator(engine_cache=cache)
+    assert again.load(game_file) == reference and again.cache_stats["disk_hits"] == 1
+
+
 def test_concurrent_writers_leave_one_whole_file(tmp_path):
     cache = EngineCache(tmp_path / "cache")
     entries = [EngineEntry(results={"d": bytes([i]) * 200_000}, dirty=True) for i in range(8)]

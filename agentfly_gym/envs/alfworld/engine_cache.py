@@ -445,6 +445,26 @@ class EngineCache:
             with contextlib.suppress(OSError):
                 tmp.unlink()
 
+    def discard(self, key: str) -> bool:
+        """Forget entry ``key`` in memory and on disk.
+
+        Returns:
+            whether an entry holding results was there (in memory or on disk).
+        """
+        with self._lock:
+            entry = self._memory.pop(key, None)
+        had = entry is not None and bool(entry.results)
+        path = self.path(key)
+        if path is not None:
+            try:
+                path.unlink()
+                had = True
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("ALFWorld: cannot remove the engine cache file %s: %s", path, e)
+        return had
+
     def _remember(self, key: str, entry: EngineEntry) -> None:
         with self._lock:
             self._memory[key] = entry

@@ -206,6 +206,21 @@ class ALFWorldSimulator:
         with open(game_file, "rb") as f:
             raw = f.read()
         key = entry_key(raw, upgrade_games=self.upgrade_games)
+        try:
+            return self._load_with_entry(game_file, raw, key)
+        except Exception as e:
+            # An entry that reads back but does not load (e.g. a damaged result inside a well-formed
+            # file) is dropped and the game loaded without it, once; a game that fails with a fresh
+            # entry too is the game's own error.
+            self._parsed = self._entry = None
+            if not self._cache.discard(key):
+                raise
+            log.warning("ALFWorld: the engine cache entry of %s did not load (%s: %s); discarded, computing it again",
+                        game_file, type(e).__name__, e)
+            return self._load_with_entry(game_file, raw, key)
+
+    def _load_with_entry(self, game_file: str, raw: bytes, key: str) -> Any:
+        assert self._cache is not None
         with _ENGINE_LOCK, _no_cyclic_gc():
             if self._parsed != (game_file, key) or self._entry is None:
                 # the same file with the same content loaded last: only the reset below is needed
