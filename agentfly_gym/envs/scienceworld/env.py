@@ -47,7 +47,7 @@ SCIENCEWORLD_PROMPT = AgentPrompt(system=(
 
 _RESET_OPTIONS = MappingProxyType({
     "task_name": "a task name or number (see task_names())",
-    "task_id": "'<task name>-<variation>' (instead of task_name and variation)",
+    "task_id": "'<task name>:<variation>' (instead of task_name and variation)",
     "variation": "the variation (int >= 0) in the split",
     "split": "'train', 'dev' or 'test'",
     "simplification": "simplifications string, e.g. 'easy'",
