@@ -373,9 +373,8 @@ def main() -> int:
                 bench_alfworld_rollout(_games(n_traj, args.seed + 1), work, args.seed, full=args.scale > 0))
 
     def plot(r: C.Result) -> None:
-        plt = C.plt()
         data = r.data["results"]
-        fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+        fig, axes = C.subplots(1, 3, figsize=(16, 4.8))
         if "ScienceWorld" in data:
             s = data["ScienceWorld"]["summary"]
             names = ["raw_server_step", "sim_step_java", "sim_step_pipelined", "sim_step_unfolded", "env_astep_java"]

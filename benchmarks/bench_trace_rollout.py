@@ -592,7 +592,7 @@ def main() -> int:
         scale = args.time_scale if args.time_scale is not None else prof.time_scale
         if tiny:
             scale = scale / 4
-        try:
+        with C.skip_on_error(res, name):
             r = asyncio.run(bench_profile(prof, b, [k * b for k in per_slot], repeats, args.seed, scale,
                                           gym_async=not args.no_gym_async))
             r["fit"] = describe(prof)
@@ -604,21 +604,15 @@ def main() -> int:
                       f"{o['arrival_order']['mean']:.3f} (>= 0.95 in {o['arrival_order']['share_at_least_0.95']:.0%}),"
                       f" longest first mean {o['longest_first']['mean']:.3f}", flush=True)
             res.data["profiles"][name] = r
-        except Exception as e:  # noqa: BLE001  (one profile failing must not lose the other's numbers)
-            import traceback
-
-            traceback.print_exc()
-            res.skip(name, f"failed: {type(e).__name__}: {e}")
     res.data["load_average_during_run"] = load.stop()
     return C.finish(res, plot)
 
 
 def plot(res: C.Result) -> None:
-    plt = C.plt()
     profs = res.data["profiles"]
     if not profs:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, axes = C.subplots(1, 2, figsize=(12, 4.6))
     colors = {"lockstep": "#d95f02", "gym_async": "#7570b3", "ours": "#1b9e77"}
     labels, x = [], 0
     w = 0.26
