@@ -111,7 +111,7 @@ def container_memory(label_filters: list[str]) -> dict[str, Any]:
     return {"containers": len(seen), "bytes": total, "per_container": per}
 
 
-async def hold_ours(env: str, n: int) -> dict[str, Any]:
+async def hold_ours(env: str, n: int, manager_id: str | None = None) -> dict[str, Any]:
     import gymnasium
 
     import agentfly_gym  # noqa: F401
@@ -123,7 +123,9 @@ async def hold_ours(env: str, n: int) -> dict[str, Any]:
         kwargs[d["cap_key"]] = n
     base = tree_memory(os.getpid())
     t0 = time.monotonic()
-    async with ResourceManager() as m:
+    # the driver names the manager (``--child ... <manager id>``) so it can remove this run's containers if the
+    # child is killed (timeout, memory guard) before it could close them
+    async with ResourceManager(manager_id=manager_id) as m:
         envs = [gymnasium.make(d["id"], manager=m, **kwargs).unwrapped for _ in range(n)]
         try:
             sem = asyncio.Semaphore(WAVE)
@@ -173,28 +175,106 @@ def hold_gym(env: str, n: int) -> dict[str, Any]:
     return {"baseline": base, "open": mem, "containers": cont, "open_s": t_open}
 
 
-def child(env: str, n: int, mode: str) -> int:
+def child(env: str, n: int, mode: str, manager_id: str | None = None) -> int:
     C.setup_env_vars()
     import gymnasium  # noqa: F401  (imports in the baseline)
 
     import agentfly_gym  # noqa: F401
 
-    out = asyncio.run(hold_ours(env, n)) if mode == "ours" else hold_gym(env, n)
+    out = asyncio.run(hold_ours(env, n, manager_id)) if mode == "ours" else hold_gym(env, n)
     print("RESULT " + json.dumps(out), flush=True)
     return 0
 
 
 # ----------------------------------------------------------------------------- driver
-def run_child(env: str, n: int, mode: str, timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", env, str(n), mode]
+class MemoryGuardError(RuntimeError):
+    """The machine's available memory fell below ``--min-available-gib`` while a measurement ran."""
+
+
+def _remove_run_containers(manager_id: str) -> int:
+    """Remove the containers labelled with this run's ``manager_id`` (only this run's); how many were left."""
+    try:
+        import docker
+
+        client = docker.from_env()
+        left = client.containers.list(all=True, filters={"label": f"agentfly.manager={manager_id}"})
+        for c in left:
+            c.remove(force=True)
+        client.close()
+        return len(left)
+    except Exception:  # noqa: BLE001  (no Docker engine: nothing of ours can be left there)
+        return 0
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def run_child(env: str, n: int, mode: str, timeout: float, min_available: float = 0.0) -> dict[str, Any]:
+    """Measure one (env, n, mode) in a fresh interpreter in its own process group.
+
+    The group (the child, its workers, JVMs and engines) is killed when ``timeout`` seconds pass or the
+    machine's available memory falls below ``min_available`` bytes (:class:`MemoryGuardError`); the
+    containers labelled with this measurement's manager id are removed in every case.
+    """
+    import signal
+    import uuid
+
+    import psutil
+
+    manager_id = f"benchmem-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", env, str(n), mode, manager_id]
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
-    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    measured = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.gmtime()), "loadavg_at_start": list(os.getloadavg())}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+                         start_new_session=True)
+    low = psutil.virtual_memory().available
+    stopped = None
+    try:
+        while True:
+            try:
+                out, err = p.communicate(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                low = min(low, psutil.virtual_memory().available)
+                if time.monotonic() - t0 > timeout:
+                    stopped = f"timed out after {timeout:.0f} s"
+                elif low < min_available:
+                    stopped = (f"available memory fell to {low / 2**30:.1f} GiB "
+                               f"(< --min-available-gib {min_available / 2**30:g})")
+                if stopped:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    out, err = p.communicate()
+                    break
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        stray: list[int] = []
+        for _ in range(20):  # an engine or JVM may need a moment to see its pipe close: left = still there after 10 s
+            stray = [q.pid for q in psutil.process_iter() if _pgid(q.pid) == p.pid]
+            if not stray:
+                break
+            time.sleep(0.5)
+        if stray:  # a worker, JVM or engine that outlived the child (it kept the group): none may stay behind
+            os.killpg(p.pid, signal.SIGKILL)
+        left = _remove_run_containers(manager_id)
+    if stopped:
+        err_cls = MemoryGuardError if "memory" in stopped else TimeoutError
+        raise err_cls(f"child {env} n={n} {mode} {stopped}; {left} of its containers removed")
+    lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
-        errs = [x.strip() for x in (p.stderr or p.stdout).splitlines() if "Error" in x and not x.startswith(" ")]
+        errs = [x.strip() for x in (err or out).splitlines() if "Error" in x and not x.startswith(" ")]
         raise RuntimeError(f"child {env} n={n} {mode} exited {p.returncode}: {errs[-1] if errs else 'no error line'}")
     r = json.loads(lines[-1][7:])
     r["wall_s"] = time.monotonic() - t0
+    r["min_available_bytes"] = low
+    r["containers_left_after_close"] = left
+    r["processes_left_after_close"] = len(stray)
+    r["measured"] = measured
     proc = r["open"]["pss"] - r["baseline"]["pss"]
     cont = (r["containers"] or {}).get("bytes", 0)
     r["per_episode_pss_bytes"] = proc / n
@@ -206,13 +286,18 @@ def run_child(env: str, n: int, mode: str, timeout: float) -> dict[str, Any]:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        return child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        return child(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
     p = C.base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--envs", default=",".join(ENVS), help="comma-separated env names")
     p.add_argument("--modes", default="ours,gym_async")
     p.add_argument("--sizes", default=None, help="override the concurrent episode counts, e.g. 8,32")
     p.add_argument("--timeout", type=float, default=420.0, help="seconds one measurement may take")
-    p.add_argument("--merge", action="store_true", help="keep the other envs' numbers of an existing result file")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the numbers of an existing result file that this run does not re-measure "
+                        "(per env, mode and count)")
+    p.add_argument("--min-available-gib", type=float, default=0.0,
+                   help="stop a measurement (and the larger counts of that env and mode) when the machine's "
+                        "available memory falls below this many GiB")
     args = p.parse_args()
     C.setup_env_vars()
     res = C.Result("bench_memory", args)
@@ -233,8 +318,10 @@ def main() -> int:
             rows = []
             for n in sizes:
                 with C.skip_on_error(res, f"{env}/{mode}/{n}", trace=False, prefix="") as guard:
-                    r = run_child(env, n, mode, args.timeout)
+                    r = run_child(env, n, mode, args.timeout, args.min_available_gib * 2**30)
                 if guard.failed:
+                    if "available memory" in res.data["skipped"].get(f"{env}/{mode}/{n}", ""):
+                        break  # a larger count would need more memory still
                     continue
                 r["n"] = n
                 rows.append(r)
@@ -242,21 +329,44 @@ def main() -> int:
                       f"(processes PSS {r['per_episode_pss_bytes'] / 2**20:.1f}, containers "
                       f"{r['per_episode_container_bytes'] / 2**20:.1f}), {r['open']['processes']} processes, "
                       f"opened in {r['open_s']:.1f} s", flush=True)
-            for a, b in zip(rows, rows[1:]):  # the cost of one more episode, fixed costs cancelled
-                tot = {r["n"]: r["per_episode_total_bytes"] * r["n"] for r in (a, b)}
-                b["marginal_bytes_per_episode_from_previous"] = (tot[b["n"]] - tot[a["n"]]) / (b["n"] - a["n"])
             res.data["envs"][env][mode] = rows
     old = Path(args.out) / "bench_memory.json"
     if args.merge and old.is_file():
-        prev = json.loads(old.read_text())
-        for k, v in prev.get("envs", {}).items():
-            if k not in res.data["envs"]:
-                res.data["envs"][k] = v
-                res.data.setdefault("from_earlier_run", {})[k] = prev.get("command")
-        for k, v in prev.get("skipped", {}).items():
-            if k.split("/")[0] not in [e.strip() for e in args.envs.split(",")]:
-                res.data["skipped"].setdefault(k, v)
+        _merge(res, json.loads(old.read_text()))
+    for modes in res.data["envs"].values():
+        for rows in modes.values():
+            for r in rows:
+                r.pop("marginal_bytes_per_episode_from_previous", None)
+            for a, b in zip(rows, rows[1:]):  # the cost of one more episode, fixed costs cancelled
+                tot = {r["n"]: r["per_episode_total_bytes"] * r["n"] for r in (a, b)}
+                b["marginal_bytes_per_episode_from_previous"] = (tot[b["n"]] - tot[a["n"]]) / (b["n"] - a["n"])
     return C.finish(res, plot)
+
+
+def _merge(res: C.Result, prev: dict[str, Any]) -> None:
+    """Keep ``prev``'s rows (and skips) for every (env, mode, count) this run did not measure; each kept row
+    is listed under ``from_earlier_run`` ("env/mode/n" -> the command that measured it)."""
+    earlier = prev.get("from_earlier_run", {})
+    ran = set()
+    for env, modes in res.data["envs"].items():
+        for mode, rows in modes.items():
+            ran |= {f"{env}/{mode}/{r['n']}" for r in rows}
+    ran |= set(res.data["skipped"])
+    for env, modes in prev.get("envs", {}).items():
+        for mode, rows in modes.items():
+            mine = res.data["envs"].setdefault(env, {}).setdefault(mode, [])
+            for r in rows:
+                key = f"{env}/{mode}/{r['n']}"
+                if key in ran:
+                    continue
+                mine.append(r)
+                # older files name the command per env; newer ones per env/mode/n
+                res.data.setdefault("from_earlier_run", {})[key] = earlier.get(key, earlier.get(env, prev.get("command")))
+            mine.sort(key=lambda r: r["n"])
+    for k, v in prev.get("skipped", {}).items():
+        if k not in ran and not any(k == f"{e}/{m}/{r['n']}" for e, ms in res.data["envs"].items()
+                                    for m, rs in ms.items() for r in rs):
+            res.data["skipped"].setdefault(k, v)
 
 
 def _available(env: str) -> str | None:
