@@ -43,23 +43,22 @@ ENVS: dict[str, dict[str, Any]] = {
 # concurrent episodes measured per env on this machine (2 cores, 23 GiB shared by several developers).
 # The issue asks for 8/32/128; where fewer are listed the reason is in SCALED_DOWN.
 SIZES: dict[str, dict[str, list[int]]] = {
-    "Chess": {"ours": [8, 32], "gym_async": [8, 32]},
+    "Chess": {"ours": [8, 32, 128], "gym_async": [8, 32]},
     "WebShop": {"ours": [8, 32, 128], "gym_async": [8]},
-    "ALFWorld": {"ours": [8, 32], "gym_async": [8]},
-    "ScienceWorld": {"ours": [8, 16], "gym_async": [8]},
-    "R2EGym": {"ours": [8, 32], "gym_async": [8]},
+    "ALFWorld": {"ours": [8, 32, 128], "gym_async": [8, 32]},
+    "ScienceWorld": {"ours": [8, 32], "gym_async": [8, 32]},
+    "R2EGym": {"ours": [8, 32, 128], "gym_async": [8, 32]},
 }
 # episodes opened at once: 32 Stockfish engines starting together on 2 cores at load ~15 missed the engine's 10 s
 # UCI start-up timeout (ResourceStartError), so resets go in waves; the memory held afterwards is the same.
 WAVE = 8
 
 SCALED_DOWN = {
-    "Chess": "one Stockfish process per episode (~85 MiB PSS): 128 would take ~11 GB of a shared 23 GiB machine",
-    "ALFWorld": "128 concurrent resets (1.5-5 s of CPU each) take several minutes on 2 shared cores",
-    "ScienceWorld": "one JVM (~230 MB at -Xmx400m) per concurrent episode: 32 would take ~7 GB of a shared 23 GiB "
-                    "machine and 128 ~30 GB",
-    "R2EGym": "128 containers on a Docker engine shared with other developers' tests",
-    "gym_async": "one full interpreter per env; 8 (Chess: 32) workers already show the per-process cost, larger n "
+    "ScienceWorld": "one JVM per concurrent episode (~117 MiB PSS at reset, its heap growing towards -Xmx400m, "
+                    "~230 MB, as an episode runs): 128 would take ~15 GB at reset and ~30 GB once the heaps grow, "
+                    "more than this shared 23 GiB machine has",
+    "gym_async": "one full interpreter per env: 8 and 32 workers show the per-process cost (WebShop: 8 only, each "
+                 "worker loads its own catalogue, ~225 MiB: 32 would take ~7 GB and several minutes), larger n "
                  "scales linearly (one process each)",
 }
 
@@ -111,7 +110,7 @@ def container_memory(label_filters: list[str]) -> dict[str, Any]:
     return {"containers": len(seen), "bytes": total, "per_container": per}
 
 
-async def hold_ours(env: str, n: int) -> dict[str, Any]:
+async def hold_ours(env: str, n: int, manager_id: str | None = None) -> dict[str, Any]:
     import gymnasium
 
     import agentfly_gym  # noqa: F401
@@ -123,7 +122,9 @@ async def hold_ours(env: str, n: int) -> dict[str, Any]:
         kwargs[d["cap_key"]] = n
     base = tree_memory(os.getpid())
     t0 = time.monotonic()
-    async with ResourceManager() as m:
+    # the driver names the manager (``--child ... <manager id>``) so it can remove this run's containers if the
+    # child is killed (timeout, memory guard) before it could close them
+    async with ResourceManager(manager_id=manager_id) as m:
         envs = [gymnasium.make(d["id"], manager=m, **kwargs).unwrapped for _ in range(n)]
         try:
             sem = asyncio.Semaphore(WAVE)
@@ -163,38 +164,120 @@ def hold_gym(env: str, n: int) -> dict[str, Any]:
         time.sleep(1.0)
         mem = tree_memory(os.getpid())
         cont = None
-        if env == "R2EGym":
-            import psutil
+        import psutil
 
-            pids = [q.pid for q in psutil.Process().children(recursive=True)]
+        pids = [q.pid for q in psutil.Process().children(recursive=True)]
+        if env == "R2EGym":
             cont = container_memory([f"agentfly.pid={p}" for p in pids])
     finally:
         venv.close()
-    return {"baseline": base, "open": mem, "containers": cont, "open_s": t_open}
+    # the workers' own managers label their containers with the worker's pid: any still there once the
+    # workers are gone were left behind by ``close``; count them (reported) and remove them
+    left = _remove_containers([f"agentfly.pid={p}" for p in pids]) if env == "R2EGym" else 0
+    return {"baseline": base, "open": mem, "containers": cont, "open_s": t_open, "worker_containers_left": left}
 
 
-def child(env: str, n: int, mode: str) -> int:
+def child(env: str, n: int, mode: str, manager_id: str | None = None) -> int:
     C.setup_env_vars()
     import gymnasium  # noqa: F401  (imports in the baseline)
 
     import agentfly_gym  # noqa: F401
 
-    out = asyncio.run(hold_ours(env, n)) if mode == "ours" else hold_gym(env, n)
+    out = asyncio.run(hold_ours(env, n, manager_id)) if mode == "ours" else hold_gym(env, n)
     print("RESULT " + json.dumps(out), flush=True)
     return 0
 
 
 # ----------------------------------------------------------------------------- driver
-def run_child(env: str, n: int, mode: str, timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", env, str(n), mode]
+class MemoryGuardError(RuntimeError):
+    """The machine's available memory fell below ``--min-available-gib`` while a measurement ran."""
+
+
+def _remove_containers(label_filters: list[str]) -> int:
+    """Remove the containers matching any of ``label_filters`` (``key=value``, naming only this run's); how many
+    there were."""
+    try:
+        import docker
+
+        client = docker.from_env()
+        left = {c.id: c for f in label_filters for c in client.containers.list(all=True, filters={"label": f})}
+        for c in left.values():
+            c.remove(force=True)
+        client.close()
+        return len(left)
+    except Exception:  # noqa: BLE001  (no Docker engine: nothing of ours can be left there)
+        return 0
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def run_child(env: str, n: int, mode: str, timeout: float, min_available: float = 0.0) -> dict[str, Any]:
+    """Measure one (env, n, mode) in a fresh interpreter in its own process group.
+
+    The group (the child, its workers, JVMs and engines) is killed when ``timeout`` seconds pass or the
+    machine's available memory falls below ``min_available`` bytes (:class:`MemoryGuardError`); the
+    containers labelled with this measurement's manager id are removed in every case.
+    """
+    import signal
+    import uuid
+
+    import psutil
+
+    manager_id = f"benchmem-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", env, str(n), mode, manager_id]
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
-    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    measured = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.gmtime()), "loadavg_at_start": list(os.getloadavg())}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+                         start_new_session=True)
+    low = psutil.virtual_memory().available
+    stopped = None
+    try:
+        while True:
+            try:
+                out, err = p.communicate(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                low = min(low, psutil.virtual_memory().available)
+                if time.monotonic() - t0 > timeout:
+                    stopped = f"timed out after {timeout:.0f} s"
+                elif low < min_available:
+                    stopped = (f"available memory fell to {low / 2**30:.1f} GiB "
+                               f"(< --min-available-gib {min_available / 2**30:g})")
+                if stopped:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    out, err = p.communicate()
+                    break
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        stray: list[int] = []
+        for _ in range(20):  # an engine or JVM may need a moment to see its pipe close: left = still there after 10 s
+            stray = [q.pid for q in psutil.process_iter() if _pgid(q.pid) == p.pid]
+            if not stray:
+                break
+            time.sleep(0.5)
+        if stray:  # a worker, JVM or engine that outlived the child (it kept the group): none may stay behind
+            os.killpg(p.pid, signal.SIGKILL)
+        left = _remove_containers([f"agentfly.manager={manager_id}"])
+    if stopped:
+        err_cls = MemoryGuardError if "memory" in stopped else TimeoutError
+        raise err_cls(f"child {env} n={n} {mode} {stopped}; {left} of its containers removed")
+    lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
-        errs = [x.strip() for x in (p.stderr or p.stdout).splitlines() if "Error" in x and not x.startswith(" ")]
+        errs = [x.strip() for x in (err or out).splitlines() if "Error" in x and not x.startswith(" ")]
         raise RuntimeError(f"child {env} n={n} {mode} exited {p.returncode}: {errs[-1] if errs else 'no error line'}")
     r = json.loads(lines[-1][7:])
     r["wall_s"] = time.monotonic() - t0
+    r["min_available_bytes"] = low
+    r["containers_left_after_close"] = left + r.pop("worker_containers_left", 0)
+    r["processes_left_after_close"] = len(stray)
+    r["measured"] = measured
     proc = r["open"]["pss"] - r["baseline"]["pss"]
     cont = (r["containers"] or {}).get("bytes", 0)
     r["per_episode_pss_bytes"] = proc / n
@@ -206,13 +289,18 @@ def run_child(env: str, n: int, mode: str, timeout: float) -> dict[str, Any]:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        return child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        return child(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
     p = C.base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--envs", default=",".join(ENVS), help="comma-separated env names")
     p.add_argument("--modes", default="ours,gym_async")
     p.add_argument("--sizes", default=None, help="override the concurrent episode counts, e.g. 8,32")
     p.add_argument("--timeout", type=float, default=420.0, help="seconds one measurement may take")
-    p.add_argument("--merge", action="store_true", help="keep the other envs' numbers of an existing result file")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the numbers of an existing result file that this run does not re-measure "
+                        "(per env, mode and count)")
+    p.add_argument("--min-available-gib", type=float, default=0.0,
+                   help="stop a measurement (and the larger counts of that env and mode) when the machine's "
+                        "available memory falls below this many GiB")
     args = p.parse_args()
     C.setup_env_vars()
     res = C.Result("bench_memory", args)
@@ -233,8 +321,10 @@ def main() -> int:
             rows = []
             for n in sizes:
                 with C.skip_on_error(res, f"{env}/{mode}/{n}", trace=False, prefix="") as guard:
-                    r = run_child(env, n, mode, args.timeout)
+                    r = run_child(env, n, mode, args.timeout, args.min_available_gib * 2**30)
                 if guard.failed:
+                    if "available memory" in res.data["skipped"].get(f"{env}/{mode}/{n}", ""):
+                        break  # a larger count would need more memory still
                     continue
                 r["n"] = n
                 rows.append(r)
@@ -242,21 +332,44 @@ def main() -> int:
                       f"(processes PSS {r['per_episode_pss_bytes'] / 2**20:.1f}, containers "
                       f"{r['per_episode_container_bytes'] / 2**20:.1f}), {r['open']['processes']} processes, "
                       f"opened in {r['open_s']:.1f} s", flush=True)
-            for a, b in zip(rows, rows[1:]):  # the cost of one more episode, fixed costs cancelled
-                tot = {r["n"]: r["per_episode_total_bytes"] * r["n"] for r in (a, b)}
-                b["marginal_bytes_per_episode_from_previous"] = (tot[b["n"]] - tot[a["n"]]) / (b["n"] - a["n"])
             res.data["envs"][env][mode] = rows
     old = Path(args.out) / "bench_memory.json"
     if args.merge and old.is_file():
-        prev = json.loads(old.read_text())
-        for k, v in prev.get("envs", {}).items():
-            if k not in res.data["envs"]:
-                res.data["envs"][k] = v
-                res.data.setdefault("from_earlier_run", {})[k] = prev.get("command")
-        for k, v in prev.get("skipped", {}).items():
-            if k.split("/")[0] not in [e.strip() for e in args.envs.split(",")]:
-                res.data["skipped"].setdefault(k, v)
+        _merge(res, json.loads(old.read_text()))
+    for modes in res.data["envs"].values():
+        for rows in modes.values():
+            for r in rows:
+                r.pop("marginal_bytes_per_episode_from_previous", None)
+            for a, b in zip(rows, rows[1:]):  # the cost of one more episode, fixed costs cancelled
+                tot = {r["n"]: r["per_episode_total_bytes"] * r["n"] for r in (a, b)}
+                b["marginal_bytes_per_episode_from_previous"] = (tot[b["n"]] - tot[a["n"]]) / (b["n"] - a["n"])
     return C.finish(res, plot)
+
+
+def _merge(res: C.Result, prev: dict[str, Any]) -> None:
+    """Keep ``prev``'s rows (and skips) for every (env, mode, count) this run did not measure; each kept row
+    is listed under ``from_earlier_run`` ("env/mode/n" -> the command that measured it)."""
+    earlier = prev.get("from_earlier_run", {})
+    ran = set()
+    for env, modes in res.data["envs"].items():
+        for mode, rows in modes.items():
+            ran |= {f"{env}/{mode}/{r['n']}" for r in rows}
+    ran |= set(res.data["skipped"])
+    for env, modes in prev.get("envs", {}).items():
+        for mode, rows in modes.items():
+            mine = res.data["envs"].setdefault(env, {}).setdefault(mode, [])
+            for r in rows:
+                key = f"{env}/{mode}/{r['n']}"
+                if key in ran:
+                    continue
+                mine.append(r)
+                # older files name the command per env; newer ones per env/mode/n
+                res.data.setdefault("from_earlier_run", {})[key] = earlier.get(key, earlier.get(env, prev.get("command")))
+            mine.sort(key=lambda r: r["n"])
+    for k, v in prev.get("skipped", {}).items():
+        if k not in ran and not any(k == f"{e}/{m}/{r['n']}" for e, ms in res.data["envs"].items()
+                                    for m, rs in ms.items() for r in rs):
+            res.data["skipped"].setdefault(k, v)
 
 
 def _available(env: str) -> str | None:

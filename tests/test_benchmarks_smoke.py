@@ -153,3 +153,33 @@ def test_memory_counts_one_engine_per_episode_and_one_process_per_gym_env(runs):
     assert ours["open"]["processes"] == 1 + 2
     assert gym["open"]["processes"] == 1 + 2 + 2
     assert ours["per_episode_pss_bytes"] > 0 and gym["per_episode_pss_bytes"] > 0
+    # closing every episode ends every engine and worker the measurement started (its process group)
+    assert ours["processes_left_after_close"] == gym["processes_left_after_close"] == 0
+    assert ours["containers_left_after_close"] == gym["containers_left_after_close"] == 0
+
+
+def test_memory_merge_keeps_rows_not_measured_again():
+    """``--merge`` replaces only the (env, mode, count) rows a run measured and keeps the others, each
+    named under ``from_earlier_run``; marginal costs are recomputed by the driver afterwards."""
+    import argparse
+
+    sys.path.insert(0, str(BENCH))
+    import _common as C
+    import bench_memory as bm
+
+    res = C.Result("bench_memory", argparse.Namespace(out="unused", seed=0, scale=1.0))
+    res.data["envs"] = {"ALFWorld": {"ours": [{"n": 128, "per_episode_total_bytes": 1.0}]}}
+    prev = {"command": "old run", "skipped": {"ALFWorld/ours/128": "too slow", "Chess/ours/128": "memory"},
+            "from_earlier_run": {"Chess": "older run"},
+            "envs": {"ALFWorld": {"ours": [{"n": 8, "per_episode_total_bytes": 3.0},
+                                           {"n": 128, "per_episode_total_bytes": 9.0}],
+                                  "gym_async": [{"n": 8, "per_episode_total_bytes": 5.0}]},
+                     "Chess": {"ours": [{"n": 32, "per_episode_total_bytes": 7.0}]}}}
+    bm._merge(res, prev)
+    envs = res.data["envs"]
+    assert [(r["n"], r["per_episode_total_bytes"]) for r in envs["ALFWorld"]["ours"]] == [(8, 3.0), (128, 1.0)]
+    assert envs["ALFWorld"]["gym_async"] == prev["envs"]["ALFWorld"]["gym_async"]
+    assert envs["Chess"]["ours"] == prev["envs"]["Chess"]["ours"]
+    assert res.data["from_earlier_run"] == {"ALFWorld/ours/8": "old run", "ALFWorld/gym_async/8": "old run",
+                                            "Chess/ours/32": "older run"}
+    assert res.data["skipped"] == {"Chess/ours/128": "memory"}  # the re-measured count's old skip is gone
