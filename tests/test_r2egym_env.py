@@ -235,3 +235,31 @@ async def test_idle_containers_are_removed_after_max_idle_time(manager, r2e_dock
         await asyncio.sleep(0.2)
     assert not manager.closed and manager.metrics()[key]["recycled"] == 1
     assert R2EGymEnv(tasks=FIXTURES / "tasks.jsonl", backend="sandbox").max_idle_time == 300.0
+
+
+def test_async_vector_env_workers_leave_no_container_after_close(r2e_docker_image, docker_client):
+    """Gymnasium's ``AsyncVectorEnv``: each worker process makes its env on its own default manager, and a
+    ``multiprocessing`` worker ends with ``os._exit`` (no ``atexit``); closing the vector env must still
+    remove the workers' containers (found by the memory benchmark: all of them were left running)."""
+    from gymnasium.vector import AsyncVectorEnv
+
+    def make():
+        return gymnasium.make("agentfly/R2EGym-v0", tasks=FIXTURES / "tasks.jsonl", backend="docker",
+                              image=r2e_docker_image)
+
+    venv = AsyncVectorEnv([make, make], shared_memory=False)
+    pids = [p.pid for p in venv.processes]
+    try:
+        venv.reset(seed=[0, 1])
+
+        def containers() -> list:
+            return [c for pid in pids
+                    for c in docker_client.containers.list(all=True, filters={"label": [f"agentfly.pid={pid}"]})]
+
+        assert len(containers()) >= 2, "each worker runs its episode in a container"
+    finally:
+        venv.close()
+    deadline = time.monotonic() + 60
+    while left := containers():
+        assert time.monotonic() < deadline, f"containers of closed workers still up: {[c.name for c in left]}"
+        time.sleep(0.5)

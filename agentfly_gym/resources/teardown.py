@@ -4,8 +4,8 @@ One owner: every :class:`~agentfly_gym.resources.ResourceManager` keeps a regist
 instances it built and registers itself here (:func:`watch`) when it is created; so does the
 cluster-wide :class:`~agentfly_gym.resources.ray.RayResourceManager` (its ``close_sync`` detaches
 from the cluster pools, whose last user stops their instances).  At interpreter
-exit (``atexit``: a normal exit, an uncaught exception, Ctrl-C's ``KeyboardInterrupt``) and on
-SIGTERM, :func:`close_all_sync` calls ``terminate_sync()`` on every live instance of every
+exit (``atexit``: a normal exit, an uncaught exception, Ctrl-C's ``KeyboardInterrupt``; in a
+``multiprocessing`` child, whose exit skips ``atexit``, its exit finalizers) and on SIGTERM, :func:`close_all_sync` calls ``terminate_sync()`` on every live instance of every
 manager not yet closed, in parallel threads (removing a container takes a round trip to the
 engine), bounded by :data:`TERMINATE_TIMEOUT` seconds.
 
@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 TERMINATE_TIMEOUT = 30.0
 """Seconds :func:`terminate_all` waits for the instances' ``terminate_sync`` calls together."""
 
-_live_managers: weakref.WeakSet[Any] = weakref.WeakSet()  # ResourceManager or RayResourceManager
+# ResourceManager or RayResourceManager -> the pid that made it (a forked child must not tear down its parent's)
+_live_managers: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 _atexit_registered = False
+_finalizer_pid: int | None = None  # the process that registered the multiprocessing finalizer
 _lock = threading.Lock()
 
 
@@ -63,14 +65,29 @@ def watch(manager: Any, *, run_first: bool = False) -> None:
     """
     global _atexit_registered
     with _lock:
-        _live_managers.add(manager)
+        _live_managers[manager] = os.getpid()
         if run_first and _atexit_registered:
             atexit.unregister(_close_all_at_exit)
             _atexit_registered = False
         if not _atexit_registered:
             atexit.register(_close_all_at_exit)
             _atexit_registered = True
+        _finalize_in_multiprocessing_child()
     install()
+
+
+def _finalize_in_multiprocessing_child() -> None:
+    """In a ``multiprocessing`` child (e.g. a worker of Gymnasium's ``AsyncVectorEnv``), also tear down
+    when its target returns: such a child ends with ``os._exit``, which skips ``atexit``, but first
+    runs ``multiprocessing``'s own exit finalizers."""
+    global _finalizer_pid
+    import multiprocessing
+    import multiprocessing.util
+
+    # per process: a forked child inherits this module's flags but not the parent's finalizers
+    if _finalizer_pid != os.getpid() and multiprocessing.parent_process() is not None:
+        multiprocessing.util.Finalize(None, _close_all_at_exit, exitpriority=100)
+        _finalizer_pid = os.getpid()
 
 
 def terminate_all(instances: Iterable[Resource], *, timeout: float = TERMINATE_TIMEOUT) -> None:
@@ -105,9 +122,10 @@ def terminate_all(instances: Iterable[Resource], *, timeout: float = TERMINATE_T
 
 
 def close_all_sync() -> None:
-    """Tear down every live instance of every manager not yet closed (synchronously)."""
+    """Tear down every live instance of every manager this process made and has not closed (synchronously)."""
+    pid = os.getpid()
     with _lock:
-        managers = [m for m in list(_live_managers) if not m.closed]
+        managers = [m for m, owner in list(_live_managers.items()) if owner == pid and not m.closed]
     for m in managers:
         try:
             m.close_sync()
