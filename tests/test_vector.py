@@ -175,3 +175,25 @@ def test_batch_reset_beyond_pool_capacity_is_refused_at_once():
             venv.reset(seed=0)
     finally:
         venv.close()
+
+
+def test_gymnasium_async_vector_env_forked_after_a_sync_env_was_used():
+    """A sync env used in this process starts the background loop; a worker forked afterwards (Gymnasium's
+    ``AsyncVectorEnv``, ``fork`` start method) inherits the loop object but not its thread, and used to wait
+    forever on it.  The worker must start its own loop and play."""
+    import multiprocessing
+
+    env = gymnasium.make("agentfly/Chess-v0")
+    env.reset(seed=0)
+    env.close()
+    venv = gymnasium.vector.AsyncVectorEnv([lambda: gymnasium.make("agentfly/Chess-v0")] * 2, shared_memory=False,
+                                           context="fork")
+    try:
+        venv.reset_async(seed=[0, 1])
+        try:
+            obs, _info = venv.reset_wait(timeout=120)
+        except multiprocessing.TimeoutError:
+            pytest.fail("the forked workers did not reset within 120 s (waiting on the parent's loop?)")
+        assert all("Puzzle" in o for o in obs)
+    finally:
+        venv.close(terminate=True)

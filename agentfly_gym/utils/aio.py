@@ -4,12 +4,17 @@ Gymnasium's ``reset``/``step`` are synchronous; ours wrap the async methods by r
 them on one daemon thread's loop, so the same resources (and the default resource
 manager of that loop) serve every sync caller, also from inside a running loop such as
 a notebook's.  Nothing starts at import: the thread is created on first use.
+
+A forked child (e.g. a worker of Gymnasium's ``AsyncVectorEnv`` with the ``fork`` start method)
+inherits the loop object but not its thread: it forgets the parent's loop and starts its own on
+first use (and so gets its own default manager), instead of waiting forever on a loop nobody runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -19,12 +24,23 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
+_fork_hook = False
+
+
+def _forget_parent_loop() -> None:
+    """In a forked child: the parent's loop thread does not exist here; start afresh on first use."""
+    global _lock, _loop, _thread
+    _lock = threading.Lock()
+    _loop = _thread = None
 
 
 def background_loop() -> asyncio.AbstractEventLoop:
     """The background loop, started on first call."""
-    global _loop, _thread
+    global _loop, _thread, _fork_hook
     with _lock:
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=_forget_parent_loop)
+            _fork_hook = True
         if _loop is None or _loop.is_closed():
             loop = asyncio.new_event_loop()
             ready = threading.Event()
