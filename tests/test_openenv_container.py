@@ -156,9 +156,10 @@ async def test_server_that_never_answers_fails_reset_clearly(echo_image, docker_
 def test_closed_envs_leave_no_container_past_the_idle_time(echo_image, docker_client):
     """Sync envs on the default manager (which lives until process exit): after ``close()`` the pool keeps a
     fresh container idle, so the next env reuses it warm (one start), and removes it once ``max_idle_time``
-    (300 s by default, 8 s here) has passed with nobody acquiring it; the manager stays open."""
+    (300 s by default; 20 s here, so that the second env still comes before it under load) has passed with
+    nobody acquiring it; the manager stays open."""
     kw = dict(image=echo_image, action_field="message", observation_field="echoed_message", max_servers=1,
-              container={"cpus": 0.5, "memory": "256m", "max_idle_time": 8.0})
+              container={"cpus": 0.5, "memory": "256m", "max_idle_time": 20.0})
     first = OpenEnvEnv(**kw)
     key = first.container_spec.key
 

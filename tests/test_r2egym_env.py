@@ -237,6 +237,28 @@ async def test_idle_containers_are_removed_after_max_idle_time(manager, r2e_dock
     assert R2EGymEnv(tasks=FIXTURES / "tasks.jsonl", backend="sandbox").max_idle_time == 300.0
 
 
+def test_async_vector_env_forked_after_the_parent_used_docker(r2e_docker_image, docker_client):
+    """A worker forked after the parent used Docker (any container env before, in the same process) inherits
+    the parent's Docker thread pool, whose threads do not exist in the child but count as idle: the worker's
+    reset waited on it until ``reset_timeout`` (found by CI, where earlier tests had used the pool)."""
+    from gymnasium.vector import AsyncVectorEnv
+
+    from agentfly_gym.resources.containers.docker.engine import docker_pool, get_client
+
+    list(docker_pool().map(lambda _: get_client().ping(), range(8)))  # the parent's pool now has idle threads
+
+    def make():
+        return gymnasium.make("agentfly/R2EGym-v0", tasks=FIXTURES / "tasks.jsonl", backend="docker",
+                              image=r2e_docker_image, reset_timeout=120)
+
+    venv = AsyncVectorEnv([make, make], shared_memory=False, context="fork")
+    try:
+        obs, _ = venv.reset(seed=[0, 1])
+        assert len(obs) == 2
+    finally:
+        venv.close()
+
+
 def test_async_vector_env_workers_leave_no_container_after_close(r2e_docker_image, docker_client):
     """Gymnasium's ``AsyncVectorEnv``: each worker process makes its env on its own default manager, and a
     ``multiprocessing`` worker ends with ``os._exit`` (no ``atexit``); closing the vector env must still

@@ -307,6 +307,16 @@ _WORKER: _TranslationWorker | None = None
 _WORKER_LOCK = threading.Lock()
 
 
+def _forget_parent_worker() -> None:
+    """In a forked child: the parent's worker thread does not exist here and its pipes are the parent's;
+    start a worker of this process's own on first use."""
+    global _WORKER, _WORKER_LOCK
+    _WORKER, _WORKER_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_worker)
+
+
 def start_translation_worker() -> _TranslationWorker | None:
     """The process's one translation worker, started on the first call (a child process that imports
     Fast Downward in the background) and replaced when it broke or made :data:`WORKER_REQUESTS`

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import struct
 import threading
 from collections.abc import Callable, Iterator
@@ -20,6 +21,18 @@ _client_lock = threading.Lock()
 _client: Any = None
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _probe: bool | None = None
+
+
+def _forget_parent_pool() -> None:
+    """In a forked child (a worker of Gymnasium's ``AsyncVectorEnv``): the parent's pool threads do not exist
+    here, yet the copied executor counts them as idle and would queue work that nobody runs; and the client's
+    pooled connections are the parent's sockets.  Start both afresh on first use."""
+    global _client_lock, _client, _pool
+    _client_lock = threading.Lock()
+    _client = _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_parent_pool)
 
 
 def docker_module():

@@ -29,6 +29,17 @@ _watched: dict[str, DockerContainer] = {}  # container id -> instance whose disk
 _watch_thread: threading.Thread | None = None
 
 
+def _forget_parent_watch() -> None:
+    """In a forked child: the parent's watchdog thread does not exist here and its containers are the parent's."""
+    global _watch_lock, _watched, _watch_thread
+    _watch_lock = threading.Lock()
+    _watched = {}
+    _watch_thread = None
+
+
+os.register_at_fork(after_in_child=_forget_parent_watch)
+
+
 def _tree_bytes(root: str, stop_at: int) -> int:
     """Bytes allocated below ``root`` (``st_blocks * 512``, hard links once), stopping past ``stop_at``."""
     total, seen = 0, set()
