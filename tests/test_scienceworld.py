@@ -238,3 +238,18 @@ async def test_issue_case_204_step_gold_path_finishes_under_the_default_limit():
         assert terminated and not truncated and info["won"], (steps, info)
         assert 200 < steps < env.max_episode_steps  # the old default, 200, truncated it
         await env.aclose()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_a_jvm_that_cannot_start_is_a_clear_error_and_no_late_exception(monkeypatch):
+    """No ``java`` on PATH: ResourceUnavailable that says so; the package's half-made ``ScienceWorldEnv`` must
+    not raise AttributeError ('_gateway') from its ``__del__`` in a later garbage collection (it did, in CI)."""
+    import gc
+
+    from agentfly_gym.envs.scienceworld.simulator import ScienceWorldSimulator
+    from agentfly_gym.errors import ResourceUnavailable
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ResourceUnavailable, match="needs Java 11"):
+        ScienceWorldSimulator()
+    gc.collect()

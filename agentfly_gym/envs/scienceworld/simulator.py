@@ -114,8 +114,16 @@ class ScienceWorldSimulator:
             old = os.environ.get("JAVA_TOOL_OPTIONS")
             if java_heap is not None:
                 os.environ["JAVA_TOOL_OPTIONS"] = f"{old} -Xmx{java_heap}" if old else f"-Xmx{java_heap}"
+            env = env_cls.__new__(env_cls)
             try:
-                self._env = env_cls(envStepLimit=env_step_limit)
+                try:
+                    env.__init__(envStepLimit=env_step_limit)
+                except BaseException:
+                    # the package's __del__ would call close() on the half-made instance and raise
+                    # AttributeError ('_gateway') from inside a later garbage collection
+                    env.close = _noop
+                    raise
+                self._env = env
             except FileNotFoundError as e:
                 raise ResourceUnavailable(f"ScienceWorld needs Java 11+ ('java' on PATH): {e}") from e
             except Exception as e:
