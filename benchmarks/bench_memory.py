@@ -298,9 +298,9 @@ def main() -> int:
     p.add_argument("--merge", action="store_true",
                    help="keep the numbers of an existing result file that this run does not re-measure "
                         "(per env, mode and count)")
-    p.add_argument("--min-available-gib", type=float, default=0.0,
+    p.add_argument("--min-available-gib", type=float, default=2.0,
                    help="stop a measurement (and the larger counts of that env and mode) when the machine's "
-                        "available memory falls below this many GiB")
+                        "available memory falls below this many GiB (default 2; 0 turns the guard off)")
     args = p.parse_args()
     C.setup_env_vars()
     res = C.Result("bench_memory", args)
