@@ -253,3 +253,22 @@ def test_a_jvm_that_cannot_start_is_a_clear_error_and_no_late_exception(monkeypa
     with pytest.raises(ResourceUnavailable, match="needs Java 11"):
         ScienceWorldSimulator()
     gc.collect()
+
+
+def test_a_closed_sync_env_leaves_no_jvm_past_the_idle_time():
+    """A sync env on the default manager (which lives until process exit): after ``close()`` its JVM waits
+    idle for the next env, then stops ``max_idle_time`` seconds later (300 by default, 3 here); the manager
+    stays open.  Before, idle JVMs stayed until process exit."""
+    env = gymnasium.make("agentfly/ScienceWorld-v0", task_name="boil", max_idle_time=3.0)
+    env.reset(seed=0)
+    env.step("look around")
+    manager = env.unwrapped.manager
+    env.close()
+    assert _scienceworld_jvms(), "the JVM waits idle for the next env first"
+    deadline = time.monotonic() + 90
+    while _scienceworld_jvms():
+        assert time.monotonic() < deadline, "the idle JVM was not stopped after max_idle_time"
+        time.sleep(0.2)
+    assert not manager.closed
+    with pytest.raises(ConfigError, match="max_idle_time"):
+        ScienceWorldEnv(max_idle_time="soon")

@@ -105,8 +105,10 @@ class ResourceSpec:
             raise ConfigError(f"min_idle={self.min_idle!r} must be an integer in [0, max_instances={self.max_instances}]")
         if self.max_uses is not None and (not isinstance(self.max_uses, int) or self.max_uses < 1):
             raise ConfigError(f"max_uses={self.max_uses!r} must be None or an integer >= 1")
-        if self.max_idle_time is not None and self.max_idle_time <= 0:
-            raise ConfigError(f"max_idle_time={self.max_idle_time!r} must be None or > 0 seconds")
+        if self.max_idle_time is not None and (isinstance(self.max_idle_time, bool)
+                                               or not isinstance(self.max_idle_time, (int, float))
+                                               or not self.max_idle_time > 0):
+            raise ConfigError(f"max_idle_time={self.max_idle_time!r} must be None or a number of seconds > 0")
         if self.start_timeout <= 0:
             raise ConfigError(f"start_timeout={self.start_timeout!r} must be > 0 seconds")
         for f in dataclasses.fields(self):

@@ -67,7 +67,8 @@ def find_stockfish(path: str | os.PathLike | None = None) -> str:
         "`apt-get install stockfish`, macOS: `brew install stockfish`) or pass stockfish_path=<executable>.")
 
 
-def engine_spec(path: str, *, max_engines: int = 4, threads: int = 1, hash_mb: int = 16) -> InProcessSpec:
+def engine_spec(path: str, *, max_engines: int = 4, threads: int = 1, hash_mb: int = 16,
+                max_idle_time: float | None = 300.0) -> InProcessSpec:
     """The resource spec of a pool of Stockfish engines.
 
     Args:
@@ -75,6 +76,8 @@ def engine_spec(path: str, *, max_engines: int = 4, threads: int = 1, hash_mb: i
         max_engines: pool capacity: the most Stockfish processes alive at once for this spec.
         threads: the UCI ``Threads`` option per engine.
         hash_mb: the UCI ``Hash`` option per engine, in MiB.
+        max_idle_time: seconds an idle engine waits for the next episode before it is stopped (as
+            containers and ScienceWorld's JVMs); ``None`` keeps idle engines until the manager closes.
 
     Raises:
         ConfigError: a value is out of range.
@@ -86,7 +89,8 @@ def engine_spec(path: str, *, max_engines: int = 4, threads: int = 1, hash_mb: i
     if not isinstance(hash_mb, int) or hash_mb < 1:
         raise ConfigError(f"engine_hash_mb={hash_mb!r} must be an integer >= 1 (MiB)")
     return InProcessSpec(factory=ENGINE_FACTORY, kwargs={"path": path, "threads": threads, "hash_mb": hash_mb},
-                         max_instances=max_engines, start_timeout=60.0, close_timeout=15.0, name="stockfish")
+                         max_instances=max_engines, max_idle_time=max_idle_time, start_timeout=60.0,
+                         close_timeout=15.0, name="stockfish")
 
 
 def _popen_uci(path: str, timeout: float) -> chess.engine.SimpleEngine:

@@ -104,6 +104,9 @@ class ScienceWorldEnv(AgentFlyEnv):
         max_simulators: the most ScienceWorld JVMs (~230 MB each with the default heap) the
             manager runs for envs with these settings; further episodes wait for a free one.
         java_heap: the JVM's ``-Xmx`` (``"400m"``); ``None`` for the JVM default (~1.2 GB RSS).
+        max_idle_time: seconds a JVM the pool keeps idle (after an episode or a closed env) waits for
+            the next episode before it is stopped (default 300, as containers); ``None`` keeps idle JVMs
+            until the manager closes (for the default manager of sync envs: process exit).
         manager, step_timeout (seconds; default 60), reset_timeout (seconds, includes waiting
             for a free JVM), max_episode_steps (default 1000: gold paths reach 770 steps, e.g.
             inclined-plane-friction-named-surfaces:1086, in the sampled census of
@@ -127,7 +130,8 @@ class ScienceWorldEnv(AgentFlyEnv):
 
     def __init__(self, *, task_name: str | int | None = None, variation: int | None = None, split: str = "train",
                  simplification: str = "easy", with_admissible_actions: bool = False, max_simulators: int = 4,
-                 java_heap: str | None = "400m", manager: ResourceManager | None = None,
+                 java_heap: str | None = "400m", max_idle_time: float | None = 300.0,
+                 manager: ResourceManager | None = None,
                  step_timeout: float | None = 60.0, reset_timeout: float | None = 900.0,
                  max_episode_steps: int | None = 1000, render_mode: str | None = None) -> None:
         super().__init__(manager=manager, step_timeout=step_timeout, reset_timeout=reset_timeout,
@@ -139,7 +143,8 @@ class ScienceWorldEnv(AgentFlyEnv):
         self.with_admissible_actions = bool(with_admissible_actions)
         if isinstance(max_simulators, bool) or not isinstance(max_simulators, int) or max_simulators < 1:
             raise ConfigError(f"max_simulators={max_simulators!r} must be an integer >= 1")
-        self.resource_spec = self.simulator_spec(max_simulators=max_simulators, java_heap=java_heap)
+        self.resource_spec = self.simulator_spec(max_simulators=max_simulators, java_heap=java_heap,
+                                                 max_idle_time=max_idle_time)
         self._sim: ScienceWorldProxy | None = None
         self._admissible = self.with_admissible_actions
         self._gold: list[str] | None = None
@@ -149,10 +154,16 @@ class ScienceWorldEnv(AgentFlyEnv):
         return [self.resource_spec]
 
     @staticmethod
-    def simulator_spec(*, max_simulators: int = 4, java_heap: str | None = "400m") -> InProcessSpec:
-        """The pool spec of the simulators: envs with equal settings share one pool of JVMs."""
+    def simulator_spec(*, max_simulators: int = 4, java_heap: str | None = "400m",
+                       max_idle_time: float | None = 300.0) -> InProcessSpec:
+        """The pool spec of the simulators: envs with equal settings share one pool of JVMs.
+
+        Raises:
+            ConfigError: ``max_idle_time`` is not ``None`` or a number of seconds > 0.
+        """
         return InProcessSpec(factory=FACTORY, kwargs={"java_heap": java_heap}, max_instances=max_simulators,
-                             start_timeout=120.0, close_timeout=30.0, name="scienceworld")
+                             max_idle_time=max_idle_time, start_timeout=120.0, close_timeout=30.0,
+                             name="scienceworld")
 
     # ------------------------------------------------------------------ episode
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
