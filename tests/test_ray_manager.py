@@ -199,6 +199,36 @@ def test_fifo_timeout_and_cancelled_acquisitions_strand_nothing(cluster, tmp_pat
     asyncio.run(main())
 
 
+def test_idle_instances_stop_after_max_idle_time_and_the_next_lease_starts_one(cluster, tmp_path):
+    """As in the local pool: an instance nobody leases again within ``max_idle_time`` is stopped (its object
+    closed, counted as ``recycled``) while the manager stays open; a later lease starts a fresh one."""
+    events = tmp_path / "events"
+    events.mkdir()
+    spec = InProcessSpec(factory="raytools:Counted", kwargs={"events_dir": str(events)}, max_instances=2,
+                         max_idle_time=2.0)
+
+    async def main():
+        async with RayResourceManager(placement=SIM) as m:
+            pool = m.pool(spec)
+            a, b = await pool.acquire(), await pool.acquire()
+            await pool.release(a)
+            await pool.release(b)
+            assert (await pool.fetch_snapshot())["idle"] == 2
+            deadline = time.monotonic() + 60
+            while (snap := await pool.fetch_snapshot())["live"]:
+                assert time.monotonic() < deadline, f"idle instances still live: {snap}"
+                await asyncio.sleep(0.2)
+            assert snap["recycled"] == 2 and snap["idle"] == 0
+            assert all(stop is not None for _start, stop in lifetimes(events)), "the objects were not closed"
+            c = await pool.acquire()
+            snap = await pool.fetch_snapshot()
+            await pool.release(c)
+            return snap
+
+    snap = asyncio.run(main())
+    assert snap["started"] == 3 and snap["live"] == 1
+
+
 def test_global_resource_is_one_per_cluster_or_per_node(cluster, tmp_path):
     spec = counted(tmp_path, 4)
 

@@ -236,12 +236,13 @@ class PoolActor:
         self._client_nodes: dict[str, str] = {}
         self._client_owners: dict[str, dict[str, Any]] = {}  # client id -> its process (see client_owner)
         self._watch: asyncio.Task | None = None
+        self._expiry: asyncio.TimerHandle | None = None  # the next max_idle_time check, while one is due
         self._globals: dict[str, str] = {}  # global key ("cluster" or a node id) -> lease id
         self._global_holders: dict[str, set[str]] = {}
         self._global_locks: dict[str, asyncio.Lock] = {}
         self._closed = False
         self._n = 0
-        self._stats = {"acquires": 0, "started": 0, "reused": 0, "died": 0, "timeouts": 0, "cancelled": 0,
+        self._stats = {"acquires": 0, "started": 0, "reused": 0, "died": 0, "recycled": 0, "timeouts": 0, "cancelled": 0,
                        "wait_total": 0.0, "wait_max": 0.0, "start_total": 0.0, "peak_live": 0, "peak_in_use": 0}
 
     # ------------------------------------------------------------------ clients
@@ -489,6 +490,30 @@ class PoolActor:
             inst.handle.park.remote()
         except Exception:  # noqa: BLE001, S110 - a dead host is found on the next reset
             pass
+        self._schedule_expiry()
+
+    def _schedule_expiry(self) -> None:
+        """Schedule :meth:`_expire_idle` for when the longest-idle instance reaches ``spec.max_idle_time``."""
+        ttl = self.spec.max_idle_time
+        if ttl is None or self._closed or not self._idle or self._expiry is not None:
+            return
+        oldest = min(self._instances[i].idle_since for i in self._idle)
+        delay = max(0.0, oldest + ttl - time.monotonic())
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._expire_idle)
+
+    def _expire_idle(self) -> None:
+        """Stop the instances idle for ``spec.max_idle_time`` seconds or more (as the local pool does)."""
+        self._expiry = None
+        if self._closed:
+            return
+        ttl = self.spec.max_idle_time
+        now = time.monotonic()
+        for iid in list(self._idle):
+            if now - self._instances[iid].idle_since >= ttl:
+                self._idle.remove(iid)  # nobody takes it while it stops; it counts as live until then
+                self._stats["recycled"] += 1
+                asyncio.get_running_loop().create_task(self._discard(iid))
+        self._schedule_expiry()
 
     def _wake(self) -> None:
         """A slot came free: give it to the first waiter (who starts a new instance), else idle instances stay."""
@@ -576,6 +601,7 @@ class PoolActor:
         return {"spec": self.spec.label, "capacity": self.capacity, "in_use": len(self._leases),
                 "idle": len(self._idle), "waiting": len(self._waiters), "starting": self._starting,
                 "live": len(self._instances), "started": s["started"], "reused": s["reused"], "died": s["died"],
+                "recycled": s["recycled"],
                 "acquires": s["acquires"], "timeouts": s["timeouts"], "cancelled": s["cancelled"],
                 "peak_live": s["peak_live"], "wait_mean": s["wait_total"] / s["acquires"] if s["acquires"] else 0.0,
                 "wait_max": s["wait_max"], "start_mean": s["start_total"] / s["started"] if s["started"] else 0.0,
@@ -592,6 +618,9 @@ class PoolActor:
         self._closed = True
         if self._watch is not None and self._watch is not asyncio.current_task():
             self._watch.cancel()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         while self._waiters:
             _lid, _node, fut = self._waiters.popleft()
             if not fut.done():
