@@ -495,20 +495,23 @@ class PoolActor:
     def _schedule_expiry(self) -> None:
         """Schedule :meth:`_expire_idle` for when the longest-idle instance reaches ``spec.max_idle_time``."""
         ttl = self.spec.max_idle_time
-        if ttl is None or self._closed or not self._idle or self._expiry is not None:
+        if ttl is None or self._closed or len(self._idle) <= self.spec.min_idle or self._expiry is not None:
             return
         oldest = min(self._instances[i].idle_since for i in self._idle)
         delay = max(0.0, oldest + ttl - time.monotonic())
         self._expiry = asyncio.get_running_loop().call_later(delay, self._expire_idle)
 
     def _expire_idle(self) -> None:
-        """Stop the instances idle for ``spec.max_idle_time`` seconds or more (as the local pool does)."""
+        """Stop the instances idle for ``spec.max_idle_time`` seconds or more, oldest first, keeping
+        ``spec.min_idle`` idle ones (as the local pool does)."""
         self._expiry = None
         if self._closed:
             return
         ttl = self.spec.max_idle_time
         now = time.monotonic()
-        for iid in list(self._idle):
+        for iid in sorted(self._idle, key=lambda i: self._instances[i].idle_since):
+            if len(self._idle) <= self.spec.min_idle:
+                break
             if now - self._instances[iid].idle_since >= ttl:
                 self._idle.remove(iid)  # nobody takes it while it stops; it counts as live until then
                 self._stats["recycled"] += 1
