@@ -26,6 +26,15 @@ _auto_lock = threading.Lock()
 _auto_choice: str | None = None
 
 
+def _forget_parent_lock() -> None:
+    """In a forked child: a fork during the parent's probe copies the lock held, with no thread to free it."""
+    global _auto_lock
+    _auto_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_lock)
+
+
 def _auto() -> str:
     """``"docker"`` if an engine answers, else ``"sandbox"``; decided once per process, logged."""
     global _auto_choice
