@@ -74,6 +74,13 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def check_max_idle_time(value: Any) -> None:
+    """Raise ConfigError unless ``value`` is ``None`` or a number of seconds > 0 (a spec's ``max_idle_time``;
+    envs that build their specs later check it with this at construction)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise ConfigError(f"max_idle_time={value!r} must be None or a number of seconds > 0")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ResourceSpec:
     """Base of all specs: pool settings shared by every kind.
@@ -105,10 +112,7 @@ class ResourceSpec:
             raise ConfigError(f"min_idle={self.min_idle!r} must be an integer in [0, max_instances={self.max_instances}]")
         if self.max_uses is not None and (not isinstance(self.max_uses, int) or self.max_uses < 1):
             raise ConfigError(f"max_uses={self.max_uses!r} must be None or an integer >= 1")
-        if self.max_idle_time is not None and (isinstance(self.max_idle_time, bool)
-                                               or not isinstance(self.max_idle_time, (int, float))
-                                               or not self.max_idle_time > 0):
-            raise ConfigError(f"max_idle_time={self.max_idle_time!r} must be None or a number of seconds > 0")
+        check_max_idle_time(self.max_idle_time)
         if self.start_timeout <= 0:
             raise ConfigError(f"start_timeout={self.start_timeout!r} must be > 0 seconds")
         for f in dataclasses.fields(self):

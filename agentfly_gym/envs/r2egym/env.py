@@ -34,7 +34,7 @@ from typing import Any
 from ...errors import ConfigError, DataNotFoundError, EnvError
 from ...resources.containers.api import ContainerResource, ExecResult
 from ...resources.manager import ResourceManager, RolloutScope
-from ...resources.spec import ContainerSpec
+from ...resources.spec import ContainerSpec, check_max_idle_time
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
 from .actions import ActionParseError, ToolCall, find_blocks, parse_action
@@ -215,9 +215,7 @@ class R2EGymEnv(AgentFlyEnv):
         self.image = image
         self.cpus, self.memory, self.pids, self.disk = cpus, memory, pids, disk
         self.max_containers = max_containers
-        if max_idle_time is not None and (isinstance(max_idle_time, bool) or not isinstance(max_idle_time, (int, float))
-                                          or not max_idle_time > 0):
-            raise ConfigError(f"max_idle_time={max_idle_time!r} must be None or a number of seconds > 0")
+        check_max_idle_time(max_idle_time)
         self.max_idle_time = max_idle_time
         self.bash_timeout, self.test_timeout, self.max_output = bash_timeout, test_timeout, max_output
         self._task: R2ETask | None = None
