@@ -63,6 +63,10 @@ if ! [ -x "$UV" ] || [ "$("$UV" --version 2>/dev/null | cut -d' ' -f2)" != "$UV_
 fi
 # shellcheck source=scripts/uv-env.sh
 BOOT_PY=$PY source scripts/uv-env.sh
+# fast-downward-textworld (ALFWorld's planner) comes only as a source release: uv builds it (C++, about a minute
+# on an idle 2-core machine; uv's cache keeps the result only where the index sends cache headers); a second
+# set-up running at the same time waits for the first one's build instead of failing
+export UV_LOCK_TIMEOUT=${UV_LOCK_TIMEOUT:-1800}
 echo "setup: installing the locked Python packages (requirements/lock.txt) into $prefix"
 start=$SECONDS
 "$UV" pip install --python "$PY" -r requirements/lock.txt
