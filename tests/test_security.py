@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import stat
 import sys
 import uuid
 from pathlib import Path
@@ -230,3 +231,111 @@ async def test_disk_limit_holds(backend_spec, manager):
             assert await box.status() == ResourceStatus.UNHEALTHY
         else:
             assert mode == "storage-opt" and "No space left on device" in r.output, r.output
+
+
+# ------------------------------------------------------------------------------------- stalls from model output
+def _unblock_fifos(root: Path) -> None:
+    """Open every FIFO below ``root`` for reading and writing once, so that a host thread stuck in a
+    blocking ``open`` of one (the defect these tests catch) returns and the test run can end."""
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            try:
+                if stat.S_ISFIFO(os.lstat(p).st_mode):
+                    os.close(os.open(p, os.O_RDWR | os.O_NONBLOCK))
+            except OSError:
+                pass
+
+
+async def test_fifo_where_the_host_reads_or_writes_never_blocks(backend_spec, manager):
+    """A FIFO planted at a path the host writes (``put_files``) is replaced, one at a path it reads
+    (``get_file``) reads as missing: neither call blocks a host thread."""
+    async with manager.scope("fifo") as scope:
+        box = await scope.acquire(_spec(backend_spec))
+        r = await box.exec("mkdir -p /tmp/.afg_r2e && mkfifo /tmp/.afg_r2e/payload.json /tmp/.afg_r2e/out "
+                           "/testbed/run_tests.sh && echo ok", user="root")
+        assert r.output.strip() == "ok", r.output
+        try:
+            await asyncio.wait_for(box.put_files({"/tmp/.afg_r2e/payload.json": "{}", "/testbed/run_tests.sh": "x"}), 10)
+            with pytest.raises(FileNotFoundError):
+                await asyncio.wait_for(box.get_file("/tmp/.afg_r2e/out"), 10)
+        finally:
+            if backend_spec["backend"] == "sandbox":
+                _unblock_fifos(box.state_dir)
+        r = await box.exec("cat /tmp/.afg_r2e/payload.json /testbed/run_tests.sh; test -f /testbed/run_tests.sh && echo reg",
+                           user="root")
+        assert r.output == "{}xreg\n", r.output
+
+
+def _xml(tool: str, **params) -> str:
+    body = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in params.items())
+    return f"<function={tool}>\n{body}</function>"
+
+
+R2E_TASKS = Path(__file__).parent / "fixtures" / "r2e" / "tasks.jsonl"
+#: a file_editor call (within the env's action length) whose payload is too long for the command line
+#: (each "é" is 6 bytes of JSON), so the env writes it to /tmp/.afg_r2e/payload.json with put_files
+#: (R2E-Gym's env, _MAX_ARGV_PAYLOAD)
+BIG_EDIT = _xml("file_editor", command="create", path="/testbed/big.txt", file_text="é" * 20_000)
+
+
+@pytest.mark.timeout(300)
+async def test_r2e_fifo_episodes_keep_the_thread_pool(sandbox_dir, tmp_path):
+    """Eight R2E-Gym episodes in a row each plant FIFOs where the env writes (payload.json, run_tests.sh)
+    and then use the tool and submit: every step answers, the default thread pool is still free
+    afterwards, and the manager closes promptly.  (Before the fix the sixth episode exhausted a 2-core
+    host's default pool of 6 threads, each stuck in ``open()`` of a FIFO.)"""
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap")
+    from agentfly_gym.envs.r2egym import R2EGymEnv
+
+    m = ResourceManager()
+    env = R2EGymEnv(tasks=R2E_TASKS, manager=m, backend="sandbox", image="host", max_containers=1)
+    plant = _xml("execute_bash", cmd="mkdir -p /tmp/.afg_r2e && mkfifo /tmp/.afg_r2e/payload.json "
+                                     "/tmp/.afg_r2e/run_tests.sh && echo planted")
+    states: list[Path] = []
+    try:
+        for episode in range(8):
+            await asyncio.wait_for(env.areset(options={"task_id": "minicalc-bug1"}), 60)
+            states.append(env._box.state_dir)
+            obs, *_ = await asyncio.wait_for(env.astep(plant), 30)
+            assert "planted" in obs, obs
+            obs, reward, term, trunc, info = await asyncio.wait_for(env.astep(BIG_EDIT), 30)
+            assert not (term or trunc) and info["error"] is None and "ERROR" not in obs, (episode, obs)
+            obs, reward, term, trunc, info = await asyncio.wait_for(env.astep(_xml("finish")), 60)
+            assert (term or trunc) and reward == 0.0, (episode, obs, info)
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: 42), 5) == 42  # the pool still has threads
+    finally:
+        for s in states:
+            if s.exists():
+                _unblock_fifos(s)
+        await env.aclose()
+        t0 = asyncio.get_running_loop().time()
+        await asyncio.wait_for(m.aclose(), 60)
+    assert asyncio.get_running_loop().time() - t0 < 30
+
+
+async def test_symlink_at_a_written_path_is_an_observation_in_the_vector_env(sandbox_dir):
+    """A symlink the model plants where the env writes a file (pointing out of the writable paths)
+    ends that sub-env's episode with reward 0 and ``info["error"]``; the batch step does not raise
+    and the other sub-env steps on."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap")
+    from agentfly_gym.envs.r2egym import R2EGymEnv
+    from agentfly_gym.vector import AsyncTextVectorEnv
+
+    passwd = Path("/etc/passwd").read_bytes()
+    m = ResourceManager()
+    venv = AsyncTextVectorEnv([lambda: R2EGymEnv(tasks=R2E_TASKS, manager=m, backend="sandbox", image="host")] * 2)
+    try:
+        await venv.areset(options={"task_id": "minicalc-bug1"})
+        link = _xml("execute_bash", cmd="mkdir -p /tmp/.afg_r2e && ln -sf /etc/passwd /tmp/.afg_r2e/payload.json")
+        obs, rew, term, trunc, infos = await venv.astep([link, _xml("execute_bash", cmd="echo fine")])
+        assert not trunc.any() and "fine" in obs[1]
+        obs, rew, term, trunc, infos = await asyncio.wait_for(venv.astep([BIG_EDIT, _xml("execute_bash", cmd="echo on")]), 60)
+        assert trunc[0] and rew[0] == 0.0 and "SandboxPathError" in infos["error"][0], (obs[0], infos)
+        assert not trunc[1] and infos["error"][1] is None and "on" in obs[1]
+        assert Path("/etc/passwd").read_bytes() == passwd  # the host file was not written
+    finally:
+        await venv.aclose()
+        await m.aclose()

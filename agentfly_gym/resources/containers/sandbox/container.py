@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -86,7 +87,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ....errors import ConfigError, ResourceDied, ResourceStartError, ResourceUnavailable
+from ....errors import ConfigError, ModelOutputError, ResourceDied, ResourceStartError, ResourceUnavailable
 from ...base import ResourceStatus
 from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
 from ..output import OutputBuffer
@@ -115,9 +116,12 @@ SANDBOX_UID_BASE = 1_600_000_000
 instance draws ``SANDBOX_UID_BASE + randbelow(2**24)``, an id no account uses."""
 
 
-class SandboxPathError(ConfigError):
-    """A container path given to ``put_files``/``get_file`` is relative, outside the writable
-    paths of the sandbox (for writes), or not reachable from the host (e.g. ``/proc``)."""
+class SandboxPathError(ModelOutputError, ConfigError):
+    """A container path given to ``put_files``/``get_file`` leads outside the writable paths of the
+    sandbox (for writes), to a place not reachable from the host (e.g. ``/proc``), through a symlink
+    loop, or onto a folder.  Symlinks on the way are the model's doing, so this is a
+    :class:`~agentfly_gym.errors.ModelOutputError` (an environment's step turns it into a handled
+    observation); a relative path, the caller's mistake, is a plain :class:`ConfigError`."""
 
 
 def sandbox_root() -> Path:
@@ -613,7 +617,7 @@ class SandboxContainer(ContainerResource):
             SandboxPathError: relative path, or a symlink loop.
         """
         if not isinstance(path, str) or not path.startswith("/"):
-            raise SandboxPathError(f"path {path!r} must be an absolute path inside the container")
+            raise ConfigError(f"path {path!r} must be an absolute path inside the container")
         parts = [p for p in path.split("/") if p not in ("", ".")]
         done: list[str] = []
         hops = 0
@@ -655,11 +659,14 @@ class SandboxContainer(ContainerResource):
         """Write files into the private state (absolute container paths; parents created).
 
         Symlinks on the way are followed as the sandbox would follow them.  ``str`` content
-        is written as UTF-8.
+        is written as UTF-8.  Whatever else than a regular file sits at a path (a FIFO, a socket,
+        a symlink made meanwhile) is replaced, as ``docker cp`` replaces it; nothing is opened
+        in a way that could block (``O_NONBLOCK``) or follow a link (``O_NOFOLLOW``).
 
         Raises:
-            SandboxPathError: a path is relative or outside the writable paths (``/tmp``,
-                ``/root``, the workdir, read-write mounts); nothing is written then.
+            ConfigError: a path is relative; nothing is written then.
+            SandboxPathError: a path leads outside the writable paths (``/tmp``, ``/root``, the
+                workdir, read-write mounts; nothing is written then), or onto a folder.
             ResourceDied: the sandbox was released or its private folder is gone.
         """
         self._check_alive()
@@ -675,20 +682,60 @@ class SandboxContainer(ContainerResource):
                 with contextlib.suppress(OSError):
                     os.chown(p, *owner, follow_symlinks=False)
             blob = data.encode() if isinstance(data, str) else bytes(data)
-            fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+            fd = SandboxContainer._open_regular_for_write(host, mode)
             with os.fdopen(fd, "wb") as f:
                 f.write(blob)
                 with contextlib.suppress(OSError):
                     os.fchown(f.fileno(), *owner)
-            os.chmod(host, mode)
+                os.fchmod(f.fileno(), mode)
+
+    @staticmethod
+    def _open_regular_for_write(host: Path, mode: int) -> int:
+        """A descriptor of the regular file at ``host``, emptied, or of a new one.
+
+        The sandbox's user owns the folder and may have left anything at ``host``: a FIFO (whose
+        blocking ``open`` would hang this thread until a reader comes, i.e. forever), a socket, a
+        symlink.  Such an entry is removed first; the open itself never blocks and never follows
+        a link, and what it opened is checked with ``fstat``.
+
+        Raises:
+            SandboxPathError: ``host`` is a folder, or the entry keeps changing under us.
+        """
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        for _ in range(8):
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(host)
+                if stat.S_ISDIR(st.st_mode):
+                    raise SandboxPathError(f"{host.name!r} is a folder in the sandbox, not a file")
+                if not stat.S_ISREG(st.st_mode):
+                    os.unlink(host)
+            try:
+                fd = os.open(host, flags, mode)
+            except OSError as e:  # a symlink (ELOOP) or a FIFO without reader (ENXIO) made since the lstat
+                if e.errno in (errno.ELOOP, errno.ENXIO, errno.EEXIST, errno.ENOENT):
+                    continue
+                if e.errno == errno.EISDIR:
+                    raise SandboxPathError(f"{host.name!r} is a folder in the sandbox, not a file") from None
+                raise
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.ftruncate(fd, 0)
+                os.set_blocking(fd, True)
+                return fd
+            os.close(fd)  # a FIFO with a reader: replace it
+        raise SandboxPathError(f"{host.name!r} keeps changing in the sandbox; refusing to write it")
 
     async def get_file(self, path: str, *, max_bytes: int = 10_000_000) -> bytes:
         """Read one file visible in the sandbox (private state, mounts or the read-only root).
 
+        The host never blocks on what the sandbox left at ``path``: the file is opened with
+        ``O_NONBLOCK | O_NOFOLLOW`` and read only when ``fstat`` says it is a regular file (a FIFO,
+        socket or device reads as missing).
+
         Raises:
-            FileNotFoundError: no such file (or it is a directory).
-            SandboxPathError: a relative path, one not reachable from the host (``/proc``, ``/dev``),
-                or one the sandbox's user may not read (e.g. a masked host secret).
+            ConfigError: a relative path.
+            FileNotFoundError: no such file (or it is a directory, a FIFO or another non-regular file).
+            SandboxPathError: a path not reachable from the host (``/proc``, ``/dev``), one the
+                sandbox's user may not read (e.g. a masked host secret), or a symlink loop.
             ConfigError: the file is larger than ``max_bytes``.
             ResourceDied: the sandbox was released or its private folder is gone.
         """
@@ -702,9 +749,13 @@ class SandboxContainer(ContainerResource):
     @staticmethod
     def _read_file(path: str, host: Path, max_bytes: int, uid: int) -> bytes:
         try:
-            fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             raise FileNotFoundError(f"no such file in the sandbox: {path}") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a symlink made since the path was resolved
+                raise SandboxPathError(f"path {path!r} changed into a symlink while it was read") from None
+            raise
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
