@@ -10,6 +10,7 @@ process that must be gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
@@ -218,19 +219,68 @@ async def test_disk_limit_holds(backend_spec, manager):
             used = sum(int(line.split()[0]) for line in r.output.splitlines()[-2:])
             assert used <= 64, r.output
             return
-        # Docker: storage_opt where the engine has quotas, else RLIMIT_FSIZE and the watchdog, which kills
-        # the container once its writable layer holds more than the limit
+        # Docker: the writable layer on a loop-mounted file system (root beside a local engine), else
+        # storage_opt where the engine has quotas, else RLIMIT_FSIZE and the watchdog, which kills the
+        # container once its writable layer holds more than the limit
         mode = box.describe()["limits_enforced"]["disk"]
-        assert mode in ("storage-opt", "watchdog"), mode
+        assert mode in ("volume", "storage-opt", "watchdog"), mode
         try:
             r = await box.exec(one_file, user="root", timeout=120)
             assert int(r.output.rsplit("size=", 1)[1]) <= limit, r.output
-            r = await box.exec(many_files + "; sleep 30", user="root", timeout=60)
+            r = await box.exec(many_files + ("" if mode == "volume" else "; sleep 30"), user="root", timeout=60)
         except ResourceDied as e:
             assert mode == "watchdog" and "disk limit" in str(e), e
             assert await box.status() == ResourceStatus.UNHEALTHY
         else:
-            assert mode == "storage-opt" and "No space left on device" in r.output, r.output
+            assert mode in ("volume", "storage-opt") and "No space left on device" in r.output, r.output
+
+
+def _du(path: str) -> tuple[int, int]:
+    """(bytes allocated, inodes) below ``path`` on the host, as ``du`` counts them."""
+    blocks = inodes = 0
+    for dirpath, dirs, files in os.walk(path):
+        for n in dirs + files:
+            with contextlib.suppress(OSError):
+                blocks += os.lstat(os.path.join(dirpath, n)).st_blocks
+            inodes += 1
+    return blocks * 512, inodes
+
+
+async def test_docker_disk_inodes_and_log_are_capped_by_the_kernel(docker_client, manager):
+    """Docker, as a model would attack it: 2 GB written at full speed against a 256 MB limit, 300,000
+    symlinks, and 20 MB into the container's log (``/proc/1/fd/1``).  On the host the writable layer
+    holds at most the limit (no polling watchdog involved), the inodes at most ``disk / 8 KiB``, and
+    the log at most about 2 MB."""
+    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.resources.containers.sandbox.volume import BYTES_PER_INODE
+
+    if os.geteuid() != 0:
+        pytest.skip("the loop-mounted writable layer needs a root manager beside a local engine")
+    limit = 256 * 1024 * 1024
+    async with manager.scope("docker-disk") as scope:
+        box = await scope.acquire(ContainerSpec(image=build_base_image(), backend="docker", disk=limit, memory="512m"))
+        assert box.describe()["limits_enforced"]["disk"] == "volume"
+        info = docker_client.api.inspect_container(box.container_id)
+        upper, log_path = info["GraphDriver"]["Data"]["UpperDir"], info["LogPath"]
+        r = await box.exec("head -c 20M /dev/zero > /proc/1/fd/1; echo logged", user="root", timeout=60)
+        assert "logged" in r.output
+        await asyncio.sleep(1.0)  # the engine copies the stream to the log file asynchronously
+        logged = sum(p.stat().st_size for p in Path(log_path).parent.glob(Path(log_path).name + "*"))
+        assert logged <= 2.5 * 1024 * 1024, f"the container log holds {logged} bytes on the host"
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        r = await box.exec("dd if=/dev/zero of=/tmp/big bs=4M count=512 2>&1", user="root", timeout=120)
+        took = loop.time() - t0
+        used, _ = _du(upper)
+        assert "No space left on device" in r.output, r.output
+        assert used <= limit + 1024 * 1024, f"{used} bytes on the host against a {limit} limit ({took:.1f} s)"
+        r = await box.exec("rm -f /tmp/big; mkdir /tmp/l && cd /tmp/l && python3 -c \"import os\n"
+                           "n = 0\ntry:\n    while n < 300000: os.symlink('/tmp', str(n)); n += 1\n"
+                           "except OSError as e: print(e.strerror)\nprint('made', n)\"", user="root", timeout=300)
+        made = int(r.output.rsplit("made", 1)[1])
+        assert made < 300_000 and "No space left on device" in r.output, r.output
+        _, inodes = _du(upper)
+        assert inodes <= limit // BYTES_PER_INODE + 100, inodes
 
 
 # ------------------------------------------------------------------------------------- stalls from model output

@@ -163,6 +163,8 @@ class ContainerSpec(ResourceSpec):
         disk: limit in bytes on what the container may write (``"10g"`` style strings are parsed;
             ``None`` for no limit).  Sandbox: the private writable state lives on a file system of
             this size (a loop-mounted ext4 image; writes past it fail with ``ENOSPC``).  Docker: the
+            container's writable layer on such a file system where the manager is root beside a local
+            overlay2 engine (disk and inodes, one per 8 KiB, enforced by the kernel), else the
             engine's ``--storage-opt size`` where its storage driver supports it, else no file may
             grow past it (``RLIMIT_FSIZE``) and a host-side watchdog stops the container's processes
             once its writable layer exceeds it.  ``describe()["limits_enforced"]["disk"]`` says which.
