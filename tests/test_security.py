@@ -389,3 +389,51 @@ async def test_symlink_at_a_written_path_is_an_observation_in_the_vector_env(san
     finally:
         await venv.aclose()
         await m.aclose()
+
+
+# ------------------------------------------------------------------------------------- the host itself
+async def test_network_sandbox_cannot_reach_the_hosts_loopback(backend_spec, manager):
+    """With ``network=True`` a server on the host's 127.0.0.1 (a py4j gateway, a model server) does not
+    answer from inside: not at 127.0.0.1 (the sandbox's own loopback), not through the user-mode
+    network's host address (10.0.2.2, sandbox) or the bridge's gateway (Docker), while the sandbox has
+    its own interface with a default route (outbound access)."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    probe = ("import socket, subprocess\n"
+             "hosts = ['127.0.0.1', '10.0.2.2', '172.17.0.1']\n"
+             "for h in hosts:\n"
+             "    s = socket.socket(); s.settimeout(3)\n"
+             f"    try: s.connect((h, {port})); print(h, 'CONNECTED')\n"
+             "    except OSError as e: print(h, 'NOT-REACHED', e)\n"
+             "print(open('/proc/net/route').read())\n")
+    try:
+        async with manager.scope("net") as scope:
+            box = await scope.acquire(_spec(backend_spec, network=True))
+            r = await box.exec(["python3", "-c", probe], user="root", timeout=60)
+    finally:
+        srv.close()
+    assert "CONNECTED" not in r.output, r.output
+    assert r.output.count("NOT-REACHED") == 3, r.output
+    routes = [line.split() for line in r.output.splitlines() if line.count("\t") >= 2]
+    assert any(f[1] == "00000000" and f[0] != "lo" for f in routes[1:]), r.output  # a default route: outbound
+
+
+async def test_no_host_path_in_pid1_environment_or_command_lines(backend_spec, manager, sandbox_dir):
+    """From inside, ``/proc/1/environ`` and every ``/proc/*/cmdline`` hold no host path of the project,
+    of its cache or of the sandbox's private folder (bwrap's options reach it through a descriptor, and
+    it runs with a minimal environment)."""
+    repo = str(Path(__file__).resolve().parents[1])
+    secrets_ = [repo, str(sandbox_dir), os.environ.get("AGENTFLY_GYM_CACHE") or "/nonexistent-cache"]
+    secrets_ += [p for p in (os.getcwd(), os.environ.get("VIRTUAL_ENV")) if p and p != "/"]
+    show = ("tr '\\0' '\\n' < /proc/1/environ; echo; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done; "
+            "readlink /proc/1/cwd")
+    async with manager.scope("proc") as scope:
+        box = await scope.acquire(_spec(backend_spec))
+        r = await box.exec(["/bin/sh", "-c", show], user="root")
+    assert r.ok and "PATH=" in r.output, r.output
+    for s in secrets_:
+        assert s not in r.output, (s, r.output)

@@ -36,9 +36,12 @@ Model of an instance:
   ``limits_enforced["disk"]`` is ``True``).  Elsewhere only ``RLIMIT_FSIZE`` holds (no single
   file past ``spec.disk``).
 * **One process tree per exec.**  Each :meth:`SandboxContainer.exec` starts a new ``bwrap``
-  (``--unshare-all``: new user, pid, ipc, uts, cgroup and network namespaces;
-  ``--share-net`` only when ``spec.network``; ``--die-with-parent``; ``--new-session``;
-  private ``/proc`` and ``/dev``; a cleared environment with ``spec.env``).  Files persist in
+  (``--unshare-all``: new user, pid, ipc, uts, cgroup and network namespaces; with ``spec.network``
+  the network namespace gets outbound-only user-mode networking from ``slirp4netns``, never the
+  host's network or loopback (see :mod:`.usernet`); ``--die-with-parent``; ``--new-session``;
+  private ``/proc`` and ``/dev``; a cleared environment with ``spec.env``).  bwrap's options, with
+  the host paths of the layout, are passed through a descriptor (``--args``) and bwrap itself runs
+  with a minimal environment, so that the sandbox's PID 1 (bwrap's reaper) shows neither.  Files persist in
   the private state between execs; **processes do not**: when an exec's command exits, its
   pid namespace ends and every process it left behind is killed.
 * **Limits** (``spec.memory``, ``spec.pids``, ``spec.cpus``), best available mode, chosen
@@ -97,6 +100,7 @@ from .argv import DEFAULT_PATH, SandboxLayout, exec_argv
 from .bwrap import bwrap_has, find_bwrap, seccomp_filter_bpf, setpriv, unshare
 from .cgroups import LIMIT_MODES, detect_limit_mode, kill_cgroups, make_cgroups, remove_cgroups
 from .rootfs import HOST_ENTRIES, SKIP_ROOTFS, host_secrets, resolve_rootfs
+from .usernet import UserNetwork, find_slirp4netns
 from .volume import mount_volume, unmount_under
 
 __all__ = ["MARKER_NAME", "SANDBOX_DIR_ENV", "SANDBOX_UID_BASE", "SandboxContainer", "SandboxPathError", "create",
@@ -277,10 +281,14 @@ class SandboxContainer(ContainerResource):
         raise ConfigError(f"user={user!r} is unknown: not a number 'uid[:gid]' and not in {passwd}")
 
     def _argv(self, cmd: list[str], workdir: str, env: dict[str, str], user: str,
-              fds: list[int]) -> list[str]:
+              fds: list[int], ours: list[int] | None = None) -> list[str]:
         """The command line of one exec (built by :func:`.argv.exec_argv` from this instance's
         layout); the descriptors it passes are appended to ``fds`` (the caller closes them once the
-        process has started).
+        process has started).  With ``spec.network``, ``ours`` receives the caller's ends of the
+        user-mode network handshake (bwrap's info pipe, read end; its block pipe, write end).
+
+        bwrap's options (with every host path of the layout) go through a descriptor (``--args``),
+        so that the command line of the sandbox's PID 1, bwrap's reaper, shows none of them.
 
         bwrap runs as the instance's unprivileged host user, so it can only bind host folders
         that user may reach.  A source below a folder closed to others (e.g. a Python or a
@@ -306,6 +314,22 @@ class SandboxContainer(ContainerResource):
         full_env.update(env)
         cgroups = self._cgroups if self.limit_mode in ("cgroup1", "cgroup2") else []
         file_blocks = max(1, spec.disk // 512) if spec.disk and self._volume is None else None
+        net_fds = None
+        if spec.network:
+            info_r, info_w = os.pipe2(os.O_CLOEXEC)
+            block_r, block_w = os.pipe2(os.O_CLOEXEC)
+            fds += [info_w, block_r]
+            if ours is not None:
+                ours += [info_r, block_w]
+            net_fds = (info_w, block_r)
+
+        def hide(options: list[str]) -> list[str]:
+            fd = os.memfd_create("agentfly-bwrap-args", os.MFD_CLOEXEC)
+            fds.append(fd)
+            os.write(fd, b"".join(o.encode() + b"\0" for o in options))
+            os.lseek(fd, 0, os.SEEK_SET)
+            return ["--args", str(fd)]
+
         return exec_argv(layout, cmd, workdir=workdir, env=full_env, uid=uid, gid=gid, home=home,
                          bwrap=self._bwrap or "bwrap", network=bool(spec.network),
                          disable_userns=bwrap_has("--disable-userns"),  # bubblewrap >= 0.8; seccomp refuses it too
@@ -313,7 +337,7 @@ class SandboxContainer(ContainerResource):
                          drop_to=(setpriv(), self.host_uid, self.host_gid) if unprivileged else None,
                          stage_point=self._stage_point, is_dir=os.path.isdir,
                          unshare=unshare, cgroup_dirs=cgroups,
-                         file_blocks=file_blocks)
+                         file_blocks=file_blocks, user_net_fds=net_fds, hide_options=hide)
 
     def _stage_point(self, path: str) -> str | None:
         """``None`` when the instance's host user may search every folder above ``path``; else the
@@ -351,6 +375,8 @@ class SandboxContainer(ContainerResource):
         t0 = time.monotonic()
         self._status = ResourceStatus.STARTING
         self._bwrap = find_bwrap()
+        if self.spec.network:
+            find_slirp4netns()
         self._plan_mounts()
         root = self._root or sandbox_root()
         try:
@@ -557,26 +583,39 @@ class SandboxContainer(ContainerResource):
             raise ConfigError(f"max_output={max_output!r} must be >= 1 characters")
         wd = workdir or self.spec.workdir or "/"
         fds: list[int] = []
+        ours: list[int] = []
         t0 = time.monotonic()
         try:
-            argv = self._argv(argv_cmd, wd, dict(env or {}), self.spec.user if user is None else user, fds)
+            argv = self._argv(argv_cmd, wd, dict(env or {}), self.spec.user if user is None else user, fds, ours)
+            # a minimal environment: bwrap's reaper (the sandbox's PID 1) keeps it, and the sandbox can read it
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, env={"PATH": os.environ.get("PATH", DEFAULT_PATH)}, pass_fds=fds,
+                start_new_session=True, env={"PATH": DEFAULT_PATH}, pass_fds=fds, cwd="/",
                 preexec_fn=self._preexec if self.limit_mode == "rlimit" else None)
         except FileNotFoundError as e:  # a bind source vanished under us (e.g. released meanwhile)
+            for fd in ours:
+                os.close(fd)
             self._check_alive()
             raise ResourceDied(f"sandbox {self.name}: {e}") from e
+        except BaseException:
+            for fd in ours:
+                os.close(fd)
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
         self._procs.add(proc)
         out = OutputBuffer(max_output)
         timed_out = False
+        net: UserNetwork | None = None
         try:
             try:
                 async with asyncio.timeout(timeout):
                     assert proc.stdout is not None
+                    if ours:
+                        info_r, block_w = ours
+                        ours.clear()  # attach() closes them
+                        net = await UserNetwork.attach(info_r, block_w)
                     while chunk := await proc.stdout.read(65536):
                         out.feed(chunk)
                     rc = await proc.wait()
@@ -596,6 +635,12 @@ class SandboxContainer(ContainerResource):
             raise
         finally:
             self._procs.discard(proc)
+            if net is not None:
+                await net.close()
+            elif ours:
+                for fd in ours:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
         if rc is not None and rc < 0 and not timed_out:  # the wrapper itself died of a signal
             rc = 128 - rc
         text, truncated = out.text(max_output)
@@ -779,16 +824,17 @@ def create(spec: ContainerSpec, labels: dict[str, str]) -> SandboxContainer:
     """
     _refuse_ports(spec)
     find_bwrap()
+    if spec.network:
+        find_slirp4netns()
     return SandboxContainer(spec, labels=labels)
 
 
 def _refuse_ports(spec: ContainerSpec) -> None:
     """The sandbox backend cannot publish ``spec.ports``; say why and what to use instead.
 
-    A sandbox either has its own network namespace (``network=False``: loopback only, which the
-    host cannot reach, and bubblewrap has no port forwarding) or shares the host's
-    (``--share-net``: a server inside would bind the host's own port, so two pooled instances
-    collide on it and it is open to every local process, with no engine to pick a free port).
+    A sandbox has its own network namespace (``network=False``: loopback only; ``network=True``: an
+    outbound-only user-mode network), which the host cannot connect into, and bubblewrap has no port
+    forwarding (nor an engine to pick a free host port).
 
     Raises:
         ResourceUnavailable: ``spec.ports`` is not empty.
