@@ -437,3 +437,25 @@ async def test_no_host_path_in_pid1_environment_or_command_lines(backend_spec, m
     assert r.ok and "PATH=" in r.output, r.output
     for s in secrets_:
         assert s not in r.output, (s, r.output)
+
+
+async def test_docker_gvisor_runtime_option(docker_client, manager):
+    """``ContainerSpec(runtime="runsc")`` runs the container under gVisor: model code talks to its
+    user-space kernel, not the host's (``dmesg`` is gVisor's, the kernel version is not the host's).
+    Skipped where the engine does not know the runtime ``runsc`` or it cannot start here."""
+    from agentfly_gym.errors import ResourceStartError
+    from agentfly_gym.resources.containers.images import build_base_image
+
+    if "runsc" not in (docker_client.info().get("Runtimes") or {}):
+        pytest.skip("the Docker engine has no runtime 'runsc' (install runsc; scripts/docker-engine.sh registers it)")
+    async with manager.scope("gvisor") as scope:
+        try:
+            box = await scope.acquire(ContainerSpec(image=build_base_image(), backend="docker", runtime="runsc",
+                                                    memory="512m", disk="256m"))
+        except ResourceStartError as e:
+            pytest.skip(f"runsc cannot run containers here: {e}")
+        r = await box.exec("dmesg | head -3; uname -r; echo done", user="root")
+    assert "gVisor" in r.output and "done" in r.output, r.output
+    assert os.uname().release not in r.output, r.output
+    with pytest.raises(Exception, match="Docker option"):
+        ContainerSpec(image="host", backend="sandbox", runtime="runsc")

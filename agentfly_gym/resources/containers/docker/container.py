@@ -208,6 +208,7 @@ class DockerContainer(ContainerResource):
                 binds={m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts} or None,
                 init=True,
                 port_bindings=_port_bindings(spec.ports),
+                runtime=spec.runtime,
                 log_config=docker.types.LogConfig(type="json-file", config={"max-size": LOG_MAX_SIZE, "max-file": "1"}),
                 **extra,
             )

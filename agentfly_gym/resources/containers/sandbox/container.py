@@ -820,9 +820,13 @@ def create(spec: ContainerSpec, labels: dict[str, str]) -> SandboxContainer:
     under :func:`sandbox_root`.
 
     Raises:
-        ResourceUnavailable: ``bwrap`` is not installed, or ``spec.ports`` is set (see :func:`_refuse_ports`).
+        ResourceUnavailable: ``bwrap`` is not installed, ``spec.ports`` is set (see :func:`_refuse_ports`),
+            ``spec.runtime`` is set (a Docker option), or ``spec.network`` without ``slirp4netns``.
     """
     _refuse_ports(spec)
+    if spec.runtime is not None:  # backend="auto" resolved to the sandbox; "sandbox" is refused by the spec
+        raise ResourceUnavailable(f"runtime={spec.runtime!r} is a Docker option: the sandbox backend cannot run it "
+                                  "(a Docker engine is needed; use backend='docker')")
     find_bwrap()
     if spec.network:
         find_slirp4netns()
