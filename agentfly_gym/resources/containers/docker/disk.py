@@ -13,6 +13,10 @@ count.  The image file is unlinked once mounted, so the loop device holds the on
 engine removes the container it unmounts the layer folder (``EBUSY`` makes it unmount and retry), the
 loop device is detached (``autoclear``) and the space is freed; nothing is left to clean up after a
 manager that died.
+
+Cost: mkfs, a copy of the (empty) layer folder and two mounts, about 0.4 s more per container start
+(median 1.09 s against 0.66 s on a loaded 2-core VM); the pool makes a parked instance's fresh container
+in the background, so a re-acquisition does not wait for it.
 """
 
 from __future__ import annotations
