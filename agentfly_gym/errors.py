@@ -16,6 +16,15 @@ class ConfigError(AgentFlyError, ValueError):
     """A spec, option or argument has an invalid value; the message names it and what is valid."""
 
 
+class ModelOutputError(AgentFlyError):
+    """A fault caused by what the model did, not by the caller: e.g. a symlink, FIFO or folder it left
+    where the host reads or writes a file of the episode.
+
+    An environment turns it into a handled observation (reward 0, ``info["error"]`` set, the episode
+    truncated; see :func:`agentfly_gym.envs.base.fault_step`), never an exception to the trainer.
+    """
+
+
 class DataNotFoundError(AgentFlyError, FileNotFoundError):
     """A data set an environment needs is missing; the message says how to obtain it."""
 

@@ -26,7 +26,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from .envs.base import AgentFlyEnv, fault_step
-from .errors import ConfigError
+from .errors import ConfigError, ModelOutputError
 from .resources.manager import ResourceManager
 from .utils.aio import run_sync
 from .utils.imports import load_object
@@ -161,7 +161,8 @@ class AsyncTextVectorEnv(VectorEnv):
     async def astep_env(self, env_id: int, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Step sub-environment ``env_id`` alone (autoreset applies).  Returns the single-env 5-tuple.
 
-        Never raises for a fault of the sub-env: an unexpected error truncates its episode
+        Never raises for a fault of the sub-env: an unexpected error, or one caused by the model's output
+        (:class:`~agentfly_gym.errors.ModelOutputError`, even where it is also a ``ConfigError``), truncates its episode
         with ``info["error"]`` (the same observation and info as a fault the sub-env handles itself:
         :func:`~agentfly_gym.envs.base.fault_step`), so one broken rollout cannot crash the others.
         """
@@ -174,6 +175,10 @@ class AsyncTextVectorEnv(VectorEnv):
                 self._needs_reset[env_id] = False
                 return obs, 0.0, False, False, info
             obs, reward, terminated, truncated, info = await env.astep(action)
+        except ModelOutputError as e:  # before ConfigError: a path fault the model caused is not the caller's
+            log.warning("sub-env %d: %s", env_id, e)
+            await env.aend_episode()
+            obs, reward, terminated, truncated, info = fault_step(e)
         except ConfigError:
             raise
         except Exception as e:  # keep the other rollouts alive

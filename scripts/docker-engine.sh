@@ -12,6 +12,17 @@
 #   AGENTFLY_DOCKERD_PIDFILE  pid of the dockerd started here (default: /tmp/agentfly-dockerd.pid)
 #   AGENTFLY_DOCKERD_WAIT     seconds to wait for the engine to answer (default: 60)
 #   AGENTFLY_DOCKERD_ARGS     extra dockerd arguments (e.g. "--storage-driver=vfs")
+#   AGENTFLY_DOCKERD_USERNS   1: start dockerd with --userns-remap=default, so that root in a container
+#                             is an unprivileged host uid (subordinate ids of the user "dockremap").
+#                             Off by default: the engine then keeps its images in a separate store
+#                             (<data-root>/<uid>.<gid>/), so every image must be built or pulled again,
+#                             and read-write bind mounts of host folders (ContainerSpec.mounts) are
+#                             seen as owned by nobody inside.
+# Where runsc (gVisor, Debian package runsc) is installed and /etc/docker/daemon.json does not exist,
+# the engine knows it as the runtime "runsc" (ContainerSpec(runtime="runsc")), run with its own network
+# off (runsc --network=none: loopback only, whatever ContainerSpec.network says; runsc's own network
+# stack refuses to start on some hosts).  The configuration is written to $AGENTFLY_DOCKERD_CONFIG
+# (default: /tmp/agentfly-dockerd.json).
 # Needs root (dockerd) and the Debian packages docker.io (dockerd, containerd, runc) or equivalent.
 set -euo pipefail
 
@@ -38,8 +49,16 @@ start() {
     flock -w "$WAIT" 9 || { echo "docker engine: another start holds $LOCK" >&2; return 1; }
     if answers; then echo "docker engine: already running"; return 0; fi
     if ! our_pid >/dev/null; then
+        local extra=()
+        if [[ ${AGENTFLY_DOCKERD_USERNS:-0} == 1 ]]; then extra+=(--userns-remap=default); fi
+        if command -v runsc >/dev/null && [[ ! -e /etc/docker/daemon.json ]]; then
+            local conf=${AGENTFLY_DOCKERD_CONFIG:-/tmp/agentfly-dockerd.json}
+            printf '{"runtimes": {"runsc": {"path": "%s", "runtimeArgs": ["--network=none"]}}}\n' \
+                "$(command -v runsc)" >"$conf"
+            extra+=(--config-file "$conf")
+        fi
         # shellcheck disable=SC2086
-        setsid nohup dockerd ${AGENTFLY_DOCKERD_ARGS:-} >>"$LOG" 2>&1 </dev/null &
+        setsid nohup dockerd ${extra[@]+"${extra[@]}"} ${AGENTFLY_DOCKERD_ARGS:-} >>"$LOG" 2>&1 </dev/null &
         echo $! >"$PIDFILE"
         echo "docker engine: started dockerd (pid $(cat "$PIDFILE"), log $LOG)"
     fi

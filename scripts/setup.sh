@@ -28,6 +28,8 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 # loop-mounted ext4 disk limit (mkfs.ext4)
 { command -v setpriv >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1; } || need+=(util-linux)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+# a sandbox with network=True gets its own network namespace with outbound-only user-mode networking
+command -v slirp4netns >/dev/null 2>&1 || need+=(slirp4netns)
 # grep reads all of ldconfig's output (no -q): under pipefail an early exit would SIGPIPE ldconfig and fail the test
 ldconfig -p 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || need+=(libseccomp2)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)

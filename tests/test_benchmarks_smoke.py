@@ -25,6 +25,7 @@ SCRIPTS = {
     "bench_token_drift": ["--envs", "Chess"],
     "bench_overhead": ["--envs", "ScienceWorld,Chess"],
     "bench_faults": ["--envs", "Chess", "--drivers", "0"],
+    "bench_hostile": ["--attacks", "pid1,loopback,symlink"],
     "bench_webshop_scale": [],
     "bench_ray_manager": ["--parts", "overhead,acquire"],
     "bench_sim_costs": [],

@@ -95,3 +95,22 @@ def test_a_source_to_stage_below_run_is_refused():
     with pytest.raises(ConfigError, match="'/run/user/0/x' is below /run"):
         exec_argv(SandboxLayout(ro=[("/x", "/run/user/0/x")]), ["true"], workdir="/", env={}, uid=0, gid=0,
                   home="/root", drop_to=("setpriv", 1, 1), stage_point=lambda p: "/run/user")
+
+
+def test_network_uses_its_own_namespace_and_options_can_be_hidden():
+    """With ``user_net_fds`` a network never means the host's namespace (no ``--share-net``): bwrap says its
+    child's pid and waits before the command; ``hide_options`` replaces every option (and host path) on the
+    command line, leaving bwrap, the stand-in and the command."""
+    seen: list[list[str]] = []
+
+    def hide(options: list[str]) -> list[str]:
+        seen.append(options)
+        return ["--args", "9"]
+
+    argv = exec_argv(_layout(), ["id"], workdir="/root", env={}, uid=0, gid=0, home="/root", network=True,
+                     user_net_fds=(5, 6), hide_options=hide)
+    assert argv == ["bwrap", "--args", "9", "--", "id"]
+    options = seen[0]
+    assert "--share-net" not in options and "--unshare-all" in options
+    assert _pairs(options, "--info-fd", 1) == [("5",)] and _pairs(options, "--block-fd", 1) == [("6",)]
+    assert ("/state/tmp", "/tmp") in _pairs(options, "--bind") and options[-2:] == ["--chdir", "/root"]

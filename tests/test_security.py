@@ -10,8 +10,10 @@ process that must be gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import stat
 import sys
 import uuid
 from pathlib import Path
@@ -217,16 +219,243 @@ async def test_disk_limit_holds(backend_spec, manager):
             used = sum(int(line.split()[0]) for line in r.output.splitlines()[-2:])
             assert used <= 64, r.output
             return
-        # Docker: storage_opt where the engine has quotas, else RLIMIT_FSIZE and the watchdog, which kills
-        # the container once its writable layer holds more than the limit
+        # Docker: the writable layer on a loop-mounted file system (root beside a local engine), else
+        # storage_opt where the engine has quotas, else RLIMIT_FSIZE and the watchdog, which kills the
+        # container once its writable layer holds more than the limit
         mode = box.describe()["limits_enforced"]["disk"]
-        assert mode in ("storage-opt", "watchdog"), mode
+        assert mode in ("volume", "storage-opt", "watchdog"), mode
         try:
             r = await box.exec(one_file, user="root", timeout=120)
             assert int(r.output.rsplit("size=", 1)[1]) <= limit, r.output
-            r = await box.exec(many_files + "; sleep 30", user="root", timeout=60)
+            r = await box.exec(many_files + ("" if mode == "volume" else "; sleep 30"), user="root", timeout=60)
         except ResourceDied as e:
             assert mode == "watchdog" and "disk limit" in str(e), e
             assert await box.status() == ResourceStatus.UNHEALTHY
         else:
-            assert mode == "storage-opt" and "No space left on device" in r.output, r.output
+            assert mode in ("volume", "storage-opt") and "No space left on device" in r.output, r.output
+
+
+def _du(path: str) -> tuple[int, int]:
+    """(bytes allocated, inodes) below ``path`` on the host, as ``du`` counts them."""
+    blocks = inodes = 0
+    for dirpath, dirs, files in os.walk(path):
+        for n in dirs + files:
+            with contextlib.suppress(OSError):
+                blocks += os.lstat(os.path.join(dirpath, n)).st_blocks
+            inodes += 1
+    return blocks * 512, inodes
+
+
+async def test_docker_disk_inodes_and_log_are_capped_by_the_kernel(docker_client, manager):
+    """Docker, as a model would attack it: 2 GB written at full speed against a 256 MB limit, 300,000
+    symlinks, and 20 MB into the container's log (``/proc/1/fd/1``).  On the host the writable layer
+    holds at most the limit (no polling watchdog involved), the inodes at most ``disk / 8 KiB``, and
+    the log at most about 2 MB."""
+    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.resources.containers.sandbox.volume import BYTES_PER_INODE
+
+    if os.geteuid() != 0:
+        pytest.skip("the loop-mounted writable layer needs a root manager beside a local engine")
+    limit = 256 * 1024 * 1024
+    async with manager.scope("docker-disk") as scope:
+        box = await scope.acquire(ContainerSpec(image=build_base_image(), backend="docker", disk=limit, memory="512m"))
+        assert box.describe()["limits_enforced"]["disk"] == "volume"
+        info = docker_client.api.inspect_container(box.container_id)
+        upper, log_path = info["GraphDriver"]["Data"]["UpperDir"], info["LogPath"]
+        r = await box.exec("head -c 20M /dev/zero > /proc/1/fd/1; echo logged", user="root", timeout=60)
+        assert "logged" in r.output
+        await asyncio.sleep(1.0)  # the engine copies the stream to the log file asynchronously
+        logged = sum(p.stat().st_size for p in Path(log_path).parent.glob(Path(log_path).name + "*"))
+        assert logged <= 2.5 * 1024 * 1024, f"the container log holds {logged} bytes on the host"
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        r = await box.exec("dd if=/dev/zero of=/tmp/big bs=4M count=512 2>&1", user="root", timeout=120)
+        took = loop.time() - t0
+        used, _ = _du(upper)
+        assert "No space left on device" in r.output, r.output
+        assert used <= limit + 1024 * 1024, f"{used} bytes on the host against a {limit} limit ({took:.1f} s)"
+        r = await box.exec("rm -f /tmp/big; mkdir /tmp/l && cd /tmp/l && python3 -c \"import os\n"
+                           "n = 0\ntry:\n    while n < 300000: os.symlink('/tmp', str(n)); n += 1\n"
+                           "except OSError as e: print(e.strerror)\nprint('made', n)\"", user="root", timeout=300)
+        made = int(r.output.rsplit("made", 1)[1])
+        assert made < 300_000 and "No space left on device" in r.output, r.output
+        _, inodes = _du(upper)
+        assert inodes <= limit // BYTES_PER_INODE + 100, inodes
+
+
+# ------------------------------------------------------------------------------------- stalls from model output
+def _unblock_fifos(root: Path) -> None:
+    """Open every FIFO below ``root`` for reading and writing once, so that a host thread stuck in a
+    blocking ``open`` of one (the defect these tests catch) returns and the test run can end."""
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            try:
+                if stat.S_ISFIFO(os.lstat(p).st_mode):
+                    os.close(os.open(p, os.O_RDWR | os.O_NONBLOCK))
+            except OSError:
+                pass
+
+
+async def test_fifo_where_the_host_reads_or_writes_never_blocks(backend_spec, manager):
+    """A FIFO planted at a path the host writes (``put_files``) is replaced, one at a path it reads
+    (``get_file``) reads as missing: neither call blocks a host thread."""
+    async with manager.scope("fifo") as scope:
+        box = await scope.acquire(_spec(backend_spec))
+        r = await box.exec("mkdir -p /tmp/.afg_r2e && mkfifo /tmp/.afg_r2e/payload.json /tmp/.afg_r2e/out "
+                           "/testbed/run_tests.sh && echo ok", user="root")
+        assert r.output.strip() == "ok", r.output
+        try:
+            await asyncio.wait_for(box.put_files({"/tmp/.afg_r2e/payload.json": "{}", "/testbed/run_tests.sh": "x"}), 10)
+            with pytest.raises(FileNotFoundError):
+                await asyncio.wait_for(box.get_file("/tmp/.afg_r2e/out"), 10)
+        finally:
+            if backend_spec["backend"] == "sandbox":
+                _unblock_fifos(box.state_dir)
+        r = await box.exec("cat /tmp/.afg_r2e/payload.json /testbed/run_tests.sh; test -f /testbed/run_tests.sh && echo reg",
+                           user="root")
+        assert r.output == "{}xreg\n", r.output
+
+
+def _xml(tool: str, **params) -> str:
+    body = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in params.items())
+    return f"<function={tool}>\n{body}</function>"
+
+
+R2E_TASKS = Path(__file__).parent / "fixtures" / "r2e" / "tasks.jsonl"
+#: a file_editor call (within the env's action length) whose payload is too long for the command line
+#: (each "é" is 6 bytes of JSON), so the env writes it to /tmp/.afg_r2e/payload.json with put_files
+#: (R2E-Gym's env, _MAX_ARGV_PAYLOAD)
+BIG_EDIT = _xml("file_editor", command="create", path="/testbed/big.txt", file_text="é" * 20_000)
+
+
+@pytest.mark.timeout(300)
+async def test_r2e_fifo_episodes_keep_the_thread_pool(sandbox_dir, tmp_path):
+    """Eight R2E-Gym episodes in a row each plant FIFOs where the env writes (payload.json, run_tests.sh)
+    and then use the tool and submit: every step answers, the default thread pool is still free
+    afterwards, and the manager closes promptly.  (Before the fix the sixth episode exhausted a 2-core
+    host's default pool of 6 threads, each stuck in ``open()`` of a FIFO.)"""
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap")
+    from agentfly_gym.envs.r2egym import R2EGymEnv
+
+    m = ResourceManager()
+    env = R2EGymEnv(tasks=R2E_TASKS, manager=m, backend="sandbox", image="host", max_containers=1)
+    plant = _xml("execute_bash", cmd="mkdir -p /tmp/.afg_r2e && mkfifo /tmp/.afg_r2e/payload.json "
+                                     "/tmp/.afg_r2e/run_tests.sh && echo planted")
+    states: list[Path] = []
+    try:
+        for episode in range(8):
+            await asyncio.wait_for(env.areset(options={"task_id": "minicalc-bug1"}), 60)
+            states.append(env._box.state_dir)
+            obs, *_ = await asyncio.wait_for(env.astep(plant), 30)
+            assert "planted" in obs, obs
+            obs, reward, term, trunc, info = await asyncio.wait_for(env.astep(BIG_EDIT), 30)
+            assert not (term or trunc) and info["error"] is None and "ERROR" not in obs, (episode, obs)
+            obs, reward, term, trunc, info = await asyncio.wait_for(env.astep(_xml("finish")), 60)
+            assert (term or trunc) and reward == 0.0, (episode, obs, info)
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: 42), 5) == 42  # the pool still has threads
+    finally:
+        for s in states:
+            if s.exists():
+                _unblock_fifos(s)
+        await env.aclose()
+        t0 = asyncio.get_running_loop().time()
+        await asyncio.wait_for(m.aclose(), 60)
+    assert asyncio.get_running_loop().time() - t0 < 30
+
+
+async def test_symlink_at_a_written_path_is_an_observation_in_the_vector_env(sandbox_dir):
+    """A symlink the model plants where the env writes a file (pointing out of the writable paths)
+    ends that sub-env's episode with reward 0 and ``info["error"]``; the batch step does not raise
+    and the other sub-env steps on."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap")
+    from agentfly_gym.envs.r2egym import R2EGymEnv
+    from agentfly_gym.vector import AsyncTextVectorEnv
+
+    passwd = Path("/etc/passwd").read_bytes()
+    m = ResourceManager()
+    venv = AsyncTextVectorEnv([lambda: R2EGymEnv(tasks=R2E_TASKS, manager=m, backend="sandbox", image="host")] * 2)
+    try:
+        await venv.areset(options={"task_id": "minicalc-bug1"})
+        link = _xml("execute_bash", cmd="mkdir -p /tmp/.afg_r2e && ln -sf /etc/passwd /tmp/.afg_r2e/payload.json")
+        obs, rew, term, trunc, infos = await venv.astep([link, _xml("execute_bash", cmd="echo fine")])
+        assert not trunc.any() and "fine" in obs[1]
+        obs, rew, term, trunc, infos = await asyncio.wait_for(venv.astep([BIG_EDIT, _xml("execute_bash", cmd="echo on")]), 60)
+        assert trunc[0] and rew[0] == 0.0 and "SandboxPathError" in infos["error"][0], (obs[0], infos)
+        assert not trunc[1] and infos["error"][1] is None and "on" in obs[1]
+        assert Path("/etc/passwd").read_bytes() == passwd  # the host file was not written
+    finally:
+        await venv.aclose()
+        await m.aclose()
+
+
+# ------------------------------------------------------------------------------------- the host itself
+async def test_network_sandbox_cannot_reach_the_hosts_loopback(backend_spec, manager):
+    """With ``network=True`` a server on the host's 127.0.0.1 (a py4j gateway, a model server) does not
+    answer from inside: not at 127.0.0.1 (the sandbox's own loopback), not through the user-mode
+    network's host address (10.0.2.2, sandbox) or the bridge's gateway (Docker), while the sandbox has
+    its own interface with a default route (outbound access)."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    probe = ("import socket, subprocess\n"
+             "hosts = ['127.0.0.1', '10.0.2.2', '172.17.0.1']\n"
+             "for h in hosts:\n"
+             "    s = socket.socket(); s.settimeout(3)\n"
+             f"    try: s.connect((h, {port})); print(h, 'CONNECTED')\n"
+             "    except OSError as e: print(h, 'NOT-REACHED', e)\n"
+             "print(open('/proc/net/route').read())\n")
+    try:
+        async with manager.scope("net") as scope:
+            box = await scope.acquire(_spec(backend_spec, network=True))
+            r = await box.exec(["python3", "-c", probe], user="root", timeout=60)
+    finally:
+        srv.close()
+    assert "CONNECTED" not in r.output, r.output
+    assert r.output.count("NOT-REACHED") == 3, r.output
+    routes = [line.split() for line in r.output.splitlines() if line.count("\t") >= 2]
+    assert any(f[1] == "00000000" and f[0] != "lo" for f in routes[1:]), r.output  # a default route: outbound
+
+
+async def test_no_host_path_in_pid1_environment_or_command_lines(backend_spec, manager, sandbox_dir):
+    """From inside, ``/proc/1/environ`` and every ``/proc/*/cmdline`` hold no host path of the project,
+    of its cache or of the sandbox's private folder (bwrap's options reach it through a descriptor, and
+    it runs with a minimal environment)."""
+    repo = str(Path(__file__).resolve().parents[1])
+    secrets_ = [repo, str(sandbox_dir), os.environ.get("AGENTFLY_GYM_CACHE") or "/nonexistent-cache"]
+    secrets_ += [p for p in (os.getcwd(), os.environ.get("VIRTUAL_ENV")) if p and p != "/"]
+    show = ("tr '\\0' '\\n' < /proc/1/environ; echo; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done; "
+            "readlink /proc/1/cwd")
+    async with manager.scope("proc") as scope:
+        box = await scope.acquire(_spec(backend_spec))
+        r = await box.exec(["/bin/sh", "-c", show], user="root")
+    assert r.ok and "PATH=" in r.output, r.output
+    for s in secrets_:
+        assert s not in r.output, (s, r.output)
+
+
+async def test_docker_gvisor_runtime_option(docker_client, manager):
+    """``ContainerSpec(runtime="runsc")`` runs the container under gVisor: model code talks to its
+    user-space kernel, not the host's (``dmesg`` is gVisor's, the kernel version is not the host's).
+    Skipped where the engine does not know the runtime ``runsc`` or it cannot start here."""
+    from agentfly_gym.errors import ResourceStartError
+    from agentfly_gym.resources.containers.images import build_base_image
+
+    if "runsc" not in (docker_client.info().get("Runtimes") or {}):
+        pytest.skip("the Docker engine has no runtime 'runsc' (install runsc; scripts/docker-engine.sh registers it)")
+    async with manager.scope("gvisor") as scope:
+        try:
+            box = await scope.acquire(ContainerSpec(image=build_base_image(), backend="docker", runtime="runsc",
+                                                    memory="512m", disk="256m"))
+        except ResourceStartError as e:
+            pytest.skip(f"runsc cannot run containers here: {e}")
+        r = await box.exec("dmesg | head -3; uname -r; echo done", user="root")
+    assert "gVisor" in r.output and "done" in r.output, r.output
+    assert os.uname().release not in r.output, r.output
+    with pytest.raises(Exception, match="Docker option"):
+        ContainerSpec(image="host", backend="sandbox", runtime="runsc")

@@ -30,7 +30,7 @@ import gymnasium
 import gymnasium.envs.registration
 import gymnasium.wrappers
 
-from ..errors import ConfigError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
+from ..errors import ConfigError, ModelOutputError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
 from ..resources import teardown
 from ..resources.inprocess import InProcessResource
 from ..resources.manager import ResourceManager, RolloutScope, default_manager
@@ -309,8 +309,10 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
         """Apply one action.  Returns ``(observation, reward, terminated, truncated, info)``.
 
         A malformed action yields a handled observation (the env's own message), never an
-        exception.  A resource fault or a step over ``step_timeout`` truncates the episode
-        with ``info["error"]`` set and the resource discarded.
+        exception.  A resource fault, a fault caused by model output
+        (:class:`~agentfly_gym.errors.ModelOutputError`, e.g. a symlink or FIFO the model planted where
+        the env writes a file) or a step over ``step_timeout`` truncates the episode with
+        ``info["error"]`` set and the resource discarded.
 
         Raises:
             ResetNeeded: no episode is running (call reset, also after the episode ended).
@@ -330,7 +332,7 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
         except TimeoutError:
             obs, reward, terminated, truncated, info = await self._handled_fault(
                 f"the environment did not answer within step_timeout={self.step_timeout}s")
-        except (ResourceError, OSError, EOFError) as e:
+        except (ResourceError, ModelOutputError, OSError, EOFError) as e:
             obs, reward, terminated, truncated, info = await self._handled_fault(e)
         except (ResetNeeded, ConfigError, TypeError):
             raise

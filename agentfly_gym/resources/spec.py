@@ -163,6 +163,8 @@ class ContainerSpec(ResourceSpec):
         disk: limit in bytes on what the container may write (``"10g"`` style strings are parsed;
             ``None`` for no limit).  Sandbox: the private writable state lives on a file system of
             this size (a loop-mounted ext4 image; writes past it fail with ``ENOSPC``).  Docker: the
+            container's writable layer on such a file system where the manager is root beside a local
+            overlay2 engine (disk and inodes, one per 8 KiB, enforced by the kernel), else the
             engine's ``--storage-opt size`` where its storage driver supports it, else no file may
             grow past it (``RLIMIT_FSIZE``) and a host-side watchdog stops the container's processes
             once its writable layer exceeds it.  ``describe()["limits_enforced"]["disk"]`` says which.
@@ -183,6 +185,11 @@ class ContainerSpec(ResourceSpec):
             free port the engine picks (``ContainerResource.endpoint(port)`` gives ``(host, port)``;
             a fresh container after ``reset()`` may get another).  Needs ``network=True`` (a
             published port needs a network; Docker's default bridge, which can also reach out).
+        runtime: Docker only: the OCI runtime the engine runs the container with (``docker run --runtime``),
+            e.g. ``"runsc"`` for gVisor, whose user-space kernel stands between model code and the host's
+            kernel (the engine must know it: ``dockerd --add-runtime runsc=/usr/bin/runsc``, which
+            ``scripts/docker-engine.sh`` passes where ``runsc`` is installed; Debian package ``runsc``).
+            ``None``: the engine's default (runc).  Refused with ``backend="sandbox"`` (``ConfigError``).
             Docker only: with ``backend="sandbox"`` the spec is refused at once (``ConfigError``); with
             ``backend="auto"`` a choice of the sandbox fails at acquisition (``ResourceUnavailable``).
         max_idle_time: as for every spec, but 300 seconds by default (asyncpg's default for idle
@@ -211,9 +218,17 @@ class ContainerSpec(ResourceSpec):
     command: tuple[str, ...] = ("sleep", "infinity")
     reset_paths: tuple[str, ...] = ()
     ports: tuple[int, ...] = ()
+    runtime: str | None = None
 
     def __post_init__(self) -> None:
         _check_ports(self.ports, self.network, self.backend)
+        if self.runtime is not None:
+            if not isinstance(self.runtime, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.runtime):
+                raise ConfigError(f"runtime={self.runtime!r} must be None or an OCI runtime name known to the "
+                                  "Docker engine, e.g. 'runsc' (gVisor)")
+            if self.backend == "sandbox":
+                raise ConfigError(f"runtime={self.runtime!r} is a Docker option; the sandbox backend has none "
+                                  "(use backend='docker')")
         if isinstance(self.reset_paths, str):
             object.__setattr__(self, "reset_paths", (self.reset_paths,))
         for p in self.reset_paths:
@@ -245,8 +260,8 @@ class ContainerSpec(ResourceSpec):
 
 
 SANDBOX_PORTS_REFUSAL = (
-    "the 'sandbox' container backend cannot publish ports={ports!r}: its network namespace is either private "
-    "(unreachable from the host) or the host's own (pooled servers would collide on one port); use "
+    "the 'sandbox' container backend cannot publish ports={ports!r}: its network namespace is private "
+    "(unreachable from the host; with network=True it only reaches out, through a user-mode network); use "
     "backend='docker' (ports published on 127.0.0.1 at engine-chosen host ports)")
 """Why the sandbox backend refuses ``ContainerSpec.ports`` (``.format(ports=...)``); one wording for the spec's
 check (``backend="sandbox"``, a ``ConfigError``) and the backend's (``"auto"`` resolved to it at acquisition)."""

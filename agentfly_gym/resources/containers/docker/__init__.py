@@ -2,14 +2,19 @@
 
 Modules: :mod:`.container` (the resource), :mod:`.engine` (docker-py, one client and one thread
 pool per process: every docker-py call blocks, so the event loop never waits on the engine; the
-exec output stream), :mod:`.watchdog` (the disk limit where the storage driver has none).
+exec output stream), :mod:`.disk` (the kernel-enforced disk and inode limit: the writable layer on a
+loop-mounted file system), :mod:`.watchdog` (the disk limit where neither that nor a quota can be had).
 
 Containers run with (``ContainerSpec`` field -> Docker setting):
 
 * ``cpus`` -> ``nano_cpus``; ``memory`` -> ``mem_limit`` = ``memswap_limit`` (no swap beyond the
   limit, so a memory hog is OOM-killed inside it); ``pids`` -> ``pids_limit`` (stops fork bombs);
-* ``disk`` -> ``storage_opt={"size": disk}`` where the engine's storage driver supports it (overlay2
-  on xfs with ``pquota``, btrfs, zfs; probed once per process).  Elsewhere (e.g. overlay2 on ext4)
+* ``disk`` -> where the manager runs as root beside a local overlay2 engine (the usual case, e.g. the
+  engine of ``scripts/docker-engine.sh``), the container's writable layer lives on an ext4 file system of
+  ``disk`` bytes with one inode per 8 KiB (:mod:`.disk`, ``limits_enforced["disk"] == "volume"``): the
+  kernel refuses a write or a new file past it (``ENOSPC``), at any speed.  Else ``storage_opt={"size":
+  disk}`` where the engine's storage driver supports it (overlay2 on xfs with ``pquota``, btrfs, zfs;
+  probed once per process; no inode limit).  Elsewhere
   ``ulimits`` ``fsize=disk`` (no file grows past it: ``EFBIG``) and a host-side watchdog that sums the
   container's writable layer (``GraphDriver.Data.UpperDir``, when the engine is local) every
   :data:`.watchdog.DISK_POLL` seconds and kills the container once it exceeds ``disk``: its exec then raises
@@ -18,7 +23,9 @@ Containers run with (``ContainerSpec`` field -> Docker setting):
 * ``ports`` -> each published on ``127.0.0.1`` at a host port the engine picks, read back after
   start into ``DockerContainer.published_ports`` (``ContainerResource.endpoint(port)``);
 * ``mounts`` -> bind mounts, read-only where ``Mount.read_only``; ``env``, ``user``, ``workdir``;
-* always: ``init=True`` (docker-init reaps zombies as PID 1), ``security_opt=["no-new-privileges"]``,
+* always: the container log capped (``json-file``, ``max-size`` :data:`.container.LOG_MAX_SIZE`, one
+  file kept: about 2 MB on the host, whatever the container writes to its stdout);
+  ``init=True`` (docker-init reaps zombies as PID 1), ``security_opt=["no-new-privileges"]``,
   ``cap_drop=["ALL"]`` with :data:`.container.CAP_ADD` added back, and the manager's ownership labels
   (:mod:`..ownership`: ``agentfly=1``, ``agentfly.manager``, ``agentfly.pool``, ``agentfly.pid``,
   ``agentfly.pid_start``, ``agentfly.host``), so a dead owner's containers can be reaped.

@@ -27,6 +27,7 @@ from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
 from ..output import OutputBuffer
 from ..ownership import LABEL, owner_labels
 from ...spec import ContainerSpec
+from .disk import layer_dir, mount_layer_volume
 from .engine import docker_module, docker_pool, exec_start_frames, get_client, in_thread
 from .watchdog import watch
 
@@ -45,6 +46,12 @@ _EXEC_MARK = "AGENTFLY_EXEC"
 _KILL_GRACE = 5.0  # seconds past an exec's timeout before the host-side kill
 
 _storage_opt_ok: bool | None = None  # whether the engine accepts storage_opt size (None: not tried yet)
+_layer_volume_ok: bool | None = None  # whether the writable layer can be loop-mounted here (None: not tried yet)
+
+LOG_MAX_SIZE = "1m"
+"""Cap of a container's log (what its main process writes to stdout/stderr, e.g. ``> /proc/1/fd/1``):
+the ``json-file`` driver keeps at most this much in its current file plus one rotated file, so the
+engine never holds more than about 2 MB of it on the host, however much the container writes."""
 
 # ------------------------------------------------------------------------------- shell scripts
 
@@ -163,7 +170,7 @@ class DockerContainer(ContainerResource):
         self._status = ResourceStatus.READY
 
     def _start_sync(self) -> None:
-        global _storage_opt_ok
+        global _storage_opt_ok, _layer_volume_ok
         docker = docker_module()
         client = get_client()
         api = client.api
@@ -201,6 +208,8 @@ class DockerContainer(ContainerResource):
                 binds={m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts} or None,
                 init=True,
                 port_bindings=_port_bindings(spec.ports),
+                runtime=spec.runtime,
+                log_config=docker.types.LogConfig(type="json-file", config={"max-size": LOG_MAX_SIZE, "max-file": "1"}),
                 **extra,
             )
 
@@ -214,7 +223,9 @@ class DockerContainer(ContainerResource):
                 working_dir=spec.workdir or None, user=spec.user or None, host_config=host_config(storage_opt),
                 hostname="agentfly", detach=True, tty=False, stdin_open=False, ports=list(spec.ports) or None)
 
-        use_opt = bool(spec.disk) and _storage_opt_ok is not False
+        # the kernel-enforced limit of disk and inodes (see .disk) where it can be had, else the engine's quota
+        try_volume = bool(spec.disk) and os.geteuid() == 0 and _layer_volume_ok is not False
+        use_opt = bool(spec.disk) and _storage_opt_ok is not False and not try_volume
         try:
             try:
                 created = create(use_opt)
@@ -231,7 +242,18 @@ class DockerContainer(ContainerResource):
         except docker.errors.APIError as e:
             raise ResourceStartError(f"creating a container of {spec.image!r} failed: {e.explanation or e}") from e
         cid = created["Id"]
-        if spec.disk and not use_opt:
+        volume = False
+        if try_volume:
+            try:
+                layer = layer_dir(api.inspect_container(cid).get("GraphDriver") or {})
+            except docker.errors.APIError:
+                layer = None
+            volume = layer is not None and mount_layer_volume(layer, spec.disk)
+            if _layer_volume_ok is None or volume:
+                _layer_volume_ok = volume
+        if volume:
+            self.disk_mode = "volume"
+        elif spec.disk and not use_opt:
             try:
                 upper = (api.inspect_container(cid).get("GraphDriver") or {}).get("Data", {}).get("UpperDir")
             except docker.errors.APIError:

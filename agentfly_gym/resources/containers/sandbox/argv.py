@@ -57,7 +57,9 @@ def exec_argv(layout: SandboxLayout, cmd: list[str], *, workdir: str, env: Mappi
               disable_userns: bool = True, seccomp_fd: int | None = None,
               drop_to: tuple[str, int, int] | None = None, stage_point: Callable[[str], str | None] | None = None,
               is_dir: Callable[[str], bool] | None = None, unshare: str | Callable[[], str] = "unshare",
-              cgroup_dirs: list[str] | tuple[str, ...] = (), file_blocks: int | None = None) -> list[str]:
+              cgroup_dirs: list[str] | tuple[str, ...] = (), file_blocks: int | None = None,
+              user_net_fds: tuple[int, int] | None = None,
+              hide_options: Callable[[list[str]], list[str]] | None = None) -> list[str]:
     """The ``argv`` of one exec.
 
     Args:
@@ -68,7 +70,9 @@ def exec_argv(layout: SandboxLayout, cmd: list[str], *, workdir: str, env: Mappi
             the exec's own, already merged; it wins over the defaults); bwrap clears every other variable.
         uid, gid, home: the user inside (0, 0, ``"/root"`` for root).
         bwrap: the ``bwrap`` executable.
-        network: share the host's network namespace (``--share-net``); else none.
+        network: give the sandbox a network: with ``user_net_fds`` its own namespace that a user-mode network
+            (slirp4netns) is attached to; without, the host's network namespace (``--share-net``).
+            ``False``: its own namespace with loopback only.
         disable_userns: pass ``--disable-userns`` (bubblewrap >= 0.8).
         seccomp_fd: a descriptor holding the seccomp BPF program (``--seccomp``), or None.
         drop_to: ``(setpriv executable, host uid, host gid)``: the manager is root and bwrap runs as that
@@ -79,6 +83,12 @@ def exec_argv(layout: SandboxLayout, cmd: list[str], *, workdir: str, env: Mappi
         unshare: the ``unshare`` executable, or a function returning it (called only when a source is staged).
         cgroup_dirs: cgroup folders the exec joins first (its pid written to their ``cgroup.procs``).
         file_blocks: ``ulimit -f`` in 512-byte blocks (a disk limit without a volume), or None.
+        user_net_fds: ``(info_fd, block_fd)``: bwrap writes its child's pid to ``info_fd`` (``--info-fd``) and
+            waits for a byte on ``block_fd`` (``--block-fd``) before it runs ``cmd``, so that the caller can
+            attach a user-mode network to the new network namespace first.
+        hide_options: called with bwrap's options (everything between the executable and ``--``), returns
+            what stands for them on the command line (e.g. ``["--args", fd]`` after writing them to ``fd``),
+            so that the sandbox's PID 1 (bwrap's reaper, which keeps bwrap's command line) shows no host path.
 
     Returns:
         the command line, outermost wrapper first.
@@ -100,8 +110,10 @@ def exec_argv(layout: SandboxLayout, cmd: list[str], *, workdir: str, env: Mappi
         return f"{STAGE}/{staged.index(point)}{path[len(point):]}"
 
     a = [bwrap, "--die-with-parent", "--new-session", "--unshare-all"]
-    if network:
+    if network and user_net_fds is None:
         a.append("--share-net")
+    if network and user_net_fds is not None:
+        a += ["--info-fd", str(user_net_fds[0]), "--block-fd", str(user_net_fds[1])]
     a += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL"]
     if disable_userns:
         a.append("--disable-userns")
@@ -126,7 +138,10 @@ def exec_argv(layout: SandboxLayout, cmd: list[str], *, workdir: str, env: Mappi
     a.append("--clearenv")
     for k, v in full_env.items():
         a += ["--setenv", k, v]
-    a += ["--chdir", workdir, "--"]
+    a += ["--chdir", workdir]
+    if hide_options is not None:
+        a = [a[0], *hide_options(a[1:])]
+    a.append("--")
     a += cmd
     # run as root only long enough to join the cgroups (and stage sources), then become the
     # instance's host user

@@ -36,9 +36,12 @@ Model of an instance:
   ``limits_enforced["disk"]`` is ``True``).  Elsewhere only ``RLIMIT_FSIZE`` holds (no single
   file past ``spec.disk``).
 * **One process tree per exec.**  Each :meth:`SandboxContainer.exec` starts a new ``bwrap``
-  (``--unshare-all``: new user, pid, ipc, uts, cgroup and network namespaces;
-  ``--share-net`` only when ``spec.network``; ``--die-with-parent``; ``--new-session``;
-  private ``/proc`` and ``/dev``; a cleared environment with ``spec.env``).  Files persist in
+  (``--unshare-all``: new user, pid, ipc, uts, cgroup and network namespaces; with ``spec.network``
+  the network namespace gets outbound-only user-mode networking from ``slirp4netns``, never the
+  host's network or loopback (see :mod:`.usernet`); ``--die-with-parent``; ``--new-session``;
+  private ``/proc`` and ``/dev``; a cleared environment with ``spec.env``).  bwrap's options, with
+  the host paths of the layout, are passed through a descriptor (``--args``) and bwrap itself runs
+  with a minimal environment, so that the sandbox's PID 1 (bwrap's reaper) shows neither.  Files persist in
   the private state between execs; **processes do not**: when an exec's command exits, its
   pid namespace ends and every process it left behind is killed.
 * **Limits** (``spec.memory``, ``spec.pids``, ``spec.cpus``), best available mode, chosen
@@ -68,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -86,7 +90,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ....errors import ConfigError, ResourceDied, ResourceStartError, ResourceUnavailable
+from ....errors import ConfigError, ModelOutputError, ResourceDied, ResourceStartError, ResourceUnavailable
 from ...base import ResourceStatus
 from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
 from ..output import OutputBuffer
@@ -96,6 +100,7 @@ from .argv import DEFAULT_PATH, SandboxLayout, exec_argv
 from .bwrap import bwrap_has, find_bwrap, seccomp_filter_bpf, setpriv, unshare
 from .cgroups import LIMIT_MODES, detect_limit_mode, kill_cgroups, make_cgroups, remove_cgroups
 from .rootfs import HOST_ENTRIES, SKIP_ROOTFS, host_secrets, resolve_rootfs
+from .usernet import UserNetwork, find_slirp4netns
 from .volume import mount_volume, unmount_under
 
 __all__ = ["MARKER_NAME", "SANDBOX_DIR_ENV", "SANDBOX_UID_BASE", "SandboxContainer", "SandboxPathError", "create",
@@ -115,9 +120,12 @@ SANDBOX_UID_BASE = 1_600_000_000
 instance draws ``SANDBOX_UID_BASE + randbelow(2**24)``, an id no account uses."""
 
 
-class SandboxPathError(ConfigError):
-    """A container path given to ``put_files``/``get_file`` is relative, outside the writable
-    paths of the sandbox (for writes), or not reachable from the host (e.g. ``/proc``)."""
+class SandboxPathError(ModelOutputError, ConfigError):
+    """A container path given to ``put_files``/``get_file`` leads outside the writable paths of the
+    sandbox (for writes), to a place not reachable from the host (e.g. ``/proc``), through a symlink
+    loop, or onto a folder.  Symlinks on the way are the model's doing, so this is a
+    :class:`~agentfly_gym.errors.ModelOutputError` (an environment's step turns it into a handled
+    observation); a relative path, the caller's mistake, is a plain :class:`ConfigError`."""
 
 
 def sandbox_root() -> Path:
@@ -273,10 +281,14 @@ class SandboxContainer(ContainerResource):
         raise ConfigError(f"user={user!r} is unknown: not a number 'uid[:gid]' and not in {passwd}")
 
     def _argv(self, cmd: list[str], workdir: str, env: dict[str, str], user: str,
-              fds: list[int]) -> list[str]:
+              fds: list[int], ours: list[int] | None = None) -> list[str]:
         """The command line of one exec (built by :func:`.argv.exec_argv` from this instance's
         layout); the descriptors it passes are appended to ``fds`` (the caller closes them once the
-        process has started).
+        process has started).  With ``spec.network``, ``ours`` receives the caller's ends of the
+        user-mode network handshake (bwrap's info pipe, read end; its block pipe, write end).
+
+        bwrap's options (with every host path of the layout) go through a descriptor (``--args``),
+        so that the command line of the sandbox's PID 1, bwrap's reaper, shows none of them.
 
         bwrap runs as the instance's unprivileged host user, so it can only bind host folders
         that user may reach.  A source below a folder closed to others (e.g. a Python or a
@@ -302,6 +314,22 @@ class SandboxContainer(ContainerResource):
         full_env.update(env)
         cgroups = self._cgroups if self.limit_mode in ("cgroup1", "cgroup2") else []
         file_blocks = max(1, spec.disk // 512) if spec.disk and self._volume is None else None
+        net_fds = None
+        if spec.network:
+            info_r, info_w = os.pipe2(os.O_CLOEXEC)
+            block_r, block_w = os.pipe2(os.O_CLOEXEC)
+            fds += [info_w, block_r]
+            if ours is not None:
+                ours += [info_r, block_w]
+            net_fds = (info_w, block_r)
+
+        def hide(options: list[str]) -> list[str]:
+            fd = os.memfd_create("agentfly-bwrap-args", os.MFD_CLOEXEC)
+            fds.append(fd)
+            os.write(fd, b"".join(o.encode() + b"\0" for o in options))
+            os.lseek(fd, 0, os.SEEK_SET)
+            return ["--args", str(fd)]
+
         return exec_argv(layout, cmd, workdir=workdir, env=full_env, uid=uid, gid=gid, home=home,
                          bwrap=self._bwrap or "bwrap", network=bool(spec.network),
                          disable_userns=bwrap_has("--disable-userns"),  # bubblewrap >= 0.8; seccomp refuses it too
@@ -309,7 +337,7 @@ class SandboxContainer(ContainerResource):
                          drop_to=(setpriv(), self.host_uid, self.host_gid) if unprivileged else None,
                          stage_point=self._stage_point, is_dir=os.path.isdir,
                          unshare=unshare, cgroup_dirs=cgroups,
-                         file_blocks=file_blocks)
+                         file_blocks=file_blocks, user_net_fds=net_fds, hide_options=hide)
 
     def _stage_point(self, path: str) -> str | None:
         """``None`` when the instance's host user may search every folder above ``path``; else the
@@ -347,6 +375,8 @@ class SandboxContainer(ContainerResource):
         t0 = time.monotonic()
         self._status = ResourceStatus.STARTING
         self._bwrap = find_bwrap()
+        if self.spec.network:
+            find_slirp4netns()
         self._plan_mounts()
         root = self._root or sandbox_root()
         try:
@@ -553,26 +583,39 @@ class SandboxContainer(ContainerResource):
             raise ConfigError(f"max_output={max_output!r} must be >= 1 characters")
         wd = workdir or self.spec.workdir or "/"
         fds: list[int] = []
+        ours: list[int] = []
         t0 = time.monotonic()
         try:
-            argv = self._argv(argv_cmd, wd, dict(env or {}), self.spec.user if user is None else user, fds)
+            argv = self._argv(argv_cmd, wd, dict(env or {}), self.spec.user if user is None else user, fds, ours)
+            # a minimal environment: bwrap's reaper (the sandbox's PID 1) keeps it, and the sandbox can read it
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, env={"PATH": os.environ.get("PATH", DEFAULT_PATH)}, pass_fds=fds,
+                start_new_session=True, env={"PATH": DEFAULT_PATH}, pass_fds=fds, cwd="/",
                 preexec_fn=self._preexec if self.limit_mode == "rlimit" else None)
         except FileNotFoundError as e:  # a bind source vanished under us (e.g. released meanwhile)
+            for fd in ours:
+                os.close(fd)
             self._check_alive()
             raise ResourceDied(f"sandbox {self.name}: {e}") from e
+        except BaseException:
+            for fd in ours:
+                os.close(fd)
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
         self._procs.add(proc)
         out = OutputBuffer(max_output)
         timed_out = False
+        net: UserNetwork | None = None
         try:
             try:
                 async with asyncio.timeout(timeout):
                     assert proc.stdout is not None
+                    if ours:
+                        info_r, block_w = ours
+                        ours.clear()  # attach() closes them
+                        net = await UserNetwork.attach(info_r, block_w)
                     while chunk := await proc.stdout.read(65536):
                         out.feed(chunk)
                     rc = await proc.wait()
@@ -592,6 +635,12 @@ class SandboxContainer(ContainerResource):
             raise
         finally:
             self._procs.discard(proc)
+            if net is not None:
+                await net.close()
+            elif ours:
+                for fd in ours:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
         if rc is not None and rc < 0 and not timed_out:  # the wrapper itself died of a signal
             rc = 128 - rc
         text, truncated = out.text(max_output)
@@ -613,7 +662,7 @@ class SandboxContainer(ContainerResource):
             SandboxPathError: relative path, or a symlink loop.
         """
         if not isinstance(path, str) or not path.startswith("/"):
-            raise SandboxPathError(f"path {path!r} must be an absolute path inside the container")
+            raise ConfigError(f"path {path!r} must be an absolute path inside the container")
         parts = [p for p in path.split("/") if p not in ("", ".")]
         done: list[str] = []
         hops = 0
@@ -655,11 +704,14 @@ class SandboxContainer(ContainerResource):
         """Write files into the private state (absolute container paths; parents created).
 
         Symlinks on the way are followed as the sandbox would follow them.  ``str`` content
-        is written as UTF-8.
+        is written as UTF-8.  Whatever else than a regular file sits at a path (a FIFO, a socket,
+        a symlink made meanwhile) is replaced, as ``docker cp`` replaces it; nothing is opened
+        in a way that could block (``O_NONBLOCK``) or follow a link (``O_NOFOLLOW``).
 
         Raises:
-            SandboxPathError: a path is relative or outside the writable paths (``/tmp``,
-                ``/root``, the workdir, read-write mounts); nothing is written then.
+            ConfigError: a path is relative; nothing is written then.
+            SandboxPathError: a path leads outside the writable paths (``/tmp``, ``/root``, the
+                workdir, read-write mounts; nothing is written then), or onto a folder.
             ResourceDied: the sandbox was released or its private folder is gone.
         """
         self._check_alive()
@@ -675,20 +727,60 @@ class SandboxContainer(ContainerResource):
                 with contextlib.suppress(OSError):
                     os.chown(p, *owner, follow_symlinks=False)
             blob = data.encode() if isinstance(data, str) else bytes(data)
-            fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+            fd = SandboxContainer._open_regular_for_write(host, mode)
             with os.fdopen(fd, "wb") as f:
                 f.write(blob)
                 with contextlib.suppress(OSError):
                     os.fchown(f.fileno(), *owner)
-            os.chmod(host, mode)
+                os.fchmod(f.fileno(), mode)
+
+    @staticmethod
+    def _open_regular_for_write(host: Path, mode: int) -> int:
+        """A descriptor of the regular file at ``host``, emptied, or of a new one.
+
+        The sandbox's user owns the folder and may have left anything at ``host``: a FIFO (whose
+        blocking ``open`` would hang this thread until a reader comes, i.e. forever), a socket, a
+        symlink.  Such an entry is removed first; the open itself never blocks and never follows
+        a link, and what it opened is checked with ``fstat``.
+
+        Raises:
+            SandboxPathError: ``host`` is a folder, or the entry keeps changing under us.
+        """
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        for _ in range(8):
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(host)
+                if stat.S_ISDIR(st.st_mode):
+                    raise SandboxPathError(f"{host.name!r} is a folder in the sandbox, not a file")
+                if not stat.S_ISREG(st.st_mode):
+                    os.unlink(host)
+            try:
+                fd = os.open(host, flags, mode)
+            except OSError as e:  # a symlink (ELOOP) or a FIFO without reader (ENXIO) made since the lstat
+                if e.errno in (errno.ELOOP, errno.ENXIO, errno.EEXIST, errno.ENOENT):
+                    continue
+                if e.errno == errno.EISDIR:
+                    raise SandboxPathError(f"{host.name!r} is a folder in the sandbox, not a file") from None
+                raise
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.ftruncate(fd, 0)
+                os.set_blocking(fd, True)
+                return fd
+            os.close(fd)  # a FIFO with a reader: replace it
+        raise SandboxPathError(f"{host.name!r} keeps changing in the sandbox; refusing to write it")
 
     async def get_file(self, path: str, *, max_bytes: int = 10_000_000) -> bytes:
         """Read one file visible in the sandbox (private state, mounts or the read-only root).
 
+        The host never blocks on what the sandbox left at ``path``: the file is opened with
+        ``O_NONBLOCK | O_NOFOLLOW`` and read only when ``fstat`` says it is a regular file (a FIFO,
+        socket or device reads as missing).
+
         Raises:
-            FileNotFoundError: no such file (or it is a directory).
-            SandboxPathError: a relative path, one not reachable from the host (``/proc``, ``/dev``),
-                or one the sandbox's user may not read (e.g. a masked host secret).
+            ConfigError: a relative path.
+            FileNotFoundError: no such file (or it is a directory, a FIFO or another non-regular file).
+            SandboxPathError: a path not reachable from the host (``/proc``, ``/dev``), one the
+                sandbox's user may not read (e.g. a masked host secret), or a symlink loop.
             ConfigError: the file is larger than ``max_bytes``.
             ResourceDied: the sandbox was released or its private folder is gone.
         """
@@ -702,9 +794,13 @@ class SandboxContainer(ContainerResource):
     @staticmethod
     def _read_file(path: str, host: Path, max_bytes: int, uid: int) -> bytes:
         try:
-            fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             raise FileNotFoundError(f"no such file in the sandbox: {path}") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a symlink made since the path was resolved
+                raise SandboxPathError(f"path {path!r} changed into a symlink while it was read") from None
+            raise
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
@@ -724,20 +820,25 @@ def create(spec: ContainerSpec, labels: dict[str, str]) -> SandboxContainer:
     under :func:`sandbox_root`.
 
     Raises:
-        ResourceUnavailable: ``bwrap`` is not installed, or ``spec.ports`` is set (see :func:`_refuse_ports`).
+        ResourceUnavailable: ``bwrap`` is not installed, ``spec.ports`` is set (see :func:`_refuse_ports`),
+            ``spec.runtime`` is set (a Docker option), or ``spec.network`` without ``slirp4netns``.
     """
     _refuse_ports(spec)
+    if spec.runtime is not None:  # backend="auto" resolved to the sandbox; "sandbox" is refused by the spec
+        raise ResourceUnavailable(f"runtime={spec.runtime!r} is a Docker option: the sandbox backend cannot run it "
+                                  "(a Docker engine is needed; use backend='docker')")
     find_bwrap()
+    if spec.network:
+        find_slirp4netns()
     return SandboxContainer(spec, labels=labels)
 
 
 def _refuse_ports(spec: ContainerSpec) -> None:
     """The sandbox backend cannot publish ``spec.ports``; say why and what to use instead.
 
-    A sandbox either has its own network namespace (``network=False``: loopback only, which the
-    host cannot reach, and bubblewrap has no port forwarding) or shares the host's
-    (``--share-net``: a server inside would bind the host's own port, so two pooled instances
-    collide on it and it is open to every local process, with no engine to pick a free port).
+    A sandbox has its own network namespace (``network=False``: loopback only; ``network=True``: an
+    outbound-only user-mode network), which the host cannot connect into, and bubblewrap has no port
+    forwarding (nor an engine to pick a free host port).
 
     Raises:
         ResourceUnavailable: ``spec.ports`` is not empty.

@@ -12,9 +12,33 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["mount_volume", "unmount_under"]
+__all__ = ["BYTES_PER_INODE", "make_ext4", "mount_volume", "unmount_under"]
 
 log = logging.getLogger(__name__)
+
+
+BYTES_PER_INODE = 8192
+"""One inode per this many bytes of a volume: the inode limit of a ``disk`` of N bytes is
+``N // BYTES_PER_INODE`` files, folders and symlinks (8192 for 64 MiB, 1.3 million for 10 GB)."""
+
+
+def make_ext4(img: Path, size: int, *, root_owner: tuple[int, int] = (0, 0), timeout: float = 120) -> None:
+    """Make ``img`` (created, must not exist) a sparse ext4 file system of ``size`` bytes with one inode per
+    :data:`BYTES_PER_INODE` bytes, no journal and no reserved blocks.
+
+    Raises:
+        FileNotFoundError: no ``mkfs.ext4`` / ``mke2fs`` here.
+        OSError, subprocess.CalledProcessError: the image or the file system could not be made.
+    """
+    mkfs = shutil.which("mkfs.ext4") or shutil.which("mke2fs")
+    if mkfs is None:
+        raise FileNotFoundError("mkfs.ext4 (e2fsprogs) is not installed")
+    with open(os.open(img, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        f.truncate(size)
+    uid, gid = root_owner
+    subprocess.run([mkfs, "-q", "-F", "-t", "ext4", "-m", "0", "-O", "^has_journal", "-i", str(BYTES_PER_INODE),
+                    "-E", f"lazy_itable_init=1,root_owner={uid}:{gid}", str(img)],
+                   check=True, capture_output=True, text=True, timeout=timeout)
 
 
 def mount_volume(d: Path, size: int, uid: int, gid: int) -> Path | None:
@@ -23,17 +47,9 @@ def mount_volume(d: Path, size: int, uid: int, gid: int) -> Path | None:
     ``None`` (logged) when it cannot be made here (no loop devices, no mkfs.ext4, a mount refused).
     """
     img, vol = d / "disk.img", d / "vol"
-    mkfs = shutil.which("mkfs.ext4") or shutil.which("mke2fs")
-    if mkfs is None:
-        log.info("sandbox: no mkfs.ext4; the disk limit holds per file only")
-        return None
     try:
-        with open(os.open(img, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-            f.truncate(size)
         vol.mkdir()
-        subprocess.run([mkfs, "-q", "-F", "-t", "ext4", "-m", "0", "-O", "^has_journal",
-                        "-E", f"lazy_itable_init=1,root_owner={uid}:{gid}", str(img)],
-                       check=True, capture_output=True, text=True, timeout=120)
+        make_ext4(img, size, root_owner=(uid, gid))
         subprocess.run(["mount", "-o", "loop,nosuid,nodev", str(img), str(vol)],
                        check=True, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as e:

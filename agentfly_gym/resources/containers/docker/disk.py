@@ -1,0 +1,84 @@
+"""The Docker backend's kernel-enforced disk and inode limit: the container's writable layer on a
+loop-mounted ext4 file system of ``spec.disk`` bytes.
+
+The engine's own ``--storage-opt size=`` needs overlay2 over xfs mounted with ``pquota``; most hosts
+(ext4 under ``/var/lib/docker``) do not have it, and a polling watchdog lets a fast writer overshoot
+(2 GB in one second against a 256 MB limit).  Where the manager runs as root beside a local engine
+whose storage driver is ``overlay2``, the container's layer folder (``<docker root>/overlay2/<id>``,
+holding ``diff``, the upper directory, and ``work``, which overlayfs needs on the same file system)
+is moved, between ``create`` and ``start``, onto a fresh ext4 image of ``disk`` bytes with one inode per
+:data:`~agentfly_gym.resources.containers.sandbox.volume.BYTES_PER_INODE` bytes: a write past it fails
+with ``ENOSPC`` inside the container, whatever its speed, and so does a file or symlink past the inode
+count.  The image file is unlinked once mounted, so the loop device holds the only reference: when the
+engine removes the container it unmounts the layer folder (``EBUSY`` makes it unmount and retry), the
+loop device is detached (``autoclear``) and the space is freed; nothing is left to clean up after a
+manager that died.
+
+Cost: mkfs, a copy of the (empty) layer folder and two mounts, about 0.4 s more per container start
+(median 1.09 s against 0.66 s on a loaded 2-core VM); the pool makes a parked instance's fresh container
+in the background, so a re-acquisition does not wait for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..sandbox.volume import make_ext4
+
+__all__ = ["layer_dir", "mount_layer_volume"]
+
+log = logging.getLogger(__name__)
+
+
+def layer_dir(graph_driver: dict) -> Path | None:
+    """The overlay2 layer folder of a created container (the parent of ``UpperDir`` and ``WorkDir``) when
+    this process can mount over it: root, an overlay2 driver, and the folder present on this host (a
+    local engine).  ``graph_driver`` is ``inspect_container(...)["GraphDriver"]``; else ``None``."""
+    if os.geteuid() != 0 or (graph_driver or {}).get("Name") != "overlay2":
+        return None
+    data = graph_driver.get("Data") or {}
+    upper, work = data.get("UpperDir"), data.get("WorkDir")
+    if not upper or not work or os.path.dirname(upper) != os.path.dirname(work):
+        return None
+    d = Path(os.path.dirname(upper))
+    return d if d.is_dir() and not os.path.ismount(d) else None
+
+
+def mount_layer_volume(layer: Path, size: int) -> bool:
+    """Move ``layer`` (a created, not yet started container's overlay2 folder) onto a fresh ext4 file
+    system of ``size`` bytes.  False (logged) when it cannot be done here (no loop device, no
+    ``mkfs.ext4``, a refused mount); ``layer`` is then as it was."""
+    tmp = Path(tempfile.mkdtemp(prefix="agentfly-docker-disk-"))
+    img, stage = tmp / "layer.img", tmp / "stage"
+    mounted = False
+    try:
+        make_ext4(img, size)
+        stage.mkdir()
+        subprocess.run(["mount", "-o", "loop", str(img), str(stage)], check=True, capture_output=True, text=True,
+                       timeout=60)
+        mounted = True
+        with contextlib.suppress(OSError):
+            (stage / "lost+found").rmdir()
+        subprocess.run(["cp", "-a", f"{layer}/.", f"{stage}/"], check=True, capture_output=True, text=True, timeout=60)
+        st = os.stat(layer)
+        os.chown(stage, st.st_uid, st.st_gid)
+        os.chmod(stage, st.st_mode & 0o7777)
+        subprocess.run(["umount", str(stage)], check=True, capture_output=True, text=True, timeout=60)
+        mounted = False
+        subprocess.run(["mount", "-o", "loop,nosuid", str(img), str(layer)], check=True, capture_output=True,
+                       text=True, timeout=60)
+        return True
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", "") or e
+        log.info("docker: no loop-mounted layer (%s); the disk limit falls back", str(detail).strip())
+        return False
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(stage)], capture_output=True, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)  # the image too: the loop device keeps it while mounted
