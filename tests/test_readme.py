@@ -1,0 +1,181 @@
+"""The README's code runs as pasted: every ```python block of README.md, each in a fresh interpreter.
+
+Each block is fed on stdin to ``python -`` (as if pasted into an interpreter, so the current folder is on
+``sys.path``), in an empty temporary folder, with the suite's cache folder and without a data folder (the blocks
+run on the samples shipped in the package, as a newcomer's do), and must exit 0 within its time limit and leave
+no process behind.  Real components throughout: the bundled SmolLM2 model, the simulators, Ray, OpenEnv's own
+CLI and server, and the Docker engine for the block that builds an image.
+
+What a block needs beyond that is in :data:`NEEDS`, keyed by a text the block contains; the README says the
+same beside the block (a server started first, ``openenv init`` run first, a Docker engine).  A block
+that :data:`NEEDS` does not know runs with no help and the default limit, so a new block that does not run as
+pasted fails here.  The one liberty: the OpenEnv client block's server runs on a free port, written over the
+README's ``8000`` in the block (port 8000 may be taken on a shared machine).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from proctools import TREE_MARKER, pids_with_env, wait_gone
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+MIN_BLOCKS = 9
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one README block needs to run (and what the README says beside it)."""
+
+    modules: tuple[str, ...] = ()     # optional extras: skipped when not installed
+    setup: tuple[tuple[str, ...], ...] = ()   # commands run first in the block's folder ("{python}" = this Python)
+    server: tuple[str, ...] = ()      # a server started first and stopped after ("{port}": a free port)
+    docker: bool = False              # a Docker engine (the suite's docker_client fixture)
+    slow: bool = False                # over a minute on a 2-core machine
+    timeout: float = 300.0
+
+
+NEEDS: dict[str, Needs] = {
+    'make_vec("agentfly/ScienceWorld-v0"': Needs(timeout=600),
+    "run_rollouts(": Needs(slow=True, timeout=1200),
+    "selfplay.env(": Needs(modules=("pettingzoo",)),
+    "RayResourceManager(": Needs(modules=("ray",), slow=True, timeout=600),
+    "compute_advantage(": Needs(modules=("verl",)),
+    "GenericEnvClient(": Needs(modules=("openenv.core",), timeout=600,
+                               server=("{python}", "-m", "agentfly_gym", "serve", "--env", "WebShop-v0", "--openenv",
+                                       "--port", "{port}", "--max-sessions", "4")),
+    'app="echo_env.server.app:app"': Needs(modules=("openenv.core",),
+                                           setup=(("{python}", "-m", "openenv.cli", "init", "echo_env"),)),
+    "build_openenv_image(": Needs(modules=("openenv.core",), docker=True, slow=True, timeout=1800),
+}
+
+
+def python_blocks(text: str) -> list[str]:
+    """The bodies of the ```python fenced blocks of a Markdown text, in order."""
+    return [m.group(1) for m in FENCE.finditer(text)]
+
+
+def _needs(code: str) -> Needs:
+    found = [n for key, n in NEEDS.items() if key in code]
+    assert len(found) <= 1, f"more than one NEEDS entry matches the block:\n{code}"
+    return found[0] if found else Needs()
+
+
+def _params():
+    out = []
+    for i, code in enumerate(python_blocks(README.read_text(encoding="utf-8"))):
+        need = _needs(code)
+        marks = [pytest.mark.slow] * need.slow + [pytest.mark.docker] * need.docker
+        first = next((ln.strip() for ln in code.splitlines() if ln.strip()), "")
+        out.append(pytest.param(i, code, need, marks=marks, id=f"{i}-{re.sub(r'[^A-Za-z0-9_.]+', '_', first)[:40]}"))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_tree(marker: str) -> set[int]:
+    """SIGKILL every process that carries ``marker`` (only processes this test started carry it); return them."""
+    left = set(pids_with_env(TREE_MARKER, marker))
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited with {proc.returncode}: {proc.stdout.read()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"the server did not listen on port {port} within {timeout:.0f} s")
+
+
+def test_readme_has_python_blocks():
+    """Extraction finds the README's blocks (so the test below cannot pass by finding none), and every
+    NEEDS entry still matches a block."""
+    blocks = python_blocks(README.read_text(encoding="utf-8"))
+    assert len(blocks) >= MIN_BLOCKS, f"found {len(blocks)} ```python blocks in README.md, expected >= {MIN_BLOCKS}"
+    for key in NEEDS:
+        assert sum(key in b for b in blocks) == 1, f"NEEDS key {key!r} matches {sum(key in b for b in blocks)} blocks"
+
+
+def test_python_blocks_helper():
+    text = "a\n```python\nx = 1\n```\n```bash\nls\n```\n```python\nimport os\nprint(os.sep)\n```\n"
+    assert python_blocks(text) == ["x = 1\n", "import os\nprint(os.sep)\n"]
+
+
+@pytest.mark.parametrize(("index", "code", "need"), _params())
+def test_readme_block_runs_as_pasted(index, code, need, tmp_path, request):
+    for module in need.modules:
+        pytest.importorskip(module, reason=f"README block {index} needs {module} (an optional extra)")
+    if need.docker:
+        request.getfixturevalue("docker_client")           # skips, or fails under AGENTFLY_REQUIRE_DOCKER
+    marker = f"readme-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    env = {k: v for k, v in os.environ.items() if k != "AGENTFLY_GYM_DATA"}
+    env[TREE_MARKER] = marker
+    env.setdefault("AGENTFLY_GYM_CACHE", str(Path.home() / ".cache" / "agentfly-gym"))
+    env["PYTHONUNBUFFERED"] = "1"
+    fill = {"python": sys.executable}
+    server = None
+    try:
+        for cmd in need.setup:
+            out = subprocess.run([c.format(**fill) for c in cmd], cwd=tmp_path, env=env, capture_output=True,
+                                 text=True, timeout=300)
+            assert out.returncode == 0, f"set-up {cmd} failed:\n{out.stdout}{out.stderr}"
+        if need.server:
+            fill["port"] = str(_free_port())
+            code = code.replace("8000", fill["port"])
+            server = subprocess.Popen([c.format(**fill) for c in need.server], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            _wait_port(int(fill["port"]), server, 180)
+        start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-"], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(code, timeout=need.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            _kill_tree(marker)
+            pytest.fail(f"README block {index} ran over {need.timeout:.0f} s:\n{code}\n--- output ---\n{output[-4000:]}")
+        took = time.monotonic() - start
+        print(f"README block {index}: exit {proc.returncode} in {took:.1f} s")
+        assert proc.returncode == 0, f"README block {index} failed (exit {proc.returncode}):\n{code}\n--- output ---\n" \
+                                     f"{output[-6000:]}"
+    finally:
+        if server is not None:
+            server.terminate()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+    # What the block opened, it closed: no process it started outlives it (a grace for exit handlers).
+    left = {p for p in pids_with_env(TREE_MARKER, marker) if p != os.getpid()}
+    left = wait_gone(left, timeout=30)
+    if left:
+        cmds = pids_with_env(TREE_MARKER, marker)
+        _kill_tree(marker)
+        pytest.fail(f"README block {index} left processes behind: {[cmds.get(p, p) for p in left]}")
