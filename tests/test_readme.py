@@ -15,6 +15,7 @@ README's ``8000`` in the block (port 8000 may be taken on a shared machine).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -51,11 +52,11 @@ NEEDS: dict[str, Needs] = {
     "run_rollouts(": Needs(slow=True, timeout=1200),
     "selfplay.env(": Needs(modules=("pettingzoo",)),
     "RayResourceManager(": Needs(modules=("ray",), slow=True, timeout=600),
-    "compute_advantage(": Needs(modules=("verl",)),
-    "GenericEnvClient(": Needs(modules=("openenv.core",), timeout=600,
+    "compute_advantage(": Needs(modules=("verl",), slow=True),       # importing verl: ~1 min
+    "GenericEnvClient(": Needs(modules=("openenv.core",), slow=True, timeout=600,
                                server=("{python}", "-m", "agentfly_gym", "serve", "--env", "WebShop-v0", "--openenv",
                                        "--port", "{port}", "--max-sessions", "4")),
-    'app="echo_env.server.app:app"': Needs(modules=("openenv.core",),
+    'app="echo_env.server.app:app"': Needs(modules=("openenv.core",), slow=True,
                                            setup=(("{python}", "-m", "openenv.cli", "init", "echo_env"),)),
     "build_openenv_image(": Needs(modules=("openenv.core",), docker=True, slow=True, timeout=1800),
 }
@@ -77,6 +78,7 @@ def _params():
     for i, code in enumerate(python_blocks(README.read_text(encoding="utf-8"))):
         need = _needs(code)
         marks = [pytest.mark.slow] * need.slow + [pytest.mark.docker] * need.docker
+        marks.append(pytest.mark.timeout(need.timeout + 600))  # set-up, a server's start and the leak check
         first = next((ln.strip() for ln in code.splitlines() if ln.strip()), "")
         out.append(pytest.param(i, code, need, marks=marks, id=f"{i}-{re.sub(r'[^A-Za-z0-9_.]+', '_', first)[:40]}"))
     return out
@@ -128,8 +130,9 @@ def test_python_blocks_helper():
 
 @pytest.mark.parametrize(("index", "code", "need"), _params())
 def test_readme_block_runs_as_pasted(index, code, need, tmp_path, request):
-    for module in need.modules:
-        pytest.importorskip(module, reason=f"README block {index} needs {module} (an optional extra)")
+    for module in need.modules:     # looked up, not imported here (verl's import alone takes a minute)
+        if importlib.util.find_spec(module.partition(".")[0]) is None:
+            pytest.skip(f"README block {index} needs {module} (an optional extra)")
     if need.docker:
         request.getfixturevalue("docker_client")           # skips, or fails under AGENTFLY_REQUIRE_DOCKER
     marker = f"readme-{os.getpid()}-{uuid.uuid4().hex[:12]}"
