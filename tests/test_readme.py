@@ -18,10 +18,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -101,11 +103,11 @@ def _kill_tree(marker: str) -> set[int]:
     return left
 
 
-def _wait_port(port: int, proc: subprocess.Popen, timeout: float) -> None:
+def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"the server exited with {proc.returncode}: {proc.stdout.read()}")
+            raise AssertionError(f"the server exited with {proc.returncode}: {log.read_text()[-4000:]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return
@@ -136,32 +138,40 @@ def test_readme_block_runs_as_pasted(index, code, need, tmp_path, request):
     if need.docker:
         request.getfixturevalue("docker_client")           # skips, or fails under AGENTFLY_REQUIRE_DOCKER
     marker = f"readme-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    env = {k: v for k, v in os.environ.items() if k != "AGENTFLY_GYM_DATA"}
+    # The suite's environment less its data folder (the blocks run on the package's samples) and less any Ray
+    # address: a block's ray.init() starts a Ray of its own in its own temp folder, never joining another's.
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENTFLY_GYM_DATA", "RAY_ADDRESS")}
     env[TREE_MARKER] = marker
     env.setdefault("AGENTFLY_GYM_CACHE", str(Path.home() / ".cache" / "agentfly-gym"))
     env["PYTHONUNBUFFERED"] = "1"
+    ray_tmp = tempfile.mkdtemp(prefix="afg-ray-", dir="/tmp")   # short: Ray's socket paths must fit
+    env["RAY_TMPDIR"] = ray_tmp
+    work = tmp_path / "cwd"
+    work.mkdir()
     fill = {"python": sys.executable}
     server = None
+    left: set[int] = set()
     try:
         for cmd in need.setup:
-            out = subprocess.run([c.format(**fill) for c in cmd], cwd=tmp_path, env=env, capture_output=True,
+            out = subprocess.run([c.format(**fill) for c in cmd], cwd=work, env=env, capture_output=True,
                                  text=True, timeout=300)
             assert out.returncode == 0, f"set-up {cmd} failed:\n{out.stdout}{out.stderr}"
         if need.server:
             fill["port"] = str(_free_port())
             code = code.replace("8000", fill["port"])
-            server = subprocess.Popen([c.format(**fill) for c in need.server], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            _wait_port(int(fill["port"]), server, 180)
+            server_log = tmp_path / "server.log"
+            with open(server_log, "w") as log:
+                server = subprocess.Popen([c.format(**fill) for c in need.server], cwd=work, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT)
+            _wait_port(int(fill["port"]), server, server_log, 180)
         start = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-"], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-"], cwd=work, env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             output, _ = proc.communicate(code, timeout=need.timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
-            _kill_tree(marker)
             pytest.fail(f"README block {index} ran over {need.timeout:.0f} s:\n{code}\n--- output ---\n{output[-4000:]}")
         took = time.monotonic() - start
         print(f"README block {index}: exit {proc.returncode} in {took:.1f} s")
@@ -175,10 +185,12 @@ def test_readme_block_runs_as_pasted(index, code, need, tmp_path, request):
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-    # What the block opened, it closed: no process it started outlives it (a grace for exit handlers).
-    left = {p for p in pids_with_env(TREE_MARKER, marker) if p != os.getpid()}
-    left = wait_gone(left, timeout=30)
-    if left:
+        # What the block opened, it closed: no process it started outlives it (a grace for exit handlers).
+        # Whatever is left is killed here, pass or fail; a block that passed fails for it below.
         cmds = pids_with_env(TREE_MARKER, marker)
-        _kill_tree(marker)
-        pytest.fail(f"README block {index} left processes behind: {[cmds.get(p, p) for p in left]}")
+        left = wait_gone(set(cmds), timeout=30)
+        if left:
+            cmds = {p: c for p, c in pids_with_env(TREE_MARKER, marker).items() if p in left}
+            _kill_tree(marker)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not left, f"README block {index} left processes behind: {sorted(cmds.values())}"
