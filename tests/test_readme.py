@@ -45,6 +45,7 @@ class Needs:
     setup: tuple[tuple[str, ...], ...] = ()   # commands run first in the block's folder ("{python}" = this Python)
     server: tuple[str, ...] = ()      # a server started first and stopped after ("{port}": a free port)
     docker: bool = False              # a Docker engine (the suite's docker_client fixture)
+    said: str = ""                    # what the README says just before the block (so a reader knows it too)
     slow: bool = False                # over a minute on a 2-core machine
     timeout: float = 300.0
 
@@ -56,17 +57,24 @@ NEEDS: dict[str, Needs] = {
     "RayResourceManager(": Needs(modules=("ray",), slow=True, timeout=600),
     "compute_advantage(": Needs(modules=("verl",), slow=True),       # importing verl: ~1 min
     "GenericEnvClient(": Needs(modules=("openenv.core",), slow=True, timeout=600,
+                               said="agentfly-gym serve --env WebShop-v0 --openenv --port 8000",
                                server=("{python}", "-m", "agentfly_gym", "serve", "--env", "WebShop-v0", "--openenv",
                                        "--port", "{port}", "--max-sessions", "4")),
-    'app="echo_env.server.app:app"': Needs(modules=("openenv.core",), slow=True,
+    'app="echo_env.server.app:app"': Needs(modules=("openenv.core",), slow=True, said="openenv init echo_env",
                                            setup=(("{python}", "-m", "openenv.cli", "init", "echo_env"),)),
-    "build_openenv_image(": Needs(modules=("openenv.core",), docker=True, slow=True, timeout=1800),
+    "build_openenv_image(": Needs(modules=("openenv.core",), docker=True, slow=True, timeout=1800,
+                                  said="needs a Docker engine"),
 }
 
 
 def python_blocks(text: str) -> list[str]:
     """The bodies of the ```python fenced blocks of a Markdown text, in order."""
     return [m.group(1) for m in FENCE.finditer(text)]
+
+
+def text_before_blocks(text: str, chars: int = 800) -> list[str]:
+    """For each ```python block, the ``chars`` characters of the text before it, whitespace collapsed."""
+    return [" ".join(text[max(0, m.start() - chars):m.start()].split()) for m in FENCE.finditer(text)]
 
 
 def _needs(code: str) -> Needs:
@@ -128,6 +136,16 @@ def test_readme_has_python_blocks():
 def test_python_blocks_helper():
     text = "a\n```python\nx = 1\n```\n```bash\nls\n```\n```python\nimport os\nprint(os.sep)\n```\n"
     assert python_blocks(text) == ["x = 1\n", "import os\nprint(os.sep)\n"]
+    assert text_before_blocks(text, 7) == ["a", "ls ```"]
+
+
+def test_readme_says_what_each_block_needs():
+    """A block that needs a step first (a server, ``openenv init``, a Docker engine) says so just before it."""
+    text = README.read_text(encoding="utf-8")
+    for i, (code, before) in enumerate(zip(python_blocks(text), text_before_blocks(text))):
+        need = _needs(code)
+        assert need.said.replace("`", "") in before.replace("`", ""), \
+            f"README block {i} needs {need.said!r} said before it; the text before it:\n{before}"
 
 
 @pytest.mark.parametrize(("index", "code", "need"), _params())
