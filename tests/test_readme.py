@@ -6,11 +6,15 @@ run on the samples shipped in the package, as a newcomer's do), and must exit 0 
 no process behind.  Real components throughout: the bundled SmolLM2 model, the simulators, Ray, OpenEnv's own
 CLI and server, and the Docker engine for the block that builds an image.
 
-What a block needs beyond that is in :data:`NEEDS`, keyed by a text the block contains; the README says the
-same beside the block (a server started first, ``openenv init`` run first, a Docker engine).  A block
-that :data:`NEEDS` does not know runs with no help and the default limit, so a new block that does not run as
-pasted fails here.  The one liberty: the OpenEnv client block's server runs on a free port, written over the
-README's ``8000`` in the block (port 8000 may be taken on a shared machine).
+What a block needs beyond that is in :data:`NEEDS`, keyed by a text the block contains, and the README must say
+it just before the block (a server started first, ``openenv init`` run first, a Docker engine).  A block that
+:data:`NEEDS` does not know runs with no help and the default limit, so a new block that does not run as pasted
+fails here.  Two liberties, both for a shared machine: the OpenEnv client block's server runs on a free port,
+written over the README's ``8000`` in the block, and each block's ``ray.init()`` gets a temp folder of its own
+(``RAY_TMPDIR``, no ``RAY_ADDRESS``), so it starts its own Ray instead of joining someone else's.
+
+Measured on the 2-core development machine under load (``pytest tests/test_readme.py -s``): see each test's
+printed ``README block N: exit 0 in S s``; blocks over a minute there are marked ``slow``.
 """
 
 from __future__ import annotations
