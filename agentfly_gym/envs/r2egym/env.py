@@ -186,7 +186,8 @@ class R2EGymEnv(AgentFlyEnv):
         test_timeout: seconds the hidden tests may run at grading.
         max_output: characters of tool output kept per observation.
         max_episode_steps: steps before the episode is graded and truncated.
-        step_timeout: seconds per step (default ``bash_timeout + test_timeout + 60``).
+        step_timeout: seconds per step (default ``bash_timeout + test_timeout + 60``, plus 180 with isolated
+            grading: the diff's export and a grading container, which may have to start).
         grading: ``"isolated"`` (default: the model's filtered diff is graded in a fresh container, statuses
             from pytest's JUnit XML; see :mod:`.isolation`) or ``"in_place"`` (upstream R2E-Gym's: the
             hidden tests run in the episode's container and the text summary is parsed; hackable by the
@@ -295,7 +296,7 @@ class R2EGymEnv(AgentFlyEnv):
         """The spec of ``task``'s grading containers: :meth:`container_spec` in a pool of its own (a spec
         variable tells them apart), so grading never runs in a container the model used in its episode."""
         spec = await self.container_spec(task)
-        env = dict(spec.env) if isinstance(spec.env, dict) else dict(spec.env or ())
+        env = dict(spec.env or ())
         env[_GRADING_POOL_ENV[0]] = _GRADING_POOL_ENV[1]
         return dataclasses.replace(spec, env=tuple(sorted(env.items())), name=f"{spec.name}-grading")
 
