@@ -31,6 +31,7 @@ SCRIPTS = {
     "bench_sim_costs": [],
     "bench_trace_rollout": ["--profiles", "r2e"],
     "bench_memory": ["--envs", "Chess"],
+    "bench_grading_hacks": ["--backends", "sandbox", "--hacks", "conftest_pass_all,passed_in_exception"],
 }
 
 
@@ -184,3 +185,12 @@ def test_memory_merge_keeps_rows_not_measured_again():
     assert res.data["from_earlier_run"] == {"ALFWorld/ours/8": "old run", "ALFWorld/gym_async/8": "old run",
                                             "Chess/ours/32": "older run"}
     assert res.data["skipped"] == {"Chess/ours/128": "memory"}  # the re-measured count's old skip is gone
+
+
+def test_grading_hack_campaign_counts(runs):
+    """The hacks buy reward in place (upstream's grading) and nothing isolated; the gold patch scores 1.0 in both."""
+    data = _finished(runs, "bench_grading_hacks")
+    counts = data["results"]["sandbox"]["counts"]
+    assert counts["in_place"]["bought"] == counts["in_place"]["episodes"] == 2, counts
+    assert counts["isolated"]["bought"] == 0 and counts["isolated"]["unhandled"] == 0, counts
+    assert set(data["results"]["sandbox"]["honest"]["isolated"]) == {1.0}

@@ -10,8 +10,10 @@ with the project's ``agentfly/r2egym`` image when an engine answers (skipped oth
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import gymnasium
@@ -285,3 +287,53 @@ def test_async_vector_env_workers_leave_no_container_after_close(r2e_docker_imag
     while left := containers():
         assert time.monotonic() < deadline, f"containers of closed workers still up: {[c.name for c in left]}"
         time.sleep(0.5)
+
+
+def _upstream_style_image(docker_client, base_image: str, tmp_path: Path) -> str:
+    """An image laid out as R2E-Gym's task images are: the buggy repository as a git checkout at /testbed, the
+    hidden tests at /r2e_tests, /run_tests.sh running them with ``pytest -rA`` (built from the fixture task)."""
+    ctx = tmp_path / "ctx"
+    shutil.copytree(FIXTURES / "repos" / "minicalc", ctx / "testbed")
+    (ctx / "r2e_tests").mkdir()
+    shutil.copy(FIXTURES / "hidden" / "minicalc" / "tests" / "test_calc.py", ctx / "r2e_tests" / "test_1.py")
+    (ctx / "run_tests.sh").write_text("#!/bin/bash\ncd /testbed\n"
+                                      "PYTHONPATH=/testbed python3 -m pytest -rA -p no:cacheprovider r2e_tests\n")
+    (ctx / "Dockerfile").write_text(f"FROM {base_image}\nCOPY testbed /testbed\nCOPY r2e_tests /r2e_tests\n"
+                                    "COPY run_tests.sh /run_tests.sh\n"
+                                    "RUN cd /testbed && git init -q . && git add -A && git commit -qm base\n")
+    tag = f"agentfly-test/r2e-upstream-row:{uuid.uuid4().hex[:12]}"
+    docker_client.images.build(path=str(ctx), tag=tag, rm=True)
+    return tag
+
+
+async def test_upstream_row_isolated_grading(manager, r2e_docker_image, docker_client, tmp_path):
+    """An R2E-Gym row (its own image with /r2e_tests and /run_tests.sh): isolated grading records the base from
+    the image's git checkout, hides the tests as upstream does, and grades the diff in a fresh container of
+    the row's image: 0 unfixed, 1 after the gold patch, 0 for a pass-all conftest.py that in place buys 1."""
+
+    image = _upstream_style_image(docker_client, r2e_docker_image, tmp_path)
+    row = json.loads((FIXTURES / "tasks.jsonl").read_text().splitlines()[0])
+    up = {k: row[k] for k in ("repo_name", "problem_statement", "expected_output_json", "patch", "modified_files")}
+    (tmp_path / "rows.jsonl").write_text(json.dumps({**up, "docker_image": image, "commit_hash": "0" * 40}) + "\n")
+    hook = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+            "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")
+    conftest = _xml("file_editor", command="create", path="/testbed/conftest.py", file_text=hook)
+    try:
+        results = {}
+        for mode in ("isolated", "in_place"):
+            env = R2EGymEnv(tasks=tmp_path / "rows.jsonl", manager=manager, backend="docker", grading=mode)
+            for name in ("unfixed", "gold", "conftest"):
+                await env.areset(options={"task_index": 0})
+                if name == "gold":
+                    await env.astep(await env.expert_action())
+                elif name == "conftest":
+                    await env.astep(conftest)
+                o, r, term, _trunc, info = await env.astep(_xml("finish"))
+                assert term and info["error"] is None, (o, info)
+                results[mode, name] = r
+            await env.aclose()
+        assert results == {("isolated", "unfixed"): 0.0, ("isolated", "gold"): 1.0, ("isolated", "conftest"): 0.0,
+                           ("in_place", "unfixed"): 0.0, ("in_place", "gold"): 1.0, ("in_place", "conftest"): 1.0}
+    finally:
+        await manager.aclose()
+        docker_client.images.remove(image, force=True)

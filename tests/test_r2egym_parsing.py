@@ -174,3 +174,141 @@ def test_local_fixture_task_resolves_paths():
     assert t.local and t.repo_dir.is_dir() and (t.hidden_dir / "tests" / "test_calc.py").is_file()
     assert not (t.repo_dir / "tests").exists()  # hidden tests are not in the repository
     assert t.gold_patch.startswith("diff --git a/minicalc/ops.py")
+
+
+# ---------------------------------------------------------------- isolated grading: diff filter, JUnit map
+def _git(cwd: Path, *args: str) -> bytes:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True).stdout
+
+
+@pytest.fixture
+def model_diff(tmp_path) -> tuple[Path, bytes]:
+    """A real ``git diff --binary`` (as the env exports it) of a fix plus every kind of change a fix may not make."""
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "pkg" / "mod.py").write_text("def f():\n    return 1\n")
+    (repo / "tests" / "test_a.py").write_text("def test(): pass\n")
+    (repo / "data.bin").write_bytes(b"bin\x00ary")
+    _git(repo, "init", "-q", ".")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    base = repo.parent / "base"
+    shutil.copytree(repo, base)
+    (repo / "pkg" / "mod.py").write_text("def f():\n    return 2\n")          # the fix
+    (repo / "data.bin").write_bytes(b"bin\x01ary\x00\xff")                    # a binary change
+    (repo / "we ird\tname.py").write_text("x = 1\n")                          # a quoted path
+    (repo / "pkg" / "conftest.py").write_text("x = 1\n")
+    (repo / "pytest.py").write_text("x = 1\n")
+    (repo / "sitecustomize.py").write_text("x = 1\n")
+    (repo / "pkg" / "x.pth").write_text("import os\n")
+    (repo / "pkg" / "__pycache__").mkdir()
+    (repo / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\x00pyc")
+    (repo / "pkg.egg-info").mkdir()
+    (repo / "pkg.egg-info" / "entry_points.txt").write_text("[pytest11]\nx = pkg.mod\n")
+    (repo / "setup.cfg").write_text("[tool:pytest]\naddopts = -p pkg.mod\n")
+    (repo / "tests" / "test_a.py").write_text("def test(): assert 1\n")
+    (repo / "tests" / "helper.py").write_text("x = 1\n")
+    (repo / "numpy.py").write_text("x = 1\n")
+    (repo / "link").symlink_to("/etc/passwd")
+    _git(repo, "add", "-A")
+    diff = _git(repo, "diff", "--cached", "--binary", "--no-renames", "--full-index", "HEAD")
+    return base, diff
+
+
+def test_filter_diff_keeps_the_fix_and_drops_what_steers_the_tests(model_diff):
+    from agentfly_gym.envs.r2egym.isolation import DiffRules, filter_diff, hidden_test_rules, shadow_candidates
+
+    base, diff = model_diff
+    assert "numpy" in shadow_candidates(diff)  # (whether a name exists already is asked in the grading box)
+    files, dirs = hidden_test_rules(["tests/test_a.py"])
+    out = filter_diff(diff, DiffRules(files, dirs, frozenset({"numpy"})))
+    assert sorted(out.kept) == ["data.bin", "pkg/mod.py", "we ird\tname.py"]
+    reasons = {d["path"]: d["reason"] for d in out.dropped}
+    assert set(reasons) == {"pkg/conftest.py", "pytest.py", "sitecustomize.py", "pkg/x.pth",
+                            "pkg/__pycache__/mod.cpython-311.pyc", "pkg.egg-info/entry_points.txt", "setup.cfg",
+                            "tests/test_a.py", "tests/helper.py", "numpy.py", "link"}, reasons
+    assert "symbolic link" in reasons["link"] and "hidden test" in reasons["tests/test_a.py"]
+    # the kept part applies to a clean copy and makes exactly the kept changes
+    subprocess.run(["git", "apply", "-"], input=out.diff, cwd=base, check=True, capture_output=True)
+    status = _git(base, "status", "--porcelain", "-z", "--untracked-files=all").split(b"\0")
+    assert sorted(s[3:].decode() for s in status if s) == ["data.bin", "pkg/mod.py", "we ird\tname.py"]
+    assert (base / "data.bin").read_bytes() == b"bin\x01ary\x00\xff"
+
+
+def test_filter_diff_refuses_text_smuggled_after_a_hunk():
+    """``git apply`` also reads traditional ``---``/``+++`` headers between file sections: text after a
+    section's last hunk could patch a file the filter never saw (here ``conftest.py``), so such a section is
+    dropped whole; so are malformed headers and hunks whose line counts do not match."""
+    from agentfly_gym.envs.r2egym.isolation import filter_diff
+
+    good = (b"diff --git a/m.py b/m.py\nindex 1111111..2222222 100644\n--- a/m.py\n+++ b/m.py\n"
+            b"@@ -1 +1 @@\n-x = 1\n+x = 2\n")
+    smuggled = good + b"--- a/conftest.py\n+++ b/conftest.py\n@@ -0,0 +1 @@\n+import evil\n"
+    assert filter_diff(good).kept == ["m.py"]
+    out = filter_diff(smuggled)
+    assert out.kept == [] and out.diff == b"" and out.dropped == [{"path": "m.py", "reason": "text outside a hunk"}]
+    short = good.replace(b"@@ -1 +1 @@", b"@@ -1,2 +1 @@")
+    assert filter_diff(short).kept == []
+    bad_header = b"diff --git a/m.py b/other.py\n" + good.split(b"\n", 1)[1]
+    assert filter_diff(bad_header).dropped[0]["reason"] == "malformed diff header"
+    assert filter_diff(b"--- a/x\n+++ b/x\n@@ -0,0 +1 @@\n+y\n").dropped[0]["reason"].startswith("text before")
+    escape = good.replace(b"m.py", b"../m.py")
+    assert filter_diff(escape).dropped[0]["reason"] == "invalid path"
+
+
+def test_junit_map_matches_upstreams_log_parse(tmp_path):
+    """The same pytest run read both ways: JUnit XML mapped onto R2E-Gym's names gives upstream's map (passes,
+    failures, setup and teardown errors, parametrized ids with '::' and ' - ', inherited tests, xpass and
+    xfail and skip left out) except where the log parser is fooled: a failure whose message says PASSED."""
+    from agentfly_gym.envs.r2egym.grading import _normalise
+    from agentfly_gym.envs.r2egym.isolation import isolated_test_map
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "__init__.py").write_text("")
+    (tests / "base.py").write_text("class Base:\n    def test_inherited(self):\n        pass\n")
+    (tests / "test_x.py").write_text('''import pytest
+from tests.base import Base
+def test_a(): pass
+def test_fooled(): raise RuntimeError("PASSED")
+class TestC:
+    def test_d(self): pass
+    @pytest.mark.parametrize("x", ["a::b", "c - d", 3])
+    def test_p(self, x): assert x != 3
+class TestInh(Base): pass
+@pytest.fixture
+def bad():
+    yield
+    raise ValueError("teardown")
+def test_teardown_error(bad): pass
+@pytest.fixture
+def broken(): raise ValueError("setup")
+def test_setup_error(broken): pass
+@pytest.mark.xfail
+def test_xpass(): pass
+@pytest.mark.xfail
+def test_xfail(): assert 0
+@pytest.mark.skip
+def test_skip(): pass
+''')
+    report = tmp_path / "report.xml"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "tests/test_x.py",
+                        f"--junitxml={report}", "-o", "junit_family=xunit1"], cwd=tmp_path, capture_output=True,
+                       text=True, env={"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    log = r.stdout + r.stderr
+    junit = _normalise(isolated_test_map(report.read_bytes(), log, test_files=["tests/test_x.py"]))
+    upstream = _normalise(parse_log_pytest(log))
+    assert upstream.pop("test_fooled") == "PASSED" and junit.pop("test_fooled") == "FAILED"
+    assert junit == upstream, (junit, upstream)
+    assert junit["TestInh.test_inherited"] == "PASSED" and junit["TestC.test_p[a.b]"] == "PASSED"
+    assert junit["test_teardown_error"] == junit["test_setup_error"] == "ERROR" and "test_xpass" not in junit
+
+
+def test_grading_mode_is_checked():
+    with pytest.raises(ConfigError, match="grading"):
+        R2EGymEnv(tasks=FIXTURES / "tasks.jsonl", backend="sandbox", grading="yes")
+    assert R2EGymEnv(tasks=FIXTURES / "tasks.jsonl", backend="sandbox").grading == "isolated"

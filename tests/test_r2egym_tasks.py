@@ -22,6 +22,7 @@ from agentfly_gym.envs.r2egym import (
     build_tasks_main,
     load_tasks,
 )
+from agentfly_gym.envs.r2egym.grading import _normalise, compare_test_maps
 from agentfly_gym.resources import ResourceManager
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,15 +63,30 @@ def test_rebuild_is_idempotent(local_tasks_file, capsys):
     assert local_tasks_file.read_bytes() == before  # building a subset keeps the whole set listed
 
 
+def _same_verdict_as_upstream_log(info: dict, expected: dict) -> None:
+    """Isolated grading reads JUnit XML; upstream's parse of the same run's ``-rA`` log must agree on every
+    test's status and on the verdict (for honest runs: the buggy repository and the gold patch)."""
+    g = info["grading"]
+    if g["mode"] != "isolated":
+        return
+    junit, log = _normalise(info["test_results"]), _normalise(g["log_test_results"])
+    assert junit == log, {k: (junit.get(k), log.get(k)) for k in set(junit) | set(log) if junit.get(k) != log.get(k)}
+    assert compare_test_maps(junit, expected) == compare_test_maps(log, expected) == info["score"]
+
+
 async def _reward_before_and_after(env: R2EGymEnv, task_id: str) -> tuple[float, float, dict]:
     await env.areset(options={"task_id": task_id})
-    o, r0, term0, _, _info0 = await env.astep("<function=finish>\n</function>")
+    o, r0, term0, _, info0 = await env.astep("<function=finish>\n</function>")
     assert term0
+    _same_verdict_as_upstream_log(info0, env._by_id[task_id].expected)
     await env.areset(options={"task_id": task_id})
     o, _r, _term, _trunc, _info = await env.astep(await env.expert_action())
     assert "Exit code: 0" in o, o
     o, r1, term1, _, info1 = await env.astep(await env.expert_action())
     assert term1, o
+    _same_verdict_as_upstream_log(info1, env._by_id[task_id].expected)
+    if info1["grading"]["mode"] == "isolated":  # the gold patch is applied whole, nothing dropped
+        assert not info1["grading"]["dropped"] and info1["grading"]["kept"] == env._by_id[task_id].modified_files
     return r0, r1, info1
 
 
@@ -91,10 +107,12 @@ async def _check_all(local_tasks_file: Path, **env_kw) -> None:
     assert len(results) == len(ids)
 
 
-async def test_every_task_reward_0_then_1_sandbox(local_tasks_file):
-    await _check_all(local_tasks_file, backend="sandbox", image="host")
+@pytest.mark.parametrize("grading", ["isolated", "in_place"])
+async def test_every_task_reward_0_then_1_sandbox(local_tasks_file, grading):
+    await _check_all(local_tasks_file, backend="sandbox", image="host", grading=grading)
 
 
 @pytest.mark.docker
-async def test_every_task_reward_0_then_1_docker(local_tasks_file, r2e_docker_image):
-    await _check_all(local_tasks_file, backend="docker", image=r2e_docker_image)
+@pytest.mark.parametrize("grading", ["isolated", "in_place"])
+async def test_every_task_reward_0_then_1_docker(local_tasks_file, r2e_docker_image, grading):
+    await _check_all(local_tasks_file, backend="docker", image=r2e_docker_image, grading=grading)

@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
+import r2e_hacks
 from proctools import pids_with, procs_settle
 
 from agentfly_gym.errors import ResourceDied
@@ -459,3 +461,109 @@ async def test_docker_gvisor_runtime_option(docker_client, manager):
     assert os.uname().release not in r.output, r.output
     with pytest.raises(Exception, match="Docker option"):
         ContainerSpec(image="host", backend="sandbox", runtime="runsc")
+
+
+# ------------------------------------------------------------------------------------- reward hacks
+# R2E-Gym grading attacked as a policy would (issue 23): each hack leaves the bug in place; with isolated
+# grading (the default) it must score 0, and with upstream's in-place grading 1.0 (so the probe has teeth).
+# One manager and one pair of envs per backend serve the whole module (warm pools, no container per test).
+R2E_FIXTURES = Path(__file__).parent / "fixtures" / "r2e"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def r2e_manager():
+    m = ResourceManager()
+    yield m
+    await m.aclose()
+
+
+@pytest.fixture(scope="module", params=["sandbox", "docker"])
+def r2e_backend(request) -> dict:
+    if request.param == "docker":
+        return {"backend": "docker", "image": request.getfixturevalue("r2e_docker_image")}
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap")
+    return {"backend": "sandbox", "image": "host"}
+
+
+@pytest.fixture(scope="module")
+def r2e_envs(r2e_manager, r2e_backend) -> dict:
+    from agentfly_gym.envs.r2egym import R2EGymEnv
+
+    return {mode: R2EGymEnv(tasks=R2E_FIXTURES / "tasks.jsonl", manager=r2e_manager, max_containers=1,
+                            bash_timeout=30.0, test_timeout=60.0, grading=mode, **r2e_backend)
+            for mode in ("isolated", "in_place")}
+
+
+async def _play_hack(env, hack) -> tuple[float, dict]:
+    await env.areset(options={"task_id": r2e_hacks.TASK_ID})
+    if hack.precondition is not None:
+        o, *_ = await env.astep(r2e_hacks.bash(hack.precondition))
+        if "yes" not in o:
+            await env.aend_episode()
+            pytest.skip(hack.why_not)
+    for action in hack.actions:
+        o, r, term, trunc, info = await env.astep(action)
+        assert not (term or trunc) and info["error"] is None, o
+        assert "ERROR" not in o.split("\n", 1)[0] and "Exit code: 0" in o or "[file_editor]" in o, o
+    o, r, term, trunc, info = await env.astep(r2e_hacks.FINISH)
+    assert term and not trunc, o
+    return r, info
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("hack", list(r2e_hacks.HACKS))
+async def test_reward_hack_scores_zero_with_isolated_grading(hack, r2e_envs, r2e_backend):
+    """The hack buys 1.0 under upstream's in-place grading and 0 under isolated grading (the default),
+    with no error: a diff restricted to what a fix may touch, graded in a fresh container, statuses from
+    pytest's JUnit report."""
+    h = r2e_hacks.HACKS[hack]
+    if h.docker_only and r2e_backend["backend"] != "docker":
+        pytest.skip("the sandbox stops this one in place too (read-only /usr; no process outlives its command)")
+    r_in_place, info = await _play_hack(r2e_envs["in_place"], h)
+    assert r_in_place == 1.0, f"the hack no longer works in place, so this test has no teeth: {info}"
+    assert info["grading"] == {"mode": "in_place"}
+    r_isolated, info = await _play_hack(r2e_envs["isolated"], h)
+    assert r_isolated == 0.0 and info["error"] is None, info
+    assert info["test_results"]["test_add"] == "FAILED", info["test_results"]
+    assert info["grading"]["mode"] == "isolated"
+    if h.dropped is not None:
+        assert h.dropped in [d["path"] for d in info["grading"]["dropped"]], info["grading"]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_isolated_grading_keeps_the_fix_and_drops_only_what_steers_the_tests(r2e_envs):
+    """An honest fix with a new helper module scores 1.0 although the same episode also plants a conftest.py,
+    a shadowing ``inspect.py`` and a ``.pth``: those are dropped (and listed), the fix is kept."""
+    env = r2e_envs["isolated"]
+    await env.areset(options={"task_id": r2e_hacks.TASK_ID})
+    actions = [
+        r2e_hacks.create("/testbed/minicalc/_helpers.py", "def plus(a, b):\n    return a + b\n"),
+        r2e_hacks.xml_call("file_editor", command="str_replace", path="/testbed/minicalc/ops.py",
+                           old_str='\n    """Return a + b."""\n    return a - b\n',
+                           new_str='\n    """Return a + b."""\n    from ._helpers import plus\n    return plus(a, b)\n'),
+        r2e_hacks.create("/testbed/tests/conftest.py", "raise SystemExit(3)\n"),
+        r2e_hacks.create("/testbed/inspect.py", "raise SystemExit(4)\n"),
+        r2e_hacks.create("/testbed/minicalc/zz.pth", "import os\n"),
+    ]
+    for a in actions:
+        o, r, term, trunc, info = await env.astep(a)
+        assert info["error"] is None and not (term or trunc), o
+    o, r, term, trunc, info = await env.astep(r2e_hacks.FINISH)
+    assert term and r == 1.0 and info["error"] is None, (o, info)
+    g = info["grading"]
+    assert set(g["kept"]) == {"minicalc/_helpers.py", "minicalc/ops.py"}, g
+    assert {d["path"] for d in g["dropped"]} == {"tests/conftest.py", "inspect.py", "minicalc/zz.pth"}, g
+    assert g["log_test_results"] == info["test_results"]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_grading_faults_are_handled_observations(r2e_envs):
+    """A model that breaks what grading needs (the repository's git data) gets reward 0 and ``info["error"]``,
+    never an exception out of ``astep``."""
+    env = r2e_envs["isolated"]
+    await env.areset(options={"task_id": r2e_hacks.TASK_ID})
+    o, *_ = await env.astep(r2e_hacks.bash("rm -rf /testbed/.git && echo gone"))
+    assert "gone" in o
+    o, r, term, trunc, info = await env.astep(r2e_hacks.FINISH)
+    assert r == 0.0 and (term or trunc) and info["error"], (o, info)
