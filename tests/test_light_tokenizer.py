@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 SPECIALS = ["<|im_end|>", "<|im_start|>", "<|im_start|>assistant\n", "<|endoftext|>", "<think>", "</think>",
             "<tool_call>", "</tool_response>", "<|im_end", "|im_end|>", "\n", "\n\n\n", " ", "    ", "\r\n", "\t",
-            "\u00a0", "\u200b", "é", "e\u0301", "Ω", "ﬁ", "😀", "👩🏽‍💻", "中文", "{{ x }}", "{% if %}", "'s", "  <|im_end|>  "]
+            "\u00a0", "\u200b", "é", "e\u0301", "Ω", "ﬁ", "😀", "👩🏽‍💻", "中文", "{{ x }}", "{% if %}", "'s",
+            "  <|im_end|>  "]
 texts = st.lists(st.one_of(st.text(max_size=30), st.sampled_from(SPECIALS),
                            st.text(alphabet=" \t\n\r", min_size=1, max_size=12)), max_size=8).map("".join)
 
