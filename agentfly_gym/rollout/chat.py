@@ -47,6 +47,7 @@ scheme can do without re-rendering the past (:attr:`ChatTokenizer.system_moves` 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,6 +84,9 @@ def _backend_encoder(tokenizer: Any) -> tuple[bool, str]:
     ``TokenizersBackend``'s own (a subclass such as CodeLlama's overrides ``_encode_plus`` and
     ``tokenize``), nothing is patched on the instance, and the backend is a ``tokenizers.Tokenizer``.
     """
+    if "transformers" not in sys.modules:  # then it is no transformers tokenizer (a LightTokenizer, say): do not
+        # import transformers (and torch) for a check that cannot pass
+        return False, f"{type(tokenizer).__name__} is not a transformers tokenizer"
     try:
         import tokenizers
         import transformers
@@ -118,7 +122,8 @@ class ChatTokenizer:
     """Incremental tokenization of a chat conversation with a Hugging Face chat template.
 
     Args:
-        tokenizer: a Hugging Face tokenizer with a chat template (e.g. ``policy.tokenizer``).
+        tokenizer: a Hugging Face tokenizer with a chat template (e.g. ``policy.tokenizer``), or a
+            :class:`~agentfly_gym.rollout.light_tokenizer.LightTokenizer` (same ids, no transformers).
         system_prompt_in_dummy: whether the dummy conversations of :meth:`append_ids` start
             with a system message (True suits templates that inject a default system prompt;
             the result is the same for ChatML templates either way).

@@ -195,8 +195,7 @@ def drift_main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """
     if not isinstance(args, argparse.Namespace):
         args = add_drift_arguments(argparse.ArgumentParser(prog="agentfly-gym drift")).parse_args(args)
-    from transformers import AutoTokenizer
-
+    from .light_tokenizer import load_tokenizer
     from .policies.factory import _tokenizer_dir
     from .trajectory import load_trajectories
 
@@ -211,7 +210,7 @@ def drift_main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001  (a corrupt file is reported, not a traceback)
         print(f"agentfly-gym drift: error: cannot read {str(path)!r}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    tok = AutoTokenizer.from_pretrained(str(_tokenizer_dir(getattr(args, "tokenizer", None))))
+    tok = load_tokenizer(_tokenizer_dir(getattr(args, "tokenizer", None)))  # no transformers/torch where exact
     res = measure_drift(trajs, tok)
     c, t = res["chain"], res["turn"]
     print(f"{res['trajectories']} trajectories ({res['skipped']} without tokens skipped), tokenizer {tok.name_or_path}")

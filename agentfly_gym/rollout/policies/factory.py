@@ -4,7 +4,10 @@ Names: ``smollm2`` (the bundled SmolLM2-135M-Instruct on CPU, batched), ``tiny-q
 (a random tiny Qwen2 on the Qwen3 tokenizer, for plumbing tests), a local model folder,
 ``random`` (random admissible action) and ``expert`` (the env's expert).  Scripted policies
 still need a tokenizer to turn their actions into token ids: ``tokenizer=`` names a folder,
-by default the bundled SmolLM2's.
+by default the bundled SmolLM2's; they load it with
+:func:`~agentfly_gym.rollout.light_tokenizer.load_tokenizer` (the ``tokenizers`` package, no
+transformers or torch; same ids).  The bundled SmolLM2's folder is converted from its GGUF file on
+first use (once, with transformers and torch; cached), for scripted policies too.
 """
 
 from __future__ import annotations
@@ -45,14 +48,14 @@ def make_policy(name: str, *, tokenizer: str | None = None, seed: int | None = 0
     Raises:
         ConfigError: unknown name or missing folder.
     """
-    from transformers import AutoTokenizer
-
     from ..chat import ChatTokenizer
 
     if name in ("random", "expert"):
+        from ..light_tokenizer import load_tokenizer
         from .baselines import ExpertPolicy, RandomPolicy
 
-        tok = AutoTokenizer.from_pretrained(str(_tokenizer_dir(tokenizer)))
+        # No model: the tokenizer is loaded without transformers/torch where it gives the same ids.
+        tok = load_tokenizer(_tokenizer_dir(tokenizer))
         policy = RandomPolicy(seed=seed) if name == "random" else ExpertPolicy()
         return policy, ChatTokenizer(tok)
     from ..models import smollm2_dir, tiny_qwen_dir
