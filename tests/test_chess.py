@@ -1,7 +1,7 @@
-"""agentfly/Chess-v0: Lichess puzzles from the shared sample and games against the real Stockfish.
+"""agentfly/Chess-v0: Lichess puzzles from the test data and games against the real Stockfish.
 
-Everything is real: python-chess, the Debian Stockfish binary, the 1,000-puzzle Lichess sample in the
-shared data folder and the resource manager.  Stockfish searches are kept shallow so the module runs in
+Everything is real: python-chess, the Debian Stockfish binary, the 1,000-puzzle Lichess sample in
+tests/data and the resource manager.  Stockfish searches are kept shallow so the module runs in
 well under a minute on two busy cores.
 """
 
