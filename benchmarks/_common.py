@@ -197,7 +197,9 @@ def skip_on_error(res: "Result", what: str, *, trace: bool = True, prefix: str =
 
 def setup_env_vars() -> None:
     """Default ``AGENTFLY_GYM_DATA`` to ``../shared/data`` beside the repository when it exists and
-    the variable is unset (the layout of the project's machines); an explicit setting wins."""
+    the variable is unset (the layout of the project's machines, whose full data sets the committed results
+    were measured on); an explicit setting wins.  Without either, the library's resolution order applies
+    (down to the package's samples).  The tests set the variable to ``tests/data`` before any script runs."""
     if "AGENTFLY_GYM_DATA" not in os.environ:
         cand = Path(__file__).resolve().parents[2] / "shared" / "data"
         if cand.is_dir():

@@ -1,4 +1,4 @@
-"""Shared fixtures: where the shared data sets live, and process-leak checks."""
+"""Shared fixtures: where the test data lives (tests/data), Docker, process-leak checks."""
 
 from __future__ import annotations
 
@@ -15,40 +15,61 @@ if importlib.util.find_spec("agentfly_gym_verl") is None:  # the plugin not inst
     sys.path.insert(0, str(REPO / "plugins" / "verl"))
 
 
-def _shared_data() -> Path:
+#: The test suite's data, shipped in the repository (tests/data/README.md: what each file is, origin, licence):
+#: alfworld/ (a subset of the games), chess/, webshop/ (a link to the package's sample), tokenizers/qwen3/, and
+#: cases/ (the WebShop reward cases computed with upstream's code).  Nothing outside the clone is read.
+TEST_DATA = REPO / "tests" / "data"
+
+
+def _data_root() -> Path:
     env = os.environ.get("AGENTFLY_GYM_DATA")
     if env:
-        return Path(env)
-    return (REPO.parent / "shared" / "data").resolve()
+        return Path(env).expanduser()
+    return TEST_DATA
 
 
-SHARED_DATA = _shared_data()
+#: The data root of this session: ``$AGENTFLY_GYM_DATA`` when set (e.g. a folder with the full data sets, in the
+#: layout of tests/data), else tests/data.  ``SHARED_DATA`` is its old name.
+DATA_ROOT = SHARED_DATA = _data_root()
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """The project's shared data folder (alfworld/, webshop/, chess/, tokenizers/).
+def test_data() -> Path:
+    """The data root the tests read (alfworld/, webshop/, chess/, tokenizers/qwen3/).  Read-only.
 
-    ``$AGENTFLY_GYM_DATA`` wins; else ``../shared/data`` beside the repository.  Read-only.
+    ``tests/data`` of the repository, unless ``$AGENTFLY_GYM_DATA`` is set: then that folder, which must hold the
+    same layout (for running the tests against the full data sets; the ALFWorld counts test knows both).
     """
-    if not SHARED_DATA.is_dir():
-        pytest.fail(f"shared data folder not found at {SHARED_DATA}; set AGENTFLY_GYM_DATA")
-    return SHARED_DATA
+    if not DATA_ROOT.is_dir():
+        pytest.fail(f"data folder not found at {DATA_ROOT} (from AGENTFLY_GYM_DATA); unset it to use tests/data")
+    return DATA_ROOT
 
 
 @pytest.fixture(scope="session")
-def shared_cases() -> Path:
-    """The shared held-back fidelity cases (``cases/`` beside the shared data folder).  Read-only."""
-    cases = SHARED_DATA.parent / "cases"
-    if not cases.is_dir():
-        pytest.fail(f"shared cases folder not found at {cases} (beside the data folder {SHARED_DATA})")
-    return cases
+def shared_data(test_data) -> Path:
+    """The old name of ``test_data`` (the data root), kept for existing tests."""
+    return test_data
+
+
+@pytest.fixture(scope="session")
+def test_cases() -> Path:
+    """The WebShop reward cases computed with upstream's code (``tests/data/cases``).  Read-only.
+
+    Always the repository's copy: ``$AGENTFLY_GYM_DATA`` only moves the data sets.
+    """
+    return TEST_DATA / "cases"
+
+
+@pytest.fixture(scope="session")
+def shared_cases(test_cases) -> Path:
+    """The old name of ``test_cases``, kept for existing tests."""
+    return test_cases
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _data_env(tmp_path_factory):
-    """Point the library at the shared data and a writable cache for the whole session."""
-    os.environ.setdefault("AGENTFLY_GYM_DATA", str(SHARED_DATA))
+    """Point the library at the data root and a writable cache for the whole session."""
+    os.environ.setdefault("AGENTFLY_GYM_DATA", str(DATA_ROOT))
     os.environ.setdefault("AGENTFLY_GYM_CACHE", str(Path.home() / ".cache" / "agentfly-gym"))
     yield
 

@@ -1,4 +1,5 @@
-"""agentfly/ALFWorld-v0 on the real ALFWorld engine (TextWorld PDDL + Fast Downward) and the shared game files.
+"""agentfly/ALFWorld-v0 on the real ALFWorld engine (TextWorld PDDL + Fast Downward) and real game files
+(the subset in tests/data, or the full set given by AGENTFLY_GYM_DATA).
 
 Nothing is faked: every test loads real games, and the expert's plans come from the real planner
 in its child process.  Games are picked among quick ones of valid_seen (plan in ~2 s here).
@@ -76,16 +77,24 @@ def _children() -> list[str]:
 # ---------------------------------------------------------------------------------------------- data
 
 
+# (solvable games, skipped unsolvable, skipped unsupported) per split: the repository's subset (tests/data, see
+# scripts/make_test_data.py) and ALFWorld's full json_2.1.1 release (when AGENTFLY_GYM_DATA points at it)
+SUBSET_COUNTS = {"valid_seen": (7, 1, 2), "valid_unseen": (7, 1, 1), "train": (6, 0, 0)}
+FULL_COUNTS = {"valid_seen": (140, 47, 64), "valid_unseen": (134, 58, 63), "train": (200, 0, 0)}  # ALFWorld's
+
+
 def test_split_counts_match_alfworld(alfworld_root, fresh_cache):
+    subset = alfworld_root.resolve() == (Path(__file__).resolve().parent / "data" / "alfworld")
+    expected = SUBSET_COUNTS if subset else FULL_COUNTS
     seen = load_index(alfworld_root, "valid_seen")
     unseen = load_index(alfworld_root, "valid_unseen")
-    assert (len(seen), len(unseen)) == (140, 134)  # ALFWorld's standard evaluation sets
-    assert seen.skipped["unsolvable"] == 47 and unseen.skipped["unsolvable"] == 58
-    assert seen.skipped["unsupported"] == 64  # movable / Sliced trials, as upstream
+    train = load_index(alfworld_root, "train")
+    got = {name: (len(idx), idx.skipped["unsolvable"], idx.skipped["unsupported"])
+           for name, idx in (("valid_seen", seen), ("valid_unseen", unseen), ("train", train))}
+    assert got == expected  # the full release: ALFWorld's standard evaluation sets, 140 and 134 games
     # ALFWorld's own split names, and "train" on a layout that names the folder valid_train
     assert [g.task_id for g in load_index(alfworld_root, "eval_in_distribution").games] == [g.task_id for g in seen.games]
-    train = load_index(alfworld_root, "train")
-    assert train.folder.name == "valid_train" and len(train) == 200
+    assert train.folder.name == "valid_train"
     assert all(g.game_file.is_file() for g in seen.games)
     assert any(fresh_cache.joinpath("alfworld", "index").glob("*.json"))  # the index is cached on disk
     with pytest.raises(ConfigError, match="valid_seen"):
@@ -94,7 +103,7 @@ def test_split_counts_match_alfworld(alfworld_root, fresh_cache):
 
 def test_upstream_train_layout_and_solvable_filter(alfworld_root, tmp_path, fresh_cache):
     """A root laid out as alfworld-download does (json_2.1.1/train), holding a solvable, an
-    unsolvable and a movable trial (symlinked from the shared data)."""
+    unsolvable and a movable trial (symlinked from the test data)."""
     import json
 
     src = alfworld_root / "json_2.1.1" / "valid_seen"
@@ -119,9 +128,9 @@ def test_task_type_filter(alfworld_root):
     assert [g.task_id for g in by_id.games] == [g.task_id for g in by_name.games]
     assert set(by_id.counts()) == {"look_at_obj_in_light", "pick_two_obj_and_place"}
     everything = load_index(alfworld_root, "valid_seen")
-    assert sum(everything.counts().values()) == 140 and set(everything.counts()) == set(TASK_TYPES.values())
+    assert sum(everything.counts().values()) == len(everything) and set(everything.counts()) == set(TASK_TYPES.values())
     assert len(by_id) == everything.counts()["look_at_obj_in_light"] + everything.counts()["pick_two_obj_and_place"]
-    assert by_id.skipped["task_type"] == 140 - len(by_id)
+    assert 0 < len(by_id) < len(everything) and by_id.skipped["task_type"] == len(everything) - len(by_id)
     env = ALFWorldEnv(data_dir=alfworld_root, split="valid_seen", task_types=4)
     assert {g.task_type for g in env.games} == {"pick_heat_then_place_in_recep"}
     for bad in (0, 7, "pick_nothing", [], True):
@@ -146,7 +155,7 @@ def test_missing_data_says_how_to_get_it_or_uses_the_sample(tmp_path, monkeypatc
 
 
 def _small_root(alfworld_root: Path, tmp_path: Path, task_ids: list[str]) -> Path:
-    """A data root holding only ``task_ids`` (trial folders symlinked from the shared data)."""
+    """A data root holding only ``task_ids`` (trial folders symlinked from the test data)."""
     root = tmp_path / "alfworld-small"
     for task_id in task_ids:
         dest = root / "json_2.1.1" / task_id

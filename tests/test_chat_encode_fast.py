@@ -1,7 +1,7 @@
 """``ChatTokenizer.encode``'s shortcut to the ``tokenizers`` backend gives exactly
 ``tokenizer.encode(text, add_special_tokens=False)``, and is refused wherever that is not proven.
 
-Real tokenizers only: Qwen3 (shared data) and SmolLM2 (bundled), where the shortcut must be taken; ByT5
+Real tokenizers only: Qwen3 (tests/data) and SmolLM2 (bundled), where the shortcut must be taken; ByT5
 (a slow, pure-Python transformers tokenizer, built from nothing) and a subclass of Qwen's tokenizer class that
 overrides ``_encode_plus`` (as CodeLlama's does), where it must be refused.  Backend states that
 transformers' call would change (truncation or padding left enabled by an earlier call, a changed

@@ -1,7 +1,7 @@
-"""agentfly/Chess-v0: Lichess puzzles from the shared sample and games against the real Stockfish.
+"""agentfly/Chess-v0: Lichess puzzles from the test data and games against the real Stockfish.
 
-Everything is real: python-chess, the Debian Stockfish binary, the 1,000-puzzle Lichess sample in the
-shared data folder and the resource manager.  Stockfish searches are kept shallow so the module runs in
+Everything is real: python-chess, the Debian Stockfish binary, the 1,000-puzzle Lichess sample in
+tests/data and the resource manager.  Stockfish searches are kept shallow so the module runs in
 well under a minute on two busy cores.
 """
 
@@ -28,7 +28,7 @@ from proctools import live_processes
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Real puzzles of the sample (see ../shared/data/chess/README.md):
+# Real puzzles of the sample (see tests/data/chess/README.md):
 #  tewjc: 3 solver moves, Rxe3+ Qxa1+ Rxa1, no mate.
 #  mJDcO: mate in 2, the data's final move a1f1 (Qxf1#) has an alternative mate f8f1 (Rxf1#).
 #  rSju2: mate in 2, the data's final move h2h1q (h1=Q#) has an alternative mate h2h1r (h1=R#).

@@ -99,16 +99,43 @@ def test_configured_data_wins_and_explicit_dir_never_falls_back(bare, monkeypatc
                                                       "solvable games: train 24, valid_seen 24, valid_unseen 24")
 
 
-def test_samples_are_rebuilt_identically_from_the_shared_data(shared_data, tmp_path):
-    """scripts/make_samples.py is deterministic: rerun on the shared data it gives the shipped files."""
-    r = subprocess.run([sys.executable, str(SAMPLES.parents[1] / "scripts" / "make_samples.py"), str(shared_data),
-                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+def _rebuild_source(data_root: Path, tmp_path: Path) -> Path:
+    """The source root ``make_samples.py`` reads.
+
+    A full data root (``$AGENTFLY_GYM_DATA``) is used as it is.  For the repository's ``tests/data`` (1,000-row
+    chess file, WebShop's files, a subset of ALFWorld): a root in ``tmp_path`` whose ALFWorld games are the
+    shipped sample's and the test subset's (linked), so the rebuild must still skip the subset's unsolvable,
+    ``movable`` and ``Sliced`` trials that sort among the sample's games, and pick the same four per type.
+    """
+    if data_root.resolve() != (Path(__file__).resolve().parent / "data").resolve():
+        return data_root
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("chess", "webshop"):
+        (src / name).symlink_to(data_root / name, target_is_directory=True)
+    (src / "alfworld").mkdir()
+    (src / "alfworld" / "logic").symlink_to(data_root / "alfworld" / "logic", target_is_directory=True)
+    for root in (SAMPLES / "alfworld", data_root / "alfworld"):
+        for trial in sorted(p.parent for p in root.glob("json_2.1.1/*/*/*/traj_data.json")):
+            dest = src / "alfworld" / trial.relative_to(root)
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.symlink_to(trial, target_is_directory=True)
+    return src
+
+
+def test_samples_are_rebuilt_identically_from_the_data(shared_data, tmp_path):
+    """scripts/make_samples.py is deterministic: rerun on the data it gives the shipped files."""
+    src = _rebuild_source(shared_data, tmp_path)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(SAMPLES.parents[1] / "scripts" / "make_samples.py"), str(src),
+                        str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    built = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    built = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
     shipped = sorted(p.relative_to(SAMPLES) for p in SAMPLES.rglob("*") if p.is_file()
                      and p.name not in ("README.md", "LICENSE"))
     assert built == shipped
-    _, mismatch, errors = filecmp.cmpfiles(tmp_path, SAMPLES, [str(p) for p in built], shallow=False)
+    _, mismatch, errors = filecmp.cmpfiles(out, SAMPLES, [str(p) for p in built], shallow=False)
     assert mismatch == [] and errors == []
 
 

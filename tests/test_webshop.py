@@ -1,8 +1,8 @@
 """WebShop (agentfly/WebShop-v0): real catalog sample, real BM25 index, real spaCy model.
 
-Data: the shared ``webshop/`` folder (``items_shuffle_sample.json``: the first 29 upstream products;
+Data: the test data's ``webshop/`` folder (the package's sample; ``items_shuffle_sample.json``: the first 29 upstream products;
 ``items_ins_v2_1000.json``: upstream's attribute file), synthetic goals (``human_goals=False``; the
-human instruction file is not in the shared data).
+human instruction file is not in the sample).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Three sources of expected values, none computed by the code under test:
 
-- the six held-back cases of the shared ``cases/webshop_reward_cases.json`` (a goal, the product
+- the six held-back cases of ``tests/data/cases/webshop_reward_cases.json`` (a goal, the product
   bought, its options, its price, and upstream's reward with its parts);
 - ``fixtures/webshop/upstream_rewards.json``: upstream's own ``goal.py`` (imported unchanged, with
   thefuzz 0.19.0 as upstream pins it and the same spaCy model as here) run on ~700 purchases from
@@ -10,7 +10,7 @@ Three sources of expected values, none computed by the code under test:
   ``fixtures/webshop/make_upstream_rewards.py`` for how it was produced;
 - the assertions of upstream's own unit tests (``tests/web-agent-site/engine/test_goal.py``).
 
-Real catalog (shared data), real spaCy model, real env; no fakes.
+Real catalog (the test data's sample), real spaCy model, real env; no fakes.
 """
 
 from __future__ import annotations

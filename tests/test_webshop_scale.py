@@ -1,6 +1,6 @@
 """WebShop at scale: the catalog and search-index caches, the streamed loader, the synthetic catalog.
 
-Real components throughout: the shared sample catalog (``webshop/``), a small synthetic catalog
+Real components throughout: the sample catalog (the test data's ``webshop/``), a small synthetic catalog
 grown from it, the real bm25s index.  The scale figures themselves are measured by
 ``benchmarks/bench_webshop_scale.py`` (too slow for a test; ``tests/test_benchmarks_smoke.py`` runs
 it at its smallest size); here a small slice checks that the caches change nothing and are used.

@@ -178,7 +178,7 @@ def tiny_qwen_dir(tokenizer_dir: str | os.PathLike, cache: str | os.PathLike | N
 
     Args:
         tokenizer_dir: a folder loadable with ``AutoTokenizer.from_pretrained`` (e.g. the Qwen3
-            tokenizer of the shared data, ``tokenizers/qwen3``).
+            tokenizer of the tests, ``tests/data/tokenizers/qwen3``).
         cache: root of the model folders, default ``cache_dir("models")``.
         seed: initialisation seed; part of the folder name.
 
