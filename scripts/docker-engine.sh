@@ -38,8 +38,10 @@ start() {
     flock -w "$WAIT" 9 || { echo "docker engine: another start holds $LOCK" >&2; return 1; }
     if answers; then echo "docker engine: already running"; return 0; fi
     if ! our_pid >/dev/null; then
+        # 9>&-: dockerd (and every container shim it starts) must not inherit the lock, or a later start
+        # after a dockerd crash would wait on shims that still hold it
         # shellcheck disable=SC2086
-        setsid nohup dockerd ${AGENTFLY_DOCKERD_ARGS:-} >>"$LOG" 2>&1 </dev/null &
+        setsid nohup dockerd ${AGENTFLY_DOCKERD_ARGS:-} >>"$LOG" 2>&1 </dev/null 9>&- &
         echo $! >"$PIDFILE"
         echo "docker engine: started dockerd (pid $(cat "$PIDFILE"), log $LOG)"
     fi
