@@ -507,3 +507,14 @@ async def test_an_exec_left_running_dies_when_the_instance_goes_idle(sandbox_dir
         assert manager.metrics()[spec.key]["idle"] == 1
     finally:
         await manager.aclose()
+
+
+async def test_a_mount_with_a_missing_source_is_refused_not_created(tmp_path):
+    from agentfly_gym.resources import Mount
+
+    missing = tmp_path / "no-such-folder"
+    async with ResourceManager() as m, m.scope("mount") as scope:
+        with pytest.raises(ConfigError, match="does not exist on the host"):
+            await scope.acquire(ContainerSpec(image="host", backend="sandbox",
+                                              mounts=(Mount(source=str(missing), target="/data"),)))
+    assert not missing.exists()

@@ -17,7 +17,8 @@ Containers run with (``ContainerSpec`` field -> Docker setting):
 * ``network=False`` -> ``network_mode="none"`` (loopback only), ``True`` -> the default bridge;
 * ``ports`` -> each published on ``127.0.0.1`` at a host port the engine picks, read back after
   start into ``DockerContainer.published_ports`` (``ContainerResource.endpoint(port)``);
-* ``mounts`` -> bind mounts, read-only where ``Mount.read_only``; ``env``, ``user``, ``workdir``;
+* ``mounts`` -> typed bind mounts (docker-py ``Mount``), read-only where ``Mount.read_only``; a missing
+  source is refused (ConfigError), never created; ``env``, ``user``, ``workdir``;
 * always: ``init=True`` (docker-init reaps zombies as PID 1), ``security_opt=["no-new-privileges"]``,
   ``cap_drop=["ALL"]`` with :data:`.container.CAP_ADD` added back, and the manager's ownership labels
   (:mod:`..ownership`: ``agentfly=1``, ``agentfly.manager``, ``agentfly.pool``, ``agentfly.pid``,

@@ -23,7 +23,7 @@ from ....errors import (
     ResourceStartError,
 )
 from ...base import ResourceStatus
-from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
+from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult, mount_sources
 from ..output import OutputBuffer
 from ..ownership import LABEL, owner_labels
 from ...spec import ContainerSpec
@@ -152,6 +152,14 @@ class DockerContainer(ContainerResource):
 
     # -- lifecycle
     async def start(self) -> None:
+        """Create and start the container.
+
+        Raises:
+            ConfigError: a mount's source does not exist on the host or its target is not absolute (Docker's
+                legacy ``binds`` would create a root-owned empty folder for a missing source).
+            ResourceStartError, ResourceUnavailable: the image is missing or the engine refused.
+        """
+        mount_sources(self.spec)
         self._status = ResourceStatus.STARTING
         t0 = time.monotonic()
         try:
@@ -198,7 +206,9 @@ class DockerContainer(ContainerResource):
                 security_opt=["no-new-privileges"],
                 cap_drop=["ALL"],
                 cap_add=list(CAP_ADD),
-                binds={m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts} or None,
+                # typed bind mounts: the engine refuses a missing source instead of creating it
+                mounts=[docker.types.Mount(target=m.target, source=src, type="bind", read_only=m.read_only)
+                        for m, src in zip(spec.mounts, mount_sources(spec))] or None,
                 init=True,
                 port_bindings=_port_bindings(spec.ports),
                 **extra,

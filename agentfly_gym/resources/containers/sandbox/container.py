@@ -88,7 +88,7 @@ from typing import Any
 
 from ....errors import ConfigError, ResourceDied, ResourceStartError, ResourceUnavailable
 from ...base import ResourceStatus
-from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
+from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult, mount_sources
 from ..output import OutputBuffer
 from ..ownership import proc_start
 from ...spec import SANDBOX_PORTS_REFUSAL, ContainerSpec
@@ -239,10 +239,8 @@ class SandboxContainer(ContainerResource):
             bindir = os.path.dirname(sys.executable)
             if not bindir.startswith("/usr/"):
                 self._extra_path = bindir + ":"
-        for m in spec.mounts:
-            if not m.target.startswith("/") or not os.path.exists(m.source):
-                raise ConfigError(f"mount {m!r}: source must exist on the host and target must be absolute")
-            self._mounts.append((posixpath.normpath(m.target), os.path.abspath(m.source), not m.read_only))
+        for m, source in zip(spec.mounts, mount_sources(spec)):  # a missing source is refused, never created
+            self._mounts.append((posixpath.normpath(m.target), source, not m.read_only))
 
     def _mount_table(self) -> list[tuple[str, str, bool]]:
         """(container path, host path, writable), longest container path first."""
