@@ -107,6 +107,11 @@ def _read_published_ports(api: Any, cid: str, ports: Sequence[int]) -> dict[int,
 
 # ------------------------------------------------------------------------------- the container
 
+def _consume_outcome(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 class DockerContainer(ContainerResource):
     """One Docker container for a :class:`ContainerSpec`, labelled with its manager's id.
 
@@ -417,6 +422,10 @@ class DockerContainer(ContainerResource):
         fut = asyncio.get_running_loop().run_in_executor(
             docker_pool(), lambda: self._exec_sync(argv, timeout=timeout, workdir=workdir, env=env, user=user,
                                                     max_output=max_output, use_timeout=use_timeout, mark=mark))
+        # a caller that gives up (cancelled, or the exec abandoned below) never awaits fut: its outcome (often
+        # ResourceDied, the container being torn down on Ctrl-C) is consumed here, not printed as "Future
+        # exception was never retrieved"
+        fut.add_done_callback(_consume_outcome)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout + _KILL_GRACE)
         except TimeoutError:
