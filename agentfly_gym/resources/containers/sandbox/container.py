@@ -347,8 +347,20 @@ class SandboxContainer(ContainerResource):
         self._bwrap = find_bwrap()
         self._plan_mounts()
         root = self._root or sandbox_root()
+        # the start's work in threads: a cancelled await does not stop a thread, so the teardown below waits
+        # for it first (else a folder or cgroup it makes after the teardown is left until `resources gc`)
+        threads: list[asyncio.Future] = []
+
+        def in_thread(fn: Any, *args: Any) -> Any:
+            threads.append(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
+            return asyncio.shield(threads[-1])
+
+        async def settle_and_teardown() -> None:
+            await asyncio.gather(*threads, return_exceptions=True)
+            await asyncio.to_thread(self._teardown)
+
         try:
-            await asyncio.to_thread(self._make_private_folder, root)
+            await in_thread(self._make_private_folder, root)
             res = await self.exec(["/bin/sh", "-c", "true"], timeout=60.0, workdir="/")
             if not res.ok:
                 hint = ""
@@ -359,10 +371,10 @@ class SandboxContainer(ContainerResource):
                 raise ResourceStartError(
                     f"sandbox for image={self.image!r} does not run (exit {res.exit_code}): "
                     f"{res.output.strip()[:2000]}{hint}")
-            await asyncio.to_thread(self._copy_tree, self.state_dir, self.dir / "snapshot")
+            await in_thread(self._copy_tree, self.state_dir, self.dir / "snapshot")
         except BaseException:  # a failed or cancelled start leaves no folder, mount or cgroup behind
             self._status = ResourceStatus.UNHEALTHY
-            await asyncio.shield(asyncio.to_thread(self._teardown))
+            await asyncio.shield(settle_and_teardown())
             raise
         self._status = ResourceStatus.READY
         self.start_time = time.monotonic() - t0
