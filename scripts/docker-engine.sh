@@ -27,8 +27,9 @@ our_pid() {
     [[ -f $PIDFILE ]] || return 1
     local pid
     pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
+    # (setsid and nohup: the moments before they exec dockerd, right after a start)
     [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null \
-        && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == dockerd ]] && echo "$pid"
+        && [[ $(cat "/proc/$pid/comm" 2>/dev/null) =~ ^(dockerd|setsid|nohup)$ ]] && echo "$pid"
 }
 
 start() {
