@@ -98,6 +98,27 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    fresh = args.output_dir is None  # a new runs/<date-time> folder: removed again if the run wrote nothing
+    try:
+        return _cmd_rollout(args)
+    finally:
+        if fresh and args.output_dir is not None:
+            from pathlib import Path
+
+            from .rollout.outputs import LOCK_NAME
+
+            folder = Path(args.output_dir)
+            if folder.is_dir() and all(p.name == LOCK_NAME for p in folder.iterdir()):
+                import shutil
+
+                shutil.rmtree(folder, ignore_errors=True)
+                try:
+                    folder.parent.rmdir()  # runs/, when this run made it and nothing else is there
+                except OSError:
+                    pass
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
     from .errors import ConfigError
     from .rollout.policies.base import SamplingParams
     from .rollout.policies.factory import make_policy

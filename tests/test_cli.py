@@ -115,3 +115,13 @@ def test_ctrl_c_in_a_terminal_stops_scienceworld_without_tracebacks(tmp_path, mo
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "Answer from Java side is empty" not in err, err
     assert not wait_gone(live_processes(["java"], marker=marker) - before, 20)
+
+
+def test_a_refused_run_leaves_no_default_output_folder(tmp_path):
+    """Without --output-dir a run gets a new runs/<UTC date-time>; a run refused before writing anything (an
+    unknown policy) removes it again instead of leaving empty folders behind."""
+    r = subprocess.run([sys.executable, "-m", "agentfly_gym", "rollout", "--env", "Chess-v0", "--policy", "gpt-17",
+                        "--no-progress"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ))
+    assert r.returncode == 2 and "policy" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
