@@ -17,7 +17,7 @@ setup:
 # token-ID trajectories (Parquet + JSONL) and summary.json land in runs/demo.
 demo: setup
 	$(PY) -m agentfly_gym rollout --env Chess-v0 --env ScienceWorld-v0 --policy smollm2 \
-	  -n 8 --group-size 2 --concurrency 8 --max-turns 4 --max-tokens 48 --output-dir runs/demo
+	  -n 8 --group-size 2 --concurrency 8 --max-turns 4 --max-tokens 48 --output-dir runs/demo --overwrite
 
 # The tests: starts a Docker engine if none answers (scripts/docker-engine.sh), then pytest.
 test: setup

@@ -98,6 +98,27 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    fresh = args.output_dir is None  # a new runs/<date-time> folder: removed again if the run wrote nothing
+    try:
+        return _cmd_rollout(args)
+    finally:
+        if fresh and args.output_dir is not None:
+            from pathlib import Path
+
+            from .rollout.outputs import LOCK_NAME
+
+            folder = Path(args.output_dir)
+            if folder.is_dir() and all(p.name == LOCK_NAME for p in folder.iterdir()):
+                import shutil
+
+                shutil.rmtree(folder, ignore_errors=True)
+                try:
+                    folder.parent.rmdir()  # runs/, when this run made it and nothing else is there
+                except OSError:
+                    pass
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
     from .errors import ConfigError
     from .rollout.policies.base import SamplingParams
     from .rollout.policies.factory import make_policy
@@ -120,37 +141,38 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode, history=args.history,
         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p),
         max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir,
-        reward=args.reward)
+        reward=args.reward, if_exists=_if_exists(args))
+    config.output_dir = _output_dir(args)  # once the arguments are known to be good
     check_config(config)  # fail on a typo before the model is loaded
     policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
+
+    received: list[int] = []
 
     async def run() -> Any:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        stopping = False
 
-        def interrupt() -> None:
+        def interrupt(signum: int) -> None:
             # the first Ctrl-C or SIGTERM cancels the run (it saves what finished, then releases resources); a
             # repeated one must not break into that save or the tear-down
-            nonlocal stopping
-            if stopping:
+            if received:
                 print("agentfly-gym: already stopping (saving finished trajectories, releasing resources)",
                       file=sys.stderr)
                 return
-            stopping = True
+            received.append(signum)
             task.cancel()
 
-        loop.add_signal_handler(signal.SIGTERM, interrupt)
+        loop.add_signal_handler(signal.SIGTERM, interrupt, signal.SIGTERM)
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            loop.add_signal_handler(signal.SIGINT, interrupt)
+            loop.add_signal_handler(signal.SIGINT, interrupt, signal.SIGINT)
         return await run_rollouts(config, policy, chat, progress=not args.no_progress)
 
     try:
         result = asyncio.run(run())
     except (KeyboardInterrupt, asyncio.CancelledError):
-        print(f"agentfly-gym: interrupted; finished trajectories (if any) were saved in {args.output_dir}",
-              file=sys.stderr)
-        return 130
+        print(f"agentfly-gym: interrupted; finished trajectories (if any) were saved in {config.output_dir} (in "
+              f"its interrupted/ when it held a complete run, which is kept)", file=sys.stderr)
+        return _signal_status(received[0] if received else signal.SIGINT)
     finally:
         close = getattr(policy, "close", None)
         if callable(close):
@@ -164,6 +186,24 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         print(f"agentfly-gym: every trajectory failed; the first error: {first}", file=sys.stderr)
         return 1
     return 0
+
+
+def _signal_status(signum: int) -> int:
+    """The shell's exit status of a run stopped by ``signum``: 128 + its number (SIGINT 130, SIGTERM 143)."""
+    return 128 + int(signum)
+
+
+def _if_exists(args: argparse.Namespace) -> str:
+    return "replace" if args.overwrite else "append" if args.append else "fail"
+
+
+def _output_dir(args: argparse.Namespace) -> Any:
+    """``--output-dir``, or a new folder ``runs/<UTC date-time>`` for this run."""
+    if args.output_dir is None:
+        from .rollout.outputs import fresh_run_dir
+
+        args.output_dir = str(fresh_run_dir("runs"))
+    return args.output_dir
 
 
 # ----------------------------------------------------------------------------- multi-agent rollout
@@ -216,7 +256,7 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
             env_id, policy, chat, opponent=opponent, opponent_chat=opp_chat, num_games=args.num_trajectories,
             concurrency=args.concurrency, mode=args.mode, sampling=sampling, max_turns=args.max_turns,
             max_context_tokens=args.max_context_tokens, history=args.history, seed=args.seed, env_kwargs=kwargs,
-            output_dir=args.output_dir, progress=not args.no_progress))
+            output_dir=_output_dir(args), if_exists=_if_exists(args), progress=not args.no_progress))
     except KeyboardInterrupt:
         return 130
     finally:
@@ -309,7 +349,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="episode reward from configuration: 'judge:model=M,base_url=URL[,api_key_env=VAR,concurrency=4,"
                         "retries=3,combine=replace|add]' (an OpenAI-compatible API), 'judge:serve=transformers,"
                         "model=smollm2' (a local server), or 'MODULE:FUNCTION' (FUNCTION(trajectory) -> float)")
-    r.add_argument("--output-dir", default="runs/latest")
+    r.add_argument("--output-dir", default=None,
+                   help="where trajectories and summary.json go (default: a new folder runs/<UTC date-time>); a "
+                        "folder that holds a run is refused unless --overwrite or --append is given")
+    onto = r.add_mutually_exclusive_group()
+    onto.add_argument("--overwrite", action="store_true",
+                      help="replace the run in --output-dir, once this run is complete (an interrupted run never "
+                           "replaces a complete one: it goes to --output-dir/interrupted)")
+    onto.add_argument("--append", action="store_true",
+                      help="add this run's trajectories to the run in --output-dir (ids continue after its ids)")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_rollout)
 

@@ -188,7 +188,12 @@ class AsyncTextVectorEnv(VectorEnv):
         if terminated or truncated:
             if self.autoreset_mode == AutoresetMode.SAME_STEP:
                 final_obs, final_info = obs, info
-                obs, info = await env.areset()
+                try:
+                    obs, info = await env.areset()
+                except Exception as e:  # contained as NEXT_STEP contains it: this sub-env alone reports the fault
+                    log.exception("sub-env %d: autoreset failed", env_id)
+                    obs, _, _, _, info = fault_step(e)
+                    self._needs_reset[env_id] = True  # its next step tries the reset again
                 info = dict(info, final_obs=final_obs, final_info=final_info)
             else:
                 self._needs_reset[env_id] = True

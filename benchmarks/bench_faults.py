@@ -14,6 +14,17 @@ Phase 2 (drivers): ``--drivers`` child Pythons each hold a Stockfish engine, a S
 Docker) an R2E-Gym container, and are killed with SIGTERM or SIGKILL mid-episode; then
 ``agentfly-gym resources gc --manager <id>`` runs.
 
+Abandonment faults (every env, ``--abandon-rate``): an episode's step is cancelled mid-way and the env is
+dropped without ``aclose()`` (as a trainer that gives up on a rollout does); its leases must come back.
+After every fault the run records the leases in use: in use in the pools, held by running episodes' scopes,
+held as globals, and ``orphaned`` = in use - held - globals, polled for up to 2 s (``waited_s``) while a
+dropped env's leases find their way back (goal: 0 every time).
+
+Phase 3 (run outputs, ``--runs`` rounds): two ``agentfly-gym rollout`` runs (random policy, Chess) started
+together into one output folder with ``--append``, then a third with ``--overwrite`` interrupted by SIGINT;
+counted: exit statuses (0 done, 2 refused by the folder's lock, 130 interrupted), the files in the folder,
+how many load and their rows, and whether the complete run's files are unchanged after the interrupted run.
+
 Leaks, after the manager closed and after each driver died: live processes (engines, JVMs, servers,
 planners: any child of this process or a pid ever seen), stopped processes, containers labelled with a
 manager id of the run, sandbox folders and cgroups named after one.  Goal (issue 12): 0 leaks and 0
@@ -209,8 +220,17 @@ async def inject(kind: str, env, info: dict[str, Any], stopped: list[int]) -> st
     return f"pid {pid}"
 
 
+def lease_counts(manager, running) -> dict[str, int]:
+    """Leases in use in the manager's pools, held by the scopes of running episodes, held as globals, and the
+    rest (``orphaned``: held by nobody; goal 0)."""
+    in_use = sum(p.metrics.in_use for p in manager.pools.values())
+    held = sum(len(e._scope.resources) for e in list(running) if e._scope is not None)
+    globals_ = len(manager._globals)
+    return {"in_use": in_use, "held_by_episodes": held, "globals": globals_, "orphaned": in_use - held - globals_}
+
+
 async def one_rollout(k: int, name: str, manager, pool: list[str], args, stats, seen_pids: set[int],
-                      all_stopped: list[int]) -> None:
+                      all_stopped: list[int], running, leases: list[dict[str, Any]]) -> None:
     import gymnasium
 
     from agentfly_gym.errors import ResourceTimeout
@@ -220,12 +240,15 @@ async def one_rollout(k: int, name: str, manager, pool: list[str], args, stats, 
     s = stats[name]
     s["rollouts"] += 1
     fault = rng.choice(spec["faults"]) if spec["faults"] and rng.random() < args.fault_rate else None
+    if fault is None and rng.random() < args.abandon_rate:
+        fault = "abandon"  # a step cancelled mid-way, the env dropped without aclose()
     fault_step = rng.randrange(args.max_steps) if fault else -1
     hit, env = None, None
     stopped: list[int] = []  # processes this episode stopped
     try:
         env = gymnasium.make(spec["id"], manager=manager, step_timeout=args.step_timeout,
                              reset_timeout=args.reset_timeout, **spec["kwargs"]).unwrapped
+        running.add(env)
         async with asyncio.timeout(args.guard):
             try:
                 obs, info = await env.areset(seed=rng.randrange(1 << 30))
@@ -236,6 +259,23 @@ async def one_rollout(k: int, name: str, manager, pool: list[str], args, stats, 
             seen_pids.update(resource_pids(env))
             ended = False
             for t in range(args.max_steps):
+                if t == fault_step and fault == "abandon":
+                    step = asyncio.ensure_future(env.astep(valid_action(name, info, rng)))
+                    await asyncio.sleep(rng.uniform(0.0, 0.05))
+                    step.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await step
+                    hit = "cancelled step, env dropped"
+                    s["faults"] += 1
+                    s["fault_abandon"] += 1
+                    del step
+                    env = None  # dropped: no aclose(); its leases must come back by themselves
+                    import gc
+
+                    gc.collect()
+                    s["completed"] += 1
+                    s["faults_survived"] += 1
+                    return
                 if t == fault_step:
                     hit = await inject(fault, env, info, stopped)
                     if hit:
@@ -265,8 +305,18 @@ async def one_rollout(k: int, name: str, manager, pool: list[str], args, stats, 
         s["errors"].append(f"rollout {k} (fault {fault} {hit}): {type(e).__name__}: {e}"[:300])
     finally:
         if env is not None:
+            running.discard(env)
             with contextlib.suppress(Exception):
                 await env.aclose()
+        if fault:
+            # a collected scope's leases go back in callbacks of the loop: how long that takes is recorded
+            t_back = time.monotonic()
+            counts = lease_counts(manager, running)
+            while counts["orphaned"] > 0 and time.monotonic() - t_back < 2.0:
+                await asyncio.sleep(0.01)
+                counts = lease_counts(manager, running)
+            leases.append({"rollout": k, "env": name, "fault": fault, "hit": bool(hit), **counts,
+                           "waited_s": round(time.monotonic() - t_back, 3)})
         all_stopped.extend(stopped)
         for pid in stopped:  # a stopped process the env did not kill: let it go on (or die)
             with contextlib.suppress(ProcessLookupError):
@@ -287,8 +337,12 @@ async def phase_rollouts(envs: list[str], args, res: C.Result) -> dict[str, Any]
     stats: dict[str, Any] = {n: Counter() for n in envs}
     for n in envs:
         stats[n]["errors"] = []
+    import weakref
+
     seen: set[int] = set()
     stopped: list[int] = []
+    running: weakref.WeakSet = weakref.WeakSet()  # envs of episodes in flight (a dropped env leaves it)
+    leases: list[dict[str, Any]] = []  # after every fault
     manager = ResourceManager()
     lag = {"max_lag_s": 0.0}
     stop = asyncio.Event()
@@ -304,13 +358,18 @@ async def phase_rollouts(envs: list[str], args, res: C.Result) -> dict[str, Any]
             if time.monotonic() > deadline:
                 return
             name = envs[k % len(envs)]
-            await one_rollout(k, name, manager, pools[name], args, stats, seen, stopped)
+            await one_rollout(k, name, manager, pools[name], args, stats, seen, stopped, running, leases)
             done_count += 1
             if done_count % 25 == 0:
                 print(f"[bench_faults] {done_count} rollouts, {time.monotonic() - t0:.0f}s", flush=True)
 
     await asyncio.gather(*(run(k) for k in range(args.rollouts)))
     wall = time.monotonic() - t0
+    import gc
+
+    gc.collect()
+    await asyncio.sleep(0.1)
+    leases_at_end = lease_counts(manager, running)
     await manager.aclose()
     stop.set()
     await monitor
@@ -327,7 +386,9 @@ async def phase_rollouts(envs: list[str], args, res: C.Result) -> dict[str, Any]
     for s in stats.values():
         total.update({k: v for k, v in s.items() if k != "errors"})
     return {"wall_s": wall, "per_env": per_env, "total": dict(total), "max_event_loop_lag_s": lag["max_lag_s"],
-            "leaks": leaks, "pids_seen": len(seen), "manager_id": manager.id}
+            "leaks": leaks, "pids_seen": len(seen), "manager_id": manager.id,
+            "leases_after_faults": leases, "leases_at_end": leases_at_end,
+            "orphaned_leases_max": max([r["orphaned"] for r in leases] + [leases_at_end["orphaned"]])}
 
 
 def _is_resource_process(pid: int) -> bool:
@@ -404,6 +465,63 @@ def phase_drivers(n: int, with_docker: bool, args) -> dict[str, Any]:
             "hung": sum(bool(d.get("hung")) for d in out), "failed_to_start": sum("error" in d for d in out)}
 
 
+# ---------------------------------------------------------------------------------------------- phase 3
+def phase_runs(rounds: int, tmp: Path) -> dict[str, Any]:
+    """Concurrent and interrupted ``agentfly-gym rollout`` runs into one folder; what the folder then holds."""
+    from agentfly_gym.rollout import load_trajectories
+
+    quick = ["--env", "Chess-v0", "--policy", "random", "-n", "4", "--max-turns", "3", "--no-progress"]
+    slow_kwargs = json.dumps({"Chess-v0": {"mode": "play", "engine_depth": None, "engine_movetime": 60.0}})
+
+    def cli(*a: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "agentfly_gym", "rollout", *a], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ))
+
+    out: list[dict[str, Any]] = []
+    for i in range(rounds):
+        folder = tmp / f"run-{i}"
+        together = [cli(*quick, "--seed", str(seed), "--append", "--output-dir", str(folder)) for seed in (0, 100)]
+        codes = [p.wait(600) for p in together]
+        before = {p.name: p.read_bytes() for p in folder.glob("*") if p.is_file() and not p.name.startswith(".")}
+        slow = cli("--env", "Chess-v0", "--policy", "random", "-n", "2", "--max-turns", "50", "--no-progress",
+                   "--env-kwargs", slow_kwargs, "--overwrite", "--output-dir", str(folder))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 300 and slow.poll() is None:
+            with contextlib.suppress(OSError):
+                if f'"pid": {slow.pid},' in (folder / ".agentfly-gym.lock").read_text():
+                    break
+            time.sleep(0.2)
+        time.sleep(2.0)
+        slow.send_signal(signal.SIGINT)
+        codes.append(slow.wait(120))
+        files, loaded, rows = 0, 0, {}
+        for f in sorted(folder.rglob("*")):
+            rel = f.relative_to(folder)
+            if not f.is_file() or any(part.startswith(".") for part in rel.parts) or f.suffix not in (".parquet", ".jsonl"):
+                continue
+            files += 1
+            try:
+                if f.name == "steps.parquet":
+                    from agentfly_gym.rollout.step import load_step_rows
+
+                    rows[str(rel)] = len(load_step_rows(f))
+                else:
+                    rows[str(rel)] = len(load_trajectories(f))
+                loaded += 1
+            except Exception as e:  # noqa: BLE001 - what this phase counts
+                rows[str(rel)] = f"{type(e).__name__}: {e}"[:200]
+        after = {p.name: p.read_bytes() for p in folder.glob("*") if p.is_file() and not p.name.startswith(".")}
+        rec = {"exit_codes": codes, "done": codes.count(0), "refused_by_lock": codes.count(2),
+               "interrupted": codes.count(130), "files": files, "files_loading": loaded, "rows": rows,
+               "expected_rows": 4 * codes[:2].count(0), "complete_run_unchanged": before == after,
+               "leftover_temporaries": len(list(folder.rglob(".staging-*"))) + len(list(folder.rglob(".*.tmp-*")))}
+        out.append(rec)
+        print(f"[bench_faults] runs round {i}: {json.dumps(rec)}", flush=True)
+    return {"rounds": out, "files": sum(r["files"] for r in out), "files_loading": sum(r["files_loading"] for r in out),
+            "complete_runs_lost": sum(not r["complete_run_unchanged"] for r in out),
+            "leftover_temporaries": sum(r["leftover_temporaries"] for r in out)}
+
+
 # ---------------------------------------------------------------------------------------------- main
 def available(name: str) -> str | None:
     """Why env ``name`` cannot run here, or None."""
@@ -459,10 +577,16 @@ def main() -> int:
     p.add_argument("--step-timeout", type=float, default=10.0)
     p.add_argument("--reset-timeout", type=float, default=300.0)
     p.add_argument("--guard", type=float, default=600.0, help="seconds after which an episode counts as hung")
+    p.add_argument("--abandon-rate", type=float, default=0.2,
+                   help="share of the episodes without another fault whose step is cancelled and env dropped")
     p.add_argument("--drivers", type=int, default=None, help="phase 2 drivers killed (default 4 x scale, at least 2)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="phase 3 rounds of concurrent + interrupted CLI runs into one folder (default 1 x scale; "
+                        "0 at --scale 0)")
     args = p.parse_args()
     args.rollouts = args.rollouts or C.scaled(200, args.scale, 6)
     args.drivers = args.drivers if args.drivers is not None else C.scaled(4, args.scale, 2)
+    args.runs = args.runs if args.runs is not None else C.scaled(1, args.scale, 0)
     res = C.Result("bench_faults", args)
     envs = []
     for name in [e.strip() for e in args.envs.split(",") if e.strip()]:
@@ -478,7 +602,12 @@ def main() -> int:
     if envs:
         results["rollouts"] = asyncio.run(phase_rollouts(envs, args, res))
     results["drivers"] = phase_drivers(args.drivers, "R2E-docker" in envs, args) if args.drivers else {}
-    ro, dr = results.get("rollouts", {}), results.get("drivers", {})
+    if args.runs:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="bench-faults-runs-") as tmp:
+            results["runs"] = phase_runs(args.runs, Path(tmp))
+    ro, dr, rr = results.get("rollouts", {}), results.get("drivers", {}), results.get("runs", {})
     total = ro.get("total", {})
     leaks = ro.get("leaks", {})
     results["leak_totals"] = {
@@ -488,11 +617,16 @@ def main() -> int:
         + sum(len(d.get("leaked_folders", [])) + len(d.get("leaked_cgroups", [])) for d in dr.get("drivers", [])),
         "unhandled": total.get("unhandled", 0),
         "hung drivers": dr.get("hung", 0),
+        "orphaned leases (max)": ro.get("orphaned_leases_max", 0),
+        "run files not loading": rr.get("files", 0) - rr.get("files_loading", 0),
+        "complete runs lost": rr.get("complete_runs_lost", 0),
     }
     results["summary"] = {"rollouts_started": total.get("rollouts", 0), "rollouts_completed": total.get("completed", 0),
                           "faults_injected": total.get("faults", 0) + len(dr.get("drivers", [])),
                           "faults_survived": total.get("faults_survived", 0),
                           "fuzzed_actions": total.get("fuzzed", 0), "steps": total.get("steps", 0),
+                          "abandoned_episodes": total.get("fault_abandon", 0),
+                          "leases_at_end": ro.get("leases_at_end"), "run_files": rr.get("files", 0),
                           "max_event_loop_lag_s": ro.get("max_event_loop_lag_s"), **results["leak_totals"],
                           "goal": "0 leaks and 0 unhandled after 1,000 faulted rollouts"}
     res.data["results"] = results

@@ -38,8 +38,9 @@ our_pid() {
     [[ -f $PIDFILE ]] || return 1
     local pid
     pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
+    # (setsid and nohup: the moments before they exec dockerd, right after a start)
     [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null \
-        && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == dockerd ]] && echo "$pid"
+        && [[ $(cat "/proc/$pid/comm" 2>/dev/null) =~ ^(dockerd|setsid|nohup)$ ]] && echo "$pid"
 }
 
 start() {
@@ -57,8 +58,10 @@ start() {
                 "$(command -v runsc)" >"$conf"
             extra+=(--config-file "$conf")
         fi
+        # 9>&-: dockerd (and every container shim it starts) must not inherit the lock, or a later start
+        # after a dockerd crash would wait on shims that still hold it
         # shellcheck disable=SC2086
-        setsid nohup dockerd ${extra[@]+"${extra[@]}"} ${AGENTFLY_DOCKERD_ARGS:-} >>"$LOG" 2>&1 </dev/null &
+        setsid nohup dockerd ${extra[@]+"${extra[@]}"} ${AGENTFLY_DOCKERD_ARGS:-} >>"$LOG" 2>&1 </dev/null 9>&- &
         echo $! >"$PIDFILE"
         echo "docker engine: started dockerd (pid $(cat "$PIDFILE"), log $LOG)"
     fi

@@ -82,9 +82,46 @@ def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals, 
         proc.send_signal(sig)
     proc.wait(timeout=120)
     reader.join(timeout=10)
-    assert proc.returncode == 130, "".join(lines)
+    # the shell's convention, 128 + the signal: 143 for SIGTERM (it was 130 for both), 130 for Ctrl-C
+    assert proc.returncode == 128 + signals[0], "".join(lines)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True, summary
     assert (summary["trajectories"], summary["errors"]) == (2, 0), summary
     assert (out / "trajectories.parquet").exists()
     assert not wait_gone(live_processes(["java", "stockfish"], marker=marker) - before, 20)
+
+
+def test_ctrl_c_in_a_terminal_stops_scienceworld_without_tracebacks(tmp_path, monkeypatch):
+    """A terminal's Ctrl-C sends SIGINT to the whole foreground process group.  The JVMs used to be in it and
+    died at once, and every rollout's py4j client printed "Answer from Java side is empty" tracebacks; now they
+    live in their own group and the CLI stops them in order: exit 130, no traceback, no JVM left."""
+    marker = mark_tree(monkeypatch)
+    before = live_processes(["java"], marker=marker)
+    proc = subprocess.Popen([sys.executable, "-m", "agentfly_gym", "-v", "rollout", "--env", "ScienceWorld-v0",
+                             "--policy", "random", "-n", "8", "--concurrency", "4", "--max-turns", "400",
+                             "--no-progress", "--output-dir", str(tmp_path / "run")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=dict(os.environ))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 300 and proc.poll() is None and not any("finished" in x for x in list(lines)):
+        time.sleep(0.2)
+    time.sleep(1.0)  # the other rollouts are mid-episode
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    err = "".join(lines)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Answer from Java side is empty" not in err, err
+    assert not wait_gone(live_processes(["java"], marker=marker) - before, 20)
+
+
+def test_a_refused_run_leaves_no_default_output_folder(tmp_path):
+    """Without --output-dir a run gets a new runs/<UTC date-time>; a run refused before writing anything (an
+    unknown policy) removes it again instead of leaving empty folders behind."""
+    r = subprocess.run([sys.executable, "-m", "agentfly_gym", "rollout", "--env", "Chess-v0", "--policy", "gpt-17",
+                        "--no-progress"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ))
+    assert r.returncode == 2 and "policy" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []

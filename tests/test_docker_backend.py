@@ -421,3 +421,51 @@ async def test_a_container_killed_during_an_exec_is_reported_dead(engine, base_i
         with pytest.raises(ResourceDied, match="stopped during the command"):
             await asyncio.wait_for(running, 30)
         await scope.discard(c)
+
+
+async def test_a_mount_with_a_missing_source_is_refused_not_created(base_image, manager, tmp_path):
+    """Docker's legacy ``binds`` created a root-owned empty folder for a missing source and started the
+    container; typed mounts (and the backend's own check) refuse it, and nothing appears on the host."""
+    from agentfly_gym.resources import Mount
+
+    missing = tmp_path / "no-such-folder"
+    s = spec(base_image, mounts=(Mount(source=str(missing), target="/data"),))
+    async with manager.scope("mount") as scope:
+        with pytest.raises(ConfigError, match="does not exist on the host"):
+            await scope.acquire(s)
+    assert not missing.exists()
+    present = tmp_path / "data"
+    present.mkdir()
+    (present / "x.txt").write_text("hello")
+    async with manager.scope("mount-ok") as scope:
+        box = await scope.acquire(spec(base_image, mounts=(Mount(source=str(present), target="/data"),)))
+        assert (await box.exec("cat /data/x.txt")).output == "hello"
+        assert (await box.exec("touch /data/y 2>/dev/null || echo read-only")).output == "read-only\n"
+
+
+async def test_a_cancelled_exec_of_a_torn_down_container_prints_nothing(base_image, tmp_path):
+    """Ctrl-C during a run: the exec's task is cancelled and the container torn down, so the exec's thread
+    ends with ResourceDied that nobody awaits; asyncio must not report "Future exception was never retrieved"."""
+    import gc
+
+    reported: list[dict] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        m = ResourceManager()
+        scope = m.scope("cancel")
+        box = await scope.acquire(spec(base_image))
+        task = asyncio.ensure_future(box.exec("sleep 30", timeout=60))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await scope.aclose()
+        await m.aclose()
+        await asyncio.sleep(1.0)  # the exec's thread ends
+        del task
+        gc.collect()
+        await asyncio.sleep(0.1)
+        assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
+    finally:
+        loop.set_exception_handler(None)

@@ -165,3 +165,29 @@ async def test_openenv_example_env_behind_our_wrapper(echo_env):
         await env2.aclose()
         with pytest.raises(ConfigError, match="exactly one of"):
             OpenEnvEnv(action_field="message")
+
+
+async def test_a_client_that_disconnects_leaves_no_traceback():
+    """OpenEnv's endpoint let the WebSocketDisconnect of its own close() escape after every normal client
+    disconnect, and uvicorn logged "Exception in ASGI application" with a 61-line traceback."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    srv = _Server("Chess-v0")
+    handler = Collect(level=logging.ERROR)
+    logging.getLogger("uvicorn.error").addHandler(handler)  # after serve() configured uvicorn's logging
+    try:
+        client = GenericEnvClient(base_url=srv.url)
+        r = await client.reset(seed=3)
+        assert "Puzzle" in r.observation["text"]
+        await client.close()
+        await asyncio.sleep(1.0)
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+        srv.stop()
+    assert not [r.getMessage() for r in records], [r.getMessage() for r in records]

@@ -249,20 +249,22 @@ async def test_interrupted_run_saves_finished_trajectories(tmp_path, smollm2_pol
 
 async def test_interrupt_saves_before_tearing_down_and_marks_an_empty_run(tmp_path, smollm2_policy):
     """The summary is written as soon as the run is cancelled, while the running trajectories are still being
-    torn down (a second Ctrl-C then loses nothing), and it is written even when nothing finished, replacing
-    an earlier run's files in the same folder."""
+    torn down (a second Ctrl-C then loses nothing), and it is written even when nothing finished; an earlier
+    complete run in the folder (asked to be replaced) is kept, the interrupted run going to interrupted/."""
     chat = ChatTokenizer(smollm2_policy.tokenizer)
-    (tmp_path / "summary.json").write_text(json.dumps({"interrupted": False, "trajectories": 8}))
+    earlier = json.dumps({"interrupted": False, "trajectories": 8})
+    (tmp_path / "summary.json").write_text(earlier)
     config = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=2, concurrency=2, max_turns=3, seed=0,
-                           output_dir=tmp_path)
+                           output_dir=tmp_path, if_exists="replace")
     task = asyncio.ensure_future(run_rollouts(config, _SlowToCancel(), chat, progress=False))
     await asyncio.sleep(3.0)
     task.cancel()
     await asyncio.sleep(1.0)
     assert not task.done()  # still tearing down (each trajectory takes 3 s to stop) ...
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / "interrupted" / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["trajectories"] == 0  # ... and already saved
-    assert load_trajectories(tmp_path / "trajectories.jsonl") == []
+    assert load_trajectories(tmp_path / "interrupted" / "trajectories.jsonl") == []
+    assert (tmp_path / "summary.json").read_text() == earlier  # the complete run was not replaced
     with pytest.raises(asyncio.CancelledError):
         await task
 

@@ -197,3 +197,31 @@ def test_gymnasium_async_vector_env_forked_after_a_sync_env_was_used():
         assert all("Puzzle" in o for o in obs)
     finally:
         venv.close(terminate=True)
+
+
+async def test_same_step_autoreset_that_fails_is_contained_to_its_sub_env():
+    """Under SAME_STEP, a sub-env whose autoreset raises reports the fault in its own slot (obs, info["error"],
+    final_obs of the episode that ended) and the batch step returns; its next step retries the reset.  The
+    reset fault is injected (a replaced ``_reset_episode`` raising) because no real reset of this env fails on
+    demand; the envs, engine and puzzles are real."""
+    async with ResourceManager() as m:
+        venv = AsyncTextVectorEnv.from_entry_point("agentfly_gym.envs.chess:ChessEnv", 2, manager=m,
+                                                   autoreset_mode=AutoresetMode.SAME_STEP)
+        obs, infos = await venv.areset(seed=5)
+        wrong = []
+        for i in range(2):
+            expert = await venv.envs[i].expert_action()
+            wrong.append(next(a for a in infos["admissible_actions"][i] if a != expert))
+        broken = venv.envs[0]
+
+        async def fail(*args, **kwargs):
+            raise RuntimeError("injected reset fault")
+
+        broken._reset_episode = fail
+        obs, rew, term, trunc, infos = await venv.astep(wrong)  # raised RuntimeError before the fix
+        assert term.all() and "injected reset fault" in infos["error"][0] and infos["error"][1] is None
+        assert infos["final_obs"][0] and "Puzzle" in obs[1]
+        del broken._reset_episode
+        obs, rew, term, trunc, infos = await venv.astep(["ignored", next(iter(infos["admissible_actions"][1]))])
+        assert "Puzzle" in obs[0] and not term[0] and not trunc[0] and infos["error"][0] is None
+        await venv.aclose()

@@ -214,7 +214,12 @@ def create_openenv_app(env_id: str, *, env_kwargs: dict[str, Any] | None = None,
     except TypeError as e:
         raise ConfigError(f"{env_id}: bad keyword arguments {sorted(env_kwargs or {})}: {e}") from None
     factory = functools.partial(AgentFlyOpenEnvironment, env_id, dict(env_kwargs or {}))
-    return create_fastapi_app(factory, TextAction, TextObservation, max_concurrent_envs=max_sessions)
+    app = create_fastapi_app(factory, TextAction, TextObservation, max_concurrent_envs=max_sessions)
+    from ._compat import QuietClientDisconnect, needs_quiet_disconnect
+
+    if needs_quiet_disconnect():  # a client's normal disconnect prints no traceback
+        app.add_middleware(QuietClientDisconnect)
+    return app
 
 
 async def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwargs: dict[str, Any] | None = None,

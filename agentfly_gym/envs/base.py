@@ -314,6 +314,9 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
         the env writes a file) or a step over ``step_timeout`` truncates the episode with
         ``info["error"]`` set and the resource discarded.
 
+        Cancelling the call ends the episode (its resources are released at once); the next call must be
+        a reset.
+
         Raises:
             ResetNeeded: no episode is running (call reset, also after the episode ended).
             TypeError: ``action`` is not a str.
@@ -329,6 +332,13 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
         try:
             async with asyncio.timeout(self.step_timeout):
                 obs, reward, terminated, truncated, info = await self._step_episode(action)
+        except asyncio.CancelledError:
+            # whether the action took effect is unknown, so the episode cannot go on: it ends here and its
+            # resources go back to their pools now (not when the env is next reset or closed, which an
+            # abandoned env never is); the next call must be a reset
+            log.info("%s episode %s: a step was cancelled; the episode ends", self.env_name, self._episode_id)
+            await self._finish_episode()
+            raise
         except TimeoutError:
             obs, reward, terminated, truncated, info = await self._handled_fault(
                 f"the environment did not answer within step_timeout={self.step_timeout}s")

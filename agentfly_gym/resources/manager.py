@@ -49,9 +49,15 @@ class RolloutScope:
         self.manager = manager
         self.id = scope_id
         self.acquire_timeout = acquire_timeout
-        self._leases: dict[str, Resource] = {}
+        self._leases: dict[str, Resource] = {}  # never rebound: the finalizer below holds this dict
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
+        self._loop: list[asyncio.AbstractEventLoop] = []  # the loop of the first acquisition
+        # A scope dropped without aclose() (its env garbage-collected, its task abandoned) gives its leases
+        # back when it is collected, as asyncpg returns the connection of a collected holder to its pool.
+        self._finalizer = weakref.finalize(self, _return_leases_of_collected_scope, type(self), manager, scope_id,
+                                           self._leases, self._loop)
+        self._finalizer.atexit = False  # at exit the manager's own teardown stops everything
 
     @property
     def resources(self) -> dict[str, Resource]:
@@ -67,6 +73,8 @@ class RolloutScope:
         """
         if self._closed:
             raise ResourceError(f"scope {self.id!r} has ended; open a new one")
+        if not self._loop:
+            self._loop.append(asyncio.get_running_loop())
         key = spec.key
         lease = self._leases.get(key)
         if lease is not None:
@@ -96,7 +104,9 @@ class RolloutScope:
     async def aclose(self) -> None:
         """Release every lease.  Completes without yielding, so it also runs under cancellation."""
         self._closed = True
-        leases, self._leases = self._leases, {}
+        leases = dict(self._leases)
+        self._leases.clear()
+        self._finalizer.detach()
         for key, lease in leases.items():
             pool = self._pool_of(key, lease)
             if pool is None or pool.closed:
@@ -120,6 +130,42 @@ class RolloutScope:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+def _return_leases_of_collected_scope(cls: type[RolloutScope], manager: Any, scope_id: str,
+                                      leases: dict[str, Resource], loop_cell: list[asyncio.AbstractEventLoop]) -> None:
+    """The finalizer of a scope collected while it held leases: hand them back on the scope's event loop.
+
+    Runs wherever the garbage collector runs (any thread, inside any code), so it only schedules a callback;
+    the instances go back to their pools as a plain release (the next acquirer's health check and reset
+    apply, and an instance that fails them is replaced).
+    """
+    if not leases or not loop_cell:
+        return
+    held = list(leases.items())
+    leases.clear()
+    try:
+        loop_cell[0].call_soon_threadsafe(_give_back_leases, cls, manager, scope_id, held)
+    except RuntimeError:  # the loop is closed: its manager's teardown stopped the instances
+        pass
+
+
+def _give_back_leases(cls: type[RolloutScope], manager: Any, scope_id: str, held: list[tuple[str, Resource]]) -> None:
+    log.warning("scope %s was garbage-collected without aclose() (an environment dropped without close, or its "
+                "task abandoned); returning %d lease(s) to their pools", scope_id, len(held))
+    orphan = cls.__new__(cls)  # a stand-in without leases, for the subclass's _pool_of/_give_back
+    orphan.manager, orphan.id = manager, scope_id
+    for key, lease in held:
+        pool = orphan._pool_of(key, lease)
+        if pool is None or getattr(pool, "closed", False):
+            continue
+        task = asyncio.ensure_future(orphan._give_back(pool, lease))
+        task.add_done_callback(_log_give_back_failure)
+
+
+def _log_give_back_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("returning the lease of a collected scope failed: %s", task.exception())
 
 
 class ResourceManager:

@@ -309,7 +309,8 @@ async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, oppone
                                   mode: str = "chain", sampling: SamplingParams | None = None, max_turns: int = 200,
                                   max_context_tokens: int | None = None, history: int = DEFAULT_HISTORY,
                                   seed: int = 0, env_kwargs: dict[str, Any] | None = None,
-                                  output_dir: Any = None, manager: Any = None, progress: bool = False):
+                                  output_dir: Any = None, if_exists: str = "fail", manager: Any = None,
+                                  progress: bool = False):
     """Play ``num_games`` games of the multi-agent env ``env_id`` concurrently (one env per game, bounded
     by ``concurrency``) and (optionally) save every player's trajectory.
 
@@ -321,19 +322,21 @@ async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, oppone
         a :class:`~agentfly_gym.rollout.runner.RolloutResult`: trajectories (two per game, by game then
         agent) and a summary with :func:`summarize_games`' per-side results under ``"games"`` besides
         the usual counts; written to ``output_dir`` (trajectories.parquet/jsonl, steps.parquet in step
-        mode, summary.json) when given.
+        mode, summary.json) when given, under the folder's lock, each file renamed into place when complete
+        (:mod:`agentfly_gym.rollout.outputs`; ``if_exists``: ``"fail"`` or ``"replace"`` a run already there).
 
     Raises:
-        ConfigError: an unknown env id, bad numbers or env kwargs.
+        ConfigError: an unknown env id, bad numbers or env kwargs, or ``if_exists="append"`` (games are
+            not appended to another run's).
+        OutputExistsError, OutputBusyError: the output folder holds a run / is being written by another process.
     """
-    import json
-    from pathlib import Path
-
     from ..errors import ConfigError
     from ..registration import make_multiagent
-    from .runner import RolloutResult, summarize
-    from .trajectory import save_trajectories
+    from .outputs import check_output_dir, run_output
 
+    if if_exists == "append":
+        raise ConfigError("if_exists='append' (--append) is for single-agent runs; give multi-agent games their "
+                          "own output folder or replace the run there")
     for name, val in (("num_games", num_games), ("concurrency", concurrency), ("max_turns", max_turns)):
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ConfigError(f"{name}={val!r} must be an integer >= 1")
@@ -342,8 +345,23 @@ async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, oppone
     env_kwargs = dict(env_kwargs or {})
     probe = make_multiagent(env_id, **env_kwargs)  # bad kwargs fail before any game starts
     probe._closed = True
-    agents = list(probe.possible_agents)
-    full_id = f"agentfly/{type(probe).env_name}-v0"
+    if output_dir is not None:
+        check_output_dir(output_dir, if_exists, mode=mode)
+    with run_output(output_dir, if_exists, mode=mode) as out:
+        return await _run_games(env_id, policy, chat, opponent=opponent, opponent_chat=opponent_chat,
+                                num_games=num_games, concurrency=concurrency, mode=mode, sampling=sampling,
+                                max_turns=max_turns, max_context_tokens=max_context_tokens, history=history,
+                                seed=seed, env_kwargs=env_kwargs, out=out, manager=manager, progress=progress,
+                                agents=list(probe.possible_agents), full_id=f"agentfly/{type(probe).env_name}-v0")
+
+
+async def _run_games(env_id: str, policy: Any, chat: Any, *, opponent: Any, opponent_chat: Any, num_games: int,
+                     concurrency: int, mode: str, sampling: SamplingParams | None, max_turns: int,
+                     max_context_tokens: int | None, history: int, seed: int, env_kwargs: dict[str, Any], out: Any,
+                     manager: Any, progress: bool, agents: list[str], full_id: str):
+    from ..registration import make_multiagent
+    from .runner import RolloutResult, summarize
+
     own = manager is None
     if manager is None:  # AGENTFLY_GYM_MANAGER: local (default), ray or auto
         from ..resources.ray.select import manager_from_environment
@@ -398,14 +416,6 @@ async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, oppone
                          "max_turns": max_turns, "seed": seed, "self_play": opponent is None,
                          "sampling": (sampling or SamplingParams()).to_dict()}
     result = RolloutResult(trajectories=trajectories, summary=summary)
-    if output_dir is not None:
-        out = Path(output_dir)
-        result.paths = save_trajectories(trajectories, out)
-        if mode == "step":
-            from .step import save_step_rows
-
-            result.paths.update(save_step_rows(trajectories, out))
-        result.paths["summary"] = out / "summary.json"
-        with open(result.paths["summary"], "w") as f:
-            json.dump(summary, f, indent=2, default=str)
+    if out is not None:
+        result.paths = out.save(trajectories, summary)
     return result

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import statistics
 import time
@@ -23,7 +22,8 @@ from ..registration import normalize_env_id  # also re-exported here: its old ho
 from ..resources.manager import ResourceManager
 from .episode import MODES, play_episode
 from .policies.base import SamplingParams
-from .trajectory import Trajectory, save_trajectories
+from .outputs import IF_EXISTS, RunOutput, check_output_dir, run_output
+from .trajectory import Trajectory
 
 __all__ = ["RolloutConfig", "RolloutResult", "check_config", "run_rollouts", "normalize_env_id", "summarize"]
 
@@ -47,6 +47,9 @@ class RolloutConfig:
         mode: ``"chain"`` (one sequence per trajectory) or ``"step"`` (one row per step).
         history: step mode: past (action, observation) pairs shown in each fresh prompt.
         output_dir: where to write trajectories and summary.json; None writes nothing.
+        if_exists: when ``output_dir`` already holds a run: ``"fail"`` (refused before anything runs),
+            ``"replace"`` (replaced once this run is complete) or ``"append"`` (added to); see
+            :mod:`agentfly_gym.rollout.outputs`, which also keeps a second process out of the folder.
         reward: an episode reward from configuration (``"judge:..."``, ``"MODULE:FUNCTION"`` or an
             :class:`~agentfly_gym.rewards.configured.EpisodeReward`; see that module), or None: the env's return.
     """
@@ -64,6 +67,7 @@ class RolloutConfig:
     history: int = 3
     output_dir: str | Path | None = None
     reward: Any = None
+    if_exists: str = "fail"
 
     def __post_init__(self) -> None:
         if not self.env_ids:
@@ -74,6 +78,8 @@ class RolloutConfig:
                           ("concurrency", self.concurrency), ("max_turns", self.max_turns)):
             if not isinstance(val, int) or val < 1:
                 raise ConfigError(f"{name}={val!r} must be an integer >= 1")
+        if self.if_exists not in IF_EXISTS:
+            raise ConfigError(f"if_exists={self.if_exists!r} is not one of {IF_EXISTS}")
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r} is not one of {MODES}")
         if not isinstance(self.history, int) or self.history < 0:
@@ -133,13 +139,16 @@ def summarize(trajectories: list[Trajectory], wall_s: float, manager: ResourceMa
     return summary
 
 
-async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: ResourceManager) -> Trajectory:
+async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: ResourceManager,
+               out: RunOutput | None = None) -> Trajectory:
     g = k // config.group_size
     env_id = config.env_ids[g % len(config.env_ids)]
+    # appending to a run: ids continue after its ids, so groups of different runs never share one
+    first_k, first_g = (out.next_index, out.next_group) if out is not None else (0, 0)
     traj = await play_episode(env_id, policy, chat, mode=config.mode, manager=manager,
                               env_kwargs=config.env_kwargs.get(env_id, {}), sampling=config.sampling,
                               max_turns=config.max_turns, history=config.history, seed=config.seed + g,
-                              trajectory_id=f"traj-{k:05d}", group_id=f"group-{g:05d}",
+                              trajectory_id=f"traj-{first_k + k:05d}", group_id=f"group-{first_g + g:05d}",
                               max_context_tokens=config.max_context_tokens)
     if config.reward is not None:  # a judge / custom reward from configuration (never raises; skips failed ones)
         await config.reward.apply(traj, manager=manager)
@@ -148,10 +157,13 @@ async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: R
 
 def check_config(config: RolloutConfig) -> None:
     """Build each environment once with its kwargs (no resource is started) so that a typo or a bad
-    value fails before any rollout, and make sure the output folder is writable.
+    value fails before any rollout, and make sure the output folder may be written (writable, not being
+    written by another process, and any run in it allowed by ``config.if_exists``).
 
     Raises:
         ConfigError: an env rejects its kwargs, or the output folder cannot be written.
+        OutputExistsError: the output folder holds a run and ``config.if_exists`` is ``"fail"``.
+        OutputBusyError: another process is writing the output folder.
         DataNotFoundError: an env's data is missing.
     """
     for env_id in config.env_ids:
@@ -162,19 +174,12 @@ def check_config(config: RolloutConfig) -> None:
             raise ConfigError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {e}") from None
         env.unwrapped._closed = True  # nothing was acquired: closing needs no event loop
     if config.output_dir is not None:
-        out = Path(config.output_dir)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            probe = out / ".agentfly-write-test"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as e:
-            raise ConfigError(f"output_dir={str(out)!r} cannot be written: {e}") from None
+        check_output_dir(config.output_dir, config.if_exists, mode=config.mode)
 
 
 def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, manager: ResourceManager,
-            *, interrupted: bool = False) -> RolloutResult:
-    """Summarize and (if ``config.output_dir``) save ``trajectories``."""
+            out: RunOutput | None, *, interrupted: bool = False) -> RolloutResult:
+    """Summarize and (if ``out``) save ``trajectories`` (see :meth:`RunOutput.save`)."""
     summary = summarize(trajectories, wall, manager)
     summary["mode"] = config.mode
     summary["interrupted"] = interrupted
@@ -183,16 +188,8 @@ def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, 
                          "max_turns": config.max_turns, "seed": config.seed, "sampling": config.sampling.to_dict(),
                          "reward": config.reward.spec if config.reward is not None else None}
     result = RolloutResult(trajectories=trajectories, summary=summary)
-    if config.output_dir is not None:
-        out = Path(config.output_dir)
-        result.paths = save_trajectories(trajectories, out)
-        if config.mode == "step":
-            from .step import save_step_rows
-
-            result.paths.update(save_step_rows(trajectories, out))
-        result.paths["summary"] = out / "summary.json"
-        with open(result.paths["summary"], "w") as f:
-            json.dump(summary, f, indent=2, default=str)
+    if out is not None:
+        result.paths = out.save(trajectories, summary, interrupted=interrupted)
     return result
 
 
@@ -200,17 +197,30 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
                        progress: bool = True) -> RolloutResult:
     """Roll out ``config.num_trajectories`` trajectories concurrently and (optionally) save them.
 
-    The config is checked first (:func:`check_config`).  A trajectory that fails (e.g. no resource could be started) is kept with its ``error``
+    The config is checked first (:func:`check_config`), and the output folder is locked for the run (a
+    second process is refused; see :mod:`agentfly_gym.rollout.outputs` for what happens to a run already
+    there).  Files are written under temporary names and renamed when complete.  A trajectory that fails (e.g. no resource could be started) is kept with its ``error``
     set; it never stops the others.  If the run is cancelled (Ctrl-C under ``asyncio.run``),
-    the trajectories finished so far are saved (``summary["interrupted"] = True``) before the
+    the trajectories finished so far are saved (``summary["interrupted"] = True``; in the sub-folder
+    ``interrupted/`` when the folder holds a complete run, which is never replaced by a partial one) before the
     cancellation propagates, and every resource is released.  With ``manager=None`` a manager of the kind
     ``AGENTFLY_GYM_MANAGER`` names (local by default, see :mod:`agentfly_gym.resources.ray.select`)
     is created and closed here; a given manager is left open.
 
     Returns:
-        RolloutResult with trajectories ordered by index and the summary dict.
+        RolloutResult with trajectories ordered by index and the summary dict (when appending, the folder's
+        files and ``result.summary`` hold every run's trajectories; ``result.trajectories`` this run's).
+
+    Raises:
+        OutputExistsError, OutputBusyError, ConfigError: see :func:`check_config`.
     """
     check_config(config)
+    with run_output(config.output_dir, config.if_exists, mode=config.mode) as out:
+        return await _run_locked(config, policy, chat, out, manager=manager, progress=progress)
+
+
+async def _run_locked(config: RolloutConfig, policy: Any, chat: Any, out: RunOutput | None, *,
+                      manager: ResourceManager | None, progress: bool) -> RolloutResult:
     own = manager is None
     if manager is None:  # AGENTFLY_GYM_MANAGER: local (default), ray or auto
         from ..resources.ray.select import manager_from_environment
@@ -228,7 +238,7 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
 
     async def guarded(k: int) -> Trajectory:
         async with sem:
-            res = await _one(config, k, policy, chat, manager)
+            res = await _one(config, k, policy, chat, manager, out)
         finished[k] = res
         log.info("trajectory %s (%s) finished: %d turns, reward %.3f%s", res.trajectory_id, res.env_id,
                  len(res.turns), res.reward, f", error: {res.error}" if res.error else "")
@@ -243,14 +253,15 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
         # are saved before the running ones are torn down (a second Ctrl-C during that tear-down loses nothing)
         await asyncio.wait(tasks)
         trajectories = [t.result() for t in tasks]
-        return _finish(config, trajectories, time.monotonic() - t0, manager)
+        return _finish(config, trajectories, time.monotonic() - t0, manager, out)
     except asyncio.CancelledError:
-        if config.output_dir is not None:
+        if out is not None:
             partial = [finished[k] for k in sorted(finished)]
             # written even when nothing finished, so an earlier run's files in the folder are not mistaken
-            # for this run's
-            _finish(config, partial, time.monotonic() - t0, manager, interrupted=True)
-            log.warning("rollout interrupted: saved %d finished trajectories to %s", len(partial), config.output_dir)
+            # for this run's (a complete earlier run is kept: these go to interrupted/ then)
+            saved = _finish(config, partial, time.monotonic() - t0, manager, out, interrupted=True)
+            where = saved.paths["summary"].parent if saved.paths else config.output_dir
+            log.warning("rollout interrupted: saved %d finished trajectories to %s", len(partial), where)
         raise
     finally:
         for t in tasks:

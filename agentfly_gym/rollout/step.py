@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..envs.base import AgentFlyEnv
+from ..utils.files import atomic_path
 from .turns import act_and_record, fail_trajectory, finish_trajectory
 from .policies.base import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
 from .trajectory import Trajectory, episode_status, read_schema_version, schema_metadata
@@ -260,7 +261,8 @@ def save_step_rows(trajectories: Sequence[Trajectory], out_dir: str | Path) -> d
         ("history_shown", pa.int32()), ("prompt_cut", pa.int32()), ("status", pa.string()),
     ], metadata=schema_metadata("steps"))
     path = out / "steps.parquet"
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    with atomic_path(path) as tmp:  # a reader sees the old file or the whole new one
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
     return {"steps": path}
 
 

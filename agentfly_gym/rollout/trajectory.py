@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..utils.files import atomic_path
 
 __all__ = ["Turn", "Trajectory", "save_trajectories", "load_trajectories", "SCHEMA_VERSION", "KNOWN_SCHEMA_VERSIONS",
            "STATUSES", "SchemaVersionError", "episode_status", "schema_metadata", "read_schema_version",
@@ -240,6 +241,10 @@ def save_trajectories(trajectories: Sequence[Trajectory], out_dir: str | Path, *
     Both carry the schema version (:data:`SCHEMA_VERSION`; see the module docstring) and a
     ``status`` per trajectory (:func:`episode_status`).
 
+    Each file is written under a temporary name in ``out_dir`` and renamed when complete
+    (:func:`~agentfly_gym.utils.files.atomic_path`): a reader sees the old file or the whole new one.
+    For a run's whole output folder (a lock, no silent overwrite) see :mod:`agentfly_gym.rollout.outputs`.
+
     Returns the written paths by format.
     """
     import pyarrow as pa
@@ -267,10 +272,11 @@ def save_trajectories(trajectories: Sequence[Trajectory], out_dir: str | Path, *
     ], metadata=schema_metadata("trajectories"))
     table = pa.Table.from_pylist(rows, schema=schema)
     paths["parquet"] = out / "trajectories.parquet"
-    pq.write_table(table, paths["parquet"])
+    with atomic_path(paths["parquet"]) as tmp:
+        pq.write_table(table, tmp)
     if jsonl:
         paths["jsonl"] = out / "trajectories.jsonl"
-        with open(paths["jsonl"], "w", encoding="utf-8") as f:
+        with atomic_path(paths["jsonl"]) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write(jsonl_header("trajectories"))
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False, default=_nan_safe) + "\n")

@@ -1,15 +1,16 @@
-"""Publishing a folder whole: built under a temporary name beside it, renamed into place when complete."""
+"""Publishing a folder or a file whole: built under a temporary name beside it, renamed into place when complete."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["staged_dir"]
+__all__ = ["staged_dir", "atomic_path", "fsync_dir"]
 
 
 @contextlib.contextmanager
@@ -40,3 +41,35 @@ def staged_dir(final: Path, *, complete: str, prefix: str | None = None) -> Iter
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Flush ``folder``'s entries (a rename into it) to disk."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``final`` (a hidden name in the same folder) to write the file at; when
+    the block ends without error the file is flushed to disk (``fsync``) and renamed to ``final``, so readers
+    see the old file or the whole new one, never a part.  On error (a full disk...) the temporary file is
+    removed and ``final`` is untouched.
+
+    Raises:
+        OSError: the file cannot be flushed or renamed.
+    """
+    final = Path(final)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -17,6 +17,7 @@ import shutil
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import chess
 import chess.engine
@@ -154,6 +155,9 @@ class StockfishEngine:
 
     def __init__(self, path: str | None = None, *, threads: int = 1, hash_mb: int = 16, timeout: float = 10.0) -> None:
         self.path = find_stockfish(path)
+        self._timeout = timeout
+        self._search: concurrent.futures.Future | None = None  # the running search, for stop_search()
+        self._stop = threading.Event()  # a stop asked for while no search was running yet
         self._engine = _popen_uci(self.path, timeout)
         try:
             self.pid: int = self._engine.transport.get_pid()
@@ -184,10 +188,27 @@ class StockfishEngine:
         """
         limit = chess.engine.Limit(depth=depth, time=movetime) if (depth or movetime) else chess.engine.Limit(depth=10)
         options = {} if skill_level is None else {"Skill Level": int(skill_level)}
+        # SimpleEngine.play's own steps, keeping the future so that stop_search() (another thread) can cancel
+        # it: python-chess then sends the engine UCI "stop" and the engine answers at once
+        protocol = self._engine.protocol
+        timeout = None if limit.time is None else self._timeout + limit.time
+        self._stop.clear()
         try:
-            result = self._engine.play(board, limit, game=self._game, options=options)
+            search = asyncio.run_coroutine_threadsafe(
+                asyncio.wait_for(protocol.play(board, limit, game=self._game, options=options), timeout), protocol.loop)
+        except RuntimeError as e:  # the engine's event loop is closed
+            raise ResourceDied(f"stockfish (pid {self.pid}) is gone: {e}") from e
+        self._search = search
+        if self._stop.is_set():
+            search.cancel()
+        try:
+            result = search.result()
+        except concurrent.futures.CancelledError:
+            raise ResourceDied(f"stockfish (pid {self.pid}): the search was stopped") from None
         except chess.engine.EngineTerminatedError as e:
             raise ResourceDied(f"stockfish (pid {self.pid}) died: {e}") from e
+        finally:
+            self._search = None
         self.searches += 1
         if result.move is None:
             raise chess.engine.EngineError(f"stockfish returned no move in {board.fen()}")
@@ -196,6 +217,15 @@ class StockfishEngine:
     def best_move(self, board: chess.Board, *, depth: int = 12) -> chess.Move:
         """Stockfish's best move at full strength, searched to ``depth`` plies."""
         return self.play(board, depth=depth)
+
+    def stop_search(self) -> None:
+        """Stop the running search (UCI ``stop``); its :meth:`play` raises ResourceDied.  Thread-safe: called
+        from the event loop when the step that waits for the search is cancelled, while the resource's own
+        thread is blocked in :meth:`play`.  A search about to start is stopped as soon as it starts."""
+        self._stop.set()
+        search = self._search
+        if search is not None:
+            search.cancel()
 
     # -- lifecycle hooks used by the pool
     def reset(self) -> None:
@@ -242,5 +272,24 @@ class StockfishEngine:
 class EngineProxy(ObjectProxy):
     """The async, typed face of a pooled :class:`StockfishEngine` (``EngineProxy(await scope.acquire(spec))``)."""
 
-    play = forward(StockfishEngine.play)
-    best_move = forward(StockfishEngine.best_move)
+    _play = forward(StockfishEngine.play)
+    _best_move = forward(StockfishEngine.best_move)
+
+    async def play(self, board: chess.Board, *, depth: int | None = None, movetime: float | None = None,
+                   skill_level: int | None = None) -> chess.Move:
+        """:meth:`StockfishEngine.play` on the engine's thread; cancelling the call stops the search (without
+        it a cancelled deep search would go on, and the engine's next user would wait for it)."""
+        return await self._stoppable(self._play(board, depth=depth, movetime=movetime, skill_level=skill_level))
+
+    async def best_move(self, board: chess.Board, *, depth: int = 12) -> chess.Move:
+        """:meth:`StockfishEngine.best_move` on the engine's thread; cancelling it stops the search."""
+        return await self._stoppable(self._best_move(board, depth=depth))
+
+    async def _stoppable(self, call: Any) -> chess.Move:
+        try:
+            return await call
+        except asyncio.CancelledError:
+            stop = getattr(self.resource.obj, "stop_search", None)  # absent with isolation="process"
+            if callable(stop):
+                stop()
+            raise

@@ -31,6 +31,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -262,34 +263,65 @@ def _sdist_dir(out: Path) -> Path:
     return out / "sdists"
 
 
-def _download(spec: BugSpec, dest: Path, log: Callable[[str], None]) -> Path:
-    """The sdist archive of ``spec`` in ``dest`` (downloaded with pip if absent)."""
-    dest.mkdir(parents=True, exist_ok=True)
+def _valid_archive(path: Path) -> bool:
+    """True when ``path`` is a whole ``.tar.gz`` or ``.zip`` archive (every member readable)."""
+    import zipfile
+
+    try:
+        if path.stat().st_size == 0:
+            return False
+        if path.name.lower().endswith(".zip"):
+            with zipfile.ZipFile(path) as zf:
+                return zf.testzip() is None
+        with tarfile.open(path) as tf:
+            tf.getmembers()  # reads the whole compressed stream: a cut-off file fails here
+        return True
+    except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError):
+        return False
+
+
+def _find_archive(spec: BugSpec, folder: Path) -> Path | None:
+    """The archive of ``spec`` in ``folder``; one that is not whole (a 0-byte or cut-off file, left by a full
+    disk before archives were written under a temporary name) is removed and not returned."""
     names = {spec.package.lower().replace("-", "_"), spec.package.lower().replace("_", "-"), spec.package.lower()}
-
-    def find() -> Path | None:
-        for f in dest.iterdir():
-            low = f.name.lower()
-            if any(low.startswith(f"{n}-{spec.version}.") for n in names) and low.endswith((".tar.gz", ".zip")):
+    for f in folder.iterdir():
+        low = f.name.lower()
+        if f.is_file() and any(low.startswith(f"{n}-{spec.version}.") for n in names) and low.endswith((".tar.gz", ".zip")):
+            if _valid_archive(f):
                 return f
-        return None
+            f.unlink(missing_ok=True)
+    return None
 
-    found = find()
+
+def _download(spec: BugSpec, dest: Path, log: Callable[[str], None]) -> Path:
+    """The sdist archive of ``spec`` in ``dest`` (downloaded with pip if absent).
+
+    pip downloads into a temporary folder beside ``dest``; the archive is moved into ``dest`` only when it is
+    whole, so a full disk or a killed download never leaves a file that a later build would reuse.
+
+    Raises:
+        TaskBuildError: the download failed (pip's message, e.g. "No space left on device", is included).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    found = _find_archive(spec, dest)
     if found:
         return found
     log(f"  downloading {spec.requirement}")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-           "-q", "-d", str(dest), spec.requirement]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    found = find()
-    if found is None:
-        # some sdists need their own build backend to prepare metadata: retry with build isolation
-        cmd.remove("--no-build-isolation")
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+               "-q", "-d", tmp, spec.requirement]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-        found = find()
-    if found is None:
-        raise TaskBuildError(f"pip download {spec.requirement} failed (exit {r.returncode}): {r.stderr[-2000:]}")
-    return found
+        found = _find_archive(spec, Path(tmp))
+        if found is None:
+            # some sdists need their own build backend to prepare metadata: retry with build isolation
+            cmd.remove("--no-build-isolation")
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+            found = _find_archive(spec, Path(tmp))
+        if found is None:
+            raise TaskBuildError(f"pip download {spec.requirement} failed (exit {r.returncode}): {r.stderr[-2000:]}")
+        final = dest / found.name
+        os.replace(found, final)
+    return final
 
 
 def _extract(archive: Path, dest: Path) -> Path:

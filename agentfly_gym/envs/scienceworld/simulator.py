@@ -42,6 +42,7 @@ from ...errors import (
     ResourceStartError,
     ResourceUnavailable,
 )
+from ._compat import jvm_in_own_process_group
 from .tasks import check_simplification, resolve_task_name
 
 __all__ = ["FACTORY", "ScienceWorldSimulator"]
@@ -117,7 +118,8 @@ class ScienceWorldSimulator:
             env = env_cls.__new__(env_cls)
             try:
                 try:
-                    env.__init__(envStepLimit=env_step_limit)
+                    with jvm_in_own_process_group():  # a terminal's Ctrl-C reaches this process, not the JVM
+                        env.__init__(envStepLimit=env_step_limit)
                 except BaseException:
                     # the package's __del__ would call close() on the half-made instance and raise
                     # AttributeError ('_gateway') from inside a later garbage collection

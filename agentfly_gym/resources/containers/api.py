@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
+from typing import Any
 
 from ..base import Resource
 from ...errors import ConfigError, ResourceDied
 
-__all__ = ["ContainerResource", "ExecResult", "DEFAULT_MAX_OUTPUT"]
+__all__ = ["ContainerResource", "ExecResult", "DEFAULT_MAX_OUTPUT", "mount_sources"]
 
 DEFAULT_MAX_OUTPUT = 100_000  # characters of combined stdout+stderr kept per exec
 
@@ -116,3 +118,19 @@ class ContainerResource(Resource, abc.ABC):
             FileNotFoundError: no such file.
             ResourceDied: the container is gone.
         """
+
+
+def mount_sources(spec: Any) -> list[str]:
+    """The absolute host source of each of ``spec.mounts`` (a ContainerSpec); both backends check with it.
+
+    Raises:
+        ConfigError: a source does not exist on the host, or a target is not an absolute path.
+    """
+    out = []
+    for m in spec.mounts:
+        if not m.target.startswith("/"):
+            raise ConfigError(f"mount {m!r}: the target must be an absolute path in the container")
+        if not os.path.exists(m.source):
+            raise ConfigError(f"mount {m!r}: the source {m.source!r} does not exist on the host (it is not created)")
+        out.append(os.path.abspath(m.source))
+    return out

@@ -22,7 +22,8 @@ Containers run with (``ContainerSpec`` field -> Docker setting):
 * ``network=False`` -> ``network_mode="none"`` (loopback only), ``True`` -> the default bridge;
 * ``ports`` -> each published on ``127.0.0.1`` at a host port the engine picks, read back after
   start into ``DockerContainer.published_ports`` (``ContainerResource.endpoint(port)``);
-* ``mounts`` -> bind mounts, read-only where ``Mount.read_only``; ``env``, ``user``, ``workdir``;
+* ``mounts`` -> typed bind mounts (docker-py ``Mount``), read-only where ``Mount.read_only``; a missing
+  source is refused (ConfigError), never created; ``env``, ``user``, ``workdir``;
 * always: the container log capped (``json-file``, ``max-size`` :data:`.container.LOG_MAX_SIZE`, one
   file kept: about 2 MB on the host, whatever the container writes to its stdout);
   ``init=True`` (docker-init reaps zombies as PID 1), ``security_opt=["no-new-privileges"]``,

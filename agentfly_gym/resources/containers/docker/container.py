@@ -23,7 +23,7 @@ from ....errors import (
     ResourceStartError,
 )
 from ...base import ResourceStatus
-from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
+from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult, mount_sources
 from ..output import OutputBuffer
 from ..ownership import LABEL, owner_labels
 from ...spec import ContainerSpec
@@ -114,6 +114,11 @@ def _read_published_ports(api: Any, cid: str, ports: Sequence[int]) -> dict[int,
 
 # ------------------------------------------------------------------------------- the container
 
+def _consume_outcome(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 class DockerContainer(ContainerResource):
     """One Docker container for a :class:`ContainerSpec`, labelled with its manager's id.
 
@@ -159,6 +164,14 @@ class DockerContainer(ContainerResource):
 
     # -- lifecycle
     async def start(self) -> None:
+        """Create and start the container.
+
+        Raises:
+            ConfigError: a mount's source does not exist on the host or its target is not absolute (Docker's
+                legacy ``binds`` would create a root-owned empty folder for a missing source).
+            ResourceStartError, ResourceUnavailable: the image is missing or the engine refused.
+        """
+        mount_sources(self.spec)
         self._status = ResourceStatus.STARTING
         t0 = time.monotonic()
         try:
@@ -205,7 +218,9 @@ class DockerContainer(ContainerResource):
                 security_opt=["no-new-privileges"],
                 cap_drop=["ALL"],
                 cap_add=list(CAP_ADD),
-                binds={m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts} or None,
+                # typed bind mounts: the engine refuses a missing source instead of creating it
+                mounts=[docker.types.Mount(target=m.target, source=src, type="bind", read_only=m.read_only)
+                        for m, src in zip(spec.mounts, mount_sources(spec))] or None,
                 init=True,
                 port_bindings=_port_bindings(spec.ports),
                 runtime=spec.runtime,
@@ -429,6 +444,10 @@ class DockerContainer(ContainerResource):
         fut = asyncio.get_running_loop().run_in_executor(
             docker_pool(), lambda: self._exec_sync(argv, timeout=timeout, workdir=workdir, env=env, user=user,
                                                     max_output=max_output, use_timeout=use_timeout, mark=mark))
+        # a caller that gives up (cancelled, or the exec abandoned below) never awaits fut: its outcome (often
+        # ResourceDied, the container being torn down on Ctrl-C) is consumed here, not printed as "Future
+        # exception was never retrieved"
+        fut.add_done_callback(_consume_outcome)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout + _KILL_GRACE)
         except TimeoutError:

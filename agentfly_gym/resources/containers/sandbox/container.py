@@ -92,7 +92,7 @@ from typing import Any
 
 from ....errors import ConfigError, ModelOutputError, ResourceDied, ResourceStartError, ResourceUnavailable
 from ...base import ResourceStatus
-from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
+from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult, mount_sources
 from ..output import OutputBuffer
 from ..ownership import proc_start
 from ...spec import SANDBOX_PORTS_REFUSAL, ContainerSpec
@@ -247,10 +247,8 @@ class SandboxContainer(ContainerResource):
             bindir = os.path.dirname(sys.executable)
             if not bindir.startswith("/usr/"):
                 self._extra_path = bindir + ":"
-        for m in spec.mounts:
-            if not m.target.startswith("/") or not os.path.exists(m.source):
-                raise ConfigError(f"mount {m!r}: source must exist on the host and target must be absolute")
-            self._mounts.append((posixpath.normpath(m.target), os.path.abspath(m.source), not m.read_only))
+        for m, source in zip(spec.mounts, mount_sources(spec)):  # a missing source is refused, never created
+            self._mounts.append((posixpath.normpath(m.target), source, not m.read_only))
 
     def _mount_table(self) -> list[tuple[str, str, bool]]:
         """(container path, host path, writable), longest container path first."""
@@ -379,8 +377,20 @@ class SandboxContainer(ContainerResource):
             find_slirp4netns()
         self._plan_mounts()
         root = self._root or sandbox_root()
+        # the start's work in threads: a cancelled await does not stop a thread, so the teardown below waits
+        # for it first (else a folder or cgroup it makes after the teardown is left until `resources gc`)
+        threads: list[asyncio.Future] = []
+
+        def in_thread(fn: Any, *args: Any) -> Any:
+            threads.append(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
+            return asyncio.shield(threads[-1])
+
+        async def settle_and_teardown() -> None:
+            await asyncio.gather(*threads, return_exceptions=True)
+            await asyncio.to_thread(self._teardown)
+
         try:
-            await asyncio.to_thread(self._make_private_folder, root)
+            await in_thread(self._make_private_folder, root)
             res = await self.exec(["/bin/sh", "-c", "true"], timeout=60.0, workdir="/")
             if not res.ok:
                 hint = ""
@@ -391,10 +401,10 @@ class SandboxContainer(ContainerResource):
                 raise ResourceStartError(
                     f"sandbox for image={self.image!r} does not run (exit {res.exit_code}): "
                     f"{res.output.strip()[:2000]}{hint}")
-            await asyncio.to_thread(self._copy_tree, self.state_dir, self.dir / "snapshot")
+            await in_thread(self._copy_tree, self.state_dir, self.dir / "snapshot")
         except BaseException:  # a failed or cancelled start leaves no folder, mount or cgroup behind
             self._status = ResourceStatus.UNHEALTHY
-            await asyncio.shield(asyncio.to_thread(self._teardown))
+            await asyncio.shield(settle_and_teardown())
             raise
         self._status = ResourceStatus.READY
         self.start_time = time.monotonic() - t0
