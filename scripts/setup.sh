@@ -4,6 +4,7 @@
 #
 #   VENV=.venv bash scripts/setup.sh     # default: a virtual environment .venv in the repository
 #   PY=/path/to/python bash scripts/setup.sh   # or into the environment of an interpreter you choose
+#   bash scripts/setup.sh --check        # only say whether $PY's environment is set up from this lock (exit 0/1)
 #
 # The Python packages come from requirements/lock.txt (every package pinned; regenerate with `make lock`),
 # installed by uv, so no resolver runs here.  A stamp inside the target environment records the lock it was
@@ -17,6 +18,21 @@ PY=${PY:-$VENV/bin/python}
 UV_VERSION=0.13.9
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+# The stamp: written into the target environment after a complete install, holding the digest of the lock and
+# pyproject.toml it was set up from.  It lives in the environment, not in the repository, so it follows $PY.
+up_to_date() {
+  local prefix
+  { [ -x "$PY" ] || command -v "$PY" >/dev/null; } || return 1
+  prefix=$("$PY" -c 'import sys; print(sys.prefix)') || return 1
+  [ -f "$prefix/.agentfly-gym-setup" ] && [ "$(cat "$prefix/.agentfly-gym-setup")" = "$(lock_digest)" ] \
+    && "$PY" -c 'import agentfly_gym, gymnasium' 2>/dev/null
+}
+lock_digest() { cat requirements/lock.txt pyproject.toml | sha256sum | cut -c1-16; }
+if [ "${1:-}" = "--check" ]; then
+  if up_to_date; then echo "setup: $PY is set up from requirements/lock.txt"; exit 0; fi
+  echo "setup: $PY is not set up from requirements/lock.txt"; exit 1
+fi
 
 # System packages: Java (ScienceWorld's JVM), Stockfish (chess), bubblewrap (daemon-less sandbox),
 # the Docker engine and debootstrap (images built offline), patch and git (R2E-Gym tasks).
@@ -50,8 +66,8 @@ fi
 [ -x "$PY" ] || command -v "$PY" >/dev/null || { echo "setup: no Python at PY=$PY" >&2; exit 2; }
 prefix=$("$PY" -c 'import sys; print(sys.prefix)')
 stamp="$prefix/.agentfly-gym-setup"
-want=$(cat requirements/lock.txt pyproject.toml | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$PY" -c 'import agentfly_gym, gymnasium' 2>/dev/null; then
+want=$(lock_digest)
+if up_to_date; then
   echo "setup: Python packages up to date in $prefix"
   echo "setup: done"; exit 0
 fi

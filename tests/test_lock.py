@@ -13,6 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -107,3 +109,22 @@ def test_a_changed_pyproject_is_caught(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "lock_digest.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == dependency_digest(tmp_path / "pyproject.toml")
+
+
+def test_the_setup_stamp_follows_the_interpreter(tmp_path):
+    """``make demo PY=<another venv>`` must set that environment up, not trust a marker left by another one.
+
+    The interpreter running the tests was set up from this lock (by ``make test``); a fresh virtual environment
+    beside it was not, and setup.sh's check must tell them apart.
+    """
+    import venv
+
+    check = ["bash", str(REPO / "scripts" / "setup.sh"), "--check"]
+    ours = subprocess.run(check, env={"PATH": "/usr/bin:/bin", "PY": sys.executable}, cwd=REPO,
+                          capture_output=True, text=True)
+    if ours.returncode != 0:
+        pytest.skip(f"the interpreter running the tests was not set up by scripts/setup.sh: {ours.stdout.strip()}")
+    venv.create(tmp_path / "other", with_pip=False)
+    other = subprocess.run(check, env={"PATH": "/usr/bin:/bin", "PY": str(tmp_path / "other" / "bin" / "python")},
+                           cwd=REPO, capture_output=True, text=True)
+    assert other.returncode == 1 and "not set up" in other.stdout, other.stdout + other.stderr
