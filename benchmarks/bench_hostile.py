@@ -37,6 +37,8 @@ import _common as C
 
 REPO = Path(__file__).resolve().parents[1]
 R2E_TASKS = REPO / "tests" / "fixtures" / "r2e" / "tasks.jsonl"
+sys.path.insert(0, str(REPO / "tests"))
+from proctools import host_usage  # noqa: E402  (the test suite's measure of host usage, shared)
 LIMIT = 256 * 1024 * 1024
 
 
@@ -48,14 +50,6 @@ def _xml(tool: str, **params: str) -> str:
 BIG_EDIT = _xml("file_editor", command="create", path="/testbed/big.txt", file_text="é" * 20_000)
 
 
-def _du(path: str) -> tuple[int, int]:
-    blocks = inodes = 0
-    for dirpath, dirs, files in os.walk(path):
-        for n in dirs + files:
-            with contextlib.suppress(OSError):
-                blocks += os.lstat(os.path.join(dirpath, n)).st_blocks
-            inodes += 1
-    return blocks * 512, inodes
 
 
 def _spec(backend: str, **kw: Any):
@@ -154,7 +148,7 @@ async def attack_disk(backend: str, args) -> tuple[bool, str]:
             note = "exec returned"
         took = time.monotonic() - t0
         where = _docker_paths(box)[0] if backend == "docker" else str(box.state_dir)
-        used, _ = _du(where)
+        used, _ = host_usage(where)
         mode = box.describe()["limits_enforced"]["disk"]
         return used <= LIMIT + 1024 * 1024, f"{used} bytes on the host in {took:.1f} s ({note}; disk mode {mode})"
     return await _with_box(_spec(backend, disk=LIMIT), run)

@@ -148,3 +148,16 @@ def pids_with_env(name: str, value: str) -> dict[int, str]:
             except OSError:
                 pass
     return found
+
+
+def host_usage(path: str) -> tuple[int, int]:
+    """``(bytes allocated, inodes)`` below ``path`` on the host, as ``du`` counts them (links not followed)."""
+    import contextlib
+
+    blocks = inodes = 0
+    for dirpath, dirs, files in os.walk(path):
+        for n in dirs + files:
+            with contextlib.suppress(OSError):
+                blocks += os.lstat(os.path.join(dirpath, n)).st_blocks
+            inodes += 1
+    return blocks * 512, inodes

@@ -10,7 +10,6 @@ process that must be gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import stat
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import r2e_hacks
-from proctools import pids_with, procs_settle
+from proctools import host_usage, pids_with, procs_settle
 
 from agentfly_gym.errors import ResourceDied
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
@@ -237,15 +236,6 @@ async def test_disk_limit_holds(backend_spec, manager):
             assert mode in ("volume", "storage-opt") and "No space left on device" in r.output, r.output
 
 
-def _du(path: str) -> tuple[int, int]:
-    """(bytes allocated, inodes) below ``path`` on the host, as ``du`` counts them."""
-    blocks = inodes = 0
-    for dirpath, dirs, files in os.walk(path):
-        for n in dirs + files:
-            with contextlib.suppress(OSError):
-                blocks += os.lstat(os.path.join(dirpath, n)).st_blocks
-            inodes += 1
-    return blocks * 512, inodes
 
 
 async def test_docker_disk_inodes_and_log_are_capped_by_the_kernel(docker_client, manager):
@@ -273,7 +263,7 @@ async def test_docker_disk_inodes_and_log_are_capped_by_the_kernel(docker_client
         t0 = loop.time()
         r = await box.exec("dd if=/dev/zero of=/tmp/big bs=4M count=512 2>&1", user="root", timeout=120)
         took = loop.time() - t0
-        used, _ = _du(upper)
+        used, _ = host_usage(upper)
         assert "No space left on device" in r.output, r.output
         assert used <= limit + 1024 * 1024, f"{used} bytes on the host against a {limit} limit ({took:.1f} s)"
         r = await box.exec("rm -f /tmp/big; mkdir /tmp/l && cd /tmp/l && python3 -c \"import os\n"
@@ -281,7 +271,7 @@ async def test_docker_disk_inodes_and_log_are_capped_by_the_kernel(docker_client
                            "except OSError as e: print(e.strerror)\nprint('made', n)\"", user="root", timeout=300)
         made = int(r.output.rsplit("made", 1)[1])
         assert made < 300_000 and "No space left on device" in r.output, r.output
-        _, inodes = _du(upper)
+        _, inodes = host_usage(upper)
         assert inodes <= limit // BYTES_PER_INODE + 100, inodes
 
 
