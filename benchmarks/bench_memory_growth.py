@@ -211,7 +211,7 @@ def main() -> int:
     tiny = args.scale == 0
     envs = [e.strip() for e in args.envs.split(",") if e.strip()]
     if "ALFWorld" in envs:
-        res.data["alfworld"] = []
+        res.data.setdefault("envs", {})["ALFWorld"] = []
         for which in [s.strip() for s in args.sets.split(",") if s.strip()]:
             for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
                 n = 3 if tiny else args.games
@@ -222,7 +222,7 @@ def main() -> int:
                 if guard.failed:
                     continue
                 summarise(r)
-                res.data["alfworld"].append(r)
+                res.data["envs"]["ALFWorld"].append(r)
                 rows = r["rows"]
                 line = (f"[ALFWorld] {which:6s} {mode:9s}: {r['games_played']} games, RSS {rows[0]['rss'] / 2**20:.0f} "
                         f"-> {rows[-1]['rss'] / 2**20:.0f} MiB, {rows[-1]['intern_entries']} interned")
@@ -232,15 +232,15 @@ def main() -> int:
                              f"{r.get('growth_per_game_bytes', 0) / 2**10:.0f} KiB per game")
                 print(line, flush=True)
     if "ScienceWorld" in envs:
-        a = ["scienceworld", str(args.jvms), str(1 if tiny else args.rounds), str(args.episodes),
-             str(3 if tiny else args.sw_steps)]
+        a = ["scienceworld", str(min(2, args.jvms) if tiny else args.jvms), str(1 if tiny else args.rounds),
+             str(min(2, args.episodes) if tiny else args.episodes), str(3 if tiny else args.sw_steps)]
         with C.skip_on_error(res, "ScienceWorld", trace=False, prefix="") as guard:
             r = run_child(a, args.timeout)
         if not guard.failed:
             last = r["rows"][-1]
             r["per_jvm_rss_final_bytes"] = last["jvm_rss_total"] / max(1, len(last["jvms"]))
             r["per_jvm_pss_final_bytes"] = last["jvm_pss_total"] / max(1, len(last["jvms"]))
-            res.data["scienceworld"] = r
+            res.data.setdefault("envs", {})["ScienceWorld"] = r
             print(f"[ScienceWorld] {len(last['jvms'])} JVMs after {last['episodes']} episodes: RSS "
                   f"{last['jvm_rss_total'] / 2**20:.0f} MiB ({r['per_jvm_rss_final_bytes'] / 2**20:.0f} per JVM), PSS "
                   f"{last['jvm_pss_total'] / 2**20:.0f} MiB", flush=True)
@@ -248,8 +248,8 @@ def main() -> int:
 
 
 def plot(res: C.Result) -> None:
-    runs = res.data.get("alfworld") or []
-    sw = res.data.get("scienceworld")
+    runs = res.data.get("envs", {}).get("ALFWorld") or []
+    sw = res.data.get("envs", {}).get("ScienceWorld")
     if not runs and not sw:
         return
     fig, axes = C.subplots(1, 2, figsize=(11, 4.2))

@@ -30,6 +30,7 @@ SCRIPTS = {
     "bench_sim_costs": [],
     "bench_trace_rollout": ["--profiles", "r2e"],
     "bench_memory": ["--envs", "Chess"],
+    "bench_memory_growth": ["--envs", "ALFWorld", "--sets", "sample"],
 }
 
 
