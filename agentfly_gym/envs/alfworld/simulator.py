@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 NOTHING_HAPPENS = "Nothing happens."
 
 #: Default ``max_intern_entries``: TextWorld's intern cache is emptied once a load leaves more
-#: entries than this in it (~600-900 per ALFWorld game, ~1.2 KB each: ~60 MB).
+#: entries than this in it (~600-1,100 per ALFWorld game never seen before, the more of it is
+#: played the more; ~1 KB each: ~50-60 MB).
 INTERN_ENTRIES = 50_000
 
 #: Serialises engine calls of all simulators in this process.  TextWorld's PDDL/grammar parsers
