@@ -55,7 +55,8 @@ WAVE = 8
 
 SCALED_DOWN = {
     "ScienceWorld": "one JVM per concurrent episode (~117 MiB PSS at reset, its heap growing towards -Xmx400m, "
-                    "~230 MB, as an episode runs): 128 would take ~15 GB at reset and ~30 GB once the heaps grow, "
+                    "185-510 MB, mean ~330 MB, as episodes run (bench_memory_growth)): 128 would take ~15 GB at reset and "
+                    "~40 GB once the heaps grow, "
                     "more than this shared 23 GiB machine has",
     "gym_async": "one full interpreter per env: 8 and 32 workers show the per-process cost (WebShop: 8 only, each "
                  "worker loads its own catalogue, ~225 MiB: 32 would take ~7 GB and several minutes), larger n "

@@ -32,6 +32,7 @@ SCRIPTS = {
     "bench_trace_rollout": ["--profiles", "r2e"],
     "bench_memory": ["--envs", "Chess"],
     "bench_grading_hacks": ["--backends", "sandbox", "--hacks", "conftest_pass_all,passed_in_exception"],
+    "bench_memory_growth": ["--envs", "ALFWorld", "--sets", "sample"],
 }
 
 

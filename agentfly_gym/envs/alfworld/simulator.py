@@ -19,6 +19,12 @@ never seen before reuses the grammar snippets other games parsed and has its sec
 in a child process meanwhile (~0.4-0.7 s instead of 1.3-2.6 s); ``agentfly-gym data precompute
 alfworld`` fills the disk cache for whole splits ahead of a run.
 
+TextWorld interns every logic fact it builds in a process-wide dict that is never emptied
+(``mementos``' cache, ~1.1 MB per game never seen before; see :mod:`._compat`), which no simulator
+owns and so no recycling frees.  A load that leaves more than ``max_intern_entries`` entries there
+empties it (safe: the entries are immutable values compared by value; games give the same text
+after a clear), so a process that plays thousands of different games stays flat.
+
 Made by the resource manager from
 ``InProcessSpec(factory="agentfly_gym.envs.alfworld.simulator:ALFWorldSimulator")``; all calls
 run on the instance's own worker thread.
@@ -38,15 +44,21 @@ from typing import Any
 
 from ...errors import ConfigError, EnvError
 from ...resources.spec import parse_bytes
+from . import _compat
 from .engine_cache import EngineCache, EngineEntry, entry_key, prefetch, serving, start_translation_worker
 from .logic import upgrade_game
 
-__all__ = ["NOTHING_HAPPENS", "ALFWorldSimulator", "current_rss"]
+__all__ = ["INTERN_ENTRIES", "NOTHING_HAPPENS", "ALFWorldSimulator", "current_rss"]
 
 log = logging.getLogger(__name__)
 
 #: TextWorld's PddlEnv feedback for a command that is not admissible.
 NOTHING_HAPPENS = "Nothing happens."
+
+#: Default ``max_intern_entries``: TextWorld's intern cache is emptied once a load leaves more
+#: entries than this in it (~600-1,100 per ALFWorld game never seen before, the more of it is
+#: played the more; ~1 KB each: ~50-60 MB).
+INTERN_ENTRIES = 50_000
 
 #: Serialises engine calls of all simulators in this process.  TextWorld's PDDL/grammar parsers
 #: and Fast Downward's Python translator keep module-level state: two simulators loading games
@@ -111,13 +123,18 @@ class ALFWorldSimulator:
             the grammar and makes the first, so a game never seen before loads in about half the time
             on a machine with a free core (:func:`~.engine_cache.prefetch`); ``False`` keeps all work
             in this process.  Results are the same either way.
+        max_intern_entries: bound on TextWorld's process-wide intern cache (entries, shared by all
+            simulators of the process): after a load leaves more than this many there, it is
+            emptied (:func:`~._compat.clear_intern_cache`; counted in ``intern_clears``).
+            ``None`` never empties it (as TextWorld: it grows ~1.1 MB per game never seen before).
 
     Raises:
         ImportError: ``alfworld``/``textworld`` (with ``fast-downward-textworld``) are not installed.
     """
 
     def __init__(self, max_rss_growth: int | str | None = None, upgrade_games: bool = True,
-                 engine_cache: bool | str | os.PathLike = True, translation_worker: bool = True) -> None:
+                 engine_cache: bool | str | os.PathLike = True, translation_worker: bool = True,
+                 max_intern_entries: int | None = INTERN_ENTRIES) -> None:
         try:
             import textworld
             from alfworld.agents.environment.alfred_tw_env import (
@@ -130,6 +147,12 @@ class ALFWorldSimulator:
                               f"with fast-downward-textworld): {e}") from e
         self.max_rss_growth = parse_bytes(max_rss_growth, field="max_rss_growth")
         self.upgrade_games = bool(upgrade_games)
+        if max_intern_entries is not None and (isinstance(max_intern_entries, bool)
+                                               or not isinstance(max_intern_entries, int) or max_intern_entries < 0):
+            raise ConfigError(f"max_intern_entries={max_intern_entries!r} must be None or an int >= 0")
+        self.max_intern_entries = max_intern_entries
+        #: times a load of this simulator emptied TextWorld's intern cache (see ``max_intern_entries``)
+        self.intern_clears = 0
         if engine_cache is True:
             self._cache: EngineCache | None = EngineCache(EngineCache.default_directory())
         elif engine_cache == "memory":
@@ -178,6 +201,8 @@ class ALFWorldSimulator:
             self._parsed = self._entry = None
             self._clear()
             raise EnvError(f"ALFWorld cannot load {game_file}: {type(e).__name__}: {e}") from e
+        finally:
+            self._bound_interns()
         self._game_file = game_file
         self.games_loaded += 1
         self._admissible = list(state["admissible_commands"])
@@ -189,6 +214,17 @@ class ALFWorldSimulator:
             goal = obs.rsplit(marker, 1)[1].strip()
         return obs, {"admissible_actions": list(self._admissible), "won": self._won, "goal": goal,
                      "game_file": game_file}
+
+    def _bound_interns(self) -> None:
+        """Empty TextWorld's intern cache when it holds more than ``max_intern_entries`` entries."""
+        if self.max_intern_entries is None:
+            return
+        with _ENGINE_LOCK:  # no other simulator of the process is inside the engine meanwhile
+            size = _compat.intern_cache_size()
+            if size is not None and size > self.max_intern_entries:
+                _compat.clear_intern_cache()
+                self.intern_clears += 1
+                log.debug("ALFWorld: emptied TextWorld's intern cache (%d entries)", size)
 
     def _load_uncached(self, game_file: str) -> Any:
         stamp = _file_stamp(game_file)

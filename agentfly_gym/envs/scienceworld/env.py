@@ -101,8 +101,11 @@ class ScienceWorldEnv(AgentFlyEnv):
             under both except where plants must be watered by hand under ``""`` (grow-fruit and
             mendelian-genetics: up to 15 steps longer; ``benchmarks/results/scienceworld_gold_paths.json``).
         with_admissible_actions: add ``info["admissible_actions"]`` on reset and every step.
-        max_simulators: the most ScienceWorld JVMs (~230 MB each with the default heap) the
-            manager runs for envs with these settings; further episodes wait for a free one.
+        max_simulators: the most ScienceWorld JVMs the manager runs for envs with these settings;
+            further episodes wait for a free one.  With the default heap a JVM holds ~120 MB at its
+            first reset and 185-510 MB resident while episodes run (mean ~330 MB: its heap grows
+            towards ``-Xmx400m`` and is partly given back after collections; 4 JVMs over 80
+            episodes, ``benchmarks/bench_memory_growth.py``): budget ~500 MB per JVM.
         java_heap: the JVM's ``-Xmx`` (``"400m"``); ``None`` for the JVM default (~1.2 GB RSS).
         max_idle_time: seconds a JVM the pool keeps idle (after an episode or a closed env) waits for
             the next episode before it is stopped (default 300, as containers); ``None`` keeps idle JVMs

@@ -71,8 +71,9 @@ class ScienceWorldSimulator:
     """A ScienceWorld JVM that plays one episode at a time; tasks are loaded on the same JVM.
 
     Args:
-        java_heap: the JVM's maximum heap (``-Xmx``), e.g. ``"400m"`` (~230 MB RSS measured,
-            against ~1.2 GB with the JVM default); ``None`` leaves the JVM default.
+        java_heap: the JVM's maximum heap (``-Xmx``), e.g. ``"400m"`` (185-510 MB RSS measured
+            over a run, mean ~330 MB, against ~1.2 GB with the JVM default); ``None`` leaves the
+            JVM default.
         env_step_limit: the package's ``envStepLimit`` (default 100, but gold paths reach 770
             steps); only the package's own ``step`` reads it, episode limits are the env's
             ``max_episode_steps``.
