@@ -130,7 +130,7 @@ def test_sigterm_to_rollout_while_an_engine_starts(tmp_path):
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail("agentfly-gym rollout hung after SIGTERM while an engine was starting")
-    assert proc.returncode in (130, -signal.SIGTERM), proc.stdout.read()[-2000:]
+    assert proc.returncode in (143, -signal.SIGTERM), proc.stdout.read()[-2000:]
     assert not wait_gone(seen, 10)
 
 
