@@ -312,3 +312,19 @@ def test_grading_mode_is_checked():
     with pytest.raises(ConfigError, match="grading"):
         R2EGymEnv(tasks=FIXTURES / "tasks.jsonl", backend="sandbox", grading="yes")
     assert R2EGymEnv(tasks=FIXTURES / "tasks.jsonl", backend="sandbox").grading == "isolated"
+
+
+@pytest.mark.parametrize("action", [
+    '{"name": "execute_bash", "arguments": {"cmd": "echo \\ud800 hi"}}',            # a lone surrogate escape
+    '<tool_call>{"name": "file_editor", "arguments": {"command": "create", "path": "/testbed/\\udfff.py", '
+    '"file_text": "x"}}</tool_call>',
+    '{"name": "file_editor", "arguments": {"command": "view", "path": "/testbed/a.py", "view_range": [1, 1e999]}}',
+    '{"name": "file_editor", "arguments": {"command": "view", "path": "/testbed/a.py", "view_range": [1, Infinity]}}',
+])
+def test_json_values_no_command_can_hold_are_parse_errors(action):
+    """Found by the newcomer check: these raised UnicodeEncodeError / OverflowError deep in the tool run and
+    ended the episode; they are malformed actions, answered with a message the model can act on."""
+    from agentfly_gym.envs.r2egym.actions import ActionParseError, parse_action
+
+    with pytest.raises(ActionParseError, match="surrogate|view_range"):
+        parse_action(action)

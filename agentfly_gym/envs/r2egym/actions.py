@@ -187,6 +187,12 @@ def _from_json(text: str) -> tuple[str, dict[str, Any]] | None:
             raise ActionParseError(f"the JSON tool call's \"arguments\" string is not valid JSON ({e}). {FORMAT_HELP}") from None
     if not isinstance(args, dict):
         raise ActionParseError(f"the JSON tool call's \"arguments\" must be an object, got {type(args).__name__}. {FORMAT_HELP}")
+    try:  # JSON's \ud800 escapes decode to lone surrogates, which no command line or file name can hold
+        json.dumps(args, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = e.object[e.start:e.end].encode("unicode_escape").decode("ascii")
+        raise ActionParseError(f"the JSON tool call's arguments contain {bad}, a lone surrogate that is not valid "
+                               f"Unicode text; write the character itself or leave it out. {FORMAT_HELP}") from None
     return str(obj["name"]), dict(args)
 
 
@@ -209,7 +215,7 @@ def _coerce(name: str, args: dict[str, Any]) -> dict[str, Any]:
                 parts = list(vr) if isinstance(vr, (list, tuple)) else [vr]
             try:
                 ints = [int(p) for p in parts]
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e999 or Infinity
                 ints = []
             if len(ints) != 2:
                 raise ActionParseError(f"view_range={vr!r} must be two integers like [10, 40] (use -1 as end for 'to the end')")
