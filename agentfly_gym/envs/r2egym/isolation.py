@@ -16,8 +16,11 @@ there (background processes, wrappers around the interpreter, start-up hooks).  
    a clean copy of the task with the kept diff applied, and the statuses are read from pytest's JUnit
    XML report, written outside ``/testbed`` (:func:`junit_test_map`), not from the text summary.
 
-Residual exposure, as in SWE-bench: the package code the hidden tests import runs inside the pytest
-process, which can in principle rewrite pytest's in-memory state before the report is written.
+Open case, as in SWE-bench: the package code the hidden tests import runs inside the pytest process and
+can rewrite pytest's in-memory state before the report is written.  This is practical: an edit of the task
+package's ``__init__.py`` that wraps ``_pytest.reports.TestReport.__init__`` to set ``outcome="passed"``
+scores 1.0 on an unfixed task.  Closing it needs the verdict taken outside the process that runs the
+model's code.
 """
 
 from __future__ import annotations
