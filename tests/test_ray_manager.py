@@ -432,7 +432,7 @@ def test_runner_plays_pooled_envs_through_typed_proxies_on_ray(cluster, monkeypa
 def test_sigterm_while_ray_starts_leaves_no_process_and_writes_the_summary(tmp_path, after):
     """``AGENTFLY_GYM_MANAGER=ray agentfly-gym rollout`` starts a local Ray (``ray.init``, seconds); a SIGTERM in
     the middle of that start (``after`` seconds after its first Ray process appeared) is held until the start
-    has finished, then cancels the run as any SIGTERM does: exit status 130, summary.json written
+    has finished, then cancels the run as any SIGTERM does: exit status 143, summary.json written
     (interrupted), and no process of the run's tree left (the Ray node's, its dashboard's helpers) shortly
     after.  Processes are told apart by a variable in their environment, so others' Ray stays out of it."""
     import shutil
@@ -454,7 +454,7 @@ def test_sigterm_while_ray_starts_leaves_no_process_and_writes_the_summary(tmp_p
         time.sleep(after)
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=180)
-        assert proc.returncode == 130, output[-3000:]
+        assert proc.returncode == 143, output[-3000:]
         summary = json.loads((out / "summary.json").read_text())
         assert summary["interrupted"] is True
         wait_for(lambda: not pids_with_env("AFG_TEST_TREE", mark), 30, "every process of the run to end")
