@@ -30,6 +30,7 @@ up_to_date() {
 }
 lock_digest() { cat requirements/lock.txt pyproject.toml | sha256sum | cut -c1-16; }
 if [ "${1:-}" = "--check" ]; then
+  { [ -x "$PY" ] || command -v "$PY" >/dev/null; } || { echo "setup: no Python at PY=$PY"; exit 1; }
   if up_to_date; then echo "setup: $PY is set up from requirements/lock.txt"; exit 0; fi
   echo "setup: $PY is not set up from requirements/lock.txt"; exit 1
 fi
@@ -72,7 +73,7 @@ if up_to_date; then
   echo "setup: done"; exit 0
 fi
 
-# uv installs the lock (seconds to resolve nothing, about 2 minutes to download and unpack ~400 packages).
+# uv installs the lock (seconds to resolve nothing, about 2 minutes to download and unpack ~240 packages).
 UV=$(dirname "$PY")/uv
 if ! [ -x "$UV" ] || [ "$("$UV" --version 2>/dev/null | cut -d' ' -f2)" != "$UV_VERSION" ]; then
   echo "setup: installing uv $UV_VERSION into $prefix"
