@@ -1,6 +1,7 @@
 """Smoke test of the benchmark scripts: each runs at its smallest size (``--scale 0``) on the real
 environments and writes valid, strict JSON (machine info, package versions, seed, command) and a
-PNG.  The scripts are started together (they are mostly waiting on simulators) and each test
+PNG.  The scripts run CONCURRENTLY at a time (they are mostly waiting on simulators; all fourteen at once
+on a 2-core machine starved Ray's raylet past its 30 s start-up limit), the Ray one first, and each test
 checks one of them."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,8 +19,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 
-# script -> extra arguments that keep the smoke run small (the lightest envs / backends)
+CONCURRENTLY = 4
+TIMEOUT_S = 300  # per script, from its start
+# script -> extra arguments that keep the smoke run small (the lightest envs / backends), in start order
 SCRIPTS = {
+    "bench_ray_manager": ["--parts", "overhead,acquire"],
     "bench_async_rollout": ["--envs", "Chess"],
     "bench_resource_lifecycle": ["--backends", "docker,sandbox,inprocess"],
     "bench_pool_scaling": [],
@@ -27,7 +32,6 @@ SCRIPTS = {
     "bench_faults": ["--envs", "Chess", "--drivers", "0"],
     "bench_hostile": ["--attacks", "pid1,loopback,symlink"],
     "bench_webshop_scale": [],
-    "bench_ray_manager": ["--parts", "overhead,acquire"],
     "bench_sim_costs": [],
     "bench_trace_rollout": ["--profiles", "r2e"],
     "bench_memory": ["--envs", "Chess"],
@@ -36,30 +40,64 @@ SCRIPTS = {
 }
 
 
+class _Run:
+    """One script's run, started by the launcher when a slot is free."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.started = threading.Event()
+        self.t0 = 0.0
+
+    def wait(self) -> int:
+        """The exit status; raises subprocess.TimeoutExpired past TIMEOUT_S from the script's start."""
+        self.started.wait()
+        assert self.proc is not None
+        return self.proc.wait(timeout=max(1.0, TIMEOUT_S - (time.monotonic() - self.t0)))
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = {}
-    for name, extra in SCRIPTS.items():
-        log = open(out / f"{name}.log", "w")
-        procs[name] = (subprocess.Popen([sys.executable, str(BENCH / f"{name}.py"), "--scale", "0", "--out", str(out),
-                                         *extra], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log)
-    t0 = time.monotonic()
-    yield out, procs, t0
-    for p, log in procs.values():
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    procs = {name: _Run() for name in SCRIPTS}
+    slots = threading.Semaphore(CONCURRENTLY)
+    stop = threading.Event()
+    logs = []
+
+    def launch():
+        for name, extra in SCRIPTS.items():
+            slots.acquire()
+            if stop.is_set():
+                return
+            log = open(out / f"{name}.log", "w")
+            logs.append(log)
+            run = procs[name]
+            run.proc = subprocess.Popen([sys.executable, str(BENCH / f"{name}.py"), "--scale", "0", "--out", str(out),
+                                         *extra], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            run.t0 = time.monotonic()
+            run.started.set()
+            threading.Thread(target=lambda p=run.proc: (p.wait(), slots.release()), daemon=True).start()
+
+    launcher = threading.Thread(target=launch, daemon=True)
+    launcher.start()
+    yield out, procs, None
+    stop.set()
+    for _ in SCRIPTS:
+        slots.release()
+    launcher.join(30)
+    for run in procs.values():
+        if run.proc is not None and run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+    for log in logs:
         log.close()
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
 def test_benchmark_script_writes_valid_json(runs, name):
-    out, procs, t0 = runs
-    proc, _log = procs[name]
+    out, procs, _ = runs
     try:
-        rc = proc.wait(timeout=max(1.0, 240 - (time.monotonic() - t0)))
+        rc = procs[name].wait()
     except subprocess.TimeoutExpired:
         pytest.fail(f"{name} did not finish in time; log:\n{(out / f'{name}.log').read_text()[-3000:]}")
     log = (out / f"{name}.log").read_text()
@@ -80,13 +118,12 @@ def test_benchmark_script_writes_valid_json(runs, name):
 
 
 def _finished(runs, name):
-    out, procs, t0 = runs
-    proc, _log = procs[name]
+    out, procs, _ = runs
     try:
-        proc.wait(timeout=max(1.0, 240 - (time.monotonic() - t0)))
+        rc = procs[name].wait()
     except subprocess.TimeoutExpired:
         pytest.fail(f"{name} did not finish in time")
-    if proc.returncode != 0:
+    if rc != 0:
         pytest.fail(f"{name} failed:\n{(out / f'{name}.log').read_text()[-3000:]}")
     return json.loads((out / f"{name}.json").read_text())
 

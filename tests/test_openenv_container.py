@@ -164,8 +164,9 @@ def test_closed_envs_leave_no_container_past_the_idle_time(echo_image, docker_cl
     key = first.container_spec.key
 
     def pool_containers() -> list:
-        return docker_client.containers.list(all=True, filters={"label": [f"agentfly.pool={key}",
-                                                                          f"agentfly.pid={os.getpid()}"]})
+        # sparse: no inspect per listed container, which raced with the pool removing it (404 NotFound)
+        return docker_client.containers.list(all=True, sparse=True,
+                                             filters={"label": [f"agentfly.pool={key}", f"agentfly.pid={os.getpid()}"]})
 
     assert first.reset(seed=0)[0] == READY and first.step("hi")[0] == "hi"
     first.close()
