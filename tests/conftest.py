@@ -29,8 +29,8 @@ def _data_root() -> Path:
 
 
 #: The data root of this session: ``$AGENTFLY_GYM_DATA`` when set (e.g. a folder with the full data sets, in the
-#: layout of tests/data), else tests/data.  ``SHARED_DATA`` is its old name.
-DATA_ROOT = SHARED_DATA = _data_root()
+#: layout of tests/data), else tests/data.
+DATA_ROOT = _data_root()
 
 
 @pytest.fixture(scope="session")
@@ -46,24 +46,12 @@ def test_data() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_data(test_data) -> Path:
-    """The old name of ``test_data`` (the data root), kept for existing tests."""
-    return test_data
-
-
-@pytest.fixture(scope="session")
 def test_cases() -> Path:
     """The WebShop reward cases computed with upstream's code (``tests/data/cases``).  Read-only.
 
     Always the repository's copy: ``$AGENTFLY_GYM_DATA`` only moves the data sets.
     """
     return TEST_DATA / "cases"
-
-
-@pytest.fixture(scope="session")
-def shared_cases(test_cases) -> Path:
-    """The old name of ``test_cases``, kept for existing tests."""
-    return test_cases
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -108,8 +96,8 @@ def r2e_docker_image(docker_client) -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen(shared_data) -> Path:
+def tiny_qwen(test_data) -> Path:
     """A random tiny Qwen2 model on the Qwen3 tokenizer (real model code, fast), built once and cached."""
     from agentfly_gym.rollout.models import tiny_qwen_dir
 
-    return tiny_qwen_dir(shared_data / "tokenizers" / "qwen3")
+    return tiny_qwen_dir(test_data / "tokenizers" / "qwen3")

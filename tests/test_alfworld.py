@@ -43,8 +43,8 @@ PLACE_BOOK = "valid_seen/pick_and_place_simple-Book-None-SideTable-329/trial_T20
 
 
 @pytest.fixture
-def alfworld_root(shared_data) -> Path:
-    return shared_data / "alfworld"
+def alfworld_root(test_data) -> Path:
+    return test_data / "alfworld"
 
 
 @pytest.fixture

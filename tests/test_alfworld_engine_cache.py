@@ -29,10 +29,10 @@ GAME = "valid_seen/look_at_obj_in_light-Bowl-None-DeskLamp-316/trial_T20190908_2
 
 
 @pytest.fixture
-def game_file(shared_data, tmp_path) -> Path:
+def game_file(test_data, tmp_path) -> Path:
     dst = tmp_path / "game" / "game.tw-pddl"
     dst.parent.mkdir()
-    shutil.copyfile(shared_data / "alfworld" / "json_2.1.1" / GAME / "game.tw-pddl", dst)
+    shutil.copyfile(test_data / "alfworld" / "json_2.1.1" / GAME / "game.tw-pddl", dst)
     return dst
 
 
@@ -193,18 +193,18 @@ def test_serving_restores_the_engine_functions_after_an_error():
 OTHER_GAME = "valid_seen/pick_and_place_simple-Book-None-SideTable-329/trial_T20190908_050633_745514"
 
 
-def _copy(shared_data: Path, rel: str, dst: Path) -> Path:
+def _copy(test_data: Path, rel: str, dst: Path) -> Path:
     dst.parent.mkdir(parents=True)
-    shutil.copyfile(shared_data / "alfworld" / "json_2.1.1" / rel / "game.tw-pddl", dst)
+    shutil.copyfile(test_data / "alfworld" / "json_2.1.1" / rel / "game.tw-pddl", dst)
     return dst
 
 
-def test_a_game_never_seen_reuses_what_other_games_parsed_and_plays_identically(shared_data, tmp_path, translations):
+def test_a_game_never_seen_reuses_what_other_games_parsed_and_plays_identically(test_data, tmp_path, translations):
     """The grammar snippets shared by all games are parsed once per process (content-keyed), and the
     optimised translation runs in the worker process: a second, different game must still give the
     observations and admissible commands of the uncached engine, step by step."""
-    a = _copy(shared_data, GAME, tmp_path / "a" / "game.tw-pddl")
-    b = _copy(shared_data, OTHER_GAME, tmp_path / "b" / "game.tw-pddl")
+    a = _copy(test_data, GAME, tmp_path / "a" / "game.tw-pddl")
+    b = _copy(test_data, OTHER_GAME, tmp_path / "b" / "game.tw-pddl")
     references = [_play(ALFWorldSimulator(engine_cache=False), g) for g in (a, b)]
     engine_cache._SYMBOLS.clear()
     translations.clear()

@@ -40,8 +40,8 @@ DRAWER_WALK = ["go to drawer 1", "go to drawer 2", "go to drawer 3", "go to draw
 
 
 @pytest.fixture
-def alfworld_root(shared_data) -> Path:
-    return shared_data / "alfworld"
+def alfworld_root(test_data) -> Path:
+    return test_data / "alfworld"
 
 
 async def side_by_side(root: Path, tmp_path: Path, task_id: str, *, upgrade: bool = True, **kwargs) -> dict:

@@ -26,14 +26,14 @@ texts = st.lists(st.one_of(st.text(max_size=30), st.sampled_from(SPECIALS),
                            st.text(alphabet=" \t\n\r", min_size=1, max_size=12)), max_size=8).map("".join)
 
 
-def qwen3(shared_data):
-    return AutoTokenizer.from_pretrained(shared_data / "tokenizers" / "qwen3")
+def qwen3(test_data):
+    return AutoTokenizer.from_pretrained(test_data / "tokenizers" / "qwen3")
 
 
 @pytest.fixture(scope="module")
-def chats(shared_data):
+def chats(test_data):
     return {"smollm2": ChatTokenizer(AutoTokenizer.from_pretrained(smollm2_dir())),
-            "qwen3": ChatTokenizer(qwen3(shared_data))}
+            "qwen3": ChatTokenizer(qwen3(test_data))}
 
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen3"])
@@ -56,8 +56,8 @@ def test_fast_path_keeps_special_tokens_and_append_ids(chats):
     assert chat.append_ids(msgs) == chat.tokenizer.encode(remainder, add_special_tokens=False)
 
 
-def test_slow_tokenizer_is_refused(shared_data):
-    chatml = qwen3(shared_data).chat_template
+def test_slow_tokenizer_is_refused(test_data):
+    chatml = qwen3(test_data).chat_template
     tok = ByT5Tokenizer(extra_ids=0, additional_special_tokens=["<|im_start|>", "<|im_end|>"])
     tok.chat_template = chatml
     chat = ChatTokenizer(tok, chat_template_kwargs={"enable_thinking": False})
@@ -66,35 +66,35 @@ def test_slow_tokenizer_is_refused(shared_data):
     assert chat.action_ids(text) == tok.encode(text, add_special_tokens=False) + [chat.eot_token_id]
 
 
-def test_overridden_encode_path_is_refused(shared_data):
-    base = type(qwen3(shared_data))
+def test_overridden_encode_path_is_refused(test_data):
+    base = type(qwen3(test_data))
 
     class Lowering(base):  # a subclass whose Python side changes the text before the backend sees it
         def _encode_plus(self, text, *args, **kwargs):
             return super()._encode_plus(text.lower() if isinstance(text, str) else text, *args, **kwargs)
 
-    tok = Lowering.from_pretrained(shared_data / "tokenizers" / "qwen3")
+    tok = Lowering.from_pretrained(test_data / "tokenizers" / "qwen3")
     chat = ChatTokenizer(tok)
     assert not chat.fast_encode and "_encode_plus" in chat.fast_encode_refused
     assert chat.encode("ABC Def") == tok.encode("abc def", add_special_tokens=False) != \
         tok._tokenizer.encode("ABC Def", add_special_tokens=False).ids
 
-    patched = qwen3(shared_data)
+    patched = qwen3(test_data)
     patched.encode = lambda text, **kw: [1, 2, 3]  # patched on the instance
     ok, why = _backend_encoder(patched)
     assert not ok and "'encode'" in why
 
 
-def test_unchecked_transformers_version_is_refused(shared_data, monkeypatch):
+def test_unchecked_transformers_version_is_refused(test_data, monkeypatch):
     import transformers
 
     monkeypatch.setattr(transformers, "__version__", "5.11.0")
-    chat = ChatTokenizer(qwen3(shared_data))
+    chat = ChatTokenizer(qwen3(test_data))
     assert not chat.fast_encode and "5.11.0" in chat.fast_encode_refused
 
 
-def test_backend_state_transformers_would_reset_takes_the_slow_path(shared_data):
-    tok = qwen3(shared_data)
+def test_backend_state_transformers_would_reset_takes_the_slow_path(test_data):
+    tok = qwen3(test_data)
     chat = ChatTokenizer(tok)
     text = "one two three four five six seven"
     full = tok.encode(text, add_special_tokens=False)
@@ -114,8 +114,8 @@ def test_backend_state_transformers_would_reset_takes_the_slow_path(shared_data)
     assert chat.encode("x<|im_end|>") == tok.encode("x<|im_end|>", add_special_tokens=False)  # now fast, same ids
 
 
-def test_over_long_result_goes_through_tokenizer_encode(shared_data):
-    tok = qwen3(shared_data)
+def test_over_long_result_goes_through_tokenizer_encode(test_data):
+    tok = qwen3(test_data)
     chat = ChatTokenizer(tok)
     calls = []
     encode = tok.encode

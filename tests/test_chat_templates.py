@@ -72,9 +72,9 @@ PLACEHOLDERS = [chat_module._SYSTEM, chat_module._USER, chat_module._MARK, chat_
                 chat_module._USER_ALT, chat_module._MARK_ALT]
 
 
-def _tokenizer(shared_data, name: str, template: str | None = None):
+def _tokenizer(test_data, name: str, template: str | None = None):
     tmpl, specials, extra = FAMILIES[name]
-    tok = AutoTokenizer.from_pretrained(shared_data / "tokenizers" / "qwen3")
+    tok = AutoTokenizer.from_pretrained(test_data / "tokenizers" / "qwen3")
     if specials:
         tok.add_special_tokens(specials)
     if extra:
@@ -84,8 +84,8 @@ def _tokenizer(shared_data, name: str, template: str | None = None):
 
 
 @pytest.fixture(scope="module")
-def chats(shared_data):
-    return {name: ChatTokenizer(_tokenizer(shared_data, name)) for name in FAMILIES}
+def chats(test_data):
+    return {name: ChatTokenizer(_tokenizer(test_data, name)) for name in FAMILIES}
 
 
 words = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
@@ -146,17 +146,17 @@ def test_family_details(chats):
     assert text.count(system) == 1 and "helpful assistant" not in text
 
 
-def test_templates_that_leak_history_are_refused(shared_data):
+def test_templates_that_leak_history_are_refused(test_data):
     """A template that repeats an earlier message inside every new turn has no clean suffix: refused loudly."""
     repeat_first = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'user' %}"
                     "(re: {{ messages[0]['content'] }}) {% endif %}{{ m['content'] }}<|im_end|>\n{% endfor %}"
                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     with pytest.raises(TokenizationError, match="depends on the earlier messages"):
-        ChatTokenizer(_tokenizer(shared_data, "chatml", repeat_first))
+        ChatTokenizer(_tokenizer(test_data, "chatml", repeat_first))
     # one that repeats only the system message gets the suffix of a dummy without one (clean)
     repeat_system = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'user' and "
                      "messages[0]['role'] == 'system' %}[{{ messages[0]['content'] }}] {% endif %}{{ m['content'] }}"
                      "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    chat = ChatTokenizer(_tokenizer(shared_data, "chatml", repeat_system))
+    chat = ChatTokenizer(_tokenizer(test_data, "chatml", repeat_system))
     assert chat.tokenizer.decode(chat.append_ids([{"role": "user", "content": "x"}])) == \
         "\n<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"

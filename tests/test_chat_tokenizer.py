@@ -30,9 +30,9 @@ VOCAB: dict[str, int] = {}
 
 
 @pytest.fixture(scope="module")
-def chats(shared_data):
+def chats(test_data):
     return {"smollm2": ChatTokenizer(AutoTokenizer.from_pretrained(smollm2_dir())),
-            "qwen3": ChatTokenizer(AutoTokenizer.from_pretrained(shared_data / "tokenizers" / "qwen3"))}
+            "qwen3": ChatTokenizer(AutoTokenizer.from_pretrained(test_data / "tokenizers" / "qwen3"))}
 
 
 SPECIALS = ["<|im_end|>", "<|im_start|>", "<|im_start|>assistant\n", "<|endoftext|>", "<think>", "</think>",

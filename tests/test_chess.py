@@ -157,11 +157,11 @@ async def test_puzzle_choice_by_seed_and_rating_filter():
         ChessEnv(min_rating=2000, max_rating=1000)
 
 
-def test_puzzle_data_resolution(tmp_path, shared_data):
+def test_puzzle_data_resolution(tmp_path, test_data):
     with pytest.raises(DataNotFoundError, match=r"database\.lichess\.org"):
         ChessEnv(data_dir=tmp_path)
     # the full-dump name is preferred over the sample; puzzles_file= picks any CSV
-    lines = (shared_data / "chess" / "lichess_puzzles_sample.csv").read_text().splitlines()
+    lines = (test_data / "chess" / "lichess_puzzles_sample.csv").read_text().splitlines()
     (tmp_path / "lichess_db_puzzle.csv").write_text("\n".join([lines[0], lines[1]]) + "\n")
     (tmp_path / "mine.csv").write_text("\n".join([lines[0], lines[2]]) + "\n")
     env = ChessEnv(data_dir=tmp_path)

@@ -131,10 +131,10 @@ def test_bad_fen_names_the_value():
 
 # ------------------------------------------------------------------ rollouts (scripted policies)
 @pytest.fixture(scope="module")
-def qwen_chat(shared_data):
+def qwen_chat(test_data):
     from transformers import AutoTokenizer
 
-    return ChatTokenizer(AutoTokenizer.from_pretrained(shared_data / "tokenizers" / "qwen3"))
+    return ChatTokenizer(AutoTokenizer.from_pretrained(test_data / "tokenizers" / "qwen3"))
 
 
 class Failing:

@@ -124,9 +124,9 @@ def _rebuild_source(data_root: Path, tmp_path: Path) -> Path:
     return src
 
 
-def test_samples_are_rebuilt_identically_from_the_data(shared_data, tmp_path):
+def test_samples_are_rebuilt_identically_from_the_data(test_data, tmp_path):
     """scripts/make_samples.py is deterministic: rerun on the data it gives the shipped files."""
-    src = _rebuild_source(shared_data, tmp_path)
+    src = _rebuild_source(test_data, tmp_path)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, str(SAMPLES.parents[1] / "scripts" / "make_samples.py"), str(src),
                         str(out)], capture_output=True, text=True, timeout=300)

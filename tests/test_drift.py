@@ -86,12 +86,12 @@ def test_measure_drift_on_real_trajectories(chess_trajectories, qwen):
     assert res["chain"]["tokens_changed"] == sum(r["chain_changed"] for r in res["per_trajectory"])
 
 
-def test_drift_cli_on_saved_trajectories(chess_trajectories, qwen, tmp_path, shared_data, capsys):
+def test_drift_cli_on_saved_trajectories(chess_trajectories, qwen, tmp_path, test_data, capsys):
     paths = save_trajectories(chess_trajectories, tmp_path / "run")
     direct = measure_drift(chess_trajectories, qwen.tokenizer)
     for kind in ("parquet", "jsonl"):
         out = tmp_path / f"drift-{kind}.json"
-        rc = drift_main([str(paths[kind]), "--tokenizer", str(shared_data / "tokenizers" / "qwen3"), "--json", str(out)])
+        rc = drift_main([str(paths[kind]), "--tokenizer", str(test_data / "tokenizers" / "qwen3"), "--json", str(out)])
         assert rc == 0
         loaded = json.loads(out.read_text())
         assert loaded["chain"] == direct["chain"] and loaded["turn"] == direct["turn"]

@@ -2,7 +2,7 @@
 rollout imports neither torch nor transformers' tokenization modules.
 
 Real tokenizers only: the bundled SmolLM2's (a ``TokenizersBackend`` folder) and the Qwen3 tokenizer of the
-shared data (a ``Qwen2Tokenizer`` folder, which transformers rebuilds: another pre-tokenizer and decoder than
+test data (a ``Qwen2Tokenizer`` folder, which transformers rebuilds: another pre-tokenizer and decoder than
 tokenizer.json's).  Property tests compare chat templates (text and ids, with and without the generation
 prompt, multi-turn, Qwen3's ``enable_thinking``), encode/decode and :class:`ChatTokenizer`'s incremental ids;
 the ``_compat`` test fails on a transformers version whose mirrored code changed.
@@ -38,15 +38,15 @@ texts = st.lists(st.one_of(st.text(max_size=30), st.sampled_from(SPECIALS),
                            st.text(alphabet=" \t\n\r", min_size=1, max_size=12)), max_size=8).map("".join)
 
 
-def _folders(shared_data) -> dict[str, Path]:
-    return {"smollm2": smollm2_dir(), "qwen3": shared_data / "tokenizers" / "qwen3"}
+def _folders(test_data) -> dict[str, Path]:
+    return {"smollm2": smollm2_dir(), "qwen3": test_data / "tokenizers" / "qwen3"}
 
 
 @pytest.fixture(scope="module")
-def pairs(shared_data):
+def pairs(test_data):
     """``{name: (AutoTokenizer, LightTokenizer)}`` of the same folder."""
     return {n: (AutoTokenizer.from_pretrained(d), LightTokenizer.from_folder(d))
-            for n, d in _folders(shared_data).items()}
+            for n, d in _folders(test_data).items()}
 
 
 @st.composite
@@ -147,8 +147,8 @@ def test_compat_matches_installed_transformers():
     assert not changed, f"transformers changed code that agentfly_gym/rollout/_compat.py mirrors: {changed}"
 
 
-def test_unchecked_transformers_version_falls_back(shared_data, monkeypatch):
-    folder = shared_data / "tokenizers" / "qwen3"
+def test_unchecked_transformers_version_falls_back(test_data, monkeypatch):
+    folder = test_data / "tokenizers" / "qwen3"
     monkeypatch.setattr(_compat, "transformers_version", lambda: "99.0.0")
     with pytest.raises(UnsupportedTokenizer, match="99.0.0"):
         LightTokenizer.from_folder(folder)
@@ -156,8 +156,8 @@ def test_unchecked_transformers_version_falls_back(shared_data, monkeypatch):
     assert not isinstance(tok, LightTokenizer) and type(tok).__name__ == "Qwen2Tokenizer"
 
 
-def test_unknown_tokenizer_class_falls_back(shared_data, tmp_path):
-    src = shared_data / "tokenizers" / "qwen3"
+def test_unknown_tokenizer_class_falls_back(test_data, tmp_path):
+    src = test_data / "tokenizers" / "qwen3"
     (tmp_path / "tokenizer.json").write_bytes((src / "tokenizer.json").read_bytes())
     cfg = json.loads((src / "tokenizer_config.json").read_text())
     cfg["tokenizer_class"] = "LlamaTokenizer"  # transformers rebuilds it otherwise: not mirrored
@@ -193,7 +193,7 @@ print("HEAVY=" + json.dumps(heavy))
 
 
 @pytest.mark.parametrize("policy", ["random", "expert"])
-def test_scripted_rollout_imports_no_model_stack(policy, tmp_path, shared_data):
+def test_scripted_rollout_imports_no_model_stack(policy, tmp_path, test_data):
     """A scripted rollout from the CLI (a fresh interpreter) leaves torch and transformers out of sys.modules."""
     smollm2_dir()  # converted once beforehand (that conversion needs transformers and torch)
     out = subprocess.run([sys.executable, "-c", _PROBE, "rollout", "--env", "Chess-v0", "--policy", policy, "-n", "2",

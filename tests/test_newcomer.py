@@ -92,7 +92,7 @@ _DATA_TESTS = (
     "tests/test_alfworld.py::test_task_type_filter",
     "tests/test_alfworld.py::test_upstream_train_layout_and_solvable_filter",
     "tests/test_alfworld_fidelity.py::test_upgrade_game_is_the_2_1_2_release",
-    "tests/test_webshop_fidelity.py::test_shared_cases_reproduce_upstream",
+    "tests/test_webshop_fidelity.py::test_reward_cases_reproduce_upstream",
     "tests/test_chat_encode_fast.py::test_slow_tokenizer_is_refused",
 )
 
@@ -134,7 +134,7 @@ def lone_copy(tmp_path_factory) -> Path:
 
 @pytest.mark.timeout(900)
 def test_data_reading_tests_pass_with_nothing_beside_the_clone(lone_copy, tmp_path):
-    """The conftest's data lookup (``shared_data``/``test_data``, ``shared_cases``/``test_cases``, the Qwen3
+    """The conftest's data lookup (``test_data``/``test_data``, ``test_cases``/``test_cases``, the Qwen3
     tokenizer) works in a copy of the repository with nothing beside it and no data variable set: the copy's own
     package and tests/data are what the tests read."""
     env = {k: v for k, v in os.environ.items()

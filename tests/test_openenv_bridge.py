@@ -25,7 +25,7 @@ from agentfly_gym.resources import ResourceManager  # noqa: E402
 from agentfly_gym.resources.backends.model_service import free_port  # noqa: E402
 from agentfly_gym.resources.manager import _default_managers  # noqa: E402
 
-PUZZLE = "tewjc"  # from the shared Lichess sample
+PUZZLE = "tewjc"  # from the Lichess puzzles in tests/data
 
 
 class _Server:

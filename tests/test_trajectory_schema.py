@@ -32,8 +32,8 @@ class NoMove:
 
 
 @pytest.fixture(scope="module")
-def chat(shared_data):
-    return ChatTokenizer(AutoTokenizer.from_pretrained(shared_data / "tokenizers" / "qwen3"))
+def chat(test_data):
+    return ChatTokenizer(AutoTokenizer.from_pretrained(test_data / "tokenizers" / "qwen3"))
 
 
 async def _episodes(chat) -> dict[str, Trajectory]:

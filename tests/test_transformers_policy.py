@@ -291,11 +291,11 @@ async def test_close_fails_queued_requests_and_lets_the_running_batch_finish(tin
     assert len(failed) == 6 and all("closed" in str(e) for e in failed)  # the queued ones did not run
 
 
-def test_model_folders_are_built_once_under_concurrency(shared_data, tmp_path):
+def test_model_folders_are_built_once_under_concurrency(test_data, tmp_path):
     """Four threads ask for the same tiny model in an empty cache: one build, one folder."""
     from concurrent.futures import ThreadPoolExecutor
 
-    tok_dir = shared_data / "tokenizers" / "qwen3"
+    tok_dir = test_data / "tokenizers" / "qwen3"
     with ThreadPoolExecutor(4) as ex:
         dirs = list(ex.map(lambda _: tiny_qwen_dir(tok_dir, cache=tmp_path, seed=5), range(4)))
     assert len(set(dirs)) == 1 and dirs[0].parent == tmp_path

@@ -45,7 +45,7 @@ from agentfly_gym_verl.agent_loop import EXTRA_FIELD_DEFAULTS  # noqa: E402
 from agentfly_gym_verl.dataset import build_dataset, dataset_main  # noqa: E402
 from agentfly_gym_verl.runtime import ashutdown, get_manager  # noqa: E402
 
-PUZZLE = "tewjc"          # setup e5e3, solution f6a1 (mate), from the shared Lichess sample
+PUZZLE = "tewjc"          # setup e5e3, solution f6a1 (mate), from the Lichess puzzles in tests/data
 SW_TASK = "find-non-living-thing:0"
 PROMPT_LEN, RESPONSE_LEN = 1024, 200
 

@@ -131,10 +131,10 @@ async def clean_runtime():
 
 
 @pytest.fixture(scope="module")
-def qwen_tok(shared_data):
+def qwen_tok(test_data):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(shared_data / "tokenizers" / "qwen3")
+    return AutoTokenizer.from_pretrained(test_data / "tokenizers" / "qwen3")
 
 
 async def test_fools_mate_rows_carry_each_sides_reward(tmp_path, qwen_tok, clean_runtime):

@@ -47,8 +47,8 @@ GOAL0 = ("Find me quick release, hands free iphone accessories for wireless char
 
 
 @pytest.fixture(scope="module")
-def data_dir(shared_data):
-    return shared_data / "webshop"
+def data_dir(test_data):
+    return test_data / "webshop"
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ Three sources of expected values, none computed by the code under test:
   bought, its options, its price, and upstream's reward with its parts);
 - ``fixtures/webshop/upstream_rewards.json``: upstream's own ``goal.py`` (imported unchanged, with
   thefuzz 0.19.0 as upstream pins it and the same spaCy model as here) run on ~700 purchases from
-  the shared sample catalog, and its ``fuzz.token_set_ratio`` on ~1,000 option strings; see
+  the sample catalog, and its ``fuzz.token_set_ratio`` on ~1,000 option strings; see
   ``fixtures/webshop/make_upstream_rewards.py`` for how it was produced;
 - the assertions of upstream's own unit tests (``tests/web-agent-site/engine/test_goal.py``).
 
@@ -45,9 +45,9 @@ UPSTREAM_INFO_KEYS = ("r_type", "r_att", "w_att", "query_match", "category_match
 
 
 @pytest.fixture(scope="module")
-def catalog(shared_data):
-    """The shared sample catalog with prices as upstream draws them after ``random.seed(0)``."""
-    d = shared_data / "webshop"
+def catalog(test_data):
+    """The sample catalog with prices as upstream draws them after ``random.seed(0)``."""
+    d = test_data / "webshop"
     return load_catalog(d / "items_shuffle_sample.json", d / "items_ins_v2_1000.json", human_goals=False, price_seed=0)
 
 
@@ -57,8 +57,8 @@ def nouns():
 
 
 @pytest.fixture(scope="module")
-def shared_reward_cases(shared_cases):
-    return json.loads((shared_cases / "webshop_reward_cases.json").read_text())
+def upstream_reward_cases(test_cases):
+    return json.loads((test_cases / "webshop_reward_cases.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +73,10 @@ def _same(a, b) -> bool:
     return a == b
 
 
-# ---------------------------------------------------------------------- the six shared cases
-def test_shared_cases_reproduce_upstream(shared_reward_cases, catalog, nouns):
-    assert len(shared_reward_cases) == 6
-    for case in shared_reward_cases:
+# ---------------------------------------------------------------------- the six reward cases
+def test_reward_cases_reproduce_upstream(upstream_reward_cases, catalog, nouns):
+    assert len(upstream_reward_cases) == 6
+    for case in upstream_reward_cases:
         goal, cid = case["goal"], case["id"]
         # the goal and price are the catalog's own (seed-0 prices, seed-233 goal shuffle)
         ours = catalog.goals[case["goal_index_after_shuffle"]]
@@ -92,7 +92,7 @@ def test_shared_cases_reproduce_upstream(shared_reward_cases, catalog, nouns):
         assert ("r_option" in info) == ("r_option" in want), cid
 
 
-def test_shared_case_quirks_by_hand():
+def test_reward_case_quirks_by_hand():
     """The issue's examples, read off upstream's code: bought values are colour-normalised by
     substring, dict goal options are ``(name, value)`` tuples and normalised only on an exact colour."""
     vent, dash = ("color", "vent kit"), ("style", "dash")
@@ -118,7 +118,7 @@ def test_fixture_provenance(upstream_fixture):
     up = upstream_fixture["upstream"]
     assert up["thefuzz"] == "0.19.0" and "difflib" in up["fuzzy_backend"]
     assert len(upstream_fixture["cases"]) >= 500 and len(upstream_fixture["token_set_ratio"]) >= 500
-    # upstream's code reproduced the six shared cases when the fixture was made
+    # upstream's code reproduced the six reward cases when the fixture was made
     assert [c["id"] for c in upstream_fixture["replayed_shared_cases"]] == [
         "case-000", "case-012", "case-022", "case-059", "case-064", "case-081"]
     kinds = {c["kind"] for c in upstream_fixture["cases"]}
@@ -255,10 +255,10 @@ async def _buy(env: WebShopEnv, instruction: str, query: str, asin: str, options
     return info["task_id"], await env.astep("click[buy now]")
 
 
-async def test_env_episodes_reproduce_shared_cases(shared_reward_cases, shared_data):
+async def test_env_episodes_reproduce_the_reward_cases(upstream_reward_cases, test_data):
     async with ResourceManager() as m:
-        env = WebShopEnv(manager=m, data_dir=shared_data / "webshop", price_seed=0, max_episode_steps=30)
-        for case in shared_reward_cases:
+        env = WebShopEnv(manager=m, data_dir=test_data / "webshop", price_seed=0, max_episode_steps=30)
+        for case in upstream_reward_cases:
             if case["purchased_asin"] != case["goal"]["asin"]:
                 continue
             goal = case["goal"]
@@ -270,9 +270,9 @@ async def test_env_episodes_reproduce_shared_cases(shared_reward_cases, shared_d
         await env.aclose()
 
 
-async def test_reset_by_instruction(shared_data):
+async def test_reset_by_instruction(test_data):
     async with ResourceManager() as m:
-        env = WebShopEnv(manager=m, data_dir=shared_data / "webshop")
+        env = WebShopEnv(manager=m, data_dir=test_data / "webshop")
         goal7 = await (await env.server()).goal(7)
         text = goal7["instruction_text"]
         obs, info = await env.areset(options={"instruction": text})

@@ -26,8 +26,8 @@ ATTRS = "items_ins_v2_1000.json"
 
 
 @pytest.fixture(scope="module")
-def sample(shared_data):
-    return shared_data / "webshop"
+def sample(test_data):
+    return test_data / "webshop"
 
 
 @pytest.fixture(scope="module")
