@@ -299,7 +299,7 @@ class AsyncTextVectorEnv(VectorEnv):
             if n > spec.max_instances:
                 raise ConfigError(
                     f"a batch reset of {n} sub-environments needs {n} instances of {spec.label}, but its pool holds at "
-                    f"most max_instances={spec.max_instances}: raise the env's cap (e.g. max_engines, max_simulators, "
+                    f"most max_instances={spec.max_instances}: raise the env's cap (e.g. max_instances, "
                     f"max_instances) to >= {n}, or drive sub-environments asynchronously (astep_env, asend/arecv)")
 
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:

@@ -41,13 +41,13 @@ import _common as C
 
 ENV_DEFAULTS: dict[str, dict[str, Any]] = {
     "ScienceWorld": {"id": "agentfly/ScienceWorld-v0", "kwargs": {}, "options": {"expert": True},
-                     "explore": ["look around", "inventory", "wait1"], "max_turns": 6, "cap_key": "max_simulators"},
+                     "explore": ["look around", "inventory", "wait1"], "max_turns": 6, "cap_key": "max_instances"},
     "WebShop": {"id": "agentfly/WebShop-v0", "kwargs": {}, "options": None, "explore": [], "max_turns": 10,
                 "cap_key": None},
     "Chess": {"id": "agentfly/Chess-v0", "kwargs": {"mode": "puzzle"}, "options": None, "explore": [],
               "max_turns": 8, "cap_key": None},
     "R2EGym": {"id": "agentfly/R2EGym-v0", "kwargs": {"bash_timeout": 60.0, "test_timeout": 120.0},
-               "options": None, "max_turns": 6, "cap_key": "max_containers",
+               "options": None, "max_turns": 6, "cap_key": "max_instances",
                "explore": ['{"name": "execute_bash", "arguments": {"cmd": "python3 -m pytest -q -x 2>&1 | tail -3"}}',
                            '{"name": "file_editor", "arguments": {"command": "view", "path": "/testbed"}}',
                            '{"name": "search", "arguments": {"search_term": "def ", "path": "/testbed"}}']},
@@ -64,7 +64,7 @@ def measure_smollm2_latency(n_calls: int, max_tokens: int) -> dict[str, Any]:
     from agentfly_gym.rollout import SamplingParams
     from agentfly_gym.rollout.chat import ChatTokenizer
     from agentfly_gym.rollout.models import smollm2_dir
-    from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+    from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
     async def run() -> list[dict[str, float]]:
         policy = TransformersPolicy(smollm2_dir(), seed=0, max_batch_size=1, torch_threads=1)
@@ -403,7 +403,7 @@ async def real_model_runs(n: int, b: int, max_tokens: int, seed: int, repeats: i
     from agentfly_gym.rollout import SamplingParams, run_chain_episode
     from agentfly_gym.rollout.chat import ChatTokenizer
     from agentfly_gym.rollout.models import smollm2_dir
-    from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+    from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
     policy = TransformersPolicy(smollm2_dir(), seed=seed, max_batch_size=b, torch_threads=1)
     chat = ChatTokenizer(policy.tokenizer)
@@ -495,7 +495,7 @@ async def policy_batching_runs(n: int, gap_s: float, max_tokens: int, max_batch:
     seeds, so the same tokens).  Reports the makespan (first arrival to last reply) and the mean latency."""
     from agentfly_gym.rollout import SamplingParams
     from agentfly_gym.rollout.models import smollm2_dir
-    from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+    from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
     policy = TransformersPolicy(smollm2_dir(), seed=seed, max_batch_size=max_batch, torch_threads=1)
     tok = policy.tokenizer

@@ -59,20 +59,20 @@ R2E_OK = ["<function=execute_bash>\n<parameter=cmd>ls /testbed</parameter>\n</fu
 SW_OK = ["look around", "inventory", "open door to kitchen", "go to kitchen", "focus on water", "wait1"]
 
 ENVS: dict[str, dict[str, Any]] = {
-    "Chess": {"id": "agentfly/Chess-v0", "kwargs": {"mode": "play", "engine_depth": 1, "max_engines": 2},
+    "Chess": {"id": "agentfly/Chess-v0", "kwargs": {"mode": "play", "engine_depth": 1, "max_instances": 2},
               "faults": ["sigkill", "sigstop"], "tokens": ["e2e4", "Nf3", "O-O", "Action:", "**", "```", "\n", " "]},
-    "ScienceWorld": {"id": "agentfly/ScienceWorld-v0", "kwargs": {"max_simulators": 2}, "faults": ["sigkill", "sigstop"],
+    "ScienceWorld": {"id": "agentfly/ScienceWorld-v0", "kwargs": {"max_instances": 2}, "faults": ["sigkill", "sigstop"],
                      "tokens": SW_OK + ["open", "door", "to", "\n", " "]},
     "ALFWorld": {"id": "agentfly/ALFWorld-v0", "kwargs": {"max_instances": 2}, "faults": [],
                  "tokens": ["go to", "take", "from", "bowl 1", "desklamp 1", "\n", " "]},
     "WebShop": {"id": "agentfly/WebShop-v0", "kwargs": {}, "faults": ["sigkill"],
                 "tokens": ["search[", "click[", "[", "]", "Buy Now", "red shoes", "\n", " "]},
     "R2E-sandbox": {"id": "agentfly/R2EGym-v0", "kwargs": {"backend": "sandbox", "image": "host", "tasks": str(R2E_TASKS),
-                                                         "bash_timeout": 10.0, "max_containers": 2},
+                                                         "bash_timeout": 10.0, "max_instances": 2},
                     "faults": [], "tokens": ["<function=", "execute_bash", ">", "<parameter=cmd>", "</parameter>",
                                              "</function>", "<tool_call>", "{", "}", '"name"', "\x00", "\n"]},
     "R2E-docker": {"id": "agentfly/R2EGym-v0", "kwargs": {"backend": "docker", "tasks": str(R2E_TASKS),
-                                                        "bash_timeout": 10.0, "max_containers": 2},
+                                                        "bash_timeout": 10.0, "max_instances": 2},
                    "faults": ["docker_kill"], "tokens": ["<function=", "execute_bash", ">", "<parameter=cmd>",
                                                          "</parameter>", "</function>", "{", "}", "\x00", "\n"]},
 }
@@ -409,7 +409,7 @@ DRIVER = """
     async def main(with_docker, tasks):
         m = ResourceManager()
         envs = [gymnasium.make("agentfly/Chess-v0", mode="play", engine_depth=1, manager=m).unwrapped,
-                gymnasium.make("agentfly/ScienceWorld-v0", max_simulators=1, manager=m).unwrapped]
+                gymnasium.make("agentfly/ScienceWorld-v0", max_instances=1, manager=m).unwrapped]
         if with_docker:
             envs.append(gymnasium.make("agentfly/R2EGym-v0", backend="docker", tasks=tasks, manager=m).unwrapped)
         for e in envs:

@@ -75,7 +75,7 @@ async def run_backend(backend: str, args, res: C.Result) -> dict[str, Any]:
     h = _hacks()
     kw: dict[str, Any] = {"backend": backend}
     if backend == "docker":
-        from agentfly_gym.images import build_image
+        from agentfly_gym.resources.containers.images import build_image
 
         kw["image"] = build_image(REPO / "envs" / "r2egym")
     else:
@@ -85,7 +85,7 @@ async def run_backend(backend: str, args, res: C.Result) -> dict[str, Any]:
                                                    for m in MODES},
                            "honest": {m: [] for m in MODES}, "timing_s": {}}
     async with ResourceManager() as manager:
-        envs = {m: R2EGymEnv(tasks=R2E_TASKS, manager=manager, grading=m, max_containers=1, bash_timeout=30.0,
+        envs = {m: R2EGymEnv(tasks=R2E_TASKS, manager=manager, grading=m, max_instances=1, bash_timeout=30.0,
                              test_timeout=60.0, **kw) for m in MODES}
         gold = (await _gold_actions(envs["in_place"], h))
         # hacks

@@ -66,7 +66,7 @@ async def attack_fifo(backend: str, args) -> tuple[bool, str]:
 
     m = ResourceManager()
     kw = {"image": "host"} if backend == "sandbox" else {}
-    env = R2EGymEnv(tasks=R2E_TASKS, manager=m, backend=backend, max_containers=1, **kw)
+    env = R2EGymEnv(tasks=R2E_TASKS, manager=m, backend=backend, max_instances=1, **kw)
     plant = _xml("execute_bash", cmd="mkdir -p /tmp/.afg_r2e && mkfifo /tmp/.afg_r2e/payload.json "
                                      "/tmp/.afg_r2e/run_tests.sh; echo planted")
     try:

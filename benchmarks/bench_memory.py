@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 ENVS: dict[str, dict[str, Any]] = {
-    "Chess": {"id": "agentfly/Chess-v0", "kwargs": {"mode": "play"}, "cap_key": "max_engines"},
+    "Chess": {"id": "agentfly/Chess-v0", "kwargs": {"mode": "play"}, "cap_key": "max_instances"},
     "WebShop": {"id": "agentfly/WebShop-v0", "kwargs": {}, "cap_key": None},
     "ALFWorld": {"id": "agentfly/ALFWorld-v0", "kwargs": {}, "cap_key": "max_instances"},
-    "ScienceWorld": {"id": "agentfly/ScienceWorld-v0", "kwargs": {}, "cap_key": "max_simulators"},
-    "R2EGym": {"id": "agentfly/R2EGym-v0", "kwargs": {"backend": "docker"}, "cap_key": "max_containers"},
+    "ScienceWorld": {"id": "agentfly/ScienceWorld-v0", "kwargs": {}, "cap_key": "max_instances"},
+    "R2EGym": {"id": "agentfly/R2EGym-v0", "kwargs": {"backend": "docker"}, "cap_key": "max_instances"},
 }
 
 # concurrent episodes measured per env on this machine (2 cores, 23 GiB shared by several developers).

@@ -16,7 +16,7 @@ seen before is (the worst case for the intern cache; a disk cache makes loads fa
 Reported per run: RSS after the first 50 games, at the end, the largest after the first 50, and the growth per
 game after the first 50 (least squares), which extrapolates to sets larger than the run.
 
-ScienceWorld: a fresh interpreter runs ``--jvms`` envs on one manager with ``max_simulators=--jvms`` (one JVM
+ScienceWorld: a fresh interpreter runs ``--jvms`` envs on one manager with ``max_instances=--jvms`` (one JVM
 each, ``-Xmx400m``, the env's default) for ``--rounds`` rounds; a round plays ``--episodes`` episodes (spread
 over the envs, seeds differing per episode so tasks vary) of up to ``--sw-steps`` gold-path steps each.  After
 each round: RSS and PSS of every JVM (the ``java`` processes below the interpreter).
@@ -136,7 +136,7 @@ async def scienceworld_child(jvms: int, rounds: int, episodes: int, steps: int) 
     t0 = time.monotonic()
     played = 0
     async with ResourceManager() as m:
-        envs = [gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_simulators=jvms).unwrapped
+        envs = [gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_instances=jvms).unwrapped
                 for _ in range(jvms)]
         try:
             async def play(e: Any, seed: int) -> int:
@@ -199,7 +199,7 @@ def main() -> int:
     p.add_argument("--every", type=int, default=10, help="ALFWorld: read memory every N games")
     p.add_argument("--max-intern-entries", type=int, default=None,
                    help="ALFWorld bounded mode: the bound (default: the simulator's INTERN_ENTRIES)")
-    p.add_argument("--jvms", type=int, default=4, help="ScienceWorld: JVMs (envs, max_simulators)")
+    p.add_argument("--jvms", type=int, default=4, help="ScienceWorld: JVMs (envs, max_instances)")
     p.add_argument("--rounds", type=int, default=10, help="ScienceWorld: rounds")
     p.add_argument("--episodes", type=int, default=8, help="ScienceWorld: episodes per round")
     p.add_argument("--sw-steps", type=int, default=40, help="ScienceWorld: most gold-path steps per episode")

@@ -30,7 +30,7 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
 
     ours, raw, raw_reward = [], [], []
     async with ResourceManager() as m:
-        env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_simulators=1,
+        env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_instances=1,
                              max_episode_steps=None).unwrapped
         await env.areset(seed=0, options={"task_name": "boil", "variation": 0})
         sim = env._sim.resource.obj  # the ScienceWorldSimulator (the env holds it for the episode)
@@ -91,7 +91,7 @@ async def bench_chess(n: int, depth: int) -> dict[str, Any]:
         await asyncio.to_thread(eng.configure, {"Threads": 1, "Hash": 16})
         async with ResourceManager() as m:
             env = gymnasium.make("agentfly/Chess-v0", manager=m, mode="play", skill_level=None, engine_depth=depth,
-                                 max_engines=1).unwrapped
+                                 max_instances=1).unwrapped
             await env.areset(seed=0, options={"agent_color": "white"})
             board = chess.Board()
             while len(ours) < n:

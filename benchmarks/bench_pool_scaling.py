@@ -2,7 +2,7 @@
 
 The analogue of AgentFly's ScienceWorld curve (66.95 min per training step with 1 container
 down to 1.86 min with 64): N trajectories are launched at once (runner-style, one asyncio task
-each, one shared ResourceManager) and the pool's ``max_simulators`` (ScienceWorld JVMs) caps how
+each, one shared ResourceManager) and the pool's ``max_instances`` (ScienceWorld JVMs) caps how
 many run their environment at a time.  Each turn = the env's expert action (gold path, planned at
 load) + a fixed generation time (``--gen-s``) + one env step.  Instances are started before the
 clock starts (``manager.prewarm``); the start cost is reported separately.
@@ -67,14 +67,14 @@ async def run_batch(cap: int, n: int, turns: int, gen_s: float, seed: int, chat:
     from agentfly_gym.rollout import run_chain_episode
 
     async with ResourceManager() as m:
-        spec = ScienceWorldEnv.simulator_spec(max_simulators=cap)
+        spec = ScienceWorldEnv.simulator_spec(max_instances=cap)
         t0 = time.monotonic()
         await m.prewarm(spec, cap)
         start_s = time.monotonic() - t0
         policy = ExpertWithLatency(gen_s)
 
         async def one(k: int):
-            env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_simulators=cap).unwrapped
+            env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_instances=cap).unwrapped
             try:
                 return await run_chain_episode(env, policy, chat, seed=seed + k, options={"expert": True},
                                                max_turns=turns, trajectory_id=f"t{k}")
@@ -160,7 +160,7 @@ def plot(res: C.Result, caps, med, runs, n) -> None:
     ax.set_yscale("log")
     ax.set_xticks(caps)
     ax.set_xticklabels([str(c) for c in caps])
-    ax.set_xlabel("pool capacity (ScienceWorld JVMs, max_simulators)")
+    ax.set_xlabel("pool capacity (ScienceWorld JVMs, max_instances)")
     ax.set_ylabel(f"seconds per batch of {n} trajectories")
     m = res.data["machine"]
     ax.set_title(f"ScienceWorld pool scaling on {m['cores']} cores", fontsize=10)

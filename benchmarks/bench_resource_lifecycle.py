@@ -45,7 +45,7 @@ def make_spec(backend: str, capacity: int, mode: str) -> Any:
                              name=f"bench-sandbox-{mode}", **extra)
     from agentfly_gym.envs.chess.engine import engine_spec, find_stockfish
 
-    spec = engine_spec(find_stockfish(), max_engines=capacity)
+    spec = engine_spec(find_stockfish(), max_instances=capacity)
     return dataclasses.replace(spec, name=f"bench-stockfish-{mode}", **extra)
 
 

@@ -63,7 +63,7 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
     series: dict[str, list[float]] = {"raw_server_step": [], "sim_step_java": [], "sim_step_pipelined": [],
                                       "sim_step_unfolded": [], "env_astep_java": []}
     async with ResourceManager() as m:
-        env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_simulators=1,
+        env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_instances=1,
                              max_episode_steps=None).unwrapped
         await env.areset(seed=0, options={"task_name": "boil", "variation": 0})
         sim = env._sim.resource.obj  # the ScienceWorldSimulator the env holds for this episode

@@ -24,8 +24,8 @@ import _common as C
 
 ENVS = {"Chess": "agentfly/Chess-v0", "ScienceWorld": "agentfly/ScienceWorld-v0", "WebShop": "agentfly/WebShop-v0",
         "ALFWorld": "agentfly/ALFWorld-v0", "R2EGym": "agentfly/R2EGym-v0"}
-ENV_KWARGS = {"agentfly/ScienceWorld-v0": {"max_simulators": 2}, "agentfly/ALFWorld-v0": {"max_instances": 2},
-              "agentfly/R2EGym-v0": {"max_containers": 2}}
+ENV_KWARGS = {"agentfly/ScienceWorld-v0": {"max_instances": 2}, "agentfly/ALFWorld-v0": {"max_instances": 2},
+              "agentfly/R2EGym-v0": {"max_instances": 2}}
 
 
 class Recording:
@@ -96,7 +96,7 @@ async def roll(model: str, env_ids: list[str], per_env: int, turns: int, max_tok
     from agentfly_gym.rollout.chat import ChatTokenizer
     from agentfly_gym.rollout.drift import measure_drift
     from agentfly_gym.rollout.models import smollm2_dir, tiny_qwen_dir
-    from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+    from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
     if model == "smollm2":
         policy = TransformersPolicy(smollm2_dir(), seed=seed, max_batch_size=16)

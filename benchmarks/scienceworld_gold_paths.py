@@ -63,7 +63,7 @@ async def _replay(task: str, variation: int, split: str, simplification: str, ma
     from agentfly_gym.envs.scienceworld import ScienceWorldEnv
 
     # a generous limit, to measure the steps the expert really needs (planning and replay can differ)
-    env = ScienceWorldEnv(manager=manager, max_simulators=1, split=split, simplification=simplification,
+    env = ScienceWorldEnv(manager=manager, max_instances=1, split=split, simplification=simplification,
                           max_episode_steps=10 * limit)
     t0 = time.monotonic()
     _, info = await env.areset(options={"task_name": task, "variation": variation, "expert": True})

@@ -67,7 +67,7 @@ async def record(include_model: bool = True) -> dict[str, list[dict]]:
                 res = await run_rollouts(cfg, policy, chat, manager=m, progress=False)
                 out[f"runner-chess-{mode}-{name}"] = [canonical(t) for t in res.trajectories]
         if include_model:
-            from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+            from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
             lm = TransformersPolicy(smollm2_dir(), seed=0, max_batch_size=1)
             try:

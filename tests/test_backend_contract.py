@@ -55,10 +55,10 @@ class Counter(Resource):
     async def status(self) -> ResourceStatus:
         return self._status
 
-    async def release(self) -> None:
+    async def adestroy(self) -> None:
         self._status = ResourceStatus.STOPPED
 
-    def terminate_sync(self) -> None:
+    def destroy(self) -> None:
         self.terminated = True
         self._status = ResourceStatus.STOPPED
 
@@ -122,12 +122,12 @@ async def test_registry_errors_name_the_bad_value(registry):
 
 
 def test_exit_teardown_reaches_instances_still_held(registry):
-    """close_sync (what the atexit hook and the SIGTERM handler call) terminates every instance the
+    """close (what the atexit hook and the SIGTERM handler call) terminates every instance the
     manager built and still references, whether a pool lists it or not."""
     registry.register_backend("counter", "", lambda spec, labels: Counter(spec, labels=labels))
     m = ResourceManager()
     built = [m._build(CounterSpec(start=i)) for i in range(3)]
-    m.close_sync()
+    m.close()
     assert all(c.terminated for c in built) and m.closed
 
 

@@ -22,8 +22,8 @@ from transformers import AutoTokenizer
 from agentfly_gym.errors import TokenizationError
 from agentfly_gym.rollout.chat import ChatTokenizer
 from agentfly_gym.rollout.models import smollm2_dir
-from agentfly_gym.rollout.policy import SamplingParams
-from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+from agentfly_gym.rollout.policies.base import SamplingParams
+from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
 NAMES = ["smollm2", "qwen3"]
 VOCAB: dict[str, int] = {}

@@ -291,7 +291,7 @@ async def test_engine_reused_and_reset_between_episodes():
 
 async def test_max_engines_caps_concurrency():
     async with ResourceManager() as m:
-        envs = [ChessEnv(manager=m, mode="play", skill_level=0, engine_depth=1, max_engines=2) for _ in range(3)]
+        envs = [ChessEnv(manager=m, mode="play", skill_level=0, engine_depth=1, max_instances=2) for _ in range(3)]
         await asyncio.gather(envs[0].areset(), envs[1].areset())
         third = asyncio.ensure_future(envs[2].areset())
         await asyncio.sleep(0.5)
@@ -350,8 +350,8 @@ def test_bad_config_and_missing_stockfish(tmp_path):
         ChessEnv(mode="play", skill_level=25)
     with pytest.raises(ConfigError, match="agent_color"):
         ChessEnv(mode="play", agent_color="red")
-    with pytest.raises(ConfigError, match="max_engines"):
-        ChessEnv(mode="play", max_engines=0)
+    with pytest.raises(ConfigError, match="max_instances"):
+        ChessEnv(mode="play", max_instances=0)
     assert os.access(find_stockfish(), os.X_OK)
 
 

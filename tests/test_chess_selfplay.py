@@ -209,7 +209,7 @@ async def test_step_mode_rows_per_player_and_runner_summary(qwen_chat, tmp_path)
 
 # ------------------------------------------------------------------ a real model on both sides
 async def test_tiny_model_self_play_keeps_exact_ids_in_chain_and_step_mode(tiny_qwen):
-    from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+    from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
     policy = TransformersPolicy(tiny_qwen, seed=0, max_batch_size=4)
     try:

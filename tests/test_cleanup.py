@@ -19,7 +19,7 @@ CHILD = textwrap.dedent("""
     import sys, time, gymnasium, agentfly_gym
     chess = gymnasium.make("agentfly/Chess-v0", mode="play", engine_depth=1)
     chess.reset(seed=0)
-    sw = gymnasium.make("agentfly/ScienceWorld-v0", max_simulators=1)
+    sw = gymnasium.make("agentfly/ScienceWorld-v0", max_instances=1)
     sw.reset(seed=0)
     pids = [r.obj.pid for e in (chess, sw) for r in e.unwrapped.scope.resources.values()]
     print(*pids, flush=True)

@@ -301,8 +301,8 @@ async def test_release_is_idempotent_and_aclose_removes_containers(engine, base_
     for n in names:
         with pytest.raises(docker.errors.NotFound):
             engine.api.inspect_container(n)
-    await c.release()  # idempotent, never raises
-    c.terminate_sync()
+    await c.adestroy()  # idempotent, never raises
+    c.destroy()
     assert await c.status() == ResourceStatus.STOPPED
     with pytest.raises(ResourceDied):
         await c.exec("true")

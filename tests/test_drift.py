@@ -18,7 +18,7 @@ from agentfly_gym.rollout.drift import assistant_segments, drift_main, measure_d
 
 @pytest.fixture(scope="module")
 def qwen(tiny_qwen):
-    from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+    from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
     policy = TransformersPolicy(tiny_qwen, seed=0, max_batch_size=4)
     yield policy

@@ -56,7 +56,7 @@ ABANDONED_STARTS = """
     async def main():
         threading.Thread(target=watch, daemon=True).start()
         m = ResourceManager()
-        env = gymnasium.make("agentfly/Chess-v0", mode="play", reset_timeout=0.005, max_engines=1, manager=m).unwrapped
+        env = gymnasium.make("agentfly/Chess-v0", mode="play", reset_timeout=0.005, max_instances=1, manager=m).unwrapped
         timeouts = 0
         for i in range(5):
             try:
@@ -76,13 +76,13 @@ ABANDONED_STARTS = """
 
 
 def test_cut_short_engine_starts_are_closed_counted_and_do_not_block_exit():
-    """Chess play mode, reset_timeout=0.005, max_engines=1: each reset is cut short while Stockfish starts."""
+    """Chess play mode, reset_timeout=0.005, max_instances=1: each reset is cut short while Stockfish starts."""
     r = _run_child(ABANDONED_STARTS, os.path.dirname(__file__))
     assert r.returncode == 0, r.stderr[-3000:]
     head, _, left = r.stdout.strip().rpartition("|")
     timeouts, peak, *seen = head.split()
     assert int(timeouts) == 5
-    assert int(peak) <= 1, f"{peak} engines alive at once with max_engines=1"
+    assert int(peak) <= 1, f"{peak} engines alive at once with max_instances=1"
     assert left.strip() == "", f"engines {left} alive after the manager closed"
     assert not wait_gone([int(p) for p in seen], 10)
 
@@ -116,7 +116,7 @@ def test_sigterm_to_rollout_while_an_engine_starts(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentfly_gym", "rollout", "--env", "Chess-v0", "--policy", "random", "-n", "200",
          "--concurrency", "4", "--no-progress", "--output-dir", str(tmp_path), "--env-kwargs",
-         '{"Chess-v0": {"mode": "play", "max_engines": 1, "reset_timeout": 0.005}}'],
+         '{"Chess-v0": {"mode": "play", "max_instances": 1, "reset_timeout": 0.005}}'],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
     seen: set[int] = set()
     deadline = time.monotonic() + 180
@@ -137,7 +137,7 @@ def test_sigterm_to_rollout_while_an_engine_starts(tmp_path):
 async def test_stopped_jvm_does_not_block_the_event_loop():
     """A SIGSTOPped JVM: a garbage collection on the loop's thread frees a Java proxy, then a step times out."""
     async with ResourceManager() as m:
-        env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_simulators=1, step_timeout=5).unwrapped
+        env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_instances=1, step_timeout=5).unwrapped
         await env.areset(options={"task_id": "boil:0"})
         sim = env.scope.resources[env.resource_spec.key]
         proxy = await sim.run(lambda: sim.obj._server.getPossibleActions())  # a py4j JavaList proxy
@@ -158,7 +158,7 @@ async def test_stopped_jvm_does_not_block_the_event_loop():
 
 async def test_simulator_killed_during_load_is_retried_on_a_fresh_one():
     async with ResourceManager() as m:
-        env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_simulators=2).unwrapped
+        env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_instances=2).unwrapped
         reset = asyncio.ensure_future(env.areset(options={"task_id": "boil:0"}))
         key = env.resource_spec.key
         while True:  # the JVM is up and the reset is about to load the task on it

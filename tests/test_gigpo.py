@@ -167,7 +167,7 @@ async def test_compute_advantage_on_real_step_rows(tmp_path, tiny_qwen):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from agentfly_gym_verl.dataset import build_dataset
-    from agentfly_gym_verl.runtime import ashutdown
+    from agentfly_gym_verl.runtime import aclose
 
     tok = AutoTokenizer.from_pretrained(tiny_qwen)
     cfg = trainer_config(4096, 64)
@@ -188,7 +188,7 @@ async def test_compute_advantage_on_real_step_rows(tmp_path, tiny_qwen):
                                            data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))
             sessions.append(await loop.run(dict(sampling), **row))
     finally:
-        await ashutdown()
+        await aclose()
     assert [len(s) for s in sessions] == [3, 4, 2, 4]
     assert [s[-1].reward_score for s in sessions] == [1.0, 1.0, 0.0, 0.0]
     assert not any(o.extra_fields["error"] for s in sessions for o in s)

@@ -21,7 +21,7 @@ from agentfly_gym.errors import ConfigError
 from agentfly_gym.resources import ModelAPISpec, ModelServiceSpec, ResourceManager
 from agentfly_gym.rewards import parse_score
 from agentfly_gym.rewards.configured import FunctionReward, JudgeReward, parse_reward, transcript
-from agentfly_gym.rollout.factory import make_policy
+from agentfly_gym.rollout.policies.factory import make_policy
 from agentfly_gym.rollout.runner import RolloutConfig, run_rollouts
 
 CHESS = ["--env", "Chess-v0", "--policy", "random", "--tokenizer", "smollm2", "--max-turns", "2", "--no-progress"]
@@ -214,7 +214,7 @@ async def test_verl_agent_loop_yaml_reward_key(tmp_path, tiny_qwen, slow_judge):
 
     import agentfly_gym_verl
     from agentfly_gym_verl.dataset import build_dataset
-    from agentfly_gym_verl.runtime import ashutdown
+    from agentfly_gym_verl.runtime import aclose
 
     tok = AutoTokenizer.from_pretrained(tiny_qwen)
     cfg = trainer_config(4096, 64)
@@ -248,7 +248,7 @@ async def test_verl_agent_loop_yaml_reward_key(tmp_path, tiny_qwen, slow_judge):
         assert outs == []            # V1: a failed session leaves no row (verl's convention), it is counted instead
         assert agentfly_gym_verl.failure_metrics()["by_error"]["ResourceError"] == before + 1
     finally:
-        await ashutdown()
+        await aclose()
     with pytest.raises(Exception, match="unknown keys") as ei:          # hydra wraps the ConfigError
         loop("judge:model=m,base_url=http://h/v1,colour=red")
     assert isinstance(ei.value.__cause__ or ei.value, ConfigError) or "ConfigError" in str(ei.value)

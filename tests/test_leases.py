@@ -1,6 +1,6 @@
 """Leases whose holder is gone come back to the pool: an env dropped without aclose(), a cancelled step.
 
-Real Chess envs in play mode on a pool of one real Stockfish engine (``max_engines=1``): the next reset of
+Real Chess envs in play mode on a pool of one real Stockfish engine (``max_instances=1``): the next reset of
 another env gets that one engine quickly, or times out (``reset_timeout``) when the lease never came back.
 """
 
@@ -26,7 +26,7 @@ def no_leaked_engines(monkeypatch):
 
 
 def _env(m: ResourceManager, **kw) -> ChessEnv:
-    return ChessEnv(mode="play", max_engines=1, manager=m, reset_timeout=15.0, **kw)
+    return ChessEnv(mode="play", max_instances=1, manager=m, reset_timeout=15.0, **kw)
 
 
 async def _timed_reset(env: ChessEnv) -> tuple[float, dict]:

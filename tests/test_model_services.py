@@ -20,8 +20,8 @@ from agentfly_gym.errors import PolicyError, ResourceStartError
 from agentfly_gym.resources import ModelAPISpec, ModelServiceSpec, ResourceManager, ResourceStatus
 from agentfly_gym.resources.backends.model_api import APIError
 from agentfly_gym.rewards import LLMJudge, parse_score, resourced
-from agentfly_gym.rollout.openai_policy import OpenAITokenPolicy, parse_completion_choice
-from agentfly_gym.rollout.policy import SamplingParams
+from agentfly_gym.rollout.policies.openai_policy import OpenAITokenPolicy, parse_completion_choice
+from agentfly_gym.rollout.policies.base import SamplingParams
 from proctools import alive, live_processes
 
 

@@ -66,7 +66,7 @@ class _Server:
 
 
 async def test_openenv_client_plays_our_env_and_sessions_share_the_manager():
-    srv = _Server("Chess-v0", env_kwargs={"mode": "play", "max_engines": 1, "engine_depth": 1})
+    srv = _Server("Chess-v0", env_kwargs={"mode": "play", "max_instances": 1, "engine_depth": 1})
     try:
         a, b = GenericEnvClient(base_url=srv.url), GenericEnvClient(base_url=srv.url)
         r = await a.reset(seed=3)
@@ -78,7 +78,7 @@ async def test_openenv_client_plays_our_env_and_sessions_share_the_manager():
         assert s.done is False and s.reward == 0.0 and s.observation["info"]["step"] == 1
         bad = await a.step({"text": "not-a-move"})                     # a handled observation, not an error
         assert bad.reward == 0.0 and not bad.done and bad.observation["text"]
-        # a second client waits for the one engine (max_engines=1) until the first session ends
+        # a second client waits for the one engine (max_instances=1) until the first session ends
         second = asyncio.create_task(b.reset(seed=4))
         await asyncio.sleep(1.0)
         assert not second.done()
@@ -144,9 +144,9 @@ async def test_openenv_example_env_behind_our_wrapper(echo_env):
     """Two episodes at once through a pool of one server: the second waits, then reuses the same server."""
     async with ResourceManager() as m:
         env = OpenEnvEnv(app=echo_env, action_field="message", observation_field="echoed_message", manager=m,
-                         max_servers=1)
+                         max_instances=1)
         env2 = OpenEnvEnv(app=echo_env, action_field="message", observation_field="echoed_message", manager=m,
-                          max_servers=1)
+                          max_instances=1)
         obs, info = await env.areset(seed=0)
         assert obs == "Echo Env environment ready!" and info["openenv"]["message_length"] == 0
         obs, reward, term, trunc, info = await env.astep("hello")

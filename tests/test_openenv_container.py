@@ -91,7 +91,7 @@ async def test_echo_env_in_pooled_containers(echo_image, docker_client):
     m = ResourceManager()
     try:
         kw = dict(image=echo_image, action_field="message", observation_field="echoed_message", manager=m,
-                  max_servers=1, container={"cpus": 0.5, "memory": "256m"})
+                  max_instances=1, container={"cpus": 0.5, "memory": "256m"})
         env, env2 = OpenEnvEnv(**kw), OpenEnvEnv(**kw)
         seen = []
         for episode in range(2):
@@ -158,7 +158,7 @@ def test_closed_envs_leave_no_container_past_the_idle_time(echo_image, docker_cl
     fresh container idle, so the next env reuses it warm (one start), and removes it once ``max_idle_time``
     (300 s by default; 20 s here, so that the second env still comes before it under load) has passed with
     nobody acquiring it; the manager stays open."""
-    kw = dict(image=echo_image, action_field="message", observation_field="echoed_message", max_servers=1,
+    kw = dict(image=echo_image, action_field="message", observation_field="echoed_message", max_instances=1,
               container={"cpus": 0.5, "memory": "256m", "max_idle_time": 20.0})
     first = OpenEnvEnv(**kw)
     key = first.container_spec.key

@@ -119,7 +119,7 @@ async def test_tool_semantics(manager, backend_kw):
 
 
 async def test_same_container_across_turns_and_clean_reuse(manager, backend_kw):
-    env = _env(manager, backend_kw, max_containers=1)
+    env = _env(manager, backend_kw, max_instances=1)
     _, info = await env.areset(seed=1)
     box = next(iter(env.scope.resources.values()))
     o, *_, i1 = await env.astep(_xml("execute_bash", cmd="echo state > /testbed/marker.txt; echo $$"))
@@ -138,7 +138,7 @@ async def test_disk_limit_holds_for_a_model_that_fills_the_disk(manager, backend
     """The env's ``disk`` limit reaches the container: a 160 MB write under a 64 MB limit fails in
     the sandbox (no space left) or ends the episode on Docker (its watchdog kills the container);
     either way the host never receives the 160 MB and the next episode starts clean."""
-    env = _env(manager, backend_kw, disk="64m", max_containers=1, bash_timeout=60.0)
+    env = _env(manager, backend_kw, disk="64m", max_instances=1, bash_timeout=60.0)
     await env.areset(seed=0)
     box = next(iter(env.scope.resources.values()))
     assert box.spec.disk == 64 * 1024 * 1024
@@ -165,7 +165,7 @@ def _kill(box) -> None:
 
 
 async def test_killed_container_ends_only_its_rollout(manager, backend_kw):
-    a, b = _env(manager, backend_kw, max_containers=2), _env(manager, backend_kw, max_containers=2)
+    a, b = _env(manager, backend_kw, max_instances=2), _env(manager, backend_kw, max_instances=2)
     (_, ia), (_, ib) = await asyncio.gather(a.areset(seed=0), b.areset(seed=0))
     assert ia["container"] != ib["container"]
 
@@ -218,7 +218,7 @@ async def test_idle_containers_are_removed_after_max_idle_time(manager, r2e_dock
     episode reuses it."""
     import os
 
-    env = _env(manager, {"backend": "docker", "image": r2e_docker_image}, max_containers=1, max_idle_time=5.0)
+    env = _env(manager, {"backend": "docker", "image": r2e_docker_image}, max_instances=1, max_idle_time=5.0)
     await env.areset(seed=1)
     (box,) = env.scope.resources.values()
     key = box.spec.key

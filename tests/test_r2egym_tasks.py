@@ -92,7 +92,7 @@ async def _reward_before_and_after(env: R2EGymEnv, task_id: str) -> tuple[float,
 
 async def _check_all(local_tasks_file: Path, **env_kw) -> None:
     async with ResourceManager() as manager:
-        envs = [R2EGymEnv(tasks=local_tasks_file, manager=manager, max_containers=2, **env_kw) for _ in range(2)]
+        envs = [R2EGymEnv(tasks=local_tasks_file, manager=manager, max_instances=2, **env_kw) for _ in range(2)]
         ids = [t.task_id for t in envs[0].tasks]
         results: dict[str, tuple] = {}
 

@@ -297,7 +297,7 @@ def test_killed_node_ends_its_rollouts_with_an_error_and_others_finish(cluster, 
                 assert trunc and not term and err and "died" in err, err
             # the dead node's client gave its lease back (the pool watches its clients' nodes)
             other = await m.pool(held).acquire(timeout=90)
-            m.pool(held).release_nowait(other)
+            await m.pool(held).release(other)
             replacement = cluster.add_node(num_cpus=1, resources={"doomed": 2})
             obs, info = await lost[0].areset(seed=5)
             assert info["error"] is None and obs
@@ -399,7 +399,7 @@ def test_verl_plugin_shares_the_cluster_pools_when_the_setting_says_ray(cluster,
             assert isinstance(m, RayResourceManager)
             assert m.global_scope == "node" and m.namespace == ray.get_runtime_context().namespace
         finally:
-            await runtime.ashutdown()
+            await runtime.aclose()
         assert m.closed
 
     asyncio.run(main())
@@ -419,8 +419,8 @@ def test_runner_plays_pooled_envs_through_typed_proxies_on_ray(cluster, monkeypa
     monkeypatch.setenv("AGENTFLY_GYM_RAY_PLACEMENT", json.dumps(SIM))
     chat = ChatTokenizer(AutoTokenizer.from_pretrained(smollm2_dir()))
     config = RolloutConfig(env_ids=["Chess-v0", "ScienceWorld-v0"], num_trajectories=4, concurrency=4, max_turns=2,
-                           env_kwargs={"Chess-v0": {"mode": "play", "max_engines": 2},
-                                       "ScienceWorld-v0": {"max_simulators": 2, "with_admissible_actions": True}})
+                           env_kwargs={"Chess-v0": {"mode": "play", "max_instances": 2},
+                                       "ScienceWorld-v0": {"max_instances": 2, "with_admissible_actions": True}})
     result = asyncio.run(run_rollouts(config, RandomPolicy(seed=0), chat, progress=False))
     assert result.summary["errors"] == 0, [t.error for t in result.trajectories]
     assert all(t.num_turns >= 1 for t in result.trajectories)

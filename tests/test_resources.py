@@ -49,7 +49,7 @@ class Box(Resource):
     async def status(self):
         return ResourceStatus.READY if self.healthy and not self.released else ResourceStatus.UNHEALTHY
 
-    async def release(self):
+    async def adestroy(self):
         self.released = True
         LOG.append(("release", self.id))
 

@@ -52,7 +52,7 @@ class Recording:
 @pytest.fixture(scope="module")
 def smollm2_policy():
     from agentfly_gym.rollout.models import smollm2_dir
-    from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+    from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
     policy = TransformersPolicy(smollm2_dir(), seed=0, max_batch_size=8)
     yield policy
@@ -129,7 +129,7 @@ async def test_runner_chess_and_scienceworld_concurrently_writes_files(tmp_path,
     chat = ChatTokenizer(smollm2_policy.tokenizer)
     config = RolloutConfig(env_ids=["Chess-v0", "ScienceWorld"], num_trajectories=4, group_size=2, concurrency=4,
                            max_turns=2, seed=0, sampling=SamplingParams(max_tokens=16),
-                           env_kwargs={"ScienceWorld-v0": {"max_simulators": 1}}, output_dir=tmp_path)
+                           env_kwargs={"ScienceWorld-v0": {"max_instances": 1}}, output_dir=tmp_path)
     result = await run_rollouts(config, smollm2_policy, chat, progress=False)
     trajs = result.trajectories
     assert [t.env_id for t in trajs] == ["agentfly/Chess-v0"] * 2 + ["agentfly/ScienceWorld-v0"] * 2

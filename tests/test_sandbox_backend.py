@@ -63,7 +63,7 @@ async def make_box(sandbox_dir):
 
     yield make
     for b in boxes:
-        await b.release()
+        await b.adestroy()
         assert not _sandbox_cgroups(b.name), f"cgroup of {b.name} left behind"
 
 
@@ -312,8 +312,8 @@ async def test_released_and_broken_instances(make_box):
     assert await box.status() == ResourceStatus.UNHEALTHY
     with pytest.raises(ResourceDied):
         await box.exec("true")
-    await box.release()
-    await box.release()  # idempotent
+    await box.adestroy()
+    await box.adestroy()  # idempotent
     assert await box.status() == ResourceStatus.STOPPED
     assert not box.dir.exists()
     with pytest.raises(ResourceDied):
@@ -330,7 +330,7 @@ async def test_missing_bwrap_or_rootfs_is_a_clear_error(make_box, monkeypatch, t
     box = SandboxContainer(ContainerSpec(image="no-such/image:1", backend="sandbox"))
     with pytest.raises(ResourceUnavailable, match="no-such/image:1"):
         await box.start()
-    await box.release()
+    await box.adestroy()
 
 
 def _tiny_rootfs(path: Path) -> Path:
@@ -408,12 +408,12 @@ async def test_reap_orphans_of_a_dead_manager(sandbox_dir):
         assert reap_sandbox_orphans(root=sandbox_dir) == [keep.name]
         assert not keep.dir.exists() and not _sandbox_cgroups(keep.name)
     finally:
-        await box.release()
-        await keep.release()
+        await box.adestroy()
+        await keep.adestroy()
 
 
 async def test_debian_base_image_rootfs(make_box):
-    """The Debian base rootfs of agentfly_gym.images (built by ``agentfly-gym images build base``)."""
+    """The Debian base rootfs of agentfly_gym.resources.containers.images (built by ``agentfly-gym images build base``)."""
     from agentfly_gym.resources.containers import images
 
     if not (images.base_rootfs_dir() / ".agentfly-rootfs.json").is_file():
@@ -557,7 +557,7 @@ async def test_cancelled_starts_leave_no_folder_or_cgroup(tmp_path, monkeypatch)
         except asyncio.CancelledError:
             pass
         else:
-            await box.release()
+            await box.adestroy()
     await asyncio.sleep(0.5)
     left = [p for p in (tmp_path / "boxes").glob("*") if p.is_dir()] if (tmp_path / "boxes").exists() else []
     assert left == [], left

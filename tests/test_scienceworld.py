@@ -53,7 +53,7 @@ def _pool(manager: ResourceManager) -> dict:
 
 def test_make_and_check_env():
     """gymnasium.make + the sync API + Gymnasium's env checker (seeded resets, random text actions)."""
-    env = gymnasium.make("agentfly/ScienceWorld-v0", max_simulators=1)
+    env = gymnasium.make("agentfly/ScienceWorld-v0", max_instances=1)
     try:
         check_env(env.unwrapped, skip_render_check=True)
         _, info_a = env.reset(seed=7)
@@ -73,7 +73,7 @@ def test_make_and_check_env():
 
 async def test_expert_solves_short_task_with_return_one():
     async with ResourceManager() as manager:
-        env = ScienceWorldEnv(manager=manager, max_simulators=1)
+        env = ScienceWorldEnv(manager=manager, max_instances=1)
         obs, info = await env.areset(options={"task_id": SHORT_TASK})
         assert obs.startswith("Task Description:") and "non-living thing" in obs
         assert info["task_id"] == SHORT_TASK and info["score"] >= 0 and not info["won"]
@@ -93,7 +93,7 @@ async def test_expert_solves_short_task_with_return_one():
 
 async def test_bad_actions_and_bad_options_are_handled():
     async with ResourceManager() as manager:
-        env = ScienceWorldEnv(manager=manager, max_simulators=1, with_admissible_actions=True)
+        env = ScienceWorldEnv(manager=manager, max_instances=1, with_admissible_actions=True)
         _, info = await env.areset(options={"task_id": SHORT_TASK})
         assert "look around" in info["admissible_actions"]
         start_score = info["score"]
@@ -133,7 +133,7 @@ async def test_bad_actions_and_bad_options_are_handled():
 
 async def test_jvm_reused_and_reset_leaves_no_state():
     async with ResourceManager() as manager:
-        env = ScienceWorldEnv(manager=manager, max_simulators=1)
+        env = ScienceWorldEnv(manager=manager, max_instances=1)
         _, first = await env.areset(options={"task_id": "find-living-thing:0"})
         pid = env._sim.resource.obj.pid
         # the heap limit reaches this JVM only; the variable is restored in this process
@@ -167,8 +167,8 @@ async def test_jvm_reused_and_reset_leaves_no_state():
 
 async def test_second_env_waits_for_the_only_simulator():
     async with ResourceManager() as manager:
-        a = ScienceWorldEnv(manager=manager, max_simulators=1)
-        b = ScienceWorldEnv(manager=manager, max_simulators=1)
+        a = ScienceWorldEnv(manager=manager, max_instances=1)
+        b = ScienceWorldEnv(manager=manager, max_instances=1)
         await a.areset(options={"task_id": SHORT_TASK})
         waiting = asyncio.create_task(b.areset(options={"task_id": "boil:0"}))
         await asyncio.sleep(1.5)
@@ -185,7 +185,7 @@ async def test_second_env_waits_for_the_only_simulator():
 
 async def test_killed_jvm_is_a_handled_fault_and_replaced():
     async with ResourceManager() as manager:
-        env = ScienceWorldEnv(manager=manager, max_simulators=1)
+        env = ScienceWorldEnv(manager=manager, max_instances=1)
         await env.areset(options={"task_id": SHORT_TASK})
         old_pid = env._sim.resource.obj.pid
         os.kill(old_pid, signal.SIGKILL)
@@ -229,7 +229,7 @@ def test_default_step_limit_lets_every_gold_path_finish():
 async def test_issue_case_204_step_gold_path_finishes_under_the_default_limit():
     """inclined-plane-friction-unnamed-surfaces:50 has a 204-action gold path; the old default of 200 cut it off."""
     async with ResourceManager() as manager:
-        env = ScienceWorldEnv(manager=manager, max_simulators=1)
+        env = ScienceWorldEnv(manager=manager, max_instances=1)
         await env.areset(options={"task_id": "inclined-plane-friction-unnamed-surfaces:50", "expert": True})
         steps, terminated, truncated = 0, False, False
         while not (terminated or truncated):

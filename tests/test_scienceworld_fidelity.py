@@ -99,7 +99,7 @@ async def test_same_observations_scores_and_flags_as_the_package(raw_env, task, 
     raw_start = raw_info["score"]
 
     async with ResourceManager() as manager:
-        env = ScienceWorldEnv(manager=manager, max_simulators=1, split=split, simplification=simplification,
+        env = ScienceWorldEnv(manager=manager, max_instances=1, split=split, simplification=simplification,
                               with_admissible_actions=True)
         obs, info = await env.areset(options={"task_name": task, "variation": variation})
         assert env._sim.resource.obj.java_fold, "steps go through the Java fold (java_fold.py)"

@@ -334,7 +334,7 @@ async def test_r2e_fifo_episodes_keep_the_thread_pool(sandbox_dir, tmp_path):
     from agentfly_gym.envs.r2egym import R2EGymEnv
 
     m = ResourceManager()
-    env = R2EGymEnv(tasks=R2E_TASKS, manager=m, backend="sandbox", image="host", max_containers=1)
+    env = R2EGymEnv(tasks=R2E_TASKS, manager=m, backend="sandbox", image="host", max_instances=1)
     plant = _xml("execute_bash", cmd="mkdir -p /tmp/.afg_r2e && mkfifo /tmp/.afg_r2e/payload.json "
                                      "/tmp/.afg_r2e/run_tests.sh && echo planted")
     states: list[Path] = []
@@ -482,7 +482,7 @@ def r2e_backend(request) -> dict:
 def r2e_envs(r2e_manager, r2e_backend) -> dict:
     from agentfly_gym.envs.r2egym import R2EGymEnv
 
-    return {mode: R2EGymEnv(tasks=R2E_FIXTURES / "tasks.jsonl", manager=r2e_manager, max_containers=1,
+    return {mode: R2EGymEnv(tasks=R2E_FIXTURES / "tasks.jsonl", manager=r2e_manager, max_instances=1,
                             bash_timeout=30.0, test_timeout=60.0, grading=mode, **r2e_backend)
             for mode in ("isolated", "in_place")}
 

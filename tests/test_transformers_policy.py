@@ -12,8 +12,8 @@ import torch
 
 from agentfly_gym.errors import ConfigError, PolicyError
 from agentfly_gym.rollout.models import smollm2_dir, tiny_qwen_dir
-from agentfly_gym.rollout.policy import Generation, SamplingParams, TextPolicy
-from agentfly_gym.rollout.transformers_policy import TransformersPolicy
+from agentfly_gym.rollout.policies.base import Generation, SamplingParams, TextPolicy
+from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 

@@ -129,7 +129,7 @@ async def test_recv_timeout_returns_empty_batch():
 async def test_sub_envs_share_one_manager_and_its_caps():
     async with ResourceManager() as m:
         venv = AsyncTextVectorEnv.from_entry_point("agentfly_gym.envs.chess:ChessEnv", 3, manager=m, mode="play",
-                                                   max_engines=2, engine_depth=1)
+                                                   max_instances=2, engine_depth=1)
         await venv.areset_env(0, seed=0)
         await venv.areset_env(1, seed=1)
         third = asyncio.ensure_future(venv.areset_env(2, seed=2))
@@ -169,7 +169,7 @@ def test_bad_arguments_are_clear_errors():
 
 
 def test_batch_reset_beyond_pool_capacity_is_refused_at_once():
-    venv = gymnasium.make_vec("agentfly/Chess-v0", num_envs=3, mode="play", max_engines=2)
+    venv = gymnasium.make_vec("agentfly/Chess-v0", num_envs=3, mode="play", max_instances=2)
     try:
         with pytest.raises(ConfigError, match="max_instances=2"):
             venv.reset(seed=0)

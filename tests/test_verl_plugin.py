@@ -39,11 +39,11 @@ except ImportError as e:  # pragma: no cover
 import agentfly_gym  # noqa: F401,E402
 import agentfly_gym_verl  # noqa: F401,E402  (the plugin, as a trainer imports it)
 from agentfly_gym.rollout.chat import ChatTokenizer  # noqa: E402
-from agentfly_gym.rollout.policy import SamplingParams  # noqa: E402
-from agentfly_gym.rollout.transformers_policy import TransformersPolicy  # noqa: E402
+from agentfly_gym.rollout.policies.base import SamplingParams  # noqa: E402
+from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy  # noqa: E402
 from agentfly_gym_verl.agent_loop import EXTRA_FIELD_DEFAULTS  # noqa: E402
 from agentfly_gym_verl.dataset import build_dataset, dataset_main  # noqa: E402
-from agentfly_gym_verl.runtime import ashutdown, get_manager  # noqa: E402
+from agentfly_gym_verl.runtime import aclose, get_manager  # noqa: E402
 
 PUZZLE = "tewjc"          # setup e5e3, solution f6a1 (mate), from the Lichess puzzles in tests/data
 SW_TASK = "find-non-living-thing:0"
@@ -271,7 +271,7 @@ async def _check_steps(outs: list[AgentLoopOutput], server: ModelServer, tokeniz
 async def clean_runtime():
     """Closes the plugin's per-worker manager after the test and checks no engine/JVM outlives it."""
     yield
-    await ashutdown()
+    await aclose()
     assert not wait_gone(_children(("stockfish", "scienceworld.jar")), 20)
 
 
@@ -373,7 +373,7 @@ async def test_scienceworld_chain_and_step(tmp_path, policy, clean_runtime):
     tok = policy.tokenizer
     cfg = _trainer_config(response_length=400)
     server = ModelServer(policy)
-    env_kwargs = {"max_simulators": 1}
+    env_kwargs = {"max_instances": 1}
     (row,) = _rows(tmp_path, tok, cfg, "ScienceWorld", [SW_TASK], max_turns=2, env_kwargs=env_kwargs)
     loop = _make_loop("agentfly", server, tok, cfg, max_tokens_per_turn=16)     # mode from the row
     out_c = await loop.run(_sampling(cfg), **row)

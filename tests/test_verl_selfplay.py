@@ -32,10 +32,10 @@ except ImportError as e:  # pragma: no cover
 
 import agentfly_gym_verl  # noqa: F401,E402  (the plugin, as a trainer imports it)
 from agentfly_gym.rollout.chat import ChatTokenizer  # noqa: E402
-from agentfly_gym.rollout.policy import SamplingParams  # noqa: E402
-from agentfly_gym.rollout.transformers_policy import TransformersPolicy  # noqa: E402
+from agentfly_gym.rollout.policies.base import SamplingParams  # noqa: E402
+from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy  # noqa: E402
 from agentfly_gym_verl.agent_loop import EXTRA_FIELD_DEFAULTS  # noqa: E402
-from agentfly_gym_verl.runtime import ashutdown  # noqa: E402
+from agentfly_gym_verl.runtime import aclose  # noqa: E402
 from agentfly_gym_verl.selfplay import pending_games, selfplay_rows  # noqa: E402
 
 PROMPT_LEN, RESPONSE_LEN = 1024, 1500  # a chess observation is ~250 tokens
@@ -126,7 +126,7 @@ def _postprocess(outs) -> None:
 @pytest.fixture
 async def clean_runtime():
     yield
-    await ashutdown()
+    await aclose()
     assert pending_games() == 0
 
 

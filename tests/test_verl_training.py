@@ -39,7 +39,7 @@ except ImportError as e:  # pragma: no cover
 
 import agentfly_gym_verl  # noqa: E402
 from agentfly_gym_verl.dataset import build_dataset  # noqa: E402
-from agentfly_gym_verl.runtime import ashutdown, failure_metrics, reset_failure_metrics  # noqa: E402
+from agentfly_gym_verl.runtime import aclose, failure_metrics, reset_failure_metrics  # noqa: E402
 
 PUZZLE = "tewjc"
 SOLVE = [f"Best is {m}.\nAction: {m}" for m in ("e5e3", "f6a1", "a8a1")]   # three moves, the last one mates
@@ -166,7 +166,7 @@ async def _generate(worker, cfg, prompts: list[dict]) -> None:
     try:
         await asyncio.gather(*(worker._run_prompt(dict(p), sampling, info) for p, info in zip(prompts, infos)))
     finally:
-        await ashutdown()
+        await aclose()
 
 
 def _trainer(cfg, estimator: str):

@@ -24,7 +24,7 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 @pytest.mark.skipif(_gpu() and HAVE_VLLM, reason="a GPU and vLLM are present: the refusal path does not apply")
 def test_without_gpu_or_vllm_construction_says_why():
-    from agentfly_gym.rollout.vllm_policy import VLLMPolicy
+    from agentfly_gym.rollout.policies.vllm_policy import VLLMPolicy
 
     with pytest.raises(ResourceUnavailable, match="vLLM|GPU"):
         VLLMPolicy("Qwen/Qwen2.5-0.5B-Instruct")
@@ -33,8 +33,8 @@ def test_without_gpu_or_vllm_construction_says_why():
 @pytest.mark.gpu
 @pytest.mark.skipif(not (_gpu() and HAVE_VLLM), reason="needs a CUDA GPU and vLLM (not available on this machine)")
 async def test_vllm_policy_returns_sampled_ids_and_logprobs(tiny_qwen):
-    from agentfly_gym.rollout.policy import SamplingParams
-    from agentfly_gym.rollout.vllm_policy import VLLMPolicy
+    from agentfly_gym.rollout.policies.base import SamplingParams
+    from agentfly_gym.rollout.policies.vllm_policy import VLLMPolicy
 
     policy = VLLMPolicy(str(tiny_qwen), gpu_memory_utilization=0.2)
     try:

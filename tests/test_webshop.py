@@ -388,11 +388,11 @@ async def _close_default_manager() -> None:
 
 
 async def test_server_in_its_own_process(data_dir):
-    """``server_mode="process"`` is ``InProcessSpec(isolation="process")``: the same episodes through the
+    """``isolation="process"`` is ``InProcessSpec(isolation="process")``: the same episodes through the
     child; a killed server ends the running episode with the fault observation, and the next reset
     starts a new server."""
     async with ResourceManager() as m:
-        env = WebShopEnv(manager=m, data_dir=data_dir, server_mode="process", max_episode_steps=30)
+        env = WebShopEnv(manager=m, data_dir=data_dir, isolation="process", max_episode_steps=30)
         assert env.server_spec.isolation == "process"
         r, term, info = await run_expert(env, 17)
         assert term and r == 1.0
@@ -470,11 +470,11 @@ def test_make_vec_sub_envs_have_their_own_sessions(data_dir):
 
 
 def test_process_server_outlives_the_last_env_by_server_idle_time(data_dir):
-    """``server_mode="process"`` on the default manager (which lives until process exit): an env made while
+    """``isolation="process"`` on the default manager (which lives until process exit): an env made while
     another is open, or soon after the last one closed, shares the running server (warm, one child
-    process); ``server_idle_time`` after the last env closed the child process is gone, and a later env starts
+    process); ``max_idle_time`` after the last env closed the child process is gone, and a later env starts
     a new one."""
-    kw = dict(data_dir=str(data_dir), server_mode="process", server_idle_time=8.0)
+    kw = dict(data_dir=str(data_dir), isolation="process", max_idle_time=8.0)
     first = gymnasium.make("agentfly/WebShop-v0", **kw)
     first.reset(seed=0)
     first.step("search[pillow]")

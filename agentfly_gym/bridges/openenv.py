@@ -22,7 +22,7 @@ by the resource manager (an :class:`OpenEnvServer` resource, ``InProcessSpec``),
 container of an OpenEnv image (``image=...``, e.g. the one
 :func:`~agentfly_gym.bridges.openenv_image.build_openenv_image` builds): a ``ContainerSpec`` with the
 server's port published on 127.0.0.1 (Docker backend).  Servers and containers are pooled up to
-``max_servers``, held by one episode at a time; on reuse a container is replaced by a fresh one (the
+``max_instances``, held by one episode at a time; on reuse a container is replaced by a fresh one (the
 pool's reset-on-reuse rule), an in-process server gets a fresh OpenEnv session and ``reset``.
 """
 
@@ -327,10 +327,10 @@ class OpenEnvEnv(AgentFlyEnv):
     Args:
         base_url: a running OpenEnv server (``http://host:port``); or
         app: ``"module:attr"`` of an OpenEnv ASGI app, served by the resource manager
-            (:class:`OpenEnvServer`, one per episode in flight, pooled up to ``max_servers``); or
+            (:class:`OpenEnvServer`, one per episode in flight, pooled up to ``max_instances``); or
         image: a container image whose command serves OpenEnv on ``port`` (e.g.
             ``build_openenv_image()``'s tag): one container per episode in flight, pooled up to
-            ``max_servers`` and replaced by a fresh one on reuse; the server is used once its
+            ``max_instances`` and replaced by a fresh one on reuse; the server is used once its
             ``/health`` answers 200 (within ``server_timeout`` seconds).  A container the pool keeps idle
             (the next env reuses it warm) is removed after ``ContainerSpec.max_idle_time``, 300 s unless
             ``container={"max_idle_time": ...}`` says otherwise.
@@ -343,7 +343,7 @@ class OpenEnvEnv(AgentFlyEnv):
         observation_field: the observation field shown as the text observation; None shows
             the whole observation as JSON (sorted keys).
         reset_kwargs: keyword arguments of every OpenEnv ``reset`` (beside ``seed``).
-        max_servers: pool capacity for ``app`` servers.
+        max_instances: pool capacity for ``app`` servers.
         system_prompt: what an LM agent is told (the env's action format).
         (manager, step_timeout, reset_timeout, max_episode_steps, render_mode: see AgentFlyEnv.)
 
@@ -368,7 +368,7 @@ class OpenEnvEnv(AgentFlyEnv):
                  container: dict[str, Any] | None = None, server_timeout: float = 120.0,
                  action_field: str = "message",
                  observation_field: str | None = None, reset_kwargs: dict[str, Any] | None = None,
-                 max_servers: int = 4, system_prompt: str | None = None, message_timeout: float = 60.0,
+                 max_instances: int = 4, system_prompt: str | None = None, message_timeout: float = 60.0,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if sum(x is not None for x in (base_url, app, image)) != 1:
@@ -381,9 +381,9 @@ class OpenEnvEnv(AgentFlyEnv):
         self.reset_kwargs = dict(reset_kwargs or {})
         self.message_timeout = message_timeout
         self.server_spec = (InProcessSpec(factory="agentfly_gym.bridges.openenv:OpenEnvServer", kwargs={"app": app},
-                                          max_instances=max_servers) if app is not None else None)
+                                          max_instances=max_instances) if app is not None else None)
         self.port, self.server_timeout = port, server_timeout
-        self.container_spec = (_server_container_spec(image, port, command, container, max_servers, server_timeout)
+        self.container_spec = (_server_container_spec(image, port, command, container, max_instances, server_timeout)
                                if image is not None else None)
         if system_prompt is not None:
             self.agent_prompt = AgentPrompt(system=system_prompt)
@@ -446,7 +446,7 @@ class OpenEnvEnv(AgentFlyEnv):
 
 
 def _server_container_spec(image: str, port: int, command: Any, container: dict[str, Any] | None,
-                           max_servers: int, server_timeout: float) -> ContainerSpec:
+                           max_instances: int, server_timeout: float) -> ContainerSpec:
     """The ``ContainerSpec`` of an OpenEnv server image: ``port`` published, network on, the server as command."""
     from .openenv_image import openenv_server_command
 
@@ -454,12 +454,12 @@ def _server_container_spec(image: str, port: int, command: Any, container: dict[
     fixed = {"image", "ports", "command", "max_instances"} & set(extra)
     if fixed:
         raise ConfigError(f"container={container!r}: {sorted(fixed)} are set by OpenEnvEnv (use image=, port=, "
-                          "command=, max_servers=)")
+                          "command=, max_instances=)")
     if extra.get("network") is False:
         raise ConfigError("container={'network': False} cannot publish the server's port; leave network on")
     extra.setdefault("start_timeout", max(60.0, server_timeout))
     try:
-        return ContainerSpec(image=image, ports=(port,), network=True, max_instances=max_servers,
+        return ContainerSpec(image=image, ports=(port,), network=True, max_instances=max_instances,
                              command=tuple(command) if command is not None else openenv_server_command(port),
                              **{k: v for k, v in extra.items() if k != "network"})
     except TypeError as e:

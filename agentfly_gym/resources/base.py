@@ -68,7 +68,7 @@ class Resource(abc.ABC):
         """Check health now (e.g. is the process or container still alive)."""
 
     @abc.abstractmethod
-    async def release(self) -> None:
+    async def adestroy(self) -> None:
         """Stop the instance and free everything it holds; idempotent, never raises."""
 
     async def park(self) -> None:
@@ -78,7 +78,7 @@ class Resource(abc.ABC):
         Default: nothing.  Never raises.  The next acquisition still calls :meth:`reset` first.
         """
 
-    def terminate_sync(self) -> None:
+    def destroy(self) -> None:
         """Best-effort synchronous teardown used at interpreter exit; default does nothing."""
 
     def describe(self) -> dict[str, Any]:

@@ -230,7 +230,7 @@ class InProcessResource(Resource):
         self._status = ResourceStatus.STOPPED
         return True, obj
 
-    async def release(self) -> None:
+    async def adestroy(self) -> None:
         first, obj = self._take()
         if not first:
             return
@@ -255,7 +255,7 @@ class InProcessResource(Resource):
                 log.warning("%s: close() did not return within %.0fs; abandoning it", self.id, self.spec.close_timeout)
         self._worker.shutdown()
 
-    def terminate_sync(self) -> None:
+    def destroy(self) -> None:
         first, obj = self._take()
         if not first:
             return

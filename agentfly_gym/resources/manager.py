@@ -235,7 +235,7 @@ class ResourceManager:
     async def acquire_global(self, spec: ResourceSpec, *, user: Any = None) -> Resource:
         """The one process-wide shared instance of ``spec`` (e.g. a WebShop server, an LLM judge).
 
-        Started on first call, returned as is afterwards, released by :meth:`release_global`
+        Started on first call, returned as is afterwards, released by :meth:`destroy_global`
         or :meth:`aclose`.  Global resources are never reset between users.
 
         Args:
@@ -288,7 +288,7 @@ class ResourceManager:
             self._global_releases.add(task)
             task.add_done_callback(self._global_releases.discard)
 
-    async def release_global(self, spec: ResourceSpec) -> None:
+    async def destroy_global(self, spec: ResourceSpec) -> None:
         """Stop the global instance of ``spec`` if one is live."""
         r = self._globals.pop(spec.key, None)
         if r is not None:
@@ -317,12 +317,12 @@ class ResourceManager:
         pools = list(self._pools.values())
         await asyncio.gather(*(p.terminate() for p in pools), return_exceptions=True)
 
-    def close_sync(self) -> None:
+    def close(self) -> None:
         """Synchronous best-effort teardown (interpreter exit, SIGTERM, or no loop available): every
-        instance this manager built that is still referenced gets ``terminate_sync()``, in parallel
+        instance this manager built that is still referenced gets ``destroy()``, in parallel
         (idempotent for those already released)."""
         self._closed = True
-        teardown.terminate_all(list(self._instances))
+        teardown.destroy_all(list(self._instances))
 
     async def __aenter__(self) -> ResourceManager:
         return self

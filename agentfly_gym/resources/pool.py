@@ -233,13 +233,13 @@ class ResourcePool:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         self._sync_counts()
 
-    def terminate_sync(self) -> None:
+    def destroy(self) -> None:
         """Interpreter-exit fallback: synchronous best-effort teardown of every instance."""
         for r in list(self._idle) + list(self._in_use) + list(self._stopping):
             try:
-                r.terminate_sync()
+                r.destroy()
             except Exception:  # pragma: no cover - best effort at exit
-                log.debug("terminate_sync failed for %r", r, exc_info=True)
+                log.debug("destroy failed for %r", r, exc_info=True)
 
     def snapshot(self) -> dict[str, Any]:
         """Current metrics as a dict (see :class:`PoolMetrics`)."""
@@ -282,7 +282,7 @@ class ResourcePool:
 
     async def _safe_release(self, r: Resource) -> None:
         try:
-            await r.release()
+            await r.adestroy()
         except Exception:
             log.warning("release of %r failed", r, exc_info=True)
 

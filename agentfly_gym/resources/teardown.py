@@ -2,18 +2,18 @@
 
 One owner: every :class:`~agentfly_gym.resources.ResourceManager` keeps a registry of the live
 instances it built and registers itself here (:func:`watch`) when it is created; so does the
-cluster-wide :class:`~agentfly_gym.resources.ray.RayResourceManager` (its ``close_sync`` detaches
+cluster-wide :class:`~agentfly_gym.resources.ray.RayResourceManager` (its ``close`` detaches
 from the cluster pools, whose last user stops their instances).  At interpreter
 exit (``atexit``: a normal exit, an uncaught exception, Ctrl-C's ``KeyboardInterrupt``; in a
-``multiprocessing`` child, whose exit skips ``atexit``, its exit finalizers) and on SIGTERM, :func:`close_all_sync` calls ``terminate_sync()`` on every live instance of every
+``multiprocessing`` child, whose exit skips ``atexit``, its exit finalizers) and on SIGTERM, :func:`close_all` calls ``destroy()`` on every live instance of every
 manager not yet closed, in parallel threads (removing a container takes a round trip to the
-engine), bounded by :data:`TERMINATE_TIMEOUT` seconds.
+engine), bounded by :data:`DESTROY_TIMEOUT` seconds.
 
 A library started on the way that would install a SIGTERM handler of its own (``ray.init``) is started
 under :func:`hold_sigterm`, so a SIGTERM during its start neither cuts it short nor displaces the
 application's handler.
 
-Backends install no handler of their own; they implement ``Resource.terminate_sync`` (synchronous,
+Backends install no handler of their own; they implement ``Resource.destroy`` (synchronous,
 idempotent, never raises).  What a SIGKILLed process leaves is found by its ownership labels and
 removed by ``agentfly-gym resources gc`` (:mod:`agentfly_gym.resources.containers.ownership`).
 """
@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .base import Resource
 
-__all__ = ["TERMINATE_TIMEOUT", "SigtermHold", "close_all_sync", "hold_sigterm", "install", "terminate_all",
+__all__ = ["DESTROY_TIMEOUT", "SigtermHold", "close_all", "hold_sigterm", "install", "destroy_all",
            "watch"]
 
 log = logging.getLogger(__name__)
 
-TERMINATE_TIMEOUT = 30.0
-"""Seconds :func:`terminate_all` waits for the instances' ``terminate_sync`` calls together."""
+DESTROY_TIMEOUT = 30.0
+"""Seconds :func:`destroy_all` waits for the instances' ``destroy`` calls together."""
 
 # ResourceManager or RayResourceManager -> the pid that made it (a forked child must not tear down its parent's)
 _live_managers: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -53,7 +53,7 @@ def watch(manager: Any, *, run_first: bool = False) -> None:
     """Tear ``manager``'s live instances down at exit and on SIGTERM (while it is not closed).
 
     ``manager`` is a :class:`~agentfly_gym.resources.ResourceManager` or any manager with ``id``,
-    ``closed`` and ``close_sync()`` (the Ray-backed one).  Registers the ``atexit`` hook once per
+    ``closed`` and ``close()`` (the Ray-backed one).  Registers the ``atexit`` hook once per
     process and installs the SIGTERM handler when called on the main thread (see
     :func:`install`).
 
@@ -90,8 +90,8 @@ def _finalize_in_multiprocessing_child() -> None:
         _finalizer_pid = os.getpid()
 
 
-def terminate_all(instances: Iterable[Resource], *, timeout: float = TERMINATE_TIMEOUT) -> None:
-    """Call ``terminate_sync()`` on every instance, in parallel threads; best effort, never raises.
+def destroy_all(instances: Iterable[Resource], *, timeout: float = DESTROY_TIMEOUT) -> None:
+    """Call ``destroy()`` on every instance, in parallel threads; best effort, never raises.
 
     Falls back to one after the other where no thread can be started (interpreter shutdown).
     """
@@ -99,9 +99,9 @@ def terminate_all(instances: Iterable[Resource], *, timeout: float = TERMINATE_T
 
     def one(r: Resource) -> None:
         try:
-            r.terminate_sync()
+            r.destroy()
         except Exception:  # pragma: no cover - best effort while dying
-            log.debug("terminate_sync failed for %r", r, exc_info=True)
+            log.debug("destroy failed for %r", r, exc_info=True)
 
     if len(items) <= 1:
         for r in items:
@@ -121,14 +121,14 @@ def terminate_all(instances: Iterable[Resource], *, timeout: float = TERMINATE_T
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-def close_all_sync() -> None:
+def close_all() -> None:
     """Tear down every live instance of every manager this process made and has not closed (synchronously)."""
     pid = os.getpid()
     with _lock:
         managers = [m for m, owner in list(_live_managers.items()) if owner == pid and not m.closed]
     for m in managers:
         try:
-            m.close_sync()
+            m.close()
         except Exception:  # pragma: no cover - best effort while dying
             log.debug("closing manager %s failed", m.id, exc_info=True)
 
@@ -137,11 +137,11 @@ def _close_all_at_exit() -> None:
     """Interpreter exit: tear down every live manager's instances, then stop the background loop.
 
     Thread pools refuse new work at this point, so no coroutine (and no ``release()``) runs;
-    each resource's ``terminate_sync()`` does the work.
+    each resource's ``destroy()`` does the work.
     """
     from ..utils.aio import shutdown_background_loop
 
-    close_all_sync()
+    close_all()
     shutdown_background_loop()
 
 
@@ -151,7 +151,7 @@ _prev_sigterm = None
 def _on_sigterm(signum, frame) -> None:
     """SIGTERM: tear down every live manager's instances, then behave as the previous handler did."""
     try:
-        close_all_sync()
+        close_all()
     except Exception:  # pragma: no cover - best effort while dying
         pass
     prev = _prev_sigterm

@@ -83,7 +83,7 @@ def shutdown_background_loop() -> None:
     """Stop the background loop (used at interpreter exit, after resources were torn down).
 
     At exit no coroutine is run: thread pools refuse new work by then, so resources are
-    torn down synchronously (:meth:`ResourceManager.close_sync`) by the caller.
+    torn down synchronously (:meth:`ResourceManager.close`) by the caller.
     """
     global _loop
     loop = _loop

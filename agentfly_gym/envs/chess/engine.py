@@ -68,13 +68,13 @@ def find_stockfish(path: str | os.PathLike | None = None) -> str:
         "`apt-get install stockfish`, macOS: `brew install stockfish`) or pass stockfish_path=<executable>.")
 
 
-def engine_spec(path: str, *, max_engines: int = 4, threads: int = 1, hash_mb: int = 16,
+def engine_spec(path: str, *, max_instances: int = 4, threads: int = 1, hash_mb: int = 16,
                 max_idle_time: float | None = 300.0) -> InProcessSpec:
     """The resource spec of a pool of Stockfish engines.
 
     Args:
         path: the Stockfish executable (see :func:`find_stockfish`).
-        max_engines: pool capacity: the most Stockfish processes alive at once for this spec.
+        max_instances: pool capacity: the most Stockfish processes alive at once for this spec.
         threads: the UCI ``Threads`` option per engine.
         hash_mb: the UCI ``Hash`` option per engine, in MiB.
         max_idle_time: seconds an idle engine waits for the next episode before it is stopped (as
@@ -83,14 +83,14 @@ def engine_spec(path: str, *, max_engines: int = 4, threads: int = 1, hash_mb: i
     Raises:
         ConfigError: a value is out of range.
     """
-    if not isinstance(max_engines, int) or max_engines < 1:
-        raise ConfigError(f"max_engines={max_engines!r} must be an integer >= 1")
+    if not isinstance(max_instances, int) or max_instances < 1:
+        raise ConfigError(f"max_instances={max_instances!r} must be an integer >= 1")
     if not isinstance(threads, int) or threads < 1:
         raise ConfigError(f"engine_threads={threads!r} must be an integer >= 1")
     if not isinstance(hash_mb, int) or hash_mb < 1:
         raise ConfigError(f"engine_hash_mb={hash_mb!r} must be an integer >= 1 (MiB)")
     return InProcessSpec(factory=ENGINE_FACTORY, kwargs={"path": path, "threads": threads, "hash_mb": hash_mb},
-                         max_instances=max_engines, max_idle_time=max_idle_time, start_timeout=60.0,
+                         max_instances=max_instances, max_idle_time=max_idle_time, start_timeout=60.0,
                          close_timeout=15.0, name="stockfish")
 
 

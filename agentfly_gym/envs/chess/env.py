@@ -114,7 +114,7 @@ class ChessEnv(BoardView, AgentFlyEnv):
 
     Play mode: the agent plays ``agent_color`` against Stockfish at ``skill_level`` and ``engine_depth`` /
     ``engine_movetime``; the engine (an :class:`~agentfly_gym.resources.InProcessSpec` resource, one
-    Stockfish process per instance, at most ``max_engines`` alive per manager) is acquired at reset, reset
+    Stockfish process per instance, at most ``max_instances`` alive per manager) is acquired at reset, reset
     (``ucinewgame`` + cleared hash) whenever the pool hands it to a new episode, and released when the
     episode ends.  A game is drawn only when the position on the board is really drawn (see
     :func:`game_outcome`): stalemate, insufficient material, a threefold or fivefold repetition that has
@@ -162,7 +162,7 @@ class ChessEnv(BoardView, AgentFlyEnv):
         max_moves: agent moves after which a game without result is truncated (play mode).
         expert_depth: search depth of :meth:`expert_action` in play mode (full strength).
         stockfish_path: the Stockfish executable (default: ``stockfish`` on PATH, then ``/usr/games``).
-        max_engines: capacity of the Stockfish pool of the manager (Stockfish processes at once).
+        max_instances: capacity of the Stockfish pool of the manager (Stockfish processes at once).
         engine_threads, engine_hash_mb: UCI ``Threads`` and ``Hash`` (MiB) of each engine.
         show_legal_moves: also list the legal moves in every observation (always in ``info``).
         manager, step_timeout, reset_timeout, max_episode_steps, render_mode: see :class:`AgentFlyEnv`.
@@ -184,7 +184,7 @@ class ChessEnv(BoardView, AgentFlyEnv):
                  puzzles_file: str | os.PathLike | None = None, min_rating: int | None = None,
                  max_rating: int | None = None, agent_color: str = "white", skill_level: int | None = 3,
                  engine_depth: int | None = 8, engine_movetime: float | None = None, max_moves: int = 150,
-                 expert_depth: int = 12, stockfish_path: str | os.PathLike | None = None, max_engines: int = 4,
+                 expert_depth: int = 12, stockfish_path: str | os.PathLike | None = None, max_instances: int = 4,
                  engine_threads: int = 1, engine_hash_mb: int = 16, show_legal_moves: bool = False,
                  manager: ResourceManager | None = None, step_timeout: float | None = 60.0,
                  reset_timeout: float | None = 300.0, max_episode_steps: int | None = None,
@@ -219,7 +219,7 @@ class ChessEnv(BoardView, AgentFlyEnv):
         self.max_moves, self.expert_depth = max_moves, expert_depth
         self.show_legal_moves = bool(show_legal_moves)
         self._stockfish_path = stockfish_path
-        self._engine_args = dict(max_engines=max_engines, threads=engine_threads, hash_mb=engine_hash_mb)
+        self._engine_args = dict(max_instances=max_instances, threads=engine_threads, hash_mb=engine_hash_mb)
         self._engine_spec_cache = None
         if mode == "play":
             self._engine_spec_cache = engine_spec(find_stockfish(stockfish_path), **self._engine_args)

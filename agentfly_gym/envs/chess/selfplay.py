@@ -15,7 +15,7 @@ where PettingZoo's own environments live, as a module with ``env()`` / ``raw_env
 
 The board of a game is a resource like every other environment's backing state: an
 :class:`~agentfly_gym.resources.InProcessSpec` instance of :class:`SelfPlayBoard` (one per running
-game, at most ``max_games`` per manager), acquired at reset in the game's rollout scope, reset when
+game, at most ``max_instances`` per manager), acquired at reset in the game's rollout scope, reset when
 the pool hands it to a new game and released when the game ends.  :meth:`ChessSelfPlayEnv.expert_action`
 additionally acquires a Stockfish engine (as Chess-v0's expert) for a scripted opponent.
 """
@@ -137,15 +137,15 @@ class SelfPlayBoardProxy(ObjectProxy):
     play = forward(SelfPlayBoard.play)
 
 
-def board_spec(max_games: int = 64) -> InProcessSpec:
-    """The resource spec of the pool of self-play boards (at most ``max_games`` games at once).
+def board_spec(max_instances: int = 64) -> InProcessSpec:
+    """The resource spec of the pool of self-play boards (at most ``max_instances`` games at once).
 
     Raises:
-        ConfigError: ``max_games`` is not an integer >= 1.
+        ConfigError: ``max_instances`` is not an integer >= 1.
     """
-    if not isinstance(max_games, int) or isinstance(max_games, bool) or max_games < 1:
-        raise ConfigError(f"max_games={max_games!r} must be an integer >= 1")
-    return InProcessSpec(factory=BOARD_FACTORY, kwargs={}, max_instances=max_games, start_timeout=30.0,
+    if not isinstance(max_instances, int) or isinstance(max_instances, bool) or max_instances < 1:
+        raise ConfigError(f"max_instances={max_instances!r} must be an integer >= 1")
+    return InProcessSpec(factory=BOARD_FACTORY, kwargs={}, max_instances=max_instances, start_timeout=30.0,
                          close_timeout=5.0, name="chess-board")
 
 
@@ -190,7 +190,7 @@ class ChessSelfPlayEnv(BoardView, EnvResources, AECEnv):
         max_moves: plies (moves of both sides) after which a game without result is truncated.
         max_invalid_moves: rejected moves in a row in one turn after which the agent forfeits;
             None for no limit (the agent may retry forever).
-        max_games: capacity of the board pool of the manager (games at once).
+        max_instances: capacity of the board pool of the manager (games at once).
         show_legal_moves: list the legal moves in the observation of the side to move.
         expert_depth: search depth of :meth:`expert_action` (Stockfish at full strength).
         stockfish_path: the Stockfish executable for :meth:`expert_action` (found on first use).
@@ -215,7 +215,7 @@ class ChessSelfPlayEnv(BoardView, EnvResources, AECEnv):
     max_observation_length: ClassVar[int] = 1 << 16
     max_action_length: ClassVar[int] = 1 << 16
 
-    def __init__(self, *, max_moves: int = 200, max_invalid_moves: int | None = 3, max_games: int = 64,
+    def __init__(self, *, max_moves: int = 200, max_invalid_moves: int | None = 3, max_instances: int = 64,
                  show_legal_moves: bool = True, expert_depth: int = 8, stockfish_path: str | None = None,
                  manager: ResourceManager | None = None, render_mode: str | None = None) -> None:
         super().__init__()
@@ -232,7 +232,7 @@ class ChessSelfPlayEnv(BoardView, EnvResources, AECEnv):
         self.show_legal_moves = bool(show_legal_moves)
         self.expert_depth = expert_depth
         self.render_mode = render_mode
-        self._board_spec = board_spec(max_games)
+        self._board_spec = board_spec(max_instances)
         self._stockfish_path = stockfish_path
         self._engine_spec = None
         self._manager = manager
@@ -403,7 +403,7 @@ class ChessSelfPlayEnv(BoardView, EnvResources, AECEnv):
             raise ResetNeeded("ChessSelfPlay: no game is running; call reset() first")
         if self._engine is None:
             if self._engine_spec is None:
-                self._engine_spec = engine_spec(find_stockfish(self._stockfish_path), max_engines=4)
+                self._engine_spec = engine_spec(find_stockfish(self._stockfish_path), max_instances=4)
             self._engine = EngineProxy(await self._scope.acquire(self._engine_spec))
         move = await self._engine.best_move(self._board.copy(), depth=self.expert_depth)
         return move.uci()

@@ -59,7 +59,7 @@ __all__ = ["DOCKER_IMAGE", "SYSTEM_PROMPT", "R2EAgentPrompt", "R2EGymEnv"]
 
 log = logging.getLogger(__name__)
 
-#: The generic Docker image of local tasks, built by ``agentfly_gym.images.build_image("envs/r2egym")``.
+#: The generic Docker image of local tasks, built by ``agentfly_gym.resources.containers.images.build_image("envs/r2egym")``.
 DOCKER_IMAGE = "agentfly/r2egym:latest"
 #: Where the tool script, its state and grading files live inside the container (not in /testbed).
 TOOLS_DIR = "/tmp/.afg_r2e"
@@ -179,7 +179,7 @@ class R2EGymEnv(AgentFlyEnv):
         cpus, memory, pids: container limits (cores, bytes or ``"2g"``, processes).
         disk: limit on what an episode may write in its container (bytes or ``"1g"``; ``None``: no
             limit): a model that fills the disk ends its own episode, never the host's disk.
-        max_containers: pool capacity (containers alive at once for this spec).
+        max_instances: pool capacity (containers alive at once for this spec).
         max_idle_time: seconds a container the pool keeps idle waits for the next episode before it
             is removed (default 300, ``ContainerSpec``'s); ``None`` keeps it until the manager closes.
         bash_timeout: seconds an ``execute_bash`` command may run before it is killed.
@@ -228,7 +228,7 @@ class R2EGymEnv(AgentFlyEnv):
     def __init__(self, *, tasks: str | os.PathLike | Sequence[R2ETask] | None = None, backend: str = "auto",
                  image: str | None = None, cpus: float = 1.0, memory: int | str | None = "2g", pids: int = 512,
                  disk: int | str | None = "1g",
-                 max_containers: int = 4, max_idle_time: float | None = 300.0, bash_timeout: float = 90.0,
+                 max_instances: int = 4, max_idle_time: float | None = 300.0, bash_timeout: float = 90.0,
                  test_timeout: float = 300.0,
                  max_output: int = 10_000, max_episode_steps: int | None = 40, step_timeout: float | None = None,
                  grading: str = "isolated",
@@ -243,8 +243,8 @@ class R2EGymEnv(AgentFlyEnv):
                 raise ConfigError(f"{name}={v!r} must be > 0 seconds")
         if not isinstance(max_output, int) or max_output < 100:
             raise ConfigError(f"max_output={max_output!r} must be an integer >= 100 characters")
-        if not isinstance(max_containers, int) or max_containers < 1:
-            raise ConfigError(f"max_containers={max_containers!r} must be an integer >= 1")
+        if not isinstance(max_instances, int) or max_instances < 1:
+            raise ConfigError(f"max_instances={max_instances!r} must be an integer >= 1")
         # isolated grading also exports the diff and prepares a fresh container (a start when none is idle)
         extra = 180.0 if grading == "isolated" else 0.0
         super().__init__(manager=manager, step_timeout=step_timeout or (bash_timeout + test_timeout + 60.0 + extra),
@@ -267,7 +267,7 @@ class R2EGymEnv(AgentFlyEnv):
         self.backend = backend
         self.image = image
         self.cpus, self.memory, self.pids, self.disk = cpus, memory, pids, disk
-        self.max_containers = max_containers
+        self.max_instances = max_instances
         check_max_idle_time(max_idle_time)
         self.max_idle_time = max_idle_time
         self.bash_timeout, self.test_timeout, self.max_output = bash_timeout, test_timeout, max_output
@@ -284,7 +284,7 @@ class R2EGymEnv(AgentFlyEnv):
         """The container spec of ``task``: one generic spec for all local tasks (``image``, else the
         project's R2E image on Docker and the host's system in the sandbox), the row's image otherwise."""
         common = {"cpus": self.cpus, "memory": self.memory, "pids": self.pids, "disk": self.disk,
-                  "workdir": TESTBED, "max_instances": self.max_containers, "max_idle_time": self.max_idle_time,
+                  "workdir": TESTBED, "max_instances": self.max_instances, "max_idle_time": self.max_idle_time,
                   "name": "r2egym"}
         if task.local:
             if self.image is not None:

@@ -101,7 +101,7 @@ class ScienceWorldEnv(AgentFlyEnv):
             under both except where plants must be watered by hand under ``""`` (grow-fruit and
             mendelian-genetics: up to 15 steps longer; ``benchmarks/results/scienceworld_gold_paths.json``).
         with_admissible_actions: add ``info["admissible_actions"]`` on reset and every step.
-        max_simulators: the most ScienceWorld JVMs the manager runs for envs with these settings;
+        max_instances: the most ScienceWorld JVMs the manager runs for envs with these settings;
             further episodes wait for a free one.  With the default heap a JVM holds ~120 MB at its
             first reset and 185-510 MB resident while episodes run (mean ~330 MB: its heap grows
             towards ``-Xmx400m`` and is partly given back after collections; 4 JVMs over 80
@@ -132,7 +132,7 @@ class ScienceWorldEnv(AgentFlyEnv):
     reset_options = _RESET_OPTIONS
 
     def __init__(self, *, task_name: str | int | None = None, variation: int | None = None, split: str = "train",
-                 simplification: str = "easy", with_admissible_actions: bool = False, max_simulators: int = 4,
+                 simplification: str = "easy", with_admissible_actions: bool = False, max_instances: int = 4,
                  java_heap: str | None = "400m", max_idle_time: float | None = 300.0,
                  manager: ResourceManager | None = None,
                  step_timeout: float | None = 60.0, reset_timeout: float | None = 900.0,
@@ -144,9 +144,9 @@ class ScienceWorldEnv(AgentFlyEnv):
         self.default_split = self._check_split(split)
         self.default_simplification = check_simplification(simplification, self.default_task_name)
         self.with_admissible_actions = bool(with_admissible_actions)
-        if isinstance(max_simulators, bool) or not isinstance(max_simulators, int) or max_simulators < 1:
-            raise ConfigError(f"max_simulators={max_simulators!r} must be an integer >= 1")
-        self.resource_spec = self.simulator_spec(max_simulators=max_simulators, java_heap=java_heap,
+        if isinstance(max_instances, bool) or not isinstance(max_instances, int) or max_instances < 1:
+            raise ConfigError(f"max_instances={max_instances!r} must be an integer >= 1")
+        self.resource_spec = self.simulator_spec(max_instances=max_instances, java_heap=java_heap,
                                                  max_idle_time=max_idle_time)
         self._sim: ScienceWorldProxy | None = None
         self._admissible = self.with_admissible_actions
@@ -157,14 +157,14 @@ class ScienceWorldEnv(AgentFlyEnv):
         return [self.resource_spec]
 
     @staticmethod
-    def simulator_spec(*, max_simulators: int = 4, java_heap: str | None = "400m",
+    def simulator_spec(*, max_instances: int = 4, java_heap: str | None = "400m",
                        max_idle_time: float | None = 300.0) -> InProcessSpec:
         """The pool spec of the simulators: envs with equal settings share one pool of JVMs.
 
         Raises:
             ConfigError: ``max_idle_time`` is not ``None`` or a number of seconds > 0.
         """
-        return InProcessSpec(factory=FACTORY, kwargs={"java_heap": java_heap}, max_instances=max_simulators,
+        return InProcessSpec(factory=FACTORY, kwargs={"java_heap": java_heap}, max_instances=max_instances,
                              max_idle_time=max_idle_time, start_timeout=120.0, close_timeout=30.0,
                              name="scienceworld")
 

@@ -69,13 +69,13 @@ class WebShopEnv(AgentFlyEnv):
         show_attrs: show the Attributes button on item pages.
         price_seed: seed of the catalog's price draws (see :mod:`.catalog`).
         spacy_model: spaCy model for the reward's noun matching.
-        server_mode: ``"inprocess"`` (default; the server runs on its own thread in this process) or
+        isolation: ``"thread"`` (default; the server runs on its own thread in this process) or
             ``"process"`` (a child process: ``InProcessSpec(isolation="process")``; it dies with this
             process, and a crashed server ends the running episodes with a handled fault and is
             restarted at the next reset).
-        server_idle_time: seconds the shared server stays up once every env using it has been closed,
+        max_idle_time: seconds the shared server stays up once every env using it has been closed,
             so that envs made one after another (a training loop) reuse it warm (default 300); then it
-            is stopped (its child process with it in ``"process"`` mode, its memory in ``"inprocess"``
+            is stopped (its child process with it in ``"process"`` mode, its memory in ``"thread"``
             mode), and the next env starts a new one.  ``None`` keeps it until the resource manager
             closes (the default manager: process exit).  Close envs (``env.close()``) for this to apply.
         search_requires_search_bar: refuse ``search[...]`` outside the search page (default False:
@@ -109,17 +109,17 @@ class WebShopEnv(AgentFlyEnv):
                  attributes_file: str | None = None, human_file: str | None = None, human_goals: bool = False,
                  num_products: int | None = None, split: str = "all", observation_mode: str = "text",
                  show_attrs: bool = False, price_seed: int = 42, spacy_model: str = DEFAULT_SPACY_MODEL,
-                 server_mode: str = "inprocess", search_requires_search_bar: bool = False,
-                 server_idle_time: float | None = 300.0, max_episode_steps: int | None = 15, **kwargs: Any) -> None:
+                 isolation: str = "thread", search_requires_search_bar: bool = False,
+                 max_idle_time: float | None = 300.0, max_episode_steps: int | None = 15, **kwargs: Any) -> None:
         super().__init__(max_episode_steps=max_episode_steps, **kwargs)
         if observation_mode not in OBSERVATION_MODES:
             raise ConfigError(f"observation_mode={observation_mode!r} is not one of {OBSERVATION_MODES}")
         self._check_split(split)
-        if server_mode not in ("inprocess", "process"):
-            raise ConfigError(f"server_mode={server_mode!r} is not 'inprocess' or 'process'")
-        seconds = isinstance(server_idle_time, (int, float)) and not isinstance(server_idle_time, bool)
-        if server_idle_time is not None and not (seconds and server_idle_time > 0):
-            raise ConfigError(f"server_idle_time={server_idle_time!r} must be None or a number of seconds > 0")
+        if isolation not in ("thread", "process"):
+            raise ConfigError(f"isolation={isolation!r} is not 'thread' or 'process'")
+        seconds = isinstance(max_idle_time, (int, float)) and not isinstance(max_idle_time, bool)
+        if max_idle_time is not None and not (seconds and max_idle_time > 0):
+            raise ConfigError(f"max_idle_time={max_idle_time!r} must be None or a number of seconds > 0")
         if num_products is not None and (isinstance(num_products, bool) or not isinstance(num_products, int) or num_products < 1):
             raise ConfigError(f"num_products={num_products!r} must be None or an integer >= 1")
         folder = resolve_data_dir("webshop", data_dir, how_to_get=HOW_TO_GET,
@@ -130,14 +130,14 @@ class WebShopEnv(AgentFlyEnv):
         self.observation_mode = observation_mode
         self.split = split
         self.server_spec = InProcessSpec(
-            factory=SERVER_FACTORY, isolation="thread" if server_mode == "inprocess" else "process",
+            factory=SERVER_FACTORY, isolation=isolation,
             kwargs={"products_path": str(products.resolve()),
                     "attributes_path": str(attributes.resolve()),
                     "human_path": str(human.resolve()) if human is not None else None,
                     "num_products": num_products, "human_goals": bool(human_goals), "show_attrs": bool(show_attrs),
                     "price_seed": int(price_seed), "spacy_model": spacy_model,
                     "search_requires_search_bar": bool(search_requires_search_bar)},
-            max_instances=1, start_timeout=900.0, max_idle_time=server_idle_time, name="webshop-server")
+            max_instances=1, start_timeout=900.0, max_idle_time=max_idle_time, name="webshop-server")
         self._server: WebShopServerProxy | None = None
         self._session: str | None = None
         self._split_cache: dict[str, list[int]] = {}
@@ -157,7 +157,7 @@ class WebShopEnv(AgentFlyEnv):
 
     async def aclose(self) -> None:
         """End the running episode and stop using the shared server: once no open env uses it, it is
-        stopped after ``server_idle_time`` seconds (see the class docstring)."""
+        stopped after ``max_idle_time`` seconds (see the class docstring)."""
         await super().aclose()
         server, self._server = self._server, None
         manager = self._manager
@@ -219,7 +219,7 @@ class WebShopEnv(AgentFlyEnv):
                 if attempt:
                     raise
                 log.warning("WebShop server died; starting a new one")
-                await self.manager.release_global(self.server_spec)
+                await self.manager.destroy_global(self.server_spec)
                 self._server = None
         self._session = self.episode_id
         self._task_id = str(idx)

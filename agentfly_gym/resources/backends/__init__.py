@@ -25,11 +25,11 @@ It never sees the manager, the pool or other instances.  The instance implements
 ``self._status`` (a :class:`~agentfly_gym.resources.base.ResourceStatus`) current as it goes, e.g.
 ``READY`` at the end of ``start`` and ``STOPPED`` in ``release``: ``repr``, ``describe()`` and
 ``agentfly-gym resources`` read it (and
-``park``, ``terminate_sync`` for exit-time cleanup, ``describe``); container backends implement
+``park``, ``destroy`` for exit-time cleanup, ``describe``); container backends implement
 :class:`~agentfly_gym.resources.containers.api.ContainerResource` too, so tools and environments run
 unchanged on them.  Pools (:mod:`agentfly_gym.resources.pool`) do the rest: capacity, waiting,
 reuse, health checks, replacement; the manager's teardown (:mod:`agentfly_gym.resources.teardown`)
-calls ``terminate_sync`` at exit and on SIGTERM.
+calls ``destroy`` at exit and on SIGTERM.
 
 Adding a backend
 ----------------

@@ -118,7 +118,7 @@ class ModelAPIResource(Resource):
     async def status(self) -> ResourceStatus:
         return self._status
 
-    async def release(self) -> None:
+    async def adestroy(self) -> None:
         client, self._client = self._client, None
         self._status = ResourceStatus.STOPPED
         if client is not None:

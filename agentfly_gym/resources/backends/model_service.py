@@ -144,10 +144,10 @@ class ModelServiceResource(Resource):
             self._status = ResourceStatus.UNHEALTHY
         return self._status
 
-    async def release(self) -> None:
-        await asyncio.to_thread(self.terminate_sync)
+    async def adestroy(self) -> None:
+        await asyncio.to_thread(self.destroy)
 
-    def terminate_sync(self) -> None:
+    def destroy(self) -> None:
         proc, self.proc = self.proc, None
         self._status = ResourceStatus.STOPPED
         if proc is None or proc.poll() is not None:

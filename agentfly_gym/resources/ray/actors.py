@@ -306,9 +306,9 @@ class PoolActor:
         for key, holders in list(self._global_holders.items()):
             holders.discard(client_id)
             if not holders:
-                await self.release_global(key)
+                await self.destroy_global(key)
         if not self._clients:
-            await self.shutdown()
+            await self.aclose()
         return len(self._clients)
 
     # ------------------------------------------------------------------ acquire / release
@@ -383,7 +383,7 @@ class PoolActor:
                 else:
                     self._promised -= 1
                     self._wake()
-            if fut.cancelled():  # shutdown() or cancel() (on the client's behalf) dropped this wait
+            if fut.cancelled():  # aclose() or cancel() (on the client's behalf) dropped this wait
                 if self._closed:
                     raise PoolClosedError(f"the cluster pool of {self.spec.label} shut down") from None
                 raise ResourceError(f"acquisition {lease_id} of {self.spec.label} was cancelled by its client") from None
@@ -588,14 +588,14 @@ class PoolActor:
             self._global_holders.setdefault(key, set()).add(client_id)
             return grant
 
-    async def release_global(self, key: str, discard: bool = True) -> None:
+    async def destroy_global(self, key: str, discard: bool = True) -> None:
         """Stop the shared instance for ``key`` (also when one holder found it dead)."""
         lease_id = self._globals.pop(key, None)
         self._global_holders.pop(key, None)
         if lease_id is not None:
             await self.release(lease_id, discard=discard)
 
-    # ------------------------------------------------------------------ metrics, shutdown
+    # ------------------------------------------------------------------ metrics, close
     def snapshot(self) -> dict[str, Any]:
         """Cluster-wide: in use, idle, waiting, starting, live, capacity, started, reused, died, peak live,
         acquire wait mean/max and start mean (seconds), clients; plus the figures runner summaries read under
@@ -616,7 +616,7 @@ class PoolActor:
                 "instances": {i.id: {"node_id": i.node_id, "pid": i.pid, "uses": i.uses}
                               for i in self._instances.values()}}
 
-    async def shutdown(self) -> None:
+    async def aclose(self) -> None:
         """Stop every instance and fail every waiter; the pool accepts nothing afterwards."""
         self._closed = True
         if self._watch is not None and self._watch is not asyncio.current_task():

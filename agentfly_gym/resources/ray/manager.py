@@ -219,9 +219,9 @@ class RayResource(Resource):
         self._status = ResourceStatus(value)
         return self._status
 
-    async def release(self) -> None:
+    async def adestroy(self) -> None:
         """Return the lease to the cluster pool (stopping the instance when it is dead); idempotent."""
-        self._pool.release_nowait(self, discard=self._dead is not None)
+        self._pool._release_nowait(self, discard=self._dead is not None)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -341,7 +341,7 @@ class RayPool:
             raise PoolClosedError(f"the cluster pool of {self.spec.label} died ({type(e).__name__}); "
                                   "the next acquisition makes a new one") from None
 
-    def release_nowait(self, res: RayResource, *, discard: bool = False) -> None:
+    def _release_nowait(self, res: RayResource, *, discard: bool = False) -> None:
         """Return ``res``'s lease without waiting (so it also runs under cancellation and at shutdown)."""
         if self._leases.pop(res.lease_id, None) is None:
             return
@@ -353,7 +353,7 @@ class RayPool:
 
     async def release(self, res: RayResource, *, discard: bool = False) -> None:
         """Return ``res``; ``discard=True`` stops the instance instead of reusing it."""
-        self.release_nowait(res, discard=discard)
+        self._release_nowait(res, discard=discard)
 
     async def prewarm(self, n: int | None = None) -> None:
         """Start ``n`` (default ``spec.min_idle``) instances now and leave them idle in the cluster pool."""
@@ -361,19 +361,19 @@ class RayPool:
         leases = await asyncio.gather(*(self.acquire() for _ in range(n)), return_exceptions=True)
         for r in leases:
             if isinstance(r, RayResource):
-                self.release_nowait(r)
+                self._release_nowait(r)
 
 
 class RayRolloutScope(RolloutScope):
     """Resources held by one rollout, as :class:`~agentfly_gym.resources.RolloutScope` but leased from the
     cluster pools: the same instance per spec key for the whole scope, all returned when it ends.  Leases go
-    back with ``release_nowait`` (one actor message, no wait), so ``aclose`` never yields."""
+    back with ``_release_nowait`` (one actor message, no wait), so ``aclose`` never yields."""
 
     def _pool_of(self, key: str, lease: Resource) -> Any:
         return lease._pool
 
     async def _give_back(self, pool: Any, lease: Resource, *, discard: bool = False) -> None:
-        pool.release_nowait(lease, discard=discard)
+        pool._release_nowait(lease, discard=discard)
 
 
 class RayResourceManager:
@@ -486,7 +486,7 @@ class RayResourceManager:
         """The shared instance of ``spec``: one per cluster, or one per node with ``global_scope="node"``.
 
         Every process that asks gets the same instance; it is stopped when the last process holding it closes
-        its manager, or by :meth:`release_global`.  Global resources are never reset between users.  A dead one
+        its manager, or by :meth:`destroy_global`.  Global resources are never reset between users.  A dead one
         is replaced on the next call.  ``user`` is accepted for the local manager's API and not tracked: on a
         cluster the instance's lifetime follows the processes' managers, not single envs (see
         :meth:`leave_global`).
@@ -498,7 +498,7 @@ class RayResourceManager:
         async with self._global_locks.setdefault(key, asyncio.Lock()):
             r = self._globals.get(key)
             if r is not None and r.dead is not None:
-                await self.release_global(spec)
+                await self.destroy_global(spec)
                 r = None
             if r is None:
                 pool = self.pool(spec)
@@ -516,13 +516,13 @@ class RayResourceManager:
         """Nothing: a cluster-wide global instance stays until the last process using it closes its manager
         (:meth:`aclose`, or at exit and on SIGTERM), since other processes' envs may still use it."""
 
-    async def release_global(self, spec: ResourceSpec) -> None:
+    async def destroy_global(self, spec: ResourceSpec) -> None:
         """Stop the shared instance of ``spec`` (for every process using it)."""
         r = self._globals.pop(spec.key, None)
         pool = self._pools.get(spec.key)
         if r is not None and pool is not None:
             try:
-                await pool.handle.release_global.remote(getattr(r, "_global_key", "cluster"))
+                await pool.handle.destroy_global.remote(getattr(r, "_global_key", "cluster"))
             except _ray().exceptions.RayActorError:
                 pass
 
@@ -559,9 +559,9 @@ class RayResourceManager:
         pool's instances and its actor.  Idempotent."""
         if self._closed:
             return
-        await asyncio.to_thread(self.close_sync)
+        await asyncio.to_thread(self.close)
 
-    def close_sync(self, timeout: float = 60.0) -> None:
+    def close(self, timeout: float = 60.0) -> None:
         """Synchronous :meth:`aclose` (interpreter exit, SIGTERM)."""
         if self._closed:
             return

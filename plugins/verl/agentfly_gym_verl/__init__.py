@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["config_path", "AgentFlyAgentLoop", "VerlServerPolicy", "build_dataset", "dataset_main", "get_manager",
-           "shutdown", "ashutdown", "failure_metrics", "SelfPlayAgentLoop", "selfplay_rows"]
+           "close", "aclose", "failure_metrics", "SelfPlayAgentLoop", "selfplay_rows"]
 
 _LAZY = {
     "AgentFlyAgentLoop": "agent_loop",
@@ -22,8 +22,8 @@ _LAZY = {
     "build_dataset": "dataset",
     "dataset_main": "dataset",
     "get_manager": "runtime",
-    "shutdown": "runtime",
-    "ashutdown": "runtime",
+    "close": "runtime",
+    "aclose": "runtime",
     "failure_metrics": "runtime",
     "SelfPlayAgentLoop": "selfplay",
     "selfplay_rows": "selfplay",

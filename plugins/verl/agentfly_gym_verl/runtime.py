@@ -4,7 +4,7 @@ verl builds a new agent-loop object for every trajectory, so pools cannot live o
 They live here, at module level: :func:`get_manager` returns one
 :class:`~agentfly_gym.resources.ResourceManager` per process, created lazily inside the running
 event loop (a manager belongs to one loop), so simulators, engines and containers are reused
-across all trajectories of a worker.  :func:`shutdown` / :func:`ashutdown` release everything
+across all trajectories of a worker.  :func:`close` / :func:`aclose` release everything
 (the manager also tears its instances down at interpreter exit as a last resort).
 With ``AGENTFLY_GYM_MANAGER=ray`` (or ``auto``: Ray when running inside a Ray job, as verl's workers do)
 that manager is a :class:`~agentfly_gym.resources.ray.RayResourceManager`, so every agent-loop worker of
@@ -22,7 +22,7 @@ from typing import Any
 from agentfly_gym.resources.manager import ResourceManager
 from agentfly_gym.resources.ray.select import manager_from_environment
 
-__all__ = ["get_manager", "shutdown", "ashutdown", "chat_tokenizer", "record_failure", "failure_metrics",
+__all__ = ["get_manager", "close", "aclose", "chat_tokenizer", "record_failure", "failure_metrics",
            "reset_failure_metrics"]
 
 log = logging.getLogger(__name__)
@@ -86,11 +86,11 @@ def get_manager() -> ResourceManager:
         if old_loop is not None and old_loop.is_running() and not old_loop.is_closed():
             asyncio.run_coroutine_threadsafe(old.aclose(), old_loop)
         else:
-            old.close_sync()
+            old.close()
     return _manager
 
 
-async def ashutdown() -> None:
+async def aclose() -> None:
     """Close the worker's manager (every pooled resource is stopped); idempotent.
 
     Call it from the loop that owns the manager; from another loop it closes it synchronously.
@@ -107,15 +107,15 @@ async def ashutdown() -> None:
         await asyncio.to_thread(_close_from_outside, m, m_loop)
 
 
-def shutdown(timeout: float = 120.0) -> None:
-    """Synchronous :func:`ashutdown`, for use outside the manager's loop (e.g. ``atexit``, a
+def close(timeout: float = 120.0) -> None:
+    """Synchronous :func:`aclose`, for use outside the manager's loop (e.g. ``atexit``, a
     test teardown, a Ray actor's exit hook).
 
     Args:
         timeout: seconds to wait for an orderly close when the owning loop runs in another thread.
 
     Raises:
-        RuntimeError: called from inside the loop that owns the manager (await :func:`ashutdown` there).
+        RuntimeError: called from inside the loop that owns the manager (await :func:`aclose` there).
     """
     global _manager, _manager_loop
     with _lock:
@@ -126,8 +126,8 @@ def shutdown(timeout: float = 120.0) -> None:
             except RuntimeError:
                 running = None
             if running is m_loop:
-                raise RuntimeError("agentfly_gym_verl.shutdown() called inside the manager's own event loop; "
-                                   "use `await agentfly_gym_verl.ashutdown()` there")
+                raise RuntimeError("agentfly_gym_verl.close() called inside the manager's own event loop; "
+                                   "use `await agentfly_gym_verl.aclose()` there")
         _manager, _manager_loop = None, None
     if m is None or m.closed:
         return
@@ -148,7 +148,7 @@ def _close_from_outside(m: ResourceManager, loop: asyncio.AbstractEventLoop | No
             return
         except RuntimeError as e:
             log.warning("closing the resource manager on its loop failed (%s); closing synchronously", e)
-    m.close_sync()
+    m.close()
 
 
 def chat_tokenizer(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> Any:

@@ -41,7 +41,7 @@ instance idle) does it at once, so no process of the last episode keeps running 
 next acquisition finds a fresh container ready.
 
 Cleanup: :meth:`DockerContainer.release` removes the container (``manager.aclose()`` releases
-every pool); :meth:`DockerContainer.terminate_sync` is called at interpreter exit and on SIGTERM by
+every pool); :meth:`DockerContainer.destroy` is called at interpreter exit and on SIGTERM by
 the manager's teardown (:mod:`agentfly_gym.resources.teardown`); what a killed process left is
 removed by :func:`..ownership.reap_docker_orphans` (``agentfly-gym resources gc``).
 """

@@ -380,17 +380,17 @@ class DockerContainer(ContainerResource):
         except docker.errors.NotFound:
             return None
 
-    async def release(self) -> None:
+    async def adestroy(self) -> None:
         fut = self._park_future
         if fut is not None:  # let a replacement in flight finish, so its container is removed too
             with contextlib.suppress(BaseException):
                 await asyncio.shield(asyncio.wrap_future(fut))
         try:
-            await in_thread(self.terminate_sync)
+            await in_thread(self.destroy)
         except Exception:  # never raises
             log.warning("releasing %r failed", self, exc_info=True)
 
-    def terminate_sync(self) -> None:
+    def destroy(self) -> None:
         with self._lock:
             if self._released:
                 return

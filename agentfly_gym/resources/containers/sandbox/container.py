@@ -523,7 +523,7 @@ class SandboxContainer(ContainerResource):
             self._status = ResourceStatus.UNHEALTHY
         return self._status
 
-    async def release(self) -> None:
+    async def adestroy(self) -> None:
         """Kill every process, remove the cgroup and the private folder; idempotent, never raises."""
         if self._released:
             return
@@ -534,7 +534,7 @@ class SandboxContainer(ContainerResource):
         except Exception:
             log.warning("release of sandbox %s failed", self.name, exc_info=True)
 
-    def terminate_sync(self) -> None:
+    def destroy(self) -> None:
         """Synchronous teardown (interpreter exit): kill, remove cgroup and private folder."""
         self._released = True
         self._status = ResourceStatus.STOPPED
