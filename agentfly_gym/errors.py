@@ -77,10 +77,6 @@ class NoExpert(EnvError, NotImplementedError):
     """The environment has no expert (``expert_action``); use a model or another baseline policy."""
 
 
-class StepTimeout(EnvError, TimeoutError):
-    """One environment step ran longer than the environment's ``step_timeout``."""
-
-
 class TokenizationError(AgentFlyError):
     """Incremental chat-template tokenization found a template it cannot extend safely."""
 

@@ -299,8 +299,8 @@ class AsyncTextVectorEnv(VectorEnv):
             if n > spec.max_instances:
                 raise ConfigError(
                     f"a batch reset of {n} sub-environments needs {n} instances of {spec.label}, but its pool holds at "
-                    f"most max_instances={spec.max_instances}: raise the env's cap (e.g. max_instances, "
-                    f"max_instances) to >= {n}, or drive sub-environments asynchronously (astep_env, asend/arecv)")
+                    f"most max_instances={spec.max_instances}: raise the env's cap (max_instances=) "
+                    f"to >= {n}, or drive sub-environments asynchronously (astep_env, asend/arecv)")
 
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
         if seed is None:

@@ -296,7 +296,7 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
                 f"{self.env_name}: reset did not finish within reset_timeout={self.reset_timeout}s"
                 + (f"; still waiting for a free instance of: {', '.join(waiting)}. Every running episode holds its "
                    "resource until it ends, so a batch reset of more sub-environments than the pool's capacity "
-                   "cannot finish: raise the env's cap (e.g. max_instances) or "
+                   "cannot finish: raise the env's cap (max_instances=) or "
                    "drive sub-environments asynchronously (astep_env, asend/arecv, the rollout runner)"
                    if waiting else "")) from None
         except BaseException:

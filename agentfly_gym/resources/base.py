@@ -1,4 +1,4 @@
-"""The lifecycle every resource follows: start, reset, status, release."""
+"""The lifecycle every resource follows: start, reset, status, adestroy (destroy at exit)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class ResourceStatus(enum.Enum):
     """Where a resource instance is in its lifecycle.
 
     ``READY`` is the only healthy state a pool hands out; ``UNHEALTHY`` and ``STOPPED``
-    instances are released and replaced.
+    instances are destroyed and replaced.
     """
 
     CREATED = "created"
@@ -69,7 +69,11 @@ class Resource(abc.ABC):
 
     @abc.abstractmethod
     async def adestroy(self) -> None:
-        """Stop the instance and free everything it holds; idempotent, never raises."""
+        """Stop the instance and free everything it holds; idempotent, never raises.
+
+        Called by the pool only: a rollout gives its lease back with ``pool.release(resource)`` (or its
+        scope does), and the pool decides whether the instance is kept for reuse or destroyed.
+        """
 
     async def park(self) -> None:
         """Called by the pool when this instance goes back idle (no waiter took it): stop the last
@@ -79,7 +83,9 @@ class Resource(abc.ABC):
         """
 
     def destroy(self) -> None:
-        """Best-effort synchronous teardown used at interpreter exit; default does nothing."""
+        """Synchronous, best-effort :meth:`adestroy` for interpreter exit and SIGTERM, when no event loop
+        may run (:func:`agentfly_gym.resources.teardown.destroy_all` calls it); idempotent, never raises.
+        Default: nothing (an in-process object dies with the process)."""
 
     def describe(self) -> dict[str, Any]:
         """A small JSON-able summary for logs and metrics."""

@@ -100,7 +100,7 @@ class InProcessResource(Resource):
 
     A start that is abandoned (its caller cancelled or timed out) keeps running on the worker
     thread: whatever the factory eventually returns is closed as soon as it returns, and
-    :meth:`release` waits for that (up to ``spec.start_timeout`` seconds), so the pool counts
+    :meth:`adestroy` waits for that (up to ``spec.start_timeout`` seconds), so the pool counts
     the instance against its capacity until it is really gone.
     """
 

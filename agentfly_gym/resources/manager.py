@@ -235,7 +235,7 @@ class ResourceManager:
     async def acquire_global(self, spec: ResourceSpec, *, user: Any = None) -> Resource:
         """The one process-wide shared instance of ``spec`` (e.g. a WebShop server, an LLM judge).
 
-        Started on first call, returned as is afterwards, released by :meth:`destroy_global`
+        Started on first call, returned as is afterwards, destroyed by :meth:`destroy_global`
         or :meth:`aclose`.  Global resources are never reset between users.
 
         Args:
@@ -289,7 +289,9 @@ class ResourceManager:
             task.add_done_callback(self._global_releases.discard)
 
     async def destroy_global(self, spec: ResourceSpec) -> None:
-        """Stop the global instance of ``spec`` if one is live."""
+        """Destroy the global instance of ``spec`` if one is live (e.g. it died); the next
+        :meth:`acquire_global` starts a fresh one.  Not ``release``: a global instance has no lease to
+        give back, and it is stopped for every user, not kept for reuse."""
         r = self._globals.pop(spec.key, None)
         if r is not None:
             await self._pools[spec.key].release(r, discard=True)
@@ -315,12 +317,13 @@ class ResourceManager:
             timer.cancel()
         self._global_timers.clear()
         pools = list(self._pools.values())
-        await asyncio.gather(*(p.terminate() for p in pools), return_exceptions=True)
+        await asyncio.gather(*(p.aclose(timeout=0) for p in pools), return_exceptions=True)
 
     def close(self) -> None:
-        """Synchronous best-effort teardown (interpreter exit, SIGTERM, or no loop available): every
-        instance this manager built that is still referenced gets ``destroy()``, in parallel
-        (idempotent for those already released)."""
+        """Synchronous :meth:`aclose`, best effort (interpreter exit, SIGTERM, or no loop available): every
+        instance this manager built that is still referenced gets :meth:`Resource.destroy
+        <agentfly_gym.resources.Resource.destroy>`, in parallel (idempotent for those already destroyed).
+        Never raises."""
         self._closed = True
         teardown.destroy_all(list(self._instances))
 

@@ -4,8 +4,8 @@ Modelled on asyncpg's ``Pool``: ``await pool.acquire(timeout=...)`` or
 ``async with pool.acquire() as resource``; ``min_idle`` pre-warms, ``max_uses``
 recycles, ``max_idle_time`` expires idle instances (as asyncpg's
 ``max_inactive_connection_lifetime``: on a timer of the pool's event loop, so an instance
-nobody asks for again is released without waiting for the next acquisition), ``close()``
-is graceful and ``terminate()`` immediate.
+nobody asks for again is released without waiting for the next acquisition), ``aclose()``
+is graceful and ``aclose(timeout=0)`` immediate (asyncpg's ``close()`` and ``terminate()``).
 
 Guarantees (pinned by tests/test_pool.py):
 
@@ -17,7 +17,7 @@ Guarantees (pinned by tests/test_pool.py):
   replaced by a fresh one;
 * a cancelled or timed-out acquisition never strands an instance or a capacity slot;
 * an instance whose start failed or was abandoned keeps its capacity slot until its
-  ``release()`` has finished (an in-process start that is cut short is closed when its
+  ``adestroy()`` has finished (an in-process start that is cut short is closed when its
   factory returns), so the cap holds for processes, not only for handed-out instances;
 * with ``spec.max_idle_time``, an instance given back and not acquired again within that many
   seconds is released (pre-warmed instances that never served, and ``min_idle`` of them, stay).
@@ -177,7 +177,7 @@ class ResourcePool:
         """Give ``resource`` back.  With ``discard=True`` it is stopped instead of kept (counted as
         ``replaced``); with ``retire=True`` it is stopped as no longer needed (counted as ``recycled``).
 
-        Never blocks: stopping runs in a background task that :meth:`close` awaits, so a
+        Never blocks: stopping runs in a background task that :meth:`aclose` awaits, so a
         release inside a cancelled task still completes.
         """
         self._check_loop()
@@ -207,24 +207,21 @@ class ResourcePool:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def close(self, *, timeout: float | None = None) -> None:
-        """Stop accepting acquisitions, wait for in-use instances to come back, then release all.
+    async def aclose(self, *, timeout: float | None = None) -> None:
+        """Stop accepting acquisitions, fail every waiter, wait for in-use instances to come back, then
+        destroy every instance (idle and in use); idempotent.
 
         Args:
-            timeout: seconds to wait for in-use instances; after it they are released anyway.
+            timeout: seconds to wait for in-use instances (None: as long as it takes); after it they are
+                destroyed anyway.  ``timeout=0`` destroys everything now (what :meth:`ResourceManager.aclose
+                <agentfly_gym.resources.ResourceManager.aclose>` does).
         """
         self._closed = True
         self._fail_waiters(PoolClosedError(f"pool {self.spec.label} is closed"))
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._in_use and (deadline is None or time.monotonic() < deadline):
             await asyncio.sleep(0.05)
-        await self.terminate()
-
-    async def terminate(self) -> None:
-        """Release every instance now, in use or not, and fail all waiters."""
-        self._closed = True
         self._cancel_idle_timer()
-        self._fail_waiters(PoolClosedError(f"pool {self.spec.label} is closed"))
         for r in list(self._idle) + list(self._in_use):
             self._retire(r)
         self._idle.clear()
@@ -232,14 +229,6 @@ class ResourcePool:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         self._sync_counts()
-
-    def destroy(self) -> None:
-        """Interpreter-exit fallback: synchronous best-effort teardown of every instance."""
-        for r in list(self._idle) + list(self._in_use) + list(self._stopping):
-            try:
-                r.destroy()
-            except Exception:  # pragma: no cover - best effort at exit
-                log.debug("destroy failed for %r", r, exc_info=True)
 
     def snapshot(self) -> dict[str, Any]:
         """Current metrics as a dict (see :class:`PoolMetrics`)."""
@@ -276,15 +265,15 @@ class ResourcePool:
             self.metrics.replaced += 1
         if recycled:
             self.metrics.recycled += 1
-        self._spawn(self._safe_release(r))
+        self._spawn(self._safe_destroy(r))
         self._size -= 1
         self._wake_for_slot()
 
-    async def _safe_release(self, r: Resource) -> None:
+    async def _safe_destroy(self, r: Resource) -> None:
         try:
             await r.adestroy()
         except Exception:
-            log.warning("release of %r failed", r, exc_info=True)
+            log.warning("destroying %r failed", r, exc_info=True)
 
     def _first_live_waiter(self) -> asyncio.Future | None:
         while self._waiters:
@@ -355,14 +344,14 @@ class ResourcePool:
             self._warming -= 1
         if self._closed:
             self._size -= 1
-            self._spawn(self._safe_release(r))
+            self._spawn(self._safe_destroy(r))
             return
         self._hand_over(r)
 
     async def _start_new(self) -> Resource:
         """Build and start one instance (the caller holds a capacity slot).
 
-        On failure or cancellation the slot is freed here, once the instance's ``release()`` has
+        On failure or cancellation the slot is freed here, once the instance's ``adestroy()`` has
         finished: a start cut short may still be bringing a process up, and it counts until it is gone.
         """
         r = self._factory(self.spec)
@@ -396,7 +385,7 @@ class ResourcePool:
 
     async def _release_then_free_slot(self, r: Resource) -> None:
         try:
-            await self._safe_release(r)
+            await self._safe_destroy(r)
         finally:
             self._stopping.discard(r)
             self._size -= 1
@@ -524,12 +513,12 @@ class ResourcePool:
                     return r
                 # unhealthy: stop it and start a replacement in the same slot
                 self.metrics.replaced += 1
-                self._spawn(self._safe_release(r))
+                self._spawn(self._safe_destroy(r))
                 r = None
         except BaseException:
             if r is not None:
                 # cancelled during status/reset: the instance's state is unknown, so replace it
-                self._spawn(self._safe_release(r))
+                self._spawn(self._safe_destroy(r))
             self._size -= 1
             self._wake_for_slot()
             raise

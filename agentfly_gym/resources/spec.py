@@ -178,9 +178,6 @@ class ContainerSpec(ResourceSpec):
             folder, else docker when an engine answers), or another name registered with
             :func:`agentfly_gym.resources.backends.register_backend`.
         command: the keep-alive command of the container.
-        reset_paths: kept for compatibility and validated, no longer needed: ``reset()`` restores the
-            whole writable file system on every backend (see
-            :class:`~agentfly_gym.resources.containers.api.ContainerResource` for the reset contract).
         ports: TCP ports a server inside listens on, each published on 127.0.0.1 of the host at a
             free port the engine picks (``ContainerResource.endpoint(port)`` gives ``(host, port)``;
             a fresh container after ``reset()`` may get another).  Needs ``network=True`` (a
@@ -216,7 +213,6 @@ class ContainerSpec(ResourceSpec):
     user: str = ""
     backend: str = "auto"
     command: tuple[str, ...] = ("sleep", "infinity")
-    reset_paths: tuple[str, ...] = ()
     ports: tuple[int, ...] = ()
     runtime: str | None = None
 
@@ -229,13 +225,6 @@ class ContainerSpec(ResourceSpec):
             if self.backend == "sandbox":
                 raise ConfigError(f"runtime={self.runtime!r} is a Docker option; the sandbox backend has none "
                                   "(use backend='docker')")
-        if isinstance(self.reset_paths, str):
-            object.__setattr__(self, "reset_paths", (self.reset_paths,))
-        for p in self.reset_paths:
-            if not isinstance(p, str) or not p.startswith("/") or p.rstrip("/") in ("", "/proc", "/sys", "/dev") \
-                    or any(part == ".." for part in p.split("/")):
-                raise ConfigError(f"reset_paths entry {p!r} must be an absolute path without '..', "
-                                  "other than /, /proc, /sys and /dev")
         if not isinstance(self.image, str) or not self.image:
             raise ConfigError(f"image={self.image!r} must be a non-empty image name")
         if self.sandbox_image is not None and (not isinstance(self.sandbox_image, str) or not self.sandbox_image):
@@ -371,7 +360,7 @@ class InProcessSpec(ResourceSpec):
     at a time, so blocking, non-thread-safe objects are driven without blocking the event
     loop.  Optional methods of the object are used when present: ``reset()`` (called when
     the pool hands a used instance out again), ``healthy() -> bool`` (health check) and
-    ``close()`` (release).
+    ``close()`` (when the pool destroys the instance).
 
     With ``isolation="process"`` the object is built and driven in a child process instead (see
     :mod:`agentfly_gym.resources.isolated`): the same calls, arguments and results pickled, the child

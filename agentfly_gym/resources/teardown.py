@@ -136,7 +136,7 @@ def close_all() -> None:
 def _close_all_at_exit() -> None:
     """Interpreter exit: tear down every live manager's instances, then stop the background loop.
 
-    Thread pools refuse new work at this point, so no coroutine (and no ``release()``) runs;
+    Thread pools refuse new work at this point, so no coroutine (and no ``adestroy()``) runs;
     each resource's ``destroy()`` does the work.
     """
     from ..utils.aio import shutdown_background_loop

@@ -74,11 +74,6 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         raise
 
 
-def on_background_loop() -> bool:
-    """True when called from the background loop's thread."""
-    return _thread is not None and threading.current_thread() is _thread
-
-
 def shutdown_background_loop() -> None:
     """Stop the background loop (used at interpreter exit, after resources were torn down).
 

@@ -21,9 +21,9 @@ A backend is one function, ``create(spec, labels) -> Resource``:
   program or package), :class:`~agentfly_gym.errors.ConfigError` for a spec it refuses.
 
 It never sees the manager, the pool or other instances.  The instance implements the lifecycle of
-:class:`~agentfly_gym.resources.Resource`: ``start``, ``reset``, ``status``, ``release``, keeping
+:class:`~agentfly_gym.resources.Resource`: ``start``, ``reset``, ``status``, ``adestroy``, keeping
 ``self._status`` (a :class:`~agentfly_gym.resources.base.ResourceStatus`) current as it goes, e.g.
-``READY`` at the end of ``start`` and ``STOPPED`` in ``release``: ``repr``, ``describe()`` and
+``READY`` at the end of ``start`` and ``STOPPED`` in ``adestroy``: ``repr``, ``describe()`` and
 ``agentfly-gym resources`` read it (and
 ``park``, ``destroy`` for exit-time cleanup, ``describe``); container backends implement
 :class:`~agentfly_gym.resources.containers.api.ContainerResource` too, so tools and environments run

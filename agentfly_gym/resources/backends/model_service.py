@@ -13,7 +13,7 @@ Engines:
 Lifecycle: ``start`` launches the server in its own process group with its output in a log
 file and waits until ``GET /health`` answers 200 (failing early, with the log's tail, if the
 process exits); ``status`` checks the process and ``/health``; ``reset`` does nothing (a
-server keeps no per-rollout state); ``release`` stops the whole process group (SIGTERM, then
+server keeps no per-rollout state); ``adestroy`` stops the whole process group (SIGTERM, then
 SIGKILL after 10 s).  The log file stays for inspection (``resource.log_path``).
 """
 

@@ -589,7 +589,8 @@ class PoolActor:
             return grant
 
     async def destroy_global(self, key: str, discard: bool = True) -> None:
-        """Stop the shared instance for ``key`` (also when one holder found it dead)."""
+        """Destroy the shared instance for ``key`` (also when one holder found it dead): its lease goes back
+        with ``discard`` (default True), so the instance is stopped, not kept for reuse."""
         lease_id = self._globals.pop(key, None)
         self._global_holders.pop(key, None)
         if lease_id is not None:

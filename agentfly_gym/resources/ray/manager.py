@@ -220,7 +220,9 @@ class RayResource(Resource):
         return self._status
 
     async def adestroy(self) -> None:
-        """Return the lease to the cluster pool (stopping the instance when it is dead); idempotent."""
+        """Destroy this process's handle: its lease goes back to the cluster pool, which stops the instance
+        when it is dead and otherwise keeps it for reuse (the instance belongs to the cluster pool, not to
+        this handle); idempotent."""
         self._pool._release_nowait(self, discard=self._dead is not None)
 
     def describe(self) -> dict[str, Any]:
@@ -342,7 +344,9 @@ class RayPool:
                                   "the next acquisition makes a new one") from None
 
     def _release_nowait(self, res: RayResource, *, discard: bool = False) -> None:
-        """Return ``res``'s lease without waiting (so it also runs under cancellation and at shutdown)."""
+        """:meth:`release` as a plain function: sends the lease back (one actor message) and returns without
+        waiting, so callers that must not yield (a scope's ``aclose`` under cancellation, a handle's
+        ``adestroy``) can give back too.  Private: the public way is ``await pool.release(res)``."""
         if self._leases.pop(res.lease_id, None) is None:
             return
         try:
@@ -562,7 +566,7 @@ class RayResourceManager:
         await asyncio.to_thread(self.close)
 
     def close(self, timeout: float = 60.0) -> None:
-        """Synchronous :meth:`aclose` (interpreter exit, SIGTERM)."""
+        """Synchronous :meth:`aclose` (interpreter exit, SIGTERM; blocks up to ``timeout`` seconds per pool)."""
         if self._closed:
             return
         self._closed = True

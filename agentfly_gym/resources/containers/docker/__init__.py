@@ -40,7 +40,7 @@ of the same image and settings, so nothing written in one episode (``/root``, ``
 instance idle) does it at once, so no process of the last episode keeps running while idle and the
 next acquisition finds a fresh container ready.
 
-Cleanup: :meth:`DockerContainer.release` removes the container (``manager.aclose()`` releases
+Cleanup: :meth:`DockerContainer.adestroy` removes the container (``manager.aclose()`` closes
 every pool); :meth:`DockerContainer.destroy` is called at interpreter exit and on SIGTERM by
 the manager's teardown (:mod:`agentfly_gym.resources.teardown`); what a killed process left is
 removed by :func:`..ownership.reap_docker_orphans` (``agentfly-gym resources gc``).

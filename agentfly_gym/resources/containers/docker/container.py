@@ -131,11 +131,11 @@ class DockerContainer(ContainerResource):
       the episode, and starts a fresh one in its place in the background.
     * ``reset()``: waits for that fresh container, or makes one now (an instance handed straight to
       a waiter, or used since): the whole writable file system and every process are as right
-      after ``start()``, whatever the episode wrote (``spec.reset_paths`` is not needed).  Raises
+      after ``start()``, whatever the episode wrote.  Raises
       :class:`~agentfly_gym.errors.ResourceError` if it fails, so the pool replaces the instance.
     * ``status()``: ``UNHEALTHY`` when the container is gone, not running, was OOM-killed or went
       past its disk limit.
-    * ``release()``: ``docker rm -f``; idempotent, never raises.
+    * ``adestroy()`` (and its synchronous twin ``destroy()``): ``docker rm -f``; idempotent, never raises.
     """
 
     backend_name = "docker"
