@@ -139,10 +139,10 @@ def _close_all_at_exit() -> None:
     Thread pools refuse new work at this point, so no coroutine (and no ``adestroy()``) runs;
     each resource's ``destroy()`` does the work.
     """
-    from ..utils.aio import shutdown_background_loop
+    from ..utils.aio import close_background_loop
 
     close_all()
-    shutdown_background_loop()
+    close_background_loop()
 
 
 _prev_sigterm = None

@@ -74,7 +74,7 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         raise
 
 
-def shutdown_background_loop() -> None:
+def close_background_loop() -> None:
     """Stop the background loop (used at interpreter exit, after resources were torn down).
 
     At exit no coroutine is run: thread pools refuse new work by then, so resources are
