@@ -289,7 +289,7 @@ async def test_engine_reused_and_reset_between_episodes():
     assert _live_stockfish_children() == set()
 
 
-async def test_max_engines_caps_concurrency():
+async def test_max_instances_caps_concurrency():
     async with ResourceManager() as m:
         envs = [ChessEnv(manager=m, mode="play", skill_level=0, engine_depth=1, max_instances=2) for _ in range(3)]
         await asyncio.gather(envs[0].areset(), envs[1].areset())
@@ -330,7 +330,7 @@ async def test_killed_engine_is_a_handled_fault_and_replaced():
     assert _live_stockfish_children() == set()
 
 
-def test_no_stockfish_outlives_close_sync_api():
+def test_no_stockfish_outlives_close_api():
     env = gymnasium.make("agentfly/Chess-v0", mode="play", skill_level=0, engine_depth=1)
     env.reset(seed=0)
     env.step("d4")

@@ -469,7 +469,7 @@ def test_make_vec_sub_envs_have_their_own_sessions(data_dir):
         run_sync(_close_default_manager())
 
 
-def test_process_server_outlives_the_last_env_by_server_idle_time(data_dir):
+def test_process_server_outlives_the_last_env_by_max_idle_time(data_dir):
     """``isolation="process"`` on the default manager (which lives until process exit): an env made while
     another is open, or soon after the last one closed, shares the running server (warm, one child
     process); ``max_idle_time`` after the last env closed the child process is gone, and a later env starts
