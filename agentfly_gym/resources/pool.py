@@ -144,6 +144,7 @@ class ResourcePool:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle_timer: asyncio.TimerHandle | None = None  # the next max_idle_time check, while one is due
+        self._all_returned: asyncio.Event | None = None  # set when nothing is in use, while close() waits for it
         self.metrics = PoolMetrics(key=spec.key, label=spec.label, capacity=spec.max_instances)
 
     # ------------------------------------------------------------------ public API
@@ -184,6 +185,8 @@ class ResourcePool:
         if resource not in self._in_use:
             raise ResourceError(f"{resource!r} is not in use in pool {self.spec.label}")
         self._in_use.discard(resource)
+        if not self._in_use and self._all_returned is not None:
+            self._all_returned.set()
         resource.last_released_at = time.monotonic()
         self._sync_counts()
         max_uses = self.spec.max_uses
@@ -210,14 +213,25 @@ class ResourcePool:
     async def close(self, *, timeout: float | None = None) -> None:
         """Stop accepting acquisitions, wait for in-use instances to come back, then release all.
 
+        Waiting acquisitions fail with :class:`~agentfly_gym.errors.PoolClosedError` at once; the wait for
+        in-use instances ends when the last one is released (no polling).
+
         Args:
-            timeout: seconds to wait for in-use instances; after it they are released anyway.
+            timeout: seconds to wait for in-use instances (``None``: no limit); after it they are released
+                anyway (logged).
         """
         self._closed = True
         self._fail_waiters(PoolClosedError(f"pool {self.spec.label} is closed"))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._in_use and (deadline is None or time.monotonic() < deadline):
-            await asyncio.sleep(0.05)
+        if self._in_use:
+            # woken by the release of the last in-use instance (as asyncpg's close awaits each holder's release)
+            if self._all_returned is None:
+                self._all_returned = asyncio.Event()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._all_returned.wait()
+            except TimeoutError:
+                log.warning("pool %s: %d instance(s) still in use after %ss; releasing them anyway",
+                            self.spec.label, len(self._in_use), timeout)
         await self.terminate()
 
     async def terminate(self) -> None:
@@ -229,6 +243,8 @@ class ResourcePool:
             self._retire(r)
         self._idle.clear()
         self._in_use.clear()
+        if self._all_returned is not None:
+            self._all_returned.set()
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         self._sync_counts()
