@@ -110,27 +110,45 @@ SIGNALS_CHILD = textwrap.dedent("""
     env.step("Action: e2e4")
     after_use = signal.getsignal(signal.SIGTERM)
     env.close()
-    from agentfly_gym.resources import teardown
-    assert teardown.install() and signal.getsignal(signal.SIGTERM) is teardown._on_sigterm
-    with teardown.sigterm_teardown() as mine:   # already installed: left as it is after the block
-        pass
-    kept = signal.getsignal(signal.SIGTERM) is teardown._on_sigterm
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    with teardown.sigterm_teardown() as mine:
-        during = signal.getsignal(signal.SIGTERM) is teardown._on_sigterm
-    print(before is signal.SIG_DFL, after_make is before, after_use is before, kept, mine, during,
-          signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    print(before is signal.SIG_DFL, after_make is before, after_use is before)
 """)
 
 
 def test_making_and_using_an_env_installs_no_signal_handler():
     """Signal handlers are the application's: ``gymnasium.make``, ``reset`` and ``step`` leave SIGTERM's handler
-    as it was (they used to install the library's teardown handler); ``teardown.install()`` and the runner's
-    ``sigterm_teardown()`` are how an application asks for it (the block puts back what was there)."""
+    as it was (making an env used to install the library's teardown handler)."""
     out = subprocess.run([sys.executable, "-c", SIGNALS_CHILD], capture_output=True, text=True, timeout=300,
                          cwd=ROOT, env=dict(os.environ))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["True"] * 7, (out.stdout, out.stderr[-2000:])
+    assert out.stdout.split() == ["True"] * 3, (out.stdout, out.stderr[-2000:])
+
+
+def test_the_application_installs_the_teardown_handler_and_a_run_puts_back_what_was_there():
+    """``teardown.install()`` is how an application asks for the SIGTERM teardown; the runner's
+    ``sigterm_teardown()`` installs it for the block only, and leaves an installed one or the application's own
+    handler alone."""
+    from agentfly_gym.resources import teardown
+
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with teardown.sigterm_teardown() as installed:
+            assert installed and signal.getsignal(signal.SIGTERM) is teardown._on_sigterm
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert teardown.install()
+        with teardown.sigterm_teardown() as installed:
+            assert installed
+        assert signal.getsignal(signal.SIGTERM) is teardown._on_sigterm  # installed before the block: kept
+
+        def mine(signum, frame):
+            return None
+
+        signal.signal(signal.SIGTERM, mine)
+        with teardown.sigterm_teardown() as installed:
+            assert not installed and signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, saved)
 
 
 async def test_a_manager_owns_and_closes_its_docker_engine_access():
