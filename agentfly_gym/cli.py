@@ -393,7 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:  # filter at the handler: some libraries force DEBUG on their loggers
         handler.setLevel(level)
     from .errors import AgentFlyError
+    from .resources import teardown
 
+    # the application's signal handler: a SIGTERM tears down what any manager started, then ends the process
+    # (``rollout`` replaces it for its run with one that cancels the run and saves what finished)
+    teardown.install()
     try:
         delegated = _run_delegated(argv)
         if delegated is not None:

@@ -45,12 +45,15 @@ def available(backend: str) -> str | None:
     """Why ``backend`` cannot run here, or None."""
     if backend == "sandbox":
         return None if shutil.which("bwrap") else "bubblewrap (bwrap) is not installed"
-    try:
-        from agentfly_gym.resources.containers.docker.engine import get_client
+    from agentfly_gym.resources.containers.docker.engine import DockerEngine
 
-        get_client().ping()
+    engine = DockerEngine()
+    try:
+        engine.client().ping()
     except Exception as e:  # noqa: BLE001  (any failure means: no engine here)
         return f"no Docker engine answers ({type(e).__name__}: {e})"
+    finally:
+        engine.close()
     return None
 
 

@@ -121,9 +121,7 @@ async def _with_box(spec, fn):
 
 
 def _docker_paths(box) -> tuple[str, str]:
-    from agentfly_gym.resources.containers.docker.engine import get_client
-
-    info = get_client().api.inspect_container(box.container_id)
+    info = box.engine.client().api.inspect_container(box.container_id)
     return info["GraphDriver"]["Data"].get("UpperDir", ""), info["LogPath"]
 
 

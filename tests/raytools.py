@@ -89,3 +89,12 @@ class Holder:
         self.manager = RayResourceManager(placement={"*": {"resources": {"sim": 1}}})
         self.lease = await self.manager.pool(spec).acquire()
         return self.lease.instance_id
+
+
+class Setting:
+    """An in-process object that reports the manager kind its host process is set to (``AGENTFLY_GYM_MANAGER``)."""
+
+    def kind(self) -> str:
+        from agentfly_gym.resources.ray.select import manager_kind
+
+        return manager_kind()

@@ -17,6 +17,8 @@ from proctools import alive, default_sigint, wait_gone
 
 CHILD = textwrap.dedent("""
     import sys, time, gymnasium, agentfly_gym
+    from agentfly_gym.resources import teardown
+    teardown.install()         # the application's choice: SIGTERM tears down (making an env installs nothing)
     chess = gymnasium.make("agentfly/Chess-v0", mode="play", engine_depth=1)
     chess.reset(seed=0)
     sw = gymnasium.make("agentfly/ScienceWorld-v0", max_instances=1)
@@ -53,8 +55,8 @@ def test_no_process_outlives_its_python(how):
 
 
 def test_install_is_idempotent_and_leaves_an_application_handler_alone():
-    """teardown.install() is the one place the SIGTERM handler is installed (the manager's watch() and
-    the env constructor both call it): twice is once, and an application's own handler stays."""
+    """teardown.install() is the one place the SIGTERM handler is installed (the application calls it:
+    ``agentfly-gym``, the rollout runner, a script): twice is once, and an application's own handler stays."""
     code = textwrap.dedent("""
         import signal
         from agentfly_gym.resources import teardown

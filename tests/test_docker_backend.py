@@ -354,7 +354,8 @@ def test_reap_orphans_removes_dead_owners_only(engine, base_image, capsys):
 
 _CHILD = """
 import asyncio, os, sys, time
-from agentfly_gym.resources import ContainerSpec, ResourceManager
+from agentfly_gym.resources import ContainerSpec, ResourceManager, teardown
+teardown.install()   # the application asks SIGTERM to tear down (making a manager installs no handler)
 async def main():
     m = ResourceManager()
     c = await m.scope("s").acquire(ContainerSpec(image=sys.argv[1], backend="docker", memory="128m"))

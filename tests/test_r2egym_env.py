@@ -241,13 +241,20 @@ async def test_idle_containers_are_removed_after_max_idle_time(manager, r2e_dock
 
 def test_async_vector_env_forked_after_the_parent_used_docker(r2e_docker_image, docker_client):
     """A worker forked after the parent used Docker (any container env before, in the same process) inherits
-    the parent's Docker thread pool, whose threads do not exist in the child but count as idle: the worker's
-    reset waited on it until ``reset_timeout`` (found by CI, where earlier tests had used the pool)."""
+    the parent's default manager and its Docker thread pool, whose threads do not exist in the child but count
+    as idle: the worker's reset waited on it until ``reset_timeout`` (found by CI, where earlier tests had used
+    the pool).  The child now runs on a loop and a default manager of its own, with its own thread pool."""
     from gymnasium.vector import AsyncVectorEnv
 
-    from agentfly_gym.resources.containers.docker.engine import docker_pool, get_client
+    from agentfly_gym.resources.containers.docker.engine import DockerEngine
+    from agentfly_gym.resources.manager import default_manager
+    from agentfly_gym.utils.aio import run_sync
 
-    list(docker_pool().map(lambda _: get_client().ping(), range(8)))  # the parent's pool now has idle threads
+    async def use_docker() -> None:  # on the sync API's loop, through its default manager, as a sync env does
+        engine = default_manager().services.get(DockerEngine)
+        await asyncio.gather(*(engine.in_thread(lambda: engine.client().ping()) for _ in range(8)))
+
+    run_sync(use_docker())  # the parent's pool now has idle threads
 
     def make():
         return gymnasium.make("agentfly/R2EGym-v0", tasks=FIXTURES / "tasks.jsonl", backend="docker",

@@ -335,6 +335,28 @@ def test_shutdown_and_sigterm_leave_no_actor_or_process(cluster, tmp_path):
     wait_for(lambda: not any(alive(p) for p in pids(events)), 60, "every host process to end")
 
 
+def test_an_instance_host_is_set_to_a_local_manager_through_its_runtime_env(cluster):
+    """A client in a job whose processes say ``AGENTFLY_GYM_MANAGER=ray`` (as verl's workers do): the host actor
+    of an instance is set to ``local`` by its ``runtime_env`` (merged over the client's), so what the instance
+    needs is started beside it, not pooled in the cluster again; the host changes no ``os.environ``."""
+
+    @ray.remote(num_cpus=0)
+    class Client:
+        async def kinds(self) -> tuple:
+            from agentfly_gym.resources.ray.select import manager_kind
+
+            async with RayResourceManager(placement=SIM) as m:
+                async with m.scope("s") as scope:
+                    obj = await scope.acquire(InProcessSpec(factory="raytools:Setting", max_instances=1))
+                    return manager_kind(), await obj.call("kind")
+
+    client = Client.options(runtime_env={"env_vars": {"AGENTFLY_GYM_MANAGER": "ray"}}).remote()
+    try:
+        assert ray.get(client.kinds.remote(), timeout=300) == ("ray", "local")
+    finally:
+        ray.kill(client)
+
+
 def test_remote_env_gives_the_same_episode_hosted_locally_and_on_ray(cluster):
     """The same seed and actions give the same observations, rewards and infos whether the Chess env is
     hosted in this process (a local manager) or in a Ray actor on a worker node."""

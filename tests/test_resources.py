@@ -388,6 +388,43 @@ async def test_manager_close_releases_in_use_and_idle_and_fails_waiters():
     assert held.released
 
 
+async def test_pool_close_wakes_on_the_last_release_not_on_a_timer():
+    """``close()`` waits for the in-use instances and ends with the release of the last one: a few turns of the
+    loop after it, not on the next tick of a polling timer (it used to poll every 50 ms)."""
+    m = box_manager()
+    pool = m.pool(spec(max_instances=2))
+    a, b = await pool.acquire(), await pool.acquire()
+    closing = asyncio.ensure_future(pool.close())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not closing.done() and not a.released
+    await pool.release(a)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not closing.done()  # b is still in use
+    await pool.release(b)
+    for _ in range(5):  # wake-up, terminate(), the release tasks: no timer in between
+        await asyncio.sleep(0)
+    assert closing.done() and closing.exception() is None
+    assert a.released and b.released and pool.closed
+    await m.aclose()
+
+
+async def test_pool_close_timeout_releases_what_is_still_in_use():
+    """``close(timeout=...)``: a holder that never gives back does not keep the pool open past the timeout."""
+    m = box_manager()
+    pool = m.pool(spec(max_instances=1))
+    held = await pool.acquire()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await pool.close(timeout=0.2)
+    assert 0.15 <= loop.time() - t0 < 2.0
+    assert held.released and pool.closed
+    with pytest.raises(PoolClosedError):
+        await pool.acquire()
+    await m.aclose()
+
+
 async def test_metrics_report_waits_and_counts():
     async with box_manager() as m:
         s = spec(max_instances=1)

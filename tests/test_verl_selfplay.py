@@ -126,8 +126,12 @@ def _postprocess(outs) -> None:
 @pytest.fixture
 async def clean_runtime():
     yield
+    from agentfly_gym_verl.runtime import current_runtime
+
+    runtime = current_runtime()
     await aclose()
-    assert pending_games() == 0
+    # the pairing belongs to the worker's runtime (not to module dicts): closing the runtime drops it
+    assert pending_games() == 0 and (runtime is None or (runtime.selfplay is None and runtime.manager.closed))
 
 
 @pytest.fixture(scope="module")
@@ -196,9 +200,10 @@ async def test_tiny_model_self_play_exact_ids_and_unpaired_session(tmp_path, tin
         # the unpaired third session (game 1, White) played its own game to the end
         assert lone.extra_fields["group_id"] == "uid-7-g1" and lone.reward_score == -1.0
         assert pending_games() == 1  # its Black rows wait for a partner until claim_timeout
-        from agentfly_gym_verl import selfplay
+        from agentfly_gym_verl.runtime import current_runtime
 
-        selfplay._purge(0.0)
+        current_runtime().selfplay.purge(0.0)  # the pairing belongs to the worker's runtime
+        assert pending_games() == 0
     finally:
         policy.close()
 

@@ -234,25 +234,40 @@ async def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_k
     from ..resources.manager import default_manager
 
     app = create_openenv_app(env_id, env_kwargs=env_kwargs, max_sessions=max_sessions)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    watcher = None
-    if ready is not None or stop is not None:
-        async def _watch() -> None:
-            while not server.started:
-                await asyncio.sleep(0.05)
-            if ready is not None:
-                ready.set()
-            while stop is not None and not stop.is_set():
-                await asyncio.sleep(0.1)
-            server.should_exit = True
-
-        watcher = asyncio.create_task(_watch())
+    server = _server(uvicorn.Config(app, host=host, port=port, log_level="warning"),
+                     on_started=ready.set if ready is not None else None)
+    if stop is not None:
+        _exit_when_set(stop, server, asyncio.get_running_loop())
     try:
         await server.serve()
     finally:
-        if watcher is not None:
-            watcher.cancel()
         await default_manager().aclose()
+
+
+def _server(config: Any, *, on_started: Any = None) -> Any:
+    """A ``uvicorn.Server`` for ``config`` that calls ``on_started()`` once it accepts connections (at the end of
+    uvicorn's public ``Server.startup``), so nobody polls its ``started`` flag."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and on_started is not None:
+                on_started()
+
+    return _Server(config)
+
+
+def _exit_when_set(stop: threading.Event, server: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Ask ``server`` to exit (on ``loop``) once ``stop`` is set, from a daemon thread that waits on it."""
+    def wait() -> None:
+        stop.wait()
+        try:
+            loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+        except RuntimeError:  # the loop is closed: the server has ended already
+            pass
+
+    threading.Thread(target=wait, name="openenv-serve-stop", daemon=True).start()
 
 
 def serve_main(argv: list[str] | None = None) -> int:
@@ -302,16 +317,21 @@ class OpenEnvServer:
         asgi = load_object(app, what="app")
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(asgi, host="127.0.0.1", port=self.port, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, name=f"openenv-{self.port}", daemon=True)
+        settled = threading.Event()  # set once the server accepts connections, or its thread ended without
+        self._server = _server(uvicorn.Config(asgi, host="127.0.0.1", port=self.port, log_level="warning"),
+                               on_started=settled.set)
+
+        def run() -> None:
+            try:
+                self._server.run()
+            finally:
+                settled.set()
+
+        self._thread = threading.Thread(target=run, name=f"openenv-{self.port}", daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + start_timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self._server.should_exit = True
-                raise ResourceStartError(f"OpenEnv app {app} did not start on {self.base_url} "
-                                         f"within {start_timeout}s")
-            time.sleep(0.05)
+        if not settled.wait(start_timeout) or not self._server.started:
+            self._server.should_exit = True
+            raise ResourceStartError(f"OpenEnv app {app} did not start on {self.base_url} within {start_timeout}s")
 
     def healthy(self) -> bool:
         return self._thread.is_alive() and bool(self._server.started)

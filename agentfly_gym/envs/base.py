@@ -31,7 +31,6 @@ import gymnasium.envs.registration
 import gymnasium.wrappers
 
 from ..errors import ConfigError, ModelOutputError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
-from ..resources import teardown
 from ..resources.inprocess import InProcessResource
 from ..resources.manager import ResourceManager, RolloutScope, default_manager
 from ..spaces import TextSpace
@@ -188,7 +187,6 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
         if max_episode_steps is not None and (not isinstance(max_episode_steps, int) or max_episode_steps < 1):
             raise ConfigError(f"max_episode_steps={max_episode_steps!r} must be None or an integer >= 1")
         self.render_mode = render_mode
-        teardown.install()  # SIGTERM must not orphan simulators or containers (no-op off the main thread)
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
         self.max_episode_steps = _limit_of_gymnasium_make() or max_episode_steps

@@ -6,9 +6,12 @@ import abc
 import enum
 import itertools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .spec import ResourceSpec
+
+if TYPE_CHECKING:
+    from .services import Services
 
 __all__ = ["Resource", "ResourceStatus"]
 
@@ -40,7 +43,13 @@ class Resource(abc.ABC):
         id: ``"<kind>-<n>"``, unique in this process.
         uses: how many times a pool has handed this instance out.
         labels: backend metadata (e.g. the manager id a container is labelled with).
+        services: the shared helpers of the manager that built this instance
+            (:class:`~agentfly_gym.resources.services.Services`; set by the manager before ``start``), or
+            None for an instance made by hand.  A backend takes its process-level helpers (clients,
+            thread pools) from here, never from module globals.
     """
+
+    services: Services | None = None
 
     def __init__(self, spec: ResourceSpec, *, labels: dict[str, str] | None = None) -> None:
         self.spec = spec

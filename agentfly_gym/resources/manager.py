@@ -26,6 +26,7 @@ from .backends import create_resource
 from .base import Resource
 from .containers.ownership import LABEL, owner_labels
 from .pool import ResourcePool
+from .services import Services
 from .spec import ResourceSpec
 
 __all__ = ["ResourceManager", "RolloutScope", "default_manager"]
@@ -182,6 +183,8 @@ class ResourceManager:
         labels: the ownership labels computed once for every resource this manager builds (see
             :func:`agentfly_gym.resources.containers.ownership.owner_labels`); each resource also
             gets ``agentfly.pool=<spec key>``.
+        services: what this manager's backends share (the Docker client, its thread pool and disk
+            watchdog; :mod:`agentfly_gym.resources.services`), closed with the manager.
 
     One manager belongs to one event loop.  Use it as ``async with ResourceManager() as m``
     or call :meth:`aclose`; at interpreter exit and on SIGTERM, the instances it built that are
@@ -201,6 +204,7 @@ class ResourceManager:
         self._global_timers: dict[str, asyncio.TimerHandle] = {}  # spec key -> its release, once nobody holds it
         self._global_releases: set[asyncio.Task] = set()
         self._instances: weakref.WeakSet[Resource] = weakref.WeakSet()  # every instance built, until collected
+        self.services = Services()
         self._closed = False
         teardown.watch(self)
 
@@ -221,6 +225,7 @@ class ResourceManager:
 
     def _build(self, spec: ResourceSpec) -> Resource:
         r = self._backend_factory(spec, {**self.labels, f"{LABEL}.pool": spec.key})
+        r.services = self.services
         self._instances.add(r)
         return r
 
@@ -318,6 +323,7 @@ class ResourceManager:
         self._global_timers.clear()
         pools = list(self._pools.values())
         await asyncio.gather(*(p.aclose(timeout=0) for p in pools), return_exceptions=True)
+        self.services.close()
 
     def close(self) -> None:
         """Synchronous :meth:`aclose`, best effort (interpreter exit, SIGTERM, or no loop available): every
@@ -326,6 +332,7 @@ class ResourceManager:
         Never raises."""
         self._closed = True
         teardown.destroy_all(list(self._instances))
+        self.services.close()
 
     async def __aenter__(self) -> ResourceManager:
         return self

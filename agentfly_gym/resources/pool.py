@@ -144,6 +144,7 @@ class ResourcePool:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle_timer: asyncio.TimerHandle | None = None  # the next max_idle_time check, while one is due
+        self._all_returned: asyncio.Event | None = None  # set when nothing is in use, while aclose() waits for it
         self.metrics = PoolMetrics(key=spec.key, label=spec.label, capacity=spec.max_instances)
 
     # ------------------------------------------------------------------ public API
@@ -184,6 +185,8 @@ class ResourcePool:
         if resource not in self._in_use:
             raise ResourceError(f"{resource!r} is not in use in pool {self.spec.label}")
         self._in_use.discard(resource)
+        if not self._in_use and self._all_returned is not None:
+            self._all_returned.set()
         resource.last_released_at = time.monotonic()
         self._sync_counts()
         max_uses = self.spec.max_uses
@@ -211,21 +214,32 @@ class ResourcePool:
         """Stop accepting acquisitions, fail every waiter, wait for in-use instances to come back, then
         destroy every instance (idle and in use); idempotent.
 
+        The wait for in-use instances ends when the last one is released (an event, no polling; asyncpg's
+        ``close`` awaits each holder's release the same way).
+
         Args:
             timeout: seconds to wait for in-use instances (None: as long as it takes); after it they are
-                destroyed anyway.  ``timeout=0`` destroys everything now (what :meth:`ResourceManager.aclose
-                <agentfly_gym.resources.ResourceManager.aclose>` does).
+                destroyed anyway (logged).  ``timeout=0`` destroys everything now (what
+                :meth:`ResourceManager.aclose <agentfly_gym.resources.ResourceManager.aclose>` does).
         """
         self._closed = True
         self._fail_waiters(PoolClosedError(f"pool {self.spec.label} is closed"))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._in_use and (deadline is None or time.monotonic() < deadline):
-            await asyncio.sleep(0.05)
+        if self._in_use and timeout != 0:
+            if self._all_returned is None:
+                self._all_returned = asyncio.Event()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._all_returned.wait()
+            except TimeoutError:
+                log.warning("pool %s: %d instance(s) still in use after %ss; destroying them anyway",
+                            self.spec.label, len(self._in_use), timeout)
         self._cancel_idle_timer()
         for r in list(self._idle) + list(self._in_use):
             self._retire(r)
         self._idle.clear()
         self._in_use.clear()
+        if self._all_returned is not None:
+            self._all_returned.set()
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         self._sync_counts()

@@ -9,6 +9,14 @@ exit (``atexit``: a normal exit, an uncaught exception, Ctrl-C's ``KeyboardInter
 manager not yet closed, in parallel threads (removing a container takes a round trip to the
 engine), bounded by :data:`DESTROY_TIMEOUT` seconds.
 
+Signal handlers belong to the application: making a manager or an environment installs none.  The
+SIGTERM teardown handler (:func:`install`) is installed by ``agentfly-gym`` (every command) and, for the
+length of a run, by :func:`agentfly_gym.rollout.runner.run_rollouts` (:func:`sigterm_teardown`);
+a script that makes environments itself and wants SIGTERM to stop its containers, simulators and
+engines calls ``agentfly_gym.resources.teardown.install()`` once, on the main thread.  Without it a
+SIGTERM ends the process by default and what it started is left to ``agentfly-gym resources gc``
+(exit by ``sys.exit``, an uncaught exception or Ctrl-C tears down without any handler: ``atexit``).
+
 A library started on the way that would install a SIGTERM handler of its own (``ray.init``) is started
 under :func:`hold_sigterm`, so a SIGTERM during its start neither cuts it short nor displaces the
 application's handler.
@@ -34,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .base import Resource
 
-__all__ = ["DESTROY_TIMEOUT", "SigtermHold", "close_all", "hold_sigterm", "install", "destroy_all",
-           "watch"]
+__all__ = ["DESTROY_TIMEOUT", "SigtermHold", "close_all", "hold_sigterm", "install", "sigterm_teardown",
+           "destroy_all", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +58,12 @@ _lock = threading.Lock()
 
 
 def watch(manager: Any, *, run_first: bool = False) -> None:
-    """Tear ``manager``'s live instances down at exit and on SIGTERM (while it is not closed).
+    """Tear ``manager``'s live instances down at exit, and on SIGTERM where the application installed
+    :func:`install` (while it is not closed).
 
     ``manager`` is a :class:`~agentfly_gym.resources.ResourceManager` or any manager with ``id``,
     ``closed`` and ``close()`` (the Ray-backed one).  Registers the ``atexit`` hook once per
-    process and installs the SIGTERM handler when called on the main thread (see
-    :func:`install`).
+    process; installs no signal handler.
 
     Args:
         run_first: move the exit hook behind every hook registered so far, so that it runs before
@@ -73,7 +81,6 @@ def watch(manager: Any, *, run_first: bool = False) -> None:
             atexit.register(_close_all_at_exit)
             _atexit_registered = True
         _finalize_in_multiprocessing_child()
-    install()
 
 
 def _finalize_in_multiprocessing_child() -> None:
@@ -136,7 +143,7 @@ def close_all() -> None:
 def _close_all_at_exit() -> None:
     """Interpreter exit: tear down every live manager's instances, then stop the background loop.
 
-    Thread pools refuse new work at this point, so no coroutine (and no ``adestroy()``) runs;
+    Thread pools refuse new work at this point, so no coroutine (and no ``release()``) runs;
     each resource's ``destroy()`` does the work.
     """
     from ..utils.aio import close_background_loop
@@ -164,13 +171,13 @@ def _on_sigterm(signum, frame) -> None:
 
 def install() -> bool:
     """Make SIGTERM release every live resource (containers, sandboxes, JVMs, engines, servers)
-    before the process ends; the one place the library installs a signal handler.  Idempotent.
+    before the process ends.  For the application to call (``agentfly-gym`` does, and
+    :func:`sigterm_teardown` for a run): making a manager or an environment never installs it.  Idempotent.
 
     Python runs ``atexit`` hooks on a normal exit and on Ctrl-C (``KeyboardInterrupt``), but not
     when SIGTERM's default action kills the process; this handler tears resources down
     synchronously and then lets the default action end the process.  Only the main thread may
-    install signal handlers: :func:`watch` calls this for every new manager, and a synchronous
-    environment (whose manager lives on a background loop) calls it when made on the main thread.
+    install signal handlers (off it this installs nothing).
     Installed only while SIGTERM has its default action: an application that handles SIGTERM
     itself (e.g. by cancelling its tasks, as ``agentfly-gym rollout`` does) stays in charge.
 
@@ -188,6 +195,24 @@ def install() -> bool:
     _prev_sigterm = cur
     signal.signal(signal.SIGTERM, _on_sigterm)
     return True
+
+
+@contextlib.contextmanager
+def sigterm_teardown():
+    """:func:`install` for the length of the block, then the handler that was there before is put back.
+
+    What a runner that may own the process (:func:`agentfly_gym.rollout.runner.run_rollouts`) does around
+    its run.  A no-op where :func:`install` installs nothing (off the main thread, or SIGTERM already
+    handled by the application).  Yields whether the teardown handler is in charge.
+    """
+    before = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    installed = install()
+    try:
+        yield installed
+    finally:
+        if (installed and before is not _on_sigterm and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is _on_sigterm):
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 class SigtermHold:

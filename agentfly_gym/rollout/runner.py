@@ -19,6 +19,7 @@ import gymnasium
 
 from ..errors import ConfigError
 from ..registration import normalize_env_id  # also re-exported here: its old home
+from ..resources import teardown
 from ..resources.manager import ResourceManager
 from .episode import MODES, play_episode
 from .policies.base import SamplingParams
@@ -205,7 +206,9 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
     ``interrupted/`` when the folder holds a complete run, which is never replaced by a partial one) before the
     cancellation propagates, and every resource is released.  With ``manager=None`` a manager of the kind
     ``AGENTFLY_GYM_MANAGER`` names (local by default, see :mod:`agentfly_gym.resources.ray.select`)
-    is created and closed here; a given manager is left open.
+    is created and closed here; a given manager is left open.  For the length of the run a SIGTERM tears every
+    manager's resources down before the process ends, unless the application handles SIGTERM itself (see
+    :func:`agentfly_gym.resources.teardown.sigterm_teardown`); the previous handler is put back afterwards.
 
     Returns:
         RolloutResult with trajectories ordered by index and the summary dict (when appending, the folder's
@@ -215,7 +218,7 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
         OutputExistsError, OutputBusyError, ConfigError: see :func:`check_config`.
     """
     check_config(config)
-    with run_output(config.output_dir, config.if_exists, mode=config.mode) as out:
+    with teardown.sigterm_teardown(), run_output(config.output_dir, config.if_exists, mode=config.mode) as out:
         return await _run_locked(config, policy, chat, out, manager=manager, progress=progress)
 
 

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from ...data import cache_dir
+from ...utils.forks import forget_in_child
 
 __all__ = ["FORMAT", "MEMORY_ENTRIES", "SYMBOL_ENTRIES", "WORKER_REQUESTS", "EngineCache", "EngineEntry", "entry_key",
            "prefetch", "serving", "start_translation_worker", "stop_translation_worker"]
@@ -303,43 +304,46 @@ class _TranslationWorker:
             self._proc.wait()
 
 
-_WORKER: _TranslationWorker | None = None
-_WORKER_LOCK = threading.Lock()
+class _WorkerSlot:
+    """The process's one translation worker, behind a lock (the slot is forgotten in a forked child)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.worker: _TranslationWorker | None = None
 
 
+_slot = _WorkerSlot()
+
+
+@forget_in_child
 def _forget_parent_worker() -> None:
     """In a forked child: the parent's worker thread does not exist here and its pipes are the parent's;
     start a worker of this process's own on first use."""
-    global _WORKER, _WORKER_LOCK
-    _WORKER, _WORKER_LOCK = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_parent_worker)
+    _slot.__init__()
 
 
 def start_translation_worker() -> _TranslationWorker | None:
     """The process's one translation worker, started on the first call (a child process that imports
     Fast Downward in the background) and replaced when it broke or made :data:`WORKER_REQUESTS`
     translations; ``None`` where it cannot be started (logged)."""
-    global _WORKER
-    with _WORKER_LOCK:
-        if _WORKER is not None and (_WORKER.broken or _WORKER.requests >= WORKER_REQUESTS):
-            _WORKER.close()
-            _WORKER = None
-        if _WORKER is None:
+    with _slot.lock:
+        worker = _slot.worker
+        if worker is not None and (worker.broken or worker.requests >= WORKER_REQUESTS):
+            worker.close()
+            _slot.worker = None
+        if _slot.worker is None:
             try:
-                _WORKER = _TranslationWorker()
+                _slot.worker = _TranslationWorker()
             except (OSError, RuntimeError) as e:
                 log.warning("ALFWorld: cannot start the translation worker (translations stay in-process): %s", e)
                 return None
-        return _WORKER
+        return _slot.worker
 
 
 def stop_translation_worker() -> None:
     """Stop the translation worker if one runs (a later :func:`prefetch` starts a new one)."""
-    global _WORKER
-    with _WORKER_LOCK:
-        worker, _WORKER = _WORKER, None
+    with _slot.lock:
+        worker, _slot.worker = _slot.worker, None
     if worker is not None:
         worker.close()
 

@@ -27,6 +27,7 @@ of analysing every document again.  Loading changes nothing: the saved arrays ar
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -55,16 +56,18 @@ LUCENE_STOPWORDS = frozenset((
     "will", "with"))
 
 _TOKEN = re.compile(r"\w+(?:(?:[.'’]|(?<=\d),(?=\d))\w+)*", re.UNICODE)
-_stemmer: Any = None
+
+
+@functools.cache
+def _stemmer() -> Any:
+    """PyStemmer's Porter stemmer, made on first use."""
+    import Stemmer  # PyStemmer
+
+    return Stemmer.Stemmer("porter")
 
 
 def _stem(words: list[str]) -> list[str]:
-    global _stemmer
-    if _stemmer is None:
-        import Stemmer  # PyStemmer
-
-        _stemmer = Stemmer.Stemmer("porter")
-    return _stemmer.stemWords(words)
+    return _stemmer().stemWords(words)
 
 
 def analyze(text: str) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import TYPE_CHECKING
 
 from ...errors import ConfigError
@@ -22,30 +21,14 @@ __all__ = ["resolve_backend"]
 
 log = logging.getLogger(__name__)
 
-_auto_lock = threading.Lock()
-_auto_choice: str | None = None
-
-
-def _forget_parent_lock() -> None:
-    """In a forked child: a fork during the parent's probe copies the lock held, with no thread to free it."""
-    global _auto_lock
-    _auto_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_parent_lock)
-
-
 def _auto() -> str:
-    """``"docker"`` if an engine answers, else ``"sandbox"``; decided once per process, logged."""
-    global _auto_choice
-    with _auto_lock:
-        if _auto_choice is None:
-            from .docker import docker_available
+    """``"docker"`` if an engine answers (the probe is cached per process), else ``"sandbox"``."""
+    from .docker import docker_available
 
-            _auto_choice = "docker" if docker_available() else "sandbox"
-            log.info("container backend 'auto' -> %r (%s)", _auto_choice,
-                     "a Docker engine answers" if _auto_choice == "docker" else "no Docker engine answers")
-        return _auto_choice
+    choice = "docker" if docker_available() else "sandbox"
+    log.debug("container backend 'auto' -> %r (%s)", choice,
+              "a Docker engine answers" if choice == "docker" else "no Docker engine answers")
+    return choice
 
 
 def resolve_backend(spec: ContainerSpec) -> str:

@@ -117,14 +117,21 @@ def reap_docker_orphans(manager_id: str | None = None, *, older_than: float = 0,
     Raises:
         ResourceUnavailable: no Docker engine answers.
     """
-    from .docker.engine import docker_module, get_client
+    from .docker.engine import DockerEngine, docker_module
 
     docker = docker_module()
+    engine = DockerEngine()
     try:
-        api = get_client().api
-        found = api.containers(all=True, filters={"label": f"{LABEL}=1"})
+        return _reap_docker_orphans(engine.client().api, docker, manager_id, older_than=older_than, dry_run=dry_run)
     except docker.errors.DockerException as e:
         raise ResourceUnavailable(f"no Docker engine answers: {e}") from e
+    finally:
+        engine.close()
+
+
+def _reap_docker_orphans(api: Any, docker: Any, manager_id: str | None, *, older_than: float,
+                         dry_run: bool) -> list[str]:
+    found = api.containers(all=True, filters={"label": f"{LABEL}=1"})
     host = socket.gethostname()
     now = time.time()
     removed: list[str] = []

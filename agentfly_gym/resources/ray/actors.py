@@ -71,7 +71,8 @@ class ResourceHost:
     """
 
     def __init__(self, spec: ResourceSpec, manager_id: str) -> None:
-        os.environ["AGENTFLY_GYM_MANAGER"] = "local"  # what the instance itself needs is started here, not pooled again
+        # AGENTFLY_GYM_MANAGER=local comes with the actor's runtime_env (host_actor_options): what the instance
+        # itself needs is started here, not pooled again
         self._spec = spec
         self._manager_id = manager_id
         self._manager: Any = None

@@ -48,6 +48,7 @@ from .. import teardown
 from ..manager import RolloutScope
 from .actors import Grant, client_owner, pool_actor_class
 from .placement import PlacementTable, RayPlacement, resolve_placement
+from .select import SETTING
 
 __all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource", "host_actor_options"]
 
@@ -64,8 +65,14 @@ def _ray() -> Any:
 
 
 def host_actor_options(placement: RayPlacement, node_id: str | None = None) -> dict[str, Any]:
-    """``.options(...)`` for an instance's host actor: the placement's resources, pinned to ``node_id`` if given."""
+    """``.options(...)`` for an instance's host actor: the placement's resources, pinned to ``node_id`` if given.
+
+    The host's process gets ``AGENTFLY_GYM_MANAGER=local`` through its ``runtime_env`` (Ray merges it with the
+    job's variables): what the hosted instance itself needs (e.g. a hosted environment's default manager) is
+    started there, not pooled in the cluster again.
+    """
     opts = placement.actor_options()
+    opts["runtime_env"] = {"env_vars": {SETTING: "local"}}
     if node_id is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -1,11 +1,12 @@
-"""Per-process state of the plugin: one resource manager per verl agent-loop worker.
+"""Per-process state of the plugin: one :class:`WorkerRuntime` per verl agent-loop worker.
 
-verl builds a new agent-loop object for every trajectory, so pools cannot live on the object.
-They live here, at module level: :func:`get_manager` returns one
-:class:`~agentfly_gym.resources.ResourceManager` per process, created lazily inside the running
-event loop (a manager belongs to one loop), so simulators, engines and containers are reused
-across all trajectories of a worker.  :func:`close` / :func:`aclose` release everything
-(the manager also tears its instances down at interpreter exit as a last resort).
+verl builds a new agent-loop object for every trajectory, so what trajectories share cannot live on
+that object.  It lives on a :class:`WorkerRuntime`: the worker's
+:class:`~agentfly_gym.resources.ResourceManager` (so simulators, engines and containers are reused
+across all trajectories of a worker) and the self-play games in flight (the pairing of two sessions
+into one game, :mod:`agentfly_gym_verl.selfplay`).  :func:`get_runtime` makes it lazily inside the
+running event loop (a manager belongs to one loop); :func:`close` / :func:`aclose` close it and
+everything it holds (the manager also tears its instances down at interpreter exit as a last resort).
 With ``AGENTFLY_GYM_MANAGER=ray`` (or ``auto``: Ray when running inside a Ray job, as verl's workers do)
 that manager is a :class:`~agentfly_gym.resources.ray.RayResourceManager`, so every agent-loop worker of
 the cluster shares one set of pools.  Nothing happens at import.
@@ -22,16 +23,66 @@ from typing import Any
 from agentfly_gym.resources.manager import ResourceManager
 from agentfly_gym.resources.ray.select import manager_from_environment
 
-__all__ = ["get_manager", "close", "aclose", "chat_tokenizer", "record_failure", "failure_metrics",
-           "reset_failure_metrics"]
+__all__ = ["WorkerRuntime", "get_runtime", "get_manager", "close", "aclose", "chat_tokenizer",
+           "record_failure", "failure_metrics", "reset_failure_metrics"]
 
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_manager: ResourceManager | None = None
-_manager_loop: asyncio.AbstractEventLoop | None = None
+_runtime: WorkerRuntime | None = None  # the worker's runtime (of the loop that made it), swapped by _swap only
 _chats: dict[tuple[int, str], tuple[Any, Any]] = {}
 _failures: dict[str, dict[str, int]] = {"by_env": {}, "by_error": {}, "by_mode": {}}
+
+
+class WorkerRuntime:
+    """What one agent-loop worker's trajectories share, for the life of one event loop.
+
+    Attributes:
+        loop: the event loop it belongs to.
+        manager: the resource manager (of the kind ``AGENTFLY_GYM_MANAGER`` names).
+        selfplay: the self-play games in flight (:class:`agentfly_gym_verl.selfplay.SelfPlayGames`), made by
+            the self-play loop on first use; None until then.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.manager: ResourceManager = manager_from_environment()  # ray: one set of pools for the whole cluster
+        self.selfplay: Any = None
+
+    def _forget_games(self) -> None:
+        games, self.selfplay = self.selfplay, None
+        if games is not None:
+            games.close()
+
+    async def aclose(self) -> None:
+        """Drop the games in flight and close the manager (from :attr:`loop`; from another loop it closes
+        synchronously)."""
+        self._forget_games()
+        if self.manager.closed:
+            return
+        if self.loop is asyncio.get_running_loop():
+            await self.manager.aclose()
+        else:
+            await asyncio.to_thread(_close_from_outside, self.manager, self.loop)
+
+    def close(self, timeout: float = 120.0) -> None:
+        """Synchronous :meth:`aclose`, from outside :attr:`loop` (waits ``timeout`` seconds for an orderly close
+        on that loop when it runs in another thread)."""
+        self._forget_games()
+        if not self.manager.closed:
+            _close_from_outside(self.manager, self.loop, timeout)
+
+
+def _swap(loop: asyncio.AbstractEventLoop | None) -> tuple[WorkerRuntime | None, WorkerRuntime | None]:
+    """Under the lock: with ``loop``, the live runtime of ``loop`` or a new one in place of the previous;
+    with None, no runtime any more.  Returns (current, previous, when replaced)."""
+    global _runtime
+    with _lock:
+        old = _runtime
+        if loop is not None and old is not None and old.loop is loop and not old.manager.closed:
+            return old, None
+        _runtime = WorkerRuntime(loop) if loop is not None else None
+        return _runtime, old
 
 
 def record_failure(env_id: str, error: BaseException, mode: str) -> None:
@@ -64,47 +115,54 @@ def reset_failure_metrics() -> None:
             v.clear()
 
 
-def get_manager() -> ResourceManager:
-    """The worker's resource manager, created on first call in the running loop.
+def get_runtime() -> WorkerRuntime:
+    """The worker's runtime, made on first call in the running loop.
 
-    If the loop that owned the previous manager has stopped or closed (e.g. a test's loop),
-    that manager is closed synchronously and a new one is made for the running loop.
+    If the loop that owned the previous runtime has stopped or closed (e.g. a test's loop), that runtime
+    is closed (its manager synchronously when its loop is gone) and a new one is made for the running loop.
 
     Raises:
         RuntimeError: no event loop is running.
     """
-    global _manager, _manager_loop
     loop = asyncio.get_running_loop()
-    with _lock:
-        if _manager is not None and not _manager.closed and _manager_loop is loop:
-            return _manager
-        old, old_loop = _manager, _manager_loop
-        _manager = manager_from_environment()  # AGENTFLY_GYM_MANAGER=ray: one set of pools for the whole cluster
-        _manager_loop = loop
-    if old is not None and not old.closed:
-        log.warning("agentfly_gym_verl: the event loop changed; closing the previous resource manager %s", old.id)
-        if old_loop is not None and old_loop.is_running() and not old_loop.is_closed():
-            asyncio.run_coroutine_threadsafe(old.aclose(), old_loop)
+    current = _runtime
+    if current is not None and current.loop is loop and not current.manager.closed:
+        return current
+    current, old = _swap(loop)
+    if old is not None and not old.manager.closed:
+        log.warning("agentfly_gym_verl: the event loop changed; closing the previous resource manager %s",
+                    old.manager.id)
+        old._forget_games()
+        if old.loop.is_running() and not old.loop.is_closed():
+            asyncio.run_coroutine_threadsafe(old.manager.aclose(), old.loop)
         else:
-            old.close()
-    return _manager
+            old.manager.close()
+    return current
+
+
+def get_manager() -> ResourceManager:
+    """The worker's resource manager (:attr:`WorkerRuntime.manager` of :func:`get_runtime`).
+
+    Raises:
+        RuntimeError: no event loop is running.
+    """
+    return get_runtime().manager
+
+
+def current_runtime() -> WorkerRuntime | None:
+    """The worker's runtime if one is open (never makes one)."""
+    return _runtime
 
 
 async def aclose() -> None:
-    """Close the worker's manager (every pooled resource is stopped); idempotent.
+    """Close the worker's runtime (every pooled resource is stopped, the self-play games in flight are
+    dropped); idempotent.
 
     Call it from the loop that owns the manager; from another loop it closes it synchronously.
     """
-    global _manager, _manager_loop
-    with _lock:
-        m, m_loop = _manager, _manager_loop
-        _manager, _manager_loop = None, None
-    if m is None or m.closed:
-        return
-    if m_loop is asyncio.get_running_loop():
-        await m.aclose()
-    else:
-        await asyncio.to_thread(_close_from_outside, m, m_loop)
+    _, old = _swap(None)
+    if old is not None:
+        await old.aclose()
 
 
 def close(timeout: float = 120.0) -> None:
@@ -117,21 +175,18 @@ def close(timeout: float = 120.0) -> None:
     Raises:
         RuntimeError: called from inside the loop that owns the manager (await :func:`aclose` there).
     """
-    global _manager, _manager_loop
-    with _lock:
-        m, m_loop = _manager, _manager_loop
-        if m is not None and m_loop is not None:
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is m_loop:
-                raise RuntimeError("agentfly_gym_verl.close() called inside the manager's own event loop; "
-                                   "use `await agentfly_gym_verl.aclose()` there")
-        _manager, _manager_loop = None, None
-    if m is None or m.closed:
-        return
-    _close_from_outside(m, m_loop, timeout)
+    current = _runtime
+    if current is not None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is current.loop:
+            raise RuntimeError("agentfly_gym_verl.close() called inside the manager's own event loop; "
+                               "use `await agentfly_gym_verl.aclose()` there")
+    _, old = _swap(None)
+    if old is not None:
+        old.close(timeout)
 
 
 def _close_from_outside(m: ResourceManager, loop: asyncio.AbstractEventLoop | None, timeout: float = 120.0) -> None:

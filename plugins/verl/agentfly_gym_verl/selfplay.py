@@ -43,9 +43,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from .agent_loop import MODES, AgentFlyAgentLoop, _as_dict, _RunStart, _scalar
 from .policy import VerlServerPolicy
-from .runtime import chat_tokenizer, get_manager
+from .runtime import chat_tokenizer, current_runtime, get_manager, get_runtime
 
-__all__ = ["SelfPlayAgentLoop", "parse_selfplay_row", "selfplay_rows", "pending_games"]
+__all__ = ["SelfPlayAgentLoop", "SelfPlayGames", "parse_selfplay_row", "selfplay_rows", "pending_games"]
 
 log = logging.getLogger(__name__)
 
@@ -58,23 +58,63 @@ class _Game:
         self.finished_at: float | None = None
 
 
-# (uid, game index) -> game, per worker process (one event loop: verl's agent-loop worker)
-_GAMES: dict[tuple[str, int], _Game] = {}
-_ARRIVALS: dict[str, itertools.count] = {}
 _MAX_ARRIVALS = 100_000
 
 
+class SelfPlayGames:
+    """The self-play games in flight of one worker's runtime (:class:`~agentfly_gym_verl.runtime.WorkerRuntime`,
+    one event loop): which session of a data row plays which game.  Made on first use, dropped when the
+    runtime closes (:func:`~agentfly_gym_verl.runtime.aclose`), so no game outlives its manager.
+
+    Attributes:
+        games: (uid, game index) -> the game, until both its sessions claimed their rows (or ``claim_timeout``
+            after it finished).
+        arrivals: uid -> the counter that pairs sessions by arrival order (the legacy trainer gives no
+            session id); at most :data:`_MAX_ARRIVALS` uids kept.
+    """
+
+    def __init__(self) -> None:
+        self.games: dict[tuple[str, int], _Game] = {}
+        self.arrivals: dict[str, itertools.count] = {}
+
+    def session_of(self, uid: str) -> int:
+        """The next arrival number of a session of ``uid``'s data row."""
+        if uid not in self.arrivals and len(self.arrivals) >= _MAX_ARRIVALS:
+            self.arrivals.pop(next(iter(self.arrivals)))  # forget the oldest row's counter (bounded memory)
+        return next(self.arrivals.setdefault(uid, itertools.count()))
+
+    def purge(self, timeout: float) -> None:
+        """Drop finished games whose partner session has not claimed its rows within ``timeout`` seconds."""
+        now = time.monotonic()
+        for key, g in list(self.games.items()):
+            if g.finished_at is not None and now - g.finished_at > timeout:
+                log.info("self-play game %s: the partner session never claimed its rows; dropped", key)
+                del self.games[key]
+
+    def close(self) -> None:
+        """Forget every game; a game still being played is cancelled (its sessions end with CancelledError)."""
+        games = list(self.games.values())
+        self.games.clear()
+        self.arrivals.clear()
+        for g in games:
+            if g.task is not None and not g.task.done():
+                loop = g.task.get_loop()
+                if not loop.is_closed():  # from any thread (a runtime is closed from outside its loop too)
+                    loop.call_soon_threadsafe(g.task.cancel)
+
+
+def _games() -> SelfPlayGames:
+    """The self-play games of the worker's runtime (made on first use)."""
+    runtime = get_runtime()
+    if runtime.selfplay is None:
+        runtime.selfplay = SelfPlayGames()
+    return runtime.selfplay
+
+
 def pending_games() -> int:
-    """Games whose rows are not yet all claimed (for tests and leak checks)."""
-    return len(_GAMES)
-
-
-def _purge(timeout: float) -> None:
-    now = time.monotonic()
-    for key, g in list(_GAMES.items()):
-        if g.finished_at is not None and now - g.finished_at > timeout:
-            log.info("self-play game %s: the partner session never claimed its rows; dropped", key)
-            del _GAMES[key]
+    """Games of the worker's open runtime whose rows are not yet all claimed (for tests and leak checks)."""
+    runtime = current_runtime()
+    return len(runtime.selfplay.games) if runtime is not None and runtime.selfplay is not None else 0
 
 
 def parse_selfplay_row(extra_info: Any, *, default_mode: str | None = None, default_max_turns: int = 100,
@@ -183,24 +223,23 @@ class SelfPlayAgentLoop(AgentFlyAgentLoop):
         if not isinstance(start, _RunStart):
             return start
         want_logprobs, uid, use_v1, row, mode = start.want_logprobs, start.group_id, start.use_v1, start.row, start.mode
+        table = _games()
         session = _scalar(kwargs.get("session_id"))
         if session is None:  # the legacy trainer gives no session id: pair by arrival order
-            if uid not in _ARRIVALS and len(_ARRIVALS) >= _MAX_ARRIVALS:
-                _ARRIVALS.pop(next(iter(_ARRIVALS)))  # forget the oldest row's counter (bounded memory)
-            session = next(_ARRIVALS.setdefault(uid, itertools.count()))
+            session = table.session_of(uid)
         session = int(session)
         key, side = (uid, session // 2), session % 2
-        _purge(self.claim_timeout)
-        game = _GAMES.get(key)
+        table.purge(self.claim_timeout)
+        game = table.games.get(key)
         if game is None:
-            game = _GAMES[key] = _Game()
+            game = table.games[key] = _Game()
             game.task = asyncio.create_task(self._play(game, key, row, mode, sampling_params, kwargs))
         game.claimed.add(side)
         try:
             trajs = await asyncio.shield(game.task)
         finally:
-            if game.claimed >= {0, 1} and _GAMES.get(key) is game:
-                del _GAMES[key]
+            if game.claimed >= {0, 1} and table.games.get(key) is game:
+                del table.games[key]
         agent_trajs, policies = trajs
         gid = f"{key[0]}-g{key[1]}"
         if isinstance(agent_trajs, BaseException):

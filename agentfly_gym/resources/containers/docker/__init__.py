@@ -1,8 +1,8 @@
 """The Docker container backend: :class:`~.container.DockerContainer` and its ``create(spec, labels)``.
 
-Modules: :mod:`.container` (the resource), :mod:`.engine` (docker-py, one client and one thread
-pool per process: every docker-py call blocks, so the event loop never waits on the engine; the
-exec output stream), :mod:`.disk` (the kernel-enforced disk and inode limit: the writable layer on a
+Modules: :mod:`.container` (the resource), :mod:`.engine` (docker-py; :class:`.engine.DockerEngine`, one
+client, one thread pool and one disk watchdog per resource manager, in its ``services``: every docker-py call
+blocks, so the event loop never waits on the engine; the exec output stream), :mod:`.disk` (the kernel-enforced disk and inode limit: the writable layer on a
 loop-mounted file system), :mod:`.watchdog` (the disk limit where neither that nor a quota can be had).
 
 Containers run with (``ContainerSpec`` field -> Docker setting):
@@ -14,7 +14,7 @@ Containers run with (``ContainerSpec`` field -> Docker setting):
   ``disk`` bytes with one inode per 8 KiB (:mod:`.disk`, ``limits_enforced["disk"] == "volume"``): the
   kernel refuses a write or a new file past it (``ENOSPC``), at any speed.  Else ``storage_opt={"size":
   disk}`` where the engine's storage driver supports it (overlay2 on xfs with ``pquota``, btrfs, zfs;
-  probed once per process; no inode limit).  Elsewhere
+  probed once per manager; no inode limit).  Elsewhere
   ``ulimits`` ``fsize=disk`` (no file grows past it: ``EFBIG``) and a host-side watchdog that sums the
   container's writable layer (``GraphDriver.Data.UpperDir``, when the engine is local) every
   :data:`.watchdog.DISK_POLL` seconds and kills the container once it exceeds ``disk``: its exec then raises

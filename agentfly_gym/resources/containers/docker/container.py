@@ -28,8 +28,7 @@ from ..output import OutputBuffer
 from ..ownership import LABEL, owner_labels
 from ...spec import ContainerSpec
 from .disk import layer_dir, mount_layer_volume
-from .engine import docker_module, docker_pool, exec_start_frames, get_client, in_thread
-from .watchdog import watch
+from .engine import DockerEngine, docker_module, exec_start_frames
 
 __all__ = ["CAP_ADD", "DockerContainer", "create"]
 
@@ -44,9 +43,6 @@ a non-root user cannot gain any of them."""
 _STATE_DIR = "/.agentfly"
 _EXEC_MARK = "AGENTFLY_EXEC"
 _KILL_GRACE = 5.0  # seconds past an exec's timeout before the host-side kill
-
-_storage_opt_ok: bool | None = None  # whether the engine accepts storage_opt size (None: not tried yet)
-_layer_volume_ok: bool | None = None  # whether the writable layer can be loop-mounted here (None: not tried yet)
 
 LOG_MAX_SIZE = "1m"
 """Cap of a container's log (what its main process writes to stdout/stderr, e.g. ``> /proc/1/fd/1``):
@@ -161,6 +157,19 @@ class DockerContainer(ContainerResource):
         self._upper_dir: str | None = None
         self._death_reason: str | None = None
         self.published_ports: dict[int, tuple[str, int]] = {}
+        self._own_engine: DockerEngine | None = None  # made by hand (no manager's services): closed on release
+
+    @property
+    def engine(self) -> DockerEngine:
+        """The Docker engine access of the manager that built this container (client, thread pool, watchdog)."""
+        if self.services is not None:
+            return self.services.get(DockerEngine)
+        if self._own_engine is None:
+            self._own_engine = DockerEngine()
+        return self._own_engine
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        return await self.engine.in_thread(fn, *args)
 
     # -- lifecycle
     async def start(self) -> None:
@@ -175,7 +184,7 @@ class DockerContainer(ContainerResource):
         self._status = ResourceStatus.STARTING
         t0 = time.monotonic()
         try:
-            await in_thread(self._start_sync)
+            await self._in_thread(self._start_sync)
         except BaseException:
             self._status = ResourceStatus.UNHEALTHY
             raise
@@ -183,9 +192,9 @@ class DockerContainer(ContainerResource):
         self._status = ResourceStatus.READY
 
     def _start_sync(self) -> None:
-        global _storage_opt_ok, _layer_volume_ok
         docker = docker_module()
-        client = get_client()
+        engine = self.engine
+        client = engine.client()
         api = client.api
         spec = self.spec
         self._death_reason = None
@@ -239,8 +248,8 @@ class DockerContainer(ContainerResource):
                 hostname="agentfly", detach=True, tty=False, stdin_open=False, ports=list(spec.ports) or None)
 
         # the kernel-enforced limit of disk and inodes (see .disk) where it can be had, else the engine's quota
-        try_volume = bool(spec.disk) and os.geteuid() == 0 and _layer_volume_ok is not False
-        use_opt = bool(spec.disk) and _storage_opt_ok is not False and not try_volume
+        try_volume = bool(spec.disk) and os.geteuid() == 0 and engine.layer_volume_ok is not False
+        use_opt = bool(spec.disk) and engine.storage_opt_ok is not False and not try_volume
         try:
             try:
                 created = create(use_opt)
@@ -249,11 +258,11 @@ class DockerContainer(ContainerResource):
                     raise
                 log.info("the Docker engine cannot limit a container's disk (%s); using RLIMIT_FSIZE and a watchdog",
                          e.explanation or e)
-                _storage_opt_ok, use_opt = False, False
+                engine.storage_opt_ok, use_opt = False, False
                 created = create(False)
             else:
                 if use_opt:
-                    _storage_opt_ok = True
+                    engine.storage_opt_ok = True
         except docker.errors.APIError as e:
             raise ResourceStartError(f"creating a container of {spec.image!r} failed: {e.explanation or e}") from e
         cid = created["Id"]
@@ -264,8 +273,8 @@ class DockerContainer(ContainerResource):
             except docker.errors.APIError:
                 layer = None
             volume = layer is not None and mount_layer_volume(layer, spec.disk)
-            if _layer_volume_ok is None or volume:
-                _layer_volume_ok = volume
+            if engine.layer_volume_ok is None or volume:
+                engine.layer_volume_ok = volume
         if volume:
             self.disk_mode = "volume"
         elif spec.disk and not use_opt:
@@ -302,7 +311,7 @@ class DockerContainer(ContainerResource):
             except (KeyError, ValueError):
                 raise ResourceStartError(f"{self.id}: user {spec.user!r} does not exist in {spec.image!r}") from None
         if self.disk_mode == "watchdog":
-            watch(self)
+            engine.watchdog().watch(self)
         self._fresh = True
 
     def _replace_sync(self) -> None:
@@ -324,7 +333,7 @@ class DockerContainer(ContainerResource):
         """
         if self._released or self._park_future is not None or self._fresh:
             return
-        fut = docker_pool().submit(self._replace_sync)
+        fut = self.engine.pool().submit(self._replace_sync)
         self._park_future = fut
         with contextlib.suppress(BaseException):
             await asyncio.shield(asyncio.wrap_future(fut))
@@ -344,7 +353,7 @@ class DockerContainer(ContainerResource):
             if fut is not None:
                 await asyncio.shield(asyncio.wrap_future(fut))
             if not self._fresh or self.container_id is None:
-                await asyncio.shield(in_thread(self._replace_sync))
+                await asyncio.shield(self._in_thread(self._replace_sync))
         except ResourceError:
             self._status = ResourceStatus.UNHEALTHY
             raise
@@ -366,7 +375,7 @@ class DockerContainer(ContainerResource):
             self._status = ResourceStatus.UNHEALTHY
             return self._status
         try:
-            state = await in_thread(self._state_sync)
+            state = await self._in_thread(self._state_sync)
         except Exception:
             state = None
         if state is None or state.get("Status") != "running" or state.get("OOMKilled"):
@@ -376,7 +385,7 @@ class DockerContainer(ContainerResource):
     def _state_sync(self) -> dict[str, Any] | None:
         docker = docker_module()
         try:
-            return get_client().api.inspect_container(self.container_id)["State"]
+            return self.engine.client().api.inspect_container(self.container_id)["State"]
         except docker.errors.NotFound:
             return None
 
@@ -386,9 +395,11 @@ class DockerContainer(ContainerResource):
             with contextlib.suppress(BaseException):
                 await asyncio.shield(asyncio.wrap_future(fut))
         try:
-            await in_thread(self.destroy)
+            await self._in_thread(self.destroy)
         except Exception:  # never raises
             log.warning("releasing %r failed", self, exc_info=True)
+        if self._own_engine is not None:
+            self._own_engine.close()
 
     def destroy(self) -> None:
         with self._lock:
@@ -401,10 +412,9 @@ class DockerContainer(ContainerResource):
         if cid is not None:
             self._remove_sync(cid)
 
-    @staticmethod
-    def _remove_sync(cid: str) -> None:
+    def _remove_sync(self, cid: str) -> None:
         try:
-            get_client().api.remove_container(cid, force=True, v=True)
+            self.engine.client().api.remove_container(cid, force=True, v=True)
         except Exception as e:
             if type(e).__name__ != "NotFound":
                 log.warning("removing container %s failed: %s", cid[:12], e)
@@ -442,7 +452,7 @@ class DockerContainer(ContainerResource):
                           user: str | None, max_output: int, use_timeout: bool) -> ExecResult:
         mark = f"{_EXEC_MARK}={uuid.uuid4().hex}"
         fut = asyncio.get_running_loop().run_in_executor(
-            docker_pool(), lambda: self._exec_sync(argv, timeout=timeout, workdir=workdir, env=env, user=user,
+            self.engine.pool(), lambda: self._exec_sync(argv, timeout=timeout, workdir=workdir, env=env, user=user,
                                                     max_output=max_output, use_timeout=use_timeout, mark=mark))
         # a caller that gives up (cancelled, or the exec abandoned below) never awaits fut: its outcome (often
         # ResourceDied, the container being torn down on Ctrl-C) is consumed here, not printed as "Future
@@ -452,7 +462,7 @@ class DockerContainer(ContainerResource):
             return await asyncio.wait_for(asyncio.shield(fut), timeout + _KILL_GRACE)
         except TimeoutError:
             log.warning("%s: exec still running %.0fs past its timeout; killing it", self.id, _KILL_GRACE)
-            await in_thread(self._kill_marked_sync, mark)
+            await self._in_thread(self._kill_marked_sync, mark)
             try:
                 return await asyncio.wait_for(asyncio.shield(fut), 10)
             except TimeoutError:
@@ -460,7 +470,7 @@ class DockerContainer(ContainerResource):
                 return ExecResult(exit_code=-1, output="", timed_out=True, duration=timeout + _KILL_GRACE + 10)
         except asyncio.CancelledError:
             # the caller gave up: kill the command instead of leaving it running
-            docker_pool().submit(self._kill_marked_sync, mark)
+            self.engine.pool().submit(self._kill_marked_sync, mark)
             raise
 
     def _kill_marked_sync(self, mark: str) -> None:
@@ -468,7 +478,7 @@ class DockerContainer(ContainerResource):
         if cid is None:
             return
         try:
-            api = get_client().api
+            api = self.engine.client().api
             eid = api.exec_create(cid, ["/bin/sh", "-c", _KILL_MARKED, "sh", mark], user="root")["Id"]
             api.exec_start(eid)
         except Exception:
@@ -485,7 +495,7 @@ class DockerContainer(ContainerResource):
         if self._death_reason is not None:
             raise ResourceDied(f"{self.id}: {self._death_reason}")
         self._fresh = False
-        api = get_client().api
+        api = self.engine.client().api
         environment = dict(env or {})
         if mark:
             k, _, v = mark.partition("=")
@@ -562,14 +572,14 @@ class DockerContainer(ContainerResource):
             parents = sorted({p.rsplit("/", 1)[0] or "/" for p in files})
             await self._exec_async(["/bin/sh", "-c", 'mkdir -p -- "$@" 2>/dev/null; exit 0', "sh", *parents],
                                    timeout=30, workdir="/", env=None, user=None, max_output=1000, use_timeout=False)
-        await in_thread(self._put_sync, data.getvalue())
+        await self._in_thread(self._put_sync, data.getvalue())
 
     def _put_sync(self, payload: bytes) -> None:
         docker = docker_module()
         cid = self._require_cid()
         self._fresh = False
         try:
-            get_client().api.put_archive(cid, "/", payload)
+            self.engine.client().api.put_archive(cid, "/", payload)
         except docker.errors.NotFound as e:
             raise ResourceDied(f"{self.id}: the container is gone") from e
         except docker.errors.APIError as e:
@@ -586,12 +596,12 @@ class DockerContainer(ContainerResource):
         """
         if not isinstance(path, str) or not path.startswith("/"):
             raise ConfigError(f"file path {path!r} must be absolute")
-        return await in_thread(self._get_sync, path, max_bytes)
+        return await self._in_thread(self._get_sync, path, max_bytes)
 
     def _get_sync(self, path: str, max_bytes: int, depth: int = 0) -> bytes:
         docker = docker_module()
         cid = self._require_cid()
-        api = get_client().api
+        api = self.engine.client().api
         try:
             stream, stat = api.get_archive(cid, path)
         except docker.errors.NotFound as e:

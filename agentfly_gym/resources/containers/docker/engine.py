@@ -1,38 +1,26 @@
-"""Access to the Docker engine: docker-py imported on first use, one client and one thread pool
-per process (every docker-py call blocks, so none runs on the event loop), the availability probe,
-and the reader of an exec's output stream (the Engine API's multiplexed stream).
+"""Access to the Docker engine: docker-py imported on first use, the :class:`DockerEngine` every
+manager owns (one client, one thread pool: every docker-py call blocks, so none runs on the event
+loop; the disk watchdog), the availability probe, and the reader of an exec's output stream (the
+Engine API's multiplexed stream).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import struct
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ....errors import ResourceUnavailable
 
-__all__ = ["docker_available", "docker_module", "docker_pool", "exec_start_frames", "get_client", "in_thread"]
+if TYPE_CHECKING:
+    from .watchdog import DiskWatchdog
 
-_client_lock = threading.Lock()
-_client: Any = None
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_probe: bool | None = None
+__all__ = ["DockerEngine", "docker_available", "docker_module", "exec_start_frames"]
 
-
-def _forget_parent_pool() -> None:
-    """In a forked child (a worker of Gymnasium's ``AsyncVectorEnv``): the parent's pool threads do not exist
-    here, yet the copied executor counts them as idle and would queue work that nobody runs; and the client's
-    pooled connections are the parent's sockets.  Start both afresh on first use."""
-    global _client_lock, _client, _pool
-    _client_lock = threading.Lock()
-    _client = _pool = None
-
-
-os.register_at_fork(after_in_child=_forget_parent_pool)
+_probe: bool | None = None  # whether an engine answered this process's last probe (None: not probed yet)
 
 
 def docker_module():
@@ -48,29 +36,82 @@ def docker_module():
     return docker
 
 
-def get_client() -> Any:
-    """The process-wide docker-py client (created on first use, 64 pooled connections)."""
-    global _client
-    with _client_lock:
-        if _client is None:
-            docker = docker_module()
+class DockerEngine:
+    """One resource manager's access to the Docker engine (its ``services.get(DockerEngine)``).
+
+    Holds, each made on first use: the docker-py client (64 pooled connections), the thread pool every
+    blocking docker-py call runs on (64 threads), the disk watchdog (:class:`.watchdog.DiskWatchdog`), and
+    what was learnt about the engine (whether it accepts ``storage_opt size``, whether a writable layer can
+    be loop-mounted here).  :meth:`close` (the manager's ``aclose``/``close``, after its instances are
+    gone) stops the threads and closes the client.
+
+    A forked child (a worker of Gymnasium's ``AsyncVectorEnv``) does not use its parent's engine: it runs its
+    environments on a loop and a default manager of its own (:mod:`agentfly_gym.utils.aio`), and a pool
+    bound to the parent's loop refuses the child's (``EventLoopMismatch``).
+
+    Attributes:
+        storage_opt_ok: whether the engine accepts ``storage_opt size`` (None: not tried yet).
+        layer_volume_ok: whether a container's writable layer can be loop-mounted here (None: not tried yet).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._watchdog: DiskWatchdog | None = None
+        self.storage_opt_ok: bool | None = None
+        self.layer_volume_ok: bool | None = None
+
+    def client(self) -> Any:
+        """The docker-py client (made on first use).
+
+        Raises:
+            ResourceUnavailable: docker-py is missing or no Docker engine is configured here.
+        """
+        with self._lock:
+            if self._client is None:
+                docker = docker_module()
+                try:
+                    self._client = docker.from_env(timeout=120, max_pool_size=64)
+                except docker.errors.DockerException as e:
+                    raise ResourceUnavailable(f"no Docker engine configured here: {e}") from e
+            return self._client
+
+    def pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The thread pool for blocking engine calls (made on first use)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="afg-docker")
+            return self._pool
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on :meth:`pool`, awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool(), lambda: fn(*args))
+
+    def watchdog(self) -> DiskWatchdog:
+        """The disk watchdog (its thread starts with the first container it watches)."""
+        from .watchdog import DiskWatchdog
+
+        with self._lock:
+            if self._watchdog is None:
+                self._watchdog = DiskWatchdog(self)
+            return self._watchdog
+
+    def close(self) -> None:
+        """Stop the watchdog and the thread pool (work already submitted finishes), close the client.
+        Idempotent, never raises; a later call of a method makes them again."""
+        with self._lock:
+            client, pool, watchdog = self._client, self._pool, self._watchdog
+            self._client = self._pool = self._watchdog = None
+        if watchdog is not None:
+            watchdog.close()
+        if pool is not None:
+            pool.shutdown(wait=False)  # queued work still runs: its awaiters get their results
+        if client is not None:
             try:
-                _client = docker.from_env(timeout=120, max_pool_size=64)
-            except docker.errors.DockerException as e:
-                raise ResourceUnavailable(f"no Docker engine configured here: {e}") from e
-        return _client
-
-
-def docker_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    with _client_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="afg-docker")
-        return _pool
-
-
-async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(docker_pool(), lambda: fn(*args))
+                client.close()
+            except Exception:  # noqa: BLE001 - closing pooled connections is best effort
+                pass
 
 
 def docker_available(*, refresh: bool = False) -> bool:

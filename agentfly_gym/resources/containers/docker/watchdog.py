@@ -1,6 +1,9 @@
 """The Docker backend's disk watchdog, for engines whose storage driver cannot limit a container's
 disk (``storage_opt size``): a host thread sums each watched container's writable layer every
 :data:`DISK_POLL` seconds and kills the container once it exceeds ``spec.disk``.
+
+One :class:`DiskWatchdog` per :class:`~.engine.DockerEngine` (so per resource manager); its thread
+starts with the first container it watches and stops when the engine closes.
 """
 
 from __future__ import annotations
@@ -9,35 +12,18 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from typing import TYPE_CHECKING
-
-from .engine import get_client
 
 if TYPE_CHECKING:
     from .container import DockerContainer
+    from .engine import DockerEngine
 
-__all__ = ["DISK_POLL", "watch"]
+__all__ = ["DISK_POLL", "DiskWatchdog"]
 
 log = logging.getLogger(__name__)
 
 DISK_POLL = 1.0
 """Seconds between two measurements of a container's writable layer by the disk watchdog."""
-
-_watch_lock = threading.Lock()
-_watched: dict[str, DockerContainer] = {}  # container id -> instance whose disk limit the watchdog holds
-_watch_thread: threading.Thread | None = None
-
-
-def _forget_parent_watch() -> None:
-    """In a forked child: the parent's watchdog thread does not exist here and its containers are the parent's."""
-    global _watch_lock, _watched, _watch_thread
-    _watch_lock = threading.Lock()
-    _watched = {}
-    _watch_thread = None
-
-
-os.register_at_fork(after_in_child=_forget_parent_watch)
 
 
 def _tree_bytes(root: str, stop_at: int) -> int:
@@ -68,33 +54,52 @@ def _tree_bytes(root: str, stop_at: int) -> int:
     return total
 
 
-def watch(box: DockerContainer) -> None:
-    """Hold ``box``'s disk limit from the host (engines without ``storage_opt size``)."""
-    global _watch_thread
-    with _watch_lock:
-        if box.container_id:
-            _watched[box.container_id] = box
-        if _watch_thread is None or not _watch_thread.is_alive():
-            _watch_thread = threading.Thread(target=_watch_loop, name="afg-docker-disk", daemon=True)
-            _watch_thread.start()
+class DiskWatchdog:
+    """Holds the disk limit of the containers it watches (engines without ``storage_opt size``).
 
+    Args:
+        engine: the Docker engine access whose client kills a container past its limit.
+    """
 
-def _watch_loop() -> None:
-    while True:
-        time.sleep(DISK_POLL)
-        with _watch_lock:
-            items = list(_watched.items())
-        for cid, box in items:
-            if box.container_id != cid or box._upper_dir is None or box.spec.disk is None:
-                with _watch_lock:
-                    _watched.pop(cid, None)
-                continue
-            used = _tree_bytes(box._upper_dir, box.spec.disk)
-            if used > box.spec.disk:
-                box._death_reason = (f"its disk limit of {box.spec.disk} bytes was exceeded "
-                                     f"(writable layer at {used} bytes or more)")
-                log.warning("%s: %s; killing the container", box.id, box._death_reason)
-                with contextlib.suppress(Exception):
-                    get_client().api.kill(cid)
-                with _watch_lock:
-                    _watched.pop(cid, None)
+    def __init__(self, engine: DockerEngine) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._watched: dict[str, DockerContainer] = {}  # container id -> instance whose disk limit is held here
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def watch(self, box: DockerContainer) -> None:
+        """Hold ``box``'s disk limit from the host until its container is replaced or removed."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            if box.container_id:
+                self._watched[box.container_id] = box
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="afg-docker-disk", daemon=True)
+                self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread (within one :data:`DISK_POLL`); idempotent."""
+        self._stop.set()
+        with self._lock:
+            self._watched.clear()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(DISK_POLL):
+            with self._lock:
+                items = list(self._watched.items())
+            for cid, box in items:
+                if box.container_id != cid or box._upper_dir is None or box.spec.disk is None:
+                    with self._lock:
+                        self._watched.pop(cid, None)
+                    continue
+                used = _tree_bytes(box._upper_dir, box.spec.disk)
+                if used > box.spec.disk:
+                    box._death_reason = (f"its disk limit of {box.spec.disk} bytes was exceeded "
+                                         f"(writable layer at {used} bytes or more)")
+                    log.warning("%s: %s; killing the container", box.id, box._death_reason)
+                    with contextlib.suppress(Exception):
+                        self._engine.client().api.kill(cid)
+                    with self._lock:
+                        self._watched.pop(cid, None)
