@@ -394,7 +394,7 @@ async def test_pool_close_wakes_on_the_last_release_not_on_a_timer():
     m = box_manager()
     pool = m.pool(spec(max_instances=2))
     a, b = await pool.acquire(), await pool.acquire()
-    closing = asyncio.ensure_future(pool.close())
+    closing = asyncio.ensure_future(pool.aclose())
     for _ in range(5):
         await asyncio.sleep(0)
     assert not closing.done() and not a.released
@@ -417,7 +417,7 @@ async def test_pool_close_timeout_releases_what_is_still_in_use():
     held = await pool.acquire()
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    await pool.close(timeout=0.2)
+    await pool.aclose(timeout=0.2)
     assert 0.15 <= loop.time() - t0 < 2.0
     assert held.released and pool.closed
     with pytest.raises(PoolClosedError):
