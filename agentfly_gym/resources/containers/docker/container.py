@@ -28,7 +28,8 @@ from ..output import OutputBuffer
 from ..ownership import LABEL, owner_labels
 from ...spec import ContainerSpec
 from .disk import layer_dir, mount_layer_volume
-from .engine import docker_module, docker_pool, exec_start_frames, get_client, in_thread
+from .engine import docker_module, docker_pool, get_client, in_thread
+from .exec_stream import EngineError, exec_start_frames
 from .watchdog import watch
 
 __all__ = ["CAP_ADD", "DockerContainer", "create"]
@@ -502,6 +503,12 @@ class DockerContainer(ContainerResource):
             code = api.exec_inspect(eid).get("ExitCode")
         except docker.errors.NotFound as e:
             raise ResourceDied(f"{self.id}: the container is gone ({e.explanation or e})") from e
+        except EngineError as e:  # exec start's own answer (see exec_stream)
+            if e.status == 404:
+                raise ResourceDied(f"{self.id}: the container is gone ({e.message})") from e
+            if e.status == 409 or "not running" in e.message:
+                raise ResourceDied(f"{self.id}: the container is not running ({e.message})") from e
+            raise ResourceError(f"{self.id}: exec failed: {e.message}") from e
         except docker.errors.APIError as e:
             if e.status_code == 409 or "not running" in str(e):
                 raise ResourceDied(f"{self.id}: the container is not running ({e.explanation or e})") from e
