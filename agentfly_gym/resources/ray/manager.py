@@ -45,6 +45,7 @@ from ...errors import ConfigError, PoolClosedError, ResourceDied, ResourceError
 from ..base import Resource, ResourceStatus
 from ..spec import ResourceSpec
 from .. import teardown
+from . import _compat
 from ..manager import RolloutScope
 from .actors import Grant, client_owner, pool_actor_class
 from .placement import PlacementTable, RayPlacement, resolve_placement
@@ -89,23 +90,16 @@ def _start_ray(**kwargs: Any) -> None:
     """``ray.init(**kwargs, log_to_driver=False)`` with SIGTERM held until it has finished (see
     :func:`~agentfly_gym.resources.teardown.hold_sigterm`).
 
-    ``ray.init`` first replaces the process's SIGTERM handler with one that raises ``SystemExit`` (through
-    ``ray._private.utils.set_sigterm_handler``), and a SIGTERM during the seconds its start takes then stops
-    it half-way and orphans the dashboard's helper processes.  During the start that call only records
-    Ray's handler; afterwards the application's own handler is back in charge (``agentfly-gym rollout``
-    cancels the run and writes its summary), else Ray's.  A SIGTERM that came meanwhile is delivered then.
+    ``ray.init`` first replaces the process's SIGTERM handler with one that raises ``SystemExit``, and a
+    SIGTERM during the seconds its start takes then stops it half-way and orphans the dashboard's helper
+    processes.  During the start the handlers Ray installs are only recorded (:func:`._compat.sigterm_handlers_to`;
+    Ray has no public option for this); afterwards the application's own handler is back in charge
+    (``agentfly-gym rollout`` cancels the run and writes its summary), else Ray's.  A SIGTERM that came
+    meanwhile is delivered then.
     """
     ray = _ray()
-    utils = getattr(getattr(ray, "_private", None), "utils", None)
-    original = getattr(utils, "set_sigterm_handler", None)
-    with teardown.hold_sigterm() as hold:
-        if original is not None:
-            utils.set_sigterm_handler = hold.keep
-        try:
-            ray.init(log_to_driver=False, **kwargs)
-        finally:
-            if original is not None:
-                utils.set_sigterm_handler = original
+    with teardown.hold_sigterm() as hold, _compat.sigterm_handlers_to(hold.keep):
+        ray.init(log_to_driver=False, **kwargs)
 
 
 class RayResource(Resource):
