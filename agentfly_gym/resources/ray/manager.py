@@ -122,6 +122,7 @@ class RayResource(Resource):
         super().__init__(pool.spec, labels={"manager": pool.manager.id, "node_id": grant.node_id})
         self.id = f"{pool.spec.kind}@{grant.instance_id}"
         self._pool = pool
+        self._global_key = "cluster"  # of a global instance: the key the pool granted it under (see acquire_global)
         self.lease_id = grant.lease_id
         self.instance_id = grant.instance_id
         self.handle = grant.handle
@@ -502,7 +503,7 @@ class RayResourceManager:
                 ref = pool.handle.acquire_global.remote(gkey, self.id, node, self.acquire_timeout)
                 grant = await pool._await_grant(ref, f"global-{gkey}")
                 r = RayResource(pool, grant)
-                r._global_key = gkey  # type: ignore[attr-defined]
+                r._global_key = gkey
                 self._globals[key] = r
             return r
 
@@ -516,7 +517,7 @@ class RayResourceManager:
         pool = self._pools.get(spec.key)
         if r is not None and pool is not None:
             try:
-                await pool.handle.release_global.remote(getattr(r, "_global_key", "cluster"))
+                await pool.handle.release_global.remote(r._global_key)
             except _ray().exceptions.RayActorError:
                 pass
 
