@@ -42,7 +42,6 @@ _FRAME_HEADER = struct.Struct(">BxxxL")  # stream type, 3 zero bytes, payload si
 _EXEC_ID = re.compile(r"[0-9A-Za-z_.-]{1,128}")
 _MAX_LINE = 65536
 _ENV_KEYS = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
-_warned_fallback = False
 
 
 class EngineError(Exception):
@@ -134,6 +133,13 @@ def _read_body(reader: Any, headers: dict[str, str]) -> bytes:
     return reader.read()
 
 
+@lru_cache(maxsize=8)
+def _warn_fallback(address: str) -> None:
+    """Say once per address that docker-py reads the execs' output there."""
+    log.warning("Docker engine at %s: exec output is read by docker-py, which can drop the output of fast "
+                "commands (docker/docker-py#3332); unix:// and tcp:// engines are read directly", address)
+
+
 def exec_start_frames(api: Any, exec_id: str, *, timeout: float = 120.0,
                       endpoint: Endpoint | None = None) -> Iterator[bytes]:
     """Start exec ``exec_id`` (attached, no TTY) and yield its output frames' payloads (bytes; stdout and
@@ -157,12 +163,7 @@ def exec_start_frames(api: Any, exec_id: str, *, timeout: float = 120.0,
         raise ValueError(f"not an exec id: {exec_id!r}")
     ep = endpoint_from_env() if endpoint is None else endpoint
     if ep.scheme == "other":
-        global _warned_fallback
-        if not _warned_fallback:
-            _warned_fallback = True
-            log.warning("Docker engine at %s: exec output is read by docker-py, which can drop the output of "
-                        "fast commands (docker/docker-py#3332); unix:// and tcp:// engines are read directly",
-                        ep.address)
+        _warn_fallback(ep.address)
         yield from api.exec_start(exec_id, stream=True)
         return
     body = json.dumps({"Detach": False, "Tty": False}).encode()
