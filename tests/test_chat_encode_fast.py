@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, ByT5Tokenizer
 
-from agentfly_gym.rollout.chat import ChatTokenizer, _backend_encoder
+from agentfly_gym.rollout import _compat
+from agentfly_gym.rollout._compat import backend_encoder
+from agentfly_gym.rollout.chat import ChatTokenizer
 from agentfly_gym.rollout.models import smollm2_dir
 
 SPECIALS = ["<|im_end|>", "<|im_start|>", "<|im_start|>assistant\n", "<|endoftext|>", "<think>", "</think>",
@@ -81,7 +83,7 @@ def test_overridden_encode_path_is_refused(test_data):
 
     patched = qwen3(test_data)
     patched.encode = lambda text, **kw: [1, 2, 3]  # patched on the instance
-    ok, why = _backend_encoder(patched)
+    ok, why = backend_encoder(patched)
     assert not ok and "'encode'" in why
 
 
@@ -124,3 +126,23 @@ def test_over_long_result_goes_through_tokenizer_encode(test_data):
     assert chat.encode("a b") == encode("a b", add_special_tokens=False) and calls == []
     long = "one two three four five six"
     assert chat.encode(long) == encode(long, add_special_tokens=False) and calls == [long]
+
+
+def test_encode_path_is_the_one_read_for_this_transformers():
+    """The shortcut's proof (``_compat.backend_encoder``) was read in one transformers version: fail here, not
+    silently slower (every encode through transformers) or wrong, on another one or when the path changed;
+    then re-read the methods named in ``_compat.ENCODE_PATH_SOURCES``, update the proof and the digests."""
+    import hashlib
+    import inspect
+
+    import transformers
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    assert transformers.__version__.startswith(_compat.CHECKED_TRANSFORMERS), (
+        f"transformers {transformers.__version__} is not one of {_compat.CHECKED_TRANSFORMERS}: re-read its encode "
+        "path against agentfly_gym/rollout/_compat.py (backend_encoder) and add it")
+    got = {}
+    for name in _compat.ENCODE_PATH:
+        fn = getattr(TokenizersBackend, name)
+        got[f"{fn.__module__}.{fn.__qualname__}"] = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+    assert got == _compat.ENCODE_PATH_SOURCES, "transformers' encode path changed: re-read it (see _compat)"

@@ -1,9 +1,10 @@
-"""What :mod:`.light_tokenizer` mirrors of transformers, so that it need not import it (version-guarded).
+"""What this package relies on of transformers beyond its public API (version-guarded): what
+:mod:`.light_tokenizer` mirrors of it, and the proof behind :meth:`.chat.ChatTokenizer.encode`'s shortcut.
 
 transformers' ``AutoTokenizer`` costs the import of transformers and torch (seconds); a model-free policy
 needs only the ``tokenizers`` backend and a chat template renderer.  To give exactly the ids and text that
 transformers gives, :class:`~.light_tokenizer.LightTokenizer` repeats three things transformers does, read in
-transformers 5.10 (``_CHECKED_TRANSFORMERS``):
+transformers 5.10 (``CHECKED_TRANSFORMERS``):
 
 * the Jinja environment of ``transformers.utils.chat_template_utils._cached_compile_jinja_template``
   (sandboxed, ``trim_blocks``/``lstrip_blocks``, loop controls, its ``tojson`` filter, ``raise_exception`` and
@@ -21,18 +22,27 @@ Anything else (another tokenizer class, an unchecked transformers version, a con
 read) makes :func:`unsupported` say why, and the caller loads the tokenizer with transformers instead.
 tests/test_light_tokenizer.py compares the ids and text with ``AutoTokenizer``'s and fails on a transformers
 version whose mirrored functions changed (their source digests are recorded in ``MIRRORED_SOURCES``).
+
+:func:`backend_encoder` says whether ``tokenizer.encode(text, add_special_tokens=False)`` may be answered by
+the public ``tokenizer.backend_tokenizer`` (the Rust ``tokenizers.Tokenizer``) directly, which
+:func:`backend_encode` then does: 4-5x less CPU for a short action.  That rests on a reading of transformers'
+encode path (the methods :data:`ENCODE_PATH`, checked for :data:`CHECKED_TRANSFORMERS`); on any other version the
+shortcut is refused (``tokenizer.encode`` is used, same ids) and tests/test_chat_encode_fast.py fails until the
+path is read again (its source digests are recorded in :data:`ENCODE_PATH_SOURCES`).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime
 from functools import lru_cache
 from importlib import metadata
 from typing import Any
 
-__all__ = ["CHECKED_TRANSFORMERS", "MIRRORED_SOURCES", "CLASS_RULES", "transformers_version", "unsupported",
-           "rebuild_backend", "class_special_defaults", "compile_template", "render_template"]
+__all__ = ["CHECKED_TRANSFORMERS", "MIRRORED_SOURCES", "CLASS_RULES", "ENCODE_PATH", "ENCODE_PATH_SOURCES",
+           "transformers_version", "unsupported", "rebuild_backend", "class_special_defaults", "compile_template",
+           "render_template", "backend_encoder", "backend_encode"]
 
 #: transformers versions whose code this module was compared with (prefixes of ``transformers.__version__``).
 CHECKED_TRANSFORMERS = ("5.10.",)
@@ -45,6 +55,24 @@ MIRRORED_SOURCES = {
     "transformers.models.qwen2.tokenization_qwen2.Qwen2Tokenizer.__init__": "2f5116681c14aa5b",
     "transformers.tokenization_utils_tokenizers.TokenizersBackend._decode": "8572e715e3f3b20b",
     "transformers.tokenization_utils_base.PreTrainedTokenizerBase.apply_chat_template": "e1cb409b5552cad8",
+}
+
+#: The methods of transformers' encode path, in the order ``tokenizer.encode(text, add_special_tokens=False)`` calls
+#: them (see :func:`backend_encoder`).
+ENCODE_PATH = ("encode", "_get_padding_truncation_strategies", "_encode_plus", "set_truncation_and_padding",
+               "_convert_encoding", "_eventual_warn_about_too_long_sequence")
+
+#: sha256 (first 16 hex digits) of ``inspect.getsource`` of :data:`ENCODE_PATH` as ``TokenizersBackend`` has them, as
+#: of the checked versions; tests/test_chat_encode_fast.py fails when one changes.
+ENCODE_PATH_SOURCES = {
+    "transformers.tokenization_utils_base.PreTrainedTokenizerBase.encode": "d6d59e5876c1b923",
+    "transformers.tokenization_utils_base.PreTrainedTokenizerBase._get_padding_truncation_strategies":
+        "17b39f61ffc95726",
+    "transformers.tokenization_utils_tokenizers.TokenizersBackend._encode_plus": "9fe593dc534868a2",
+    "transformers.tokenization_utils_tokenizers.TokenizersBackend.set_truncation_and_padding": "50347549d3529c88",
+    "transformers.tokenization_utils_tokenizers.TokenizersBackend._convert_encoding": "df3df2013df61e2c",
+    "transformers.tokenization_utils_base.PreTrainedTokenizerBase._eventual_warn_about_too_long_sequence":
+        "3bca614f18848823",
 }
 
 #: Tokenizer classes (``tokenizer_class`` of tokenizer_config.json) whose loading this module mirrors.
@@ -190,3 +218,65 @@ def render_template(source: str, messages: list[dict[str, Any]], *, tools: list[
                 raise TypeError("Documents should be a list of dicts with 'title' and 'text' keys!")
     return compile_template(source).render(messages=messages, tools=tools, documents=documents,
                                            add_generation_prompt=add_generation_prompt, **variables)
+
+
+# ---------------------------------------------------------------------------------------------- encode shortcut
+
+def backend_encoder(tokenizer: Any) -> tuple[bool, str]:
+    """Whether ``tokenizer.encode(text, add_special_tokens=False)`` equals
+    ``tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids`` while the backend state
+    matches (see :func:`backend_encode`); returns ``(ok, reason if not ok)``.
+
+    The proof, for transformers 5.10 (``tokenization_utils_base`` / ``tokenization_utils_tokenizers``):
+    ``encode`` resolves padding=False, truncation=None, max_length=None to DO_NOT_PAD / DO_NOT_TRUNCATE
+    (``_get_padding_truncation_strategies`` reads no tokenizer setting for that case) and calls
+    ``TokenizersBackend._encode_plus``, which does not touch a ``str`` text: it sets the backend's
+    truncation and padding off (``set_truncation_and_padding``) and ``encode_special_tokens`` to
+    ``split_special_tokens``, calls ``self._tokenizer.encode_batch([text], add_special_tokens=False,
+    is_pretokenized=False)`` and returns the single encoding's ``ids`` (``_convert_encoding``); the only
+    other effect is a warning when the ids are longer than ``model_max_length``.  The backend's ``encode``
+    and ``encode_batch`` of one text run the same single-sequence encoding (``encode_char_offsets`` in
+    tokenizers' bindings; tests/test_chat_encode_fast.py checks the equality).  Added tokens,
+    special-token splitting, normalisation, prefix-space and legacy options all live in the backend
+    object itself, so they apply on both paths.  This holds only where every method on that path is
+    ``TokenizersBackend``'s own (a subclass such as CodeLlama's overrides ``_encode_plus`` and
+    ``tokenize``), nothing is patched on the instance, and the backend is a ``tokenizers.Tokenizer``.
+    """
+    if "transformers" not in sys.modules:  # then it is no transformers tokenizer (a LightTokenizer, say): do not
+        # import transformers (and torch) for a check that cannot pass
+        return False, f"{type(tokenizer).__name__} is not a transformers tokenizer"
+    try:
+        import tokenizers
+        import transformers
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError as e:
+        return False, f"transformers/tokenizers not importable: {e}"
+    if not transformers.__version__.startswith(CHECKED_TRANSFORMERS):
+        return False, (f"transformers {transformers.__version__}: its encode path was not checked "
+                       f"(checked: {', '.join(v + 'x' for v in CHECKED_TRANSFORMERS)})")
+    if not isinstance(tokenizer, TokenizersBackend):
+        return False, f"{type(tokenizer).__name__} is not a TokenizersBackend (a slow or foreign tokenizer)"
+    changed = [n for n in (*ENCODE_PATH, "backend_tokenizer")  # the backend property: the object _encode_plus uses
+               if getattr(type(tokenizer), n) is not getattr(TokenizersBackend, n) or n in vars(tokenizer)]
+    if changed:
+        return False, f"{type(tokenizer).__name__} overrides {changed} of transformers' encode path"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if type(backend) is not tokenizers.Tokenizer:
+        return False, f"backend {type(backend).__name__} is not a tokenizers.Tokenizer"
+    if not isinstance(getattr(tokenizer, "split_special_tokens", None), bool) or \
+            not isinstance(getattr(tokenizer, "model_max_length", None), int):
+        return False, "split_special_tokens / model_max_length missing"
+    return True, ""
+
+
+def backend_encode(tokenizer: Any, text: str) -> list[int] | None:
+    """``tokenizer.encode(text, add_special_tokens=False)`` from the backend directly, for a tokenizer
+    :func:`backend_encoder` accepted: the ids, or None where transformers' call could differ (its backend left
+    with truncation or padding on by an earlier call, ``encode_special_tokens`` unlike the tokenizer's
+    ``split_special_tokens``, or more ids than ``model_max_length``, where transformers warns)."""
+    bk = tokenizer.backend_tokenizer
+    if bk.truncation is None and bk.padding is None and bk.encode_special_tokens == tokenizer.split_special_tokens:
+        ids = bk.encode(text, add_special_tokens=False).ids
+        if len(ids) <= tokenizer.model_max_length:
+            return ids
+    return None

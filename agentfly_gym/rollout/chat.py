@@ -47,67 +47,15 @@ scheme can do without re-rendering the past (:attr:`ChatTokenizer.system_moves` 
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import TokenizationError
+from ._compat import backend_encode, backend_encoder
 
 __all__ = ["ChatTokenizer"]
 
 log = logging.getLogger(__name__)
-
-# transformers versions whose encode path (below) was read and found to pass the text to the backend unchanged.
-_CHECKED_TRANSFORMERS = ("5.10.",)
-# The methods on that path, in the order tokenizer.encode(text, add_special_tokens=False) calls them.
-_ENCODE_PATH = ("encode", "_get_padding_truncation_strategies", "_encode_plus", "set_truncation_and_padding",
-                "_convert_encoding", "_eventual_warn_about_too_long_sequence")
-
-
-def _backend_encoder(tokenizer: Any) -> tuple[bool, str]:
-    """Whether ``tokenizer.encode(text, add_special_tokens=False)`` equals
-    ``tokenizer._tokenizer.encode(text, add_special_tokens=False).ids`` while the backend state
-    matches (see :meth:`ChatTokenizer.encode`); returns ``(ok, reason if not ok)``.
-
-    The proof, for transformers 5.10 (``tokenization_utils_base`` / ``tokenization_utils_tokenizers``):
-    ``encode`` resolves padding=False, truncation=None, max_length=None to DO_NOT_PAD / DO_NOT_TRUNCATE
-    (``_get_padding_truncation_strategies`` reads no tokenizer setting for that case) and calls
-    ``TokenizersBackend._encode_plus``, which does not touch a ``str`` text: it sets the backend's
-    truncation and padding off (``set_truncation_and_padding``) and ``encode_special_tokens`` to
-    ``split_special_tokens``, calls ``self._tokenizer.encode_batch([text], add_special_tokens=False,
-    is_pretokenized=False)`` and returns the single encoding's ``ids`` (``_convert_encoding``); the only
-    other effect is a warning when the ids are longer than ``model_max_length``.  The backend's ``encode``
-    and ``encode_batch`` of one text run the same single-sequence encoding (``encode_char_offsets`` in
-    tokenizers' bindings; tests/test_chat_encode_fast.py checks the equality).  Added tokens,
-    special-token splitting, normalisation, prefix-space and legacy options all live in the backend
-    object itself, so they apply on both paths.  This holds only where every method on that path is
-    ``TokenizersBackend``'s own (a subclass such as CodeLlama's overrides ``_encode_plus`` and
-    ``tokenize``), nothing is patched on the instance, and the backend is a ``tokenizers.Tokenizer``.
-    """
-    if "transformers" not in sys.modules:  # then it is no transformers tokenizer (a LightTokenizer, say): do not
-        # import transformers (and torch) for a check that cannot pass
-        return False, f"{type(tokenizer).__name__} is not a transformers tokenizer"
-    try:
-        import tokenizers
-        import transformers
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except ImportError as e:
-        return False, f"transformers/tokenizers not importable: {e}"
-    if not transformers.__version__.startswith(_CHECKED_TRANSFORMERS):
-        return False, (f"transformers {transformers.__version__}: its encode path was not checked "
-                       f"(checked: {', '.join(v + 'x' for v in _CHECKED_TRANSFORMERS)})")
-    if not isinstance(tokenizer, TokenizersBackend):
-        return False, f"{type(tokenizer).__name__} is not a TokenizersBackend (a slow or foreign tokenizer)"
-    changed = [n for n in _ENCODE_PATH if getattr(type(tokenizer), n) is not getattr(TokenizersBackend, n)
-               or n in vars(tokenizer)]
-    if changed:
-        return False, f"{type(tokenizer).__name__} overrides {changed} of transformers' encode path"
-    if type(getattr(tokenizer, "_tokenizer", None)) is not tokenizers.Tokenizer:
-        return False, f"backend {type(getattr(tokenizer, '_tokenizer', None)).__name__} is not a tokenizers.Tokenizer"
-    if not isinstance(getattr(tokenizer, "split_special_tokens", None), bool) or \
-            not isinstance(getattr(tokenizer, "model_max_length", None), int):
-        return False, "split_special_tokens / model_max_length missing"
-    return True, ""
 
 _SYSTEM = "You are a helpful assistant."
 _USER = "Hello."
@@ -160,7 +108,7 @@ class ChatTokenizer:
         self.tokenizer = tokenizer
         self.system_prompt_in_dummy = system_prompt_in_dummy
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.fast_encode, self.fast_encode_refused = _backend_encoder(tokenizer)
+        self.fast_encode, self.fast_encode_refused = backend_encoder(tokenizer)
         if not self.fast_encode:
             log.debug("ChatTokenizer encodes through tokenizer.encode: %s", self.fast_encode_refused)
         self._special_ids = self._find_special_ids()
@@ -248,16 +196,13 @@ class ChatTokenizer:
         taken only while the backend's state is the one transformers' call would set (no truncation,
         no padding, ``encode_special_tokens == tokenizer.split_special_tokens``) and the result is not
         longer than ``model_max_length`` (transformers then warns); any other case, and any other
-        tokenizer, goes through ``tokenizer.encode``.  See :func:`_backend_encoder` for the proof.
+        tokenizer, goes through ``tokenizer.encode``.  See :func:`._compat.backend_encoder` for the proof.
         """
-        tok = self.tokenizer
         if self.fast_encode and type(text) is str:
-            bk = tok._tokenizer
-            if bk.truncation is None and bk.padding is None and bk.encode_special_tokens == tok.split_special_tokens:
-                ids = bk.encode(text, add_special_tokens=False).ids
-                if len(ids) <= tok.model_max_length:
-                    return ids
-        return tok.encode(text, add_special_tokens=False)
+            ids = backend_encode(self.tokenizer, text)
+            if ids is not None:
+                return ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     # ------------------------------------------------------------------ internals
 

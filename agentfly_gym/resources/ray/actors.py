@@ -25,6 +25,7 @@ from typing import Any
 
 from ...errors import PoolClosedError, ResourceDied, ResourceError, ResourceStartError, ResourceTimeout
 from ..spec import ResourceSpec
+from . import _compat
 from .placement import RayPlacement
 
 __all__ = ["PoolActor", "ResourceHost", "pool_actor_class", "host_actor_class", "Grant"]
@@ -43,21 +44,16 @@ def client_owner() -> dict[str, Any]:
     import ray
 
     ctx = ray.get_runtime_context()
-    worker = ray._private.worker
-    return {"worker_id": ctx.get_worker_id(), "job_id": ctx.get_job_id(),
-            "driver": worker.global_worker.mode == worker.SCRIPT_MODE}
+    return {"worker_id": ctx.get_worker_id(), "job_id": ctx.get_job_id(), "driver": ctx.worker.mode == ray.SCRIPT_MODE}
 
 
 def dead_owners(owners: dict[str, dict[str, Any]]) -> list[str]:
     """The clients (of ``owners``: client id -> :func:`client_owner`) whose process has ended, as the cluster's
     control store (GCS) records it: a driver whose job is dead, a worker that is no longer among the live
-    workers.  Read through ``ray._private.state`` (the tables ``ray.nodes()`` reads), which needs no dashboard
-    (``ray.util.state`` does).  Blocking: run it in a thread.
+    workers (read by :mod:`._compat`, which needs no dashboard).  Blocking: run it in a thread.
     """
-    from ray._private.state import state
-
-    jobs = {j["JobID"]: j["IsDead"] for j in state.job_table()}
-    workers = set(state.workers()) if any(not o.get("driver", True) for o in owners.values()) else set()
+    jobs = _compat.job_is_dead()
+    workers = _compat.live_worker_ids() if any(not o.get("driver", True) for o in owners.values()) else set()
     return [client for client, o in owners.items()
             if jobs.get(o.get("job_id"), False) or (not o.get("driver", True) and o.get("worker_id") not in workers)]
 

@@ -45,6 +45,7 @@ from ...errors import ConfigError, PoolClosedError, ResourceDied, ResourceError
 from ..base import Resource, ResourceStatus
 from ..spec import ResourceSpec
 from .. import teardown
+from . import _compat
 from ..manager import RolloutScope
 from .actors import Grant, client_owner, pool_actor_class
 from .placement import PlacementTable, RayPlacement, resolve_placement
@@ -96,23 +97,16 @@ def _start_ray(**kwargs: Any) -> None:
     """``ray.init(**kwargs, log_to_driver=False)`` with SIGTERM held until it has finished (see
     :func:`~agentfly_gym.resources.teardown.hold_sigterm`).
 
-    ``ray.init`` first replaces the process's SIGTERM handler with one that raises ``SystemExit`` (through
-    ``ray._private.utils.set_sigterm_handler``), and a SIGTERM during the seconds its start takes then stops
-    it half-way and orphans the dashboard's helper processes.  During the start that call only records
-    Ray's handler; afterwards the application's own handler is back in charge (``agentfly-gym rollout``
-    cancels the run and writes its summary), else Ray's.  A SIGTERM that came meanwhile is delivered then.
+    ``ray.init`` first replaces the process's SIGTERM handler with one that raises ``SystemExit``, and a
+    SIGTERM during the seconds its start takes then stops it half-way and orphans the dashboard's helper
+    processes.  During the start the handlers Ray installs are only recorded (:func:`._compat.sigterm_handlers_to`;
+    Ray has no public option for this); afterwards the application's own handler is back in charge
+    (``agentfly-gym rollout`` cancels the run and writes its summary), else Ray's.  A SIGTERM that came
+    meanwhile is delivered then.
     """
     ray = _ray()
-    utils = getattr(getattr(ray, "_private", None), "utils", None)
-    original = getattr(utils, "set_sigterm_handler", None)
-    with teardown.hold_sigterm() as hold:
-        if original is not None:
-            utils.set_sigterm_handler = hold.keep
-        try:
-            ray.init(log_to_driver=False, **kwargs)
-        finally:
-            if original is not None:
-                utils.set_sigterm_handler = original
+    with teardown.hold_sigterm() as hold, _compat.sigterm_handlers_to(hold.keep):
+        ray.init(log_to_driver=False, **kwargs)
 
 
 class RayResource(Resource):
@@ -135,6 +129,7 @@ class RayResource(Resource):
         super().__init__(pool.spec, labels={"manager": pool.manager.id, "node_id": grant.node_id})
         self.id = f"{pool.spec.kind}@{grant.instance_id}"
         self._pool = pool
+        self._global_key = "cluster"  # of a global instance: the key the pool granted it under (see acquire_global)
         self.lease_id = grant.lease_id
         self.instance_id = grant.instance_id
         self.handle = grant.handle
@@ -519,7 +514,7 @@ class RayResourceManager:
                 ref = pool.handle.acquire_global.remote(gkey, self.id, node, self.acquire_timeout)
                 grant = await pool._await_grant(ref, f"global-{gkey}")
                 r = RayResource(pool, grant)
-                r._global_key = gkey  # type: ignore[attr-defined]
+                r._global_key = gkey
                 self._globals[key] = r
             return r
 
@@ -533,7 +528,7 @@ class RayResourceManager:
         pool = self._pools.get(spec.key)
         if r is not None and pool is not None:
             try:
-                await pool.handle.destroy_global.remote(getattr(r, "_global_key", "cluster"))
+                await pool.handle.destroy_global.remote(r._global_key)
             except _ray().exceptions.RayActorError:
                 pass
 

@@ -446,8 +446,7 @@ class _Rows:
             lead = int(self.attn.any(dim=0).long().argmax())  # first column some row attends to
             if lead > 0:
                 self.attn = self.attn[:, lead:]
-                for layer in self.past.layers:
-                    layer.keys, layer.values = layer.keys[..., lead:, :], layer.values[..., lead:, :]
+                self.past = _cache_of([(la.keys[..., lead:, :], la.values[..., lead:, :]) for la in self.past.layers])
 
     def merge(self, other: _Rows) -> None:
         """Append ``other``'s rows (a fresh prefill) to this batch, left-padding the shorter KV cache."""
@@ -464,14 +463,25 @@ class _Rows:
             return torch.cat([x.new_zeros(shape), x], dim=dim)
 
         self.attn = torch.cat([left_pad(self.attn, width - ta, 1), left_pad(other.attn, width - tb, 1)], dim=0)
-        for mine, theirs in zip(self.past.layers, other.past.layers):
-            mine.keys = torch.cat([left_pad(mine.keys, width - ta, -2), left_pad(theirs.keys, width - tb, -2)])
-            mine.values = torch.cat([left_pad(mine.values, width - ta, -2),
-                                     left_pad(theirs.values, width - tb, -2)])
+        self.past = _cache_of([(torch.cat([left_pad(mine.keys, width - ta, -2), left_pad(theirs.keys, width - tb, -2)]),
+                                torch.cat([left_pad(mine.values, width - ta, -2),
+                                           left_pad(theirs.values, width - tb, -2)]))
+                               for mine, theirs in zip(self.past.layers, other.past.layers)])
         self.next_ids = torch.cat([self.next_ids, other.next_ids])
         self.pos = torch.cat([self.pos, other.pos])
         for name in self._LISTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def _cache_of(layers: list[tuple[Any, Any]]) -> Any:
+    """A ``DynamicCache`` of plain full-attention layers holding ``layers`` (per layer ``(keys, values)``, each
+    ``(batch, kv_heads, positions, head_dim)``), built through its public constructor (as for data gathered by
+    ``torch.distributed``); the cache a row selection or a merge continues with."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    with torch.inference_mode():
+        return DynamicCache(ddp_cache_data=layers)
 
 
 def _joinable(past: Any) -> bool:

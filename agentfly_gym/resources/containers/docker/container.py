@@ -28,7 +28,8 @@ from ..output import OutputBuffer
 from ..ownership import LABEL, owner_labels
 from ...spec import ContainerSpec
 from .disk import layer_dir, mount_layer_volume
-from .engine import DockerEngine, docker_module, exec_start_frames
+from .engine import DockerEngine, docker_module
+from .exec_stream import EngineError, exec_start_frames
 
 __all__ = ["CAP_ADD", "DockerContainer", "create"]
 
@@ -512,6 +513,12 @@ class DockerContainer(ContainerResource):
             code = api.exec_inspect(eid).get("ExitCode")
         except docker.errors.NotFound as e:
             raise ResourceDied(f"{self.id}: the container is gone ({e.explanation or e})") from e
+        except EngineError as e:  # exec start's own answer (see exec_stream)
+            if e.status == 404:
+                raise ResourceDied(f"{self.id}: the container is gone ({e.message})") from e
+            if e.status == 409 or "not running" in e.message:
+                raise ResourceDied(f"{self.id}: the container is not running ({e.message})") from e
+            raise ResourceError(f"{self.id}: exec failed: {e.message}") from e
         except docker.errors.APIError as e:
             if e.status_code == 409 or "not running" in str(e):
                 raise ResourceDied(f"{self.id}: the container is not running ({e.explanation or e})") from e

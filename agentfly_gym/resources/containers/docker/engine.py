@@ -1,16 +1,15 @@
 """Access to the Docker engine: docker-py imported on first use, the :class:`DockerEngine` every
 manager owns (one client, one thread pool: every docker-py call blocks, so none runs on the event
-loop; the disk watchdog), the availability probe, and the reader of an exec's output stream (the
-Engine API's multiplexed stream).
+loop; the disk watchdog), and the availability probe.  An exec's output is read by
+:mod:`.exec_stream` (the Engine API over the engine's socket).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ....errors import ResourceUnavailable
@@ -18,7 +17,7 @@ from ....errors import ResourceUnavailable
 if TYPE_CHECKING:
     from .watchdog import DiskWatchdog
 
-__all__ = ["DockerEngine", "docker_available", "docker_module", "exec_start_frames"]
+__all__ = ["DockerEngine", "docker_available", "docker_module"]
 
 _probe: bool | None = None  # whether an engine answered this process's last probe (None: not probed yet)
 
@@ -133,43 +132,3 @@ def docker_available(*, refresh: bool = False) -> bool:
         ok = False
     _probe = ok
     return ok
-
-
-_FRAME_HEADER = struct.Struct(">BxxxL")  # stream type (0 stdin, 1 stdout, 2 stderr), 3 zero bytes, payload size
-
-
-def exec_start_frames(api: Any, exec_id: str) -> Iterator[bytes]:
-    """Start an exec (attached, no TTY) and yield its output frames' payloads, stdout and stderr interleaved.
-
-    docker-py's ``exec_start(stream=True)`` reads the upgraded connection from the raw socket
-    (``response.raw._fp.fp.raw``), which skips whatever ``http.client`` already buffered while reading
-    the response headers.  When a command's output arrives in the same read as the headers (a fast
-    command on a loaded machine) it is silently lost: the exec reports exit 0 with empty output
-    (docker/docker-py issues 425 and 3332; measured here: 28-35 of 1,500 execs of ``echo`` under CPU
-    load).  This reads the same connection through its buffered reader instead, so nothing is skipped.
-    The stream format is the Docker Engine API's multiplexed stream ("Attach to a container",
-    stream format: an 8-byte header ``[type, 0, 0, 0, size (big-endian uint32)]`` then ``size`` bytes).
-
-    Raises:
-        docker.errors.APIError / NotFound: as ``exec_start`` (the exec or container is gone).
-    """
-    res = api._post_json(api._url("/exec/{0}/start", exec_id), headers={"Connection": "Upgrade", "Upgrade": "tcp"},
-                         data={"Tty": False, "Detach": False}, stream=True)
-    try:
-        api._raise_for_status(res)
-        reader = res.raw._fp.fp  # the BufferedReader over the upgraded socket (docker-py takes its .raw)
-        # a command may stay silent for longer than the client's request timeout: block like docker-py's
-        # poll()-based reads do (the exec's own timeout, or a cancellation, ends the stream)
-        reader.raw._sock.settimeout(None)
-        while True:
-            header = reader.read(_FRAME_HEADER.size)
-            if len(header) < _FRAME_HEADER.size:
-                return
-            _, size = _FRAME_HEADER.unpack(header)
-            payload = reader.read(size) if size else b""
-            if payload:
-                yield payload
-            if len(payload) < size:
-                return
-    finally:
-        res.close()
