@@ -42,19 +42,23 @@ TESTED: dict[str, tuple[str, ...]] = {"gymnasium": ("1.4.0",)}
 _warned = threading.Event()
 
 
-@functools.lru_cache(maxsize=1)
 def untested_versions() -> dict[str, str]:
     """The installed distributions of :data:`TESTED` whose version was not verified:
     ``{name: installed version or "not installed"}``; empty when all are known."""
     out = {}
     for name, versions in TESTED.items():
-        try:
-            v = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            v = "not installed"
+        v = _installed(name)
         if v not in versions:
             out[name] = v
     return out
+
+
+@functools.lru_cache(maxsize=4)
+def _installed(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def _applies() -> bool:
