@@ -36,7 +36,7 @@ Only the versions in :data:`TESTED` were read and verified (games played after a
 the observations they gave before, see ``tests/test_alfworld_memory.py``; games played through the
 cache give those played without it, see ``tests/test_alfworld_engine_cache.py``).  With any other
 version of these distributions nothing here touches anything (:func:`answering_engine_calls` binds
-nothing, so every load computes everything itself: correct, ~3x slower cold resets;
+nothing, so every load computes everything itself: correct, 2-3x slower cold resets;
 :func:`intern_cache_size` and :func:`clear_intern_cache` return ``None``; :func:`drop_game_state`
 keeps the state until the next load replaces it), one warning is logged, and
 ``tests/test_compat_versions.py`` fails, naming the versions to re-check.
