@@ -21,7 +21,8 @@ import pytest
 
 from agentfly_gym.envs.scienceworld import java_fold
 from agentfly_gym.envs.scienceworld import simulator as simulator_module
-from agentfly_gym.envs.scienceworld.simulator import ScienceWorldSimulator, _pipelined_call
+from agentfly_gym.envs.scienceworld._compat import pipelined_call
+from agentfly_gym.envs.scienceworld.simulator import ScienceWorldSimulator
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -146,9 +147,9 @@ def test_a_class_the_jvm_refuses_falls_back_to_pipelined_calls_with_one_warning(
     shipped = java_fold.CLASSES_DIR.joinpath(*java_fold.CLASS_NAME.split(".")).with_suffix(".class").read_bytes()
     bad.write_bytes(shipped[:6] + (99).to_bytes(2, "big") + shipped[8:])  # as if built for Java 55 (class file 99)
     with pytest.raises(java_fold.FoldUnavailable, match="UnsupportedClassVersionError"):
-        java_fold.load(sim._env._gateway, sim._server, tmp_path)
+        java_fold.load(sim._gateway, sim._server, tmp_path)
     with pytest.raises(java_fold.FoldUnavailable, match="no agentflygym"):
-        java_fold.load(sim._env._gateway, sim._server, tmp_path / "nothing")
+        java_fold.load(sim._gateway, sim._server, tmp_path / "nothing")
 
     real_load = java_fold.load
     monkeypatch.setattr(java_fold, "load", lambda gateway, server: real_load(gateway, server, tmp_path))
@@ -183,9 +184,9 @@ def test_an_error_in_the_middle_of_a_fold_leaves_the_connection_in_step(sim):
 
     sim.load("find-non-living-thing", 0, "easy")
     with pytest.raises(Py4JError, match="noSuchMethod"):
-        _pipelined_call(sim._server, (("getNumMoves",), ("noSuchMethod",), ("getScore",)))
+        pipelined_call(sim._server, (("getNumMoves",), ("noSuchMethod",), ("getScore",)))
     for _ in range(5):  # every pooled connection still answers its own calls
-        moves, score = _pipelined_call(sim._server, (("getNumMoves",), ("getScore",)))
+        moves, score = pipelined_call(sim._server, (("getNumMoves",), ("getScore",)))
         assert (moves, score) == (sim._call("getNumMoves"), sim._call("getScore"))
     obs, reward, terminated, _, info = sim.step("open door to kitchen")
     assert info["moves"] == sim._call("getNumMoves") and not terminated

@@ -19,7 +19,6 @@ Every environment declares what it accepts and offers the same way: :attr:`Agent
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 from collections.abc import Mapping
@@ -27,14 +26,13 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 import gymnasium
-import gymnasium.envs.registration
-import gymnasium.wrappers
 
 from ..errors import ConfigError, ModelOutputError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
 from ..resources.inprocess import InProcessResource
 from ..resources.manager import ResourceManager, RolloutScope, default_manager
 from ..spaces import TextSpace
 from ..utils.aio import run_sync
+from ._compat import enclosing_time_limit, limit_of_gymnasium_make
 from .prompting import AgentPrompt
 
 __all__ = ["AgentFlyEnv", "EnvResources", "StepResult", "fault_message", "fault_step"]
@@ -64,45 +62,6 @@ def fault_step(fault: BaseException | str) -> StepResult:
     """
     message = fault_message(fault)
     return f"Error: {message}. The episode has ended.", 0.0, False, True, {"error": message}
-
-
-def _limit_of_gymnasium_make() -> int | None:
-    """The step limit of the ``gymnasium.make`` call that is constructing an env now, else None.
-
-    ``gymnasium.make(id, max_episode_steps=N)`` (or ``make(spec)`` with ``spec.max_episode_steps``) does
-    not pass ``N`` to the env's constructor: it wraps the env in ``TimeLimit`` afterwards.  The value is
-    read from ``make``'s frame, found by its code object; None where frames are not available.
-    """
-    make = getattr(gymnasium.envs.registration, "make", None)
-    code = getattr(make, "__code__", None)
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            if frame.f_code is code:
-                n = frame.f_locals.get("max_episode_steps")
-                if n is None:
-                    n = getattr(frame.f_locals.get("env_spec"), "max_episode_steps", None)
-                return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
-
-
-def _enclosing_time_limit(env: gymnasium.Env) -> int | None:
-    """The ``max_episode_steps`` of a ``gymnasium.wrappers.TimeLimit`` around ``env`` whose ``reset`` is
-    running now (found in the calling frames), else None."""
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            wrapper = frame.f_locals.get("self")
-            if isinstance(wrapper, gymnasium.wrappers.TimeLimit) and wrapper.unwrapped is env:
-                n = getattr(wrapper, "_max_episode_steps", None)
-                return n if isinstance(n, int) and n >= 1 else None
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
 
 
 class EnvResources:
@@ -143,11 +102,12 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
             ``info["error"]`` and the backing resource is discarded.
         reset_timeout: seconds a reset may take, including waiting for a free resource.
         max_episode_steps: steps after which the episode is truncated (and its rollout scope released);
-            ``None`` for no limit.  ``gymnasium.make(id, max_episode_steps=N)`` sets it to ``N`` (Gymnasium
-            passes ``N`` to its ``TimeLimit`` wrapper, not to the env; the env reads it from the ``make``
-            call), and so does a ``TimeLimit`` wrapped around the env by hand, at the sync ``reset``: the
-            env truncates at the same step as the wrapper and releases its simulator, engine or container
-            there instead of holding it until the next reset.
+            ``None`` for no limit.  ``gymnasium.make_vec(id, max_episode_steps=N)`` passes ``N`` here;
+            ``gymnasium.make(id, max_episode_steps=N)`` sets it to ``N`` too (Gymnasium passes ``N`` to its
+            ``TimeLimit`` wrapper only; the env reads it from the ``make`` call, see :mod:`._compat`), and so
+            does a ``TimeLimit`` wrapped around the env by hand, at the sync ``reset``: the env truncates at
+            the same step as the wrapper and releases its simulator, engine or container there instead of
+            holding it until the next reset.
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the last observation).
 
     Subclasses declare :attr:`reset_options` (option name -> what it means); :meth:`areset` refuses any
@@ -189,7 +149,7 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
         self.render_mode = render_mode
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
-        self.max_episode_steps = _limit_of_gymnasium_make() or max_episode_steps
+        self.max_episode_steps = limit_of_gymnasium_make() or max_episode_steps
         self.observation_space = TextSpace(self.max_observation_length)
         self.action_space = TextSpace(self.max_action_length)
         self._manager = manager
@@ -368,7 +328,7 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
     # ------------------------------------------------------------------ sync API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Sync wrapper of :meth:`areset`.  Inside a ``TimeLimit`` wrapper, adopts its step limit first."""
-        limit = _enclosing_time_limit(self)
+        limit = enclosing_time_limit(self)
         if limit is not None:
             self.max_episode_steps = limit
         return run_sync(self.areset(seed=seed, options=options))

@@ -63,6 +63,7 @@ from typing import Any
 
 from ...data import cache_dir
 from ...utils.forks import forget_in_child
+from . import _compat
 
 __all__ = ["FORMAT", "MEMORY_ENTRIES", "SYMBOL_ENTRIES", "WORKER_REQUESTS", "EngineCache", "EngineEntry", "entry_key",
            "prefetch", "serving", "start_translation_worker", "stop_translation_worker"]
@@ -136,73 +137,39 @@ def serving(entry: EngineEntry) -> Iterator[EngineEntry]:
     (TatSu's parses of a grammar snippet and of a rule condition, pure functions of their text) are
     answered from the process-wide snippet memo.
 
-    The four names are rebound on their modules for the duration of the block and restored after it,
-    even on error.  Hold the engine lock of :mod:`.simulator` around it: that lock already serialises
-    all engine work of this process.  A call from elsewhere in the block's time is still answered
-    correctly: the stand-ins return what the real functions return for the same inputs.
-    ``pddl2sas(..., verbose=True)`` (which prints) is passed through uncached.
+    How the engine's calls reach these answers (four module attributes rebound for the block's time, with
+    the versions of TextWorld and Fast Downward it was verified for) is :func:`._compat.answering_engine_calls`;
+    with other versions the engine computes everything itself and ``entry`` stays as it was.  Hold the
+    engine lock of :mod:`.simulator` around it: that lock already serialises all engine work of this
+    process.  A call from elsewhere in the block's time is still answered correctly: the answers are what
+    the real functions return for the same inputs.
     """
-    import fast_downward
-    from textworld.envs.pddl import logic as pddl_logic
-    import textworld.logic as tw_logic
-    from textworld.envs.pddl import textgen
 
-    real_logic = pddl_logic.GameLogic
-    real_sas = fast_downward.pddl2sas
-    real_symbols = textgen._parse_and_convert
-    real_queries = tw_logic._parse_and_convert
-
-    def _bind(logic: Any, sas: Any) -> None:
-        pddl_logic.GameLogic = logic
-        fast_downward.pddl2sas = sas
-
-    def _answer(digest: str, compute: Any) -> Any:
+    def answer(digest: str, compute: Any) -> Any:
         blob = entry.results.get(digest)
         if blob is None:
             blob = _collect(entry, digest)
             if blob is not None:
                 entry.results[digest] = blob
                 entry.dirty = True
-        if blob is None:
-            value = compute()
-        # pickle finds classes by name: the real GameLogic must be bound while it (un)pickles one
-        _bind(real_logic, real_sas)
-        try:
-            if blob is not None:
-                return pickle.loads(blob)  # noqa: S301 - our own cache, see the module docstring
-            entry.results[digest] = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-            entry.dirty = True
-            return value
-        finally:
-            _bind(game_logic, pddl2sas)
+        if blob is not None:
+            return pickle.loads(blob)  # noqa: S301 - our own cache, see the module docstring
+        value = compute()
+        entry.results[digest] = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        entry.dirty = True
+        return value
 
-    def game_logic(domain: str, grammar: str) -> Any:
-        return _answer(_call_digest("GameLogic", domain, grammar),
-                       lambda: real_logic(domain=domain, grammar=grammar))
+    def game_logic(domain: str, grammar: str, compute: Any) -> Any:
+        return answer(_call_digest("GameLogic", domain, grammar), compute)
 
-    def pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
-        if verbose:
-            return real_sas(domain, problem, verbose=verbose, optimize=optimize)
-        return _answer(_call_digest("pddl2sas", domain, problem, optimize=bool(optimize)),
-                       lambda: real_sas(domain, problem, verbose=False, optimize=optimize))
+    def pddl2sas(domain: str, problem: str, optimize: bool, compute: Any) -> Any:
+        return answer(_call_digest("pddl2sas", domain, problem, optimize=optimize), compute)
 
-    def memo(tag: str, real: Any) -> Any:
-        def parse(text: str, **kwargs: Any) -> Any:
-            if set(kwargs) - {"rule_name", "trace"} or kwargs.get("trace") or not isinstance(text, str):
-                return real(text, **kwargs)
-            return _SYMBOLS.get((tag, text, kwargs.get("rule_name")), lambda: real(text, **kwargs))
+    def parse(tag: str, text: str, rule_name: Any, compute: Any) -> Any:
+        return _SYMBOLS.get((tag, text, rule_name), compute)
 
-        return parse
-
-    _bind(game_logic, pddl2sas)
-    textgen._parse_and_convert = memo("textgen", real_symbols)
-    tw_logic._parse_and_convert = memo("logic", real_queries)
-    try:
+    with _compat.answering_engine_calls(game_logic, pddl2sas, parse):
         yield entry
-    finally:
-        _bind(real_logic, real_sas)
-        textgen._parse_and_convert = real_symbols
-        tw_logic._parse_and_convert = real_queries
 
 
 class _SymbolMemo:

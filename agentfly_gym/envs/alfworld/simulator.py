@@ -378,9 +378,4 @@ class ALFWorldSimulator:
             return
         # Drop the engine's game state; the parsed rules of the last game file (read-only data,
         # rebuilt into a fresh state by the next load) are kept only while _parsed names them.
-        inner = env
-        while inner is not None:
-            for attr in ("state", "prev_state"):
-                if attr in vars(inner):
-                    setattr(inner, attr, None)
-            inner = vars(inner).get("_wrapped_env")
+        _compat.drop_game_state(env)

@@ -1,4 +1,5 @@
-"""Stockfish as an in-process resource: one python-chess ``SimpleEngine`` (one UCI process) per instance.
+"""Stockfish as an in-process resource: one UCI process per instance, driven by python-chess's async
+``UciProtocol`` (started with ``chess.engine.popen_uci``) on the instance's own event loop.
 
 The resource manager builds instances from an :class:`~agentfly_gym.resources.InProcessSpec`
 whose factory is ``"agentfly_gym.envs.chess.engine:StockfishEngine"`` (see :func:`engine_spec`);
@@ -94,46 +95,49 @@ def engine_spec(path: str, *, max_instances: int = 4, threads: int = 1, hash_mb:
                          close_timeout=15.0, name="stockfish")
 
 
-def _popen_uci(path: str, timeout: float) -> chess.engine.SimpleEngine:
-    """``SimpleEngine.popen_uci([path], timeout=timeout)``, with the engine's event loop on a daemon thread.
+class _EngineLoop:
+    """A private event loop on a daemon thread, where one engine's python-chess protocol lives.
 
-    python-chess runs each ``SimpleEngine``'s loop on a non-daemon thread that lives as long as the
-    engine, and the interpreter joins non-daemon threads before it runs ``atexit`` hooks: a script
-    that never closed its environment would never exit, because the hook that closes the engine
-    never gets to run.  On a daemon thread the hook runs (and quits the engine); if even that is
-    skipped, Stockfish exits on its own when its stdin closes with this process.
+    The engine is started with python-chess's public async API (``chess.engine.popen_uci``) on this
+    loop, and every call is a coroutine of its ``UciProtocol`` run here with
+    ``asyncio.run_coroutine_threadsafe``; the calling thread (the resource's worker) waits on the
+    returned future, which another thread may cancel (:meth:`StockfishEngine.stop_search`).
 
-    Raises:
-        chess.engine.EngineError, OSError, TimeoutError: as ``SimpleEngine.popen_uci``.
+    The thread is a daemon: the interpreter joins non-daemon threads before it runs ``atexit`` hooks, so
+    an engine loop on a non-daemon thread (as python-chess's ``SimpleEngine`` has) would keep a script
+    that never closed its environment from exiting.  If even the hook that closes the engine is skipped,
+    Stockfish exits on its own when its stdin closes with this process.
     """
-    ready: concurrent.futures.Future[chess.engine.SimpleEngine] = concurrent.futures.Future()
 
-    async def serve() -> None:
-        transport, protocol = await chess.engine.UciProtocol.popen([path])
-        engine = chess.engine.SimpleEngine(transport, protocol, timeout=timeout)
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Any) -> concurrent.futures.Future:
+        """Schedule ``coro`` on the loop; its concurrent future.
+
+        Raises:
+            RuntimeError: the loop is closed (the engine was closed).
+        """
         try:
-            await asyncio.wait_for(protocol.initialize(), timeout)
-            ready.set_result(engine)
-            engine.returncode.set_result(await protocol.returncode)
-        finally:
-            engine.close()
-        await engine.shutdown_event.wait()
+            return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:
+            coro.close()  # never awaited: no "coroutine was never awaited" warning
+            raise
 
-    def run() -> None:
-        try:
-            asyncio.run(serve())
-        except BaseException as e:  # noqa: BLE001 - reported to the caller if it is still waiting
-            if not ready.done():
-                ready.set_exception(e)
-        if not ready.done():
-            ready.cancel()
-
-    threading.Thread(target=run, name=f"stockfish-loop ({path})", daemon=True).start()
-    return ready.result()
+    def close(self) -> None:
+        """Stop the loop, wait for its thread and close it (idempotent)."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 class StockfishEngine:
-    """One Stockfish process driven through python-chess's blocking ``SimpleEngine``.
+    """One Stockfish process driven through python-chess's public async API on a private event loop.
 
     Not thread-safe by itself: the resource's worker thread is its only caller.
 
@@ -158,16 +162,35 @@ class StockfishEngine:
         self._timeout = timeout
         self._search: concurrent.futures.Future | None = None  # the running search, for stop_search()
         self._stop = threading.Event()  # a stop asked for while no search was running yet
-        self._engine = _popen_uci(self.path, timeout)
+        self._loop = _EngineLoop(f"stockfish-loop ({self.path})")
+        self._transport: asyncio.SubprocessTransport | None = None
         try:
-            self.pid: int = self._engine.transport.get_pid()
-            self._engine.configure({"Threads": threads, "Hash": hash_mb})
+            self._transport, self._protocol = self._call(chess.engine.popen_uci([self.path]))
+            self.pid: int = self._transport.get_pid()
+            self._call(self._protocol.configure({"Threads": threads, "Hash": hash_mb}))
         except BaseException:
             self.close()
             raise
         self._game = object()
         self.searches = 0
         self.resets = 0
+
+    def _call(self, coro: Any, timeout: float | None = -1.0) -> Any:
+        """Run ``coro`` on the engine's loop within ``timeout`` seconds (default: the engine's ``timeout``;
+        None: no limit) and return its result.
+
+        Raises:
+            ResourceDied: the engine's loop is closed.
+            TimeoutError, chess.engine.EngineError: as the coroutine.
+        """
+        if timeout is not None and timeout < 0:
+            timeout = self._timeout
+        try:
+            future = self._loop.submit(asyncio.wait_for(coro, timeout))
+        except RuntimeError as e:  # the engine's event loop is closed
+            coro.close()
+            raise ResourceDied(f"stockfish (pid {getattr(self, 'pid', None)}) is gone: {e}") from e
+        return future.result()
 
     # -- searches
     def play(self, board: chess.Board, *, depth: int | None = None, movetime: float | None = None,
@@ -188,15 +211,16 @@ class StockfishEngine:
         """
         limit = chess.engine.Limit(depth=depth, time=movetime) if (depth or movetime) else chess.engine.Limit(depth=10)
         options = {} if skill_level is None else {"Skill Level": int(skill_level)}
-        # SimpleEngine.play's own steps, keeping the future so that stop_search() (another thread) can cancel
-        # it: python-chess then sends the engine UCI "stop" and the engine answers at once
-        protocol = self._engine.protocol
+        # the search's future is kept so that stop_search() (another thread) can cancel it: python-chess then
+        # sends the engine UCI "stop" and the engine answers at once
+        protocol = self._protocol
         timeout = None if limit.time is None else self._timeout + limit.time
         self._stop.clear()
+        coro = protocol.play(board, limit, game=self._game, options=options)
         try:
-            search = asyncio.run_coroutine_threadsafe(
-                asyncio.wait_for(protocol.play(board, limit, game=self._game, options=options), timeout), protocol.loop)
+            search = self._loop.submit(asyncio.wait_for(coro, timeout))
         except RuntimeError as e:  # the engine's event loop is closed
+            coro.close()
             raise ResourceDied(f"stockfish (pid {self.pid}) is gone: {e}") from e
         self._search = search
         if self._stop.is_set():
@@ -232,38 +256,44 @@ class StockfishEngine:
         """Forget the previous game: clear the hash (Stockfish's ``Clear Hash`` runs the same
         ``Search::clear()`` as ``ucinewgame``), send ``ucinewgame`` before the next search, and wait
         for ``readyok``."""
-        self._engine.configure({"Clear Hash": None})
+        self._call(self._protocol.configure({"Clear Hash": None}))
         self._game = object()  # python-chess sends ucinewgame when the game token changes
-        self._engine.ping()
+        self._call(self._protocol.ping())
         self.searches = 0
         self.resets += 1
 
     def healthy(self) -> bool:
         """True when the process answers ``isready`` with ``readyok``."""
         try:
-            self._engine.ping()
+            self._call(self._protocol.ping())
             return True
         except Exception:
             return False
 
     def close(self) -> None:
-        """Quit the engine and make sure its process is gone (killed if it does not quit in time)."""
-        engine = self._engine
-        try:
-            engine.quit()
-        except Exception:
-            log.debug("stockfish quit failed; closing the transport", exc_info=True)
-        finally:
-            engine.close()  # closing the transport kills a process that is still running
-        try:
-            engine.returncode.result(timeout=5)
-        except Exception:
-            pid = getattr(self, "pid", None)
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        """Quit the engine and make sure its process is gone (killed if it does not quit in time); then stop
+        the engine's loop.  Idempotent."""
+        transport = self._transport
+        if transport is not None and not self._loop.loop.is_closed():
+            try:
+                self._call(self._protocol.quit())
+            except Exception:
+                log.debug("stockfish quit failed; closing the transport", exc_info=True)
+            try:
+                # closing the transport kills a process that is still running
+                self._loop.loop.call_soon_threadsafe(transport.close)
+                self._call(self._exit_code(), timeout=5)
+            except Exception:
+                pid = getattr(self, "pid", None)
+                if pid:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+        self._loop.close()
+
+    async def _exit_code(self) -> int:
+        return await self._protocol.returncode
 
     def __repr__(self) -> str:
         return f"<StockfishEngine pid={getattr(self, 'pid', None)} {self.path}>"

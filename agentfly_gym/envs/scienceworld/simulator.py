@@ -15,10 +15,11 @@ Those four calls are also folded into one py4j call: the package's Java side has
 returns several of them (``PythonInterface.getScore``/``getCompleted`` return the fields that
 ``step`` sets, ``getNumMoves`` reads ``AgentInterface.curIter``), so a small Java class of ours
 (:mod:`.java_fold`, loaded into the JVM at start) makes the four calls in the package's order and
-returns their answers as one string.  Where it cannot be loaded (logged once), the calls are
-pipelined instead: all commands are written to one gateway connection at once and the answers
-read back in order.  py4j's Java side serves one connection's commands one after another on one
-thread, so each call sees exactly the state it would see when called alone.  Counting moves in
+returns their answers as one string.  Where it cannot be loaded (logged once), and for the calls
+of a load or of a step with ``admissible=True``, the calls are pipelined: all commands are written
+to one gateway connection at once and the answers read back in order (py4j has no public batch
+call: :func:`._compat.pipelined_call`, version-guarded, like every use of py4j's or the package's
+private names, which all live in :mod:`._compat`).  Counting moves in
 Python is not an option: ``curIter`` grows once per world tick, which depends on the action
 (``wait`` ticks many times, actions that take no time and unparsed input do not tick, and
 ``help``/``objects``/``task`` never reach the agent interface).
@@ -30,7 +31,6 @@ import collections
 import logging
 import os
 import re
-import socket
 import subprocess
 import threading
 from typing import Any
@@ -42,7 +42,7 @@ from ...errors import (
     ResourceStartError,
     ResourceUnavailable,
 )
-from ._compat import jvm_in_own_process_group
+from . import _compat
 from .tasks import check_simplification, resolve_task_name
 
 __all__ = ["FACTORY", "ScienceWorldSimulator"]
@@ -61,10 +61,6 @@ _MAX_VARIATIONS: dict[str, int] = {}
 _SPLIT_VARIATIONS: dict[str, dict[str, tuple[int, ...]]] = {}
 # The fallback from the Java fold to pipelined calls is logged once per process at WARNING.
 _FOLD_FALLBACK_LOGGED = False
-
-
-def _noop() -> None:
-    return None
 
 
 class ScienceWorldSimulator:
@@ -104,7 +100,7 @@ class ScienceWorldSimulator:
         self._closed = False
         self._env: Any = None
         self._launch(scienceworld.ScienceWorldEnv, java_heap, env_step_limit)
-        self.fold_calls = bool(fold_calls) and _can_pipeline(self._env._gateway._gateway_client)
+        self.fold_calls = bool(fold_calls) and _compat.can_pipeline(self._gateway)
         self._fold_step: Any = self._load_java_fold() if java_fold else None
         #: True while steps go through the Java fold (may be switched off; not on without the class).
         self.java_fold = self._fold_step is not None
@@ -119,12 +115,12 @@ class ScienceWorldSimulator:
             env = env_cls.__new__(env_cls)
             try:
                 try:
-                    with jvm_in_own_process_group():  # a terminal's Ctrl-C reaches this process, not the JVM
+                    with _compat.jvm_in_own_process_group():  # a terminal's Ctrl-C reaches this process, not the JVM
                         env.__init__(envStepLimit=env_step_limit)
                 except BaseException:
                     # the package's __del__ would call close() on the half-made instance and raise
                     # AttributeError ('_gateway') from inside a later garbage collection
-                    env.close = _noop
+                    _compat.disarm_package_env(env)
                     raise
                 self._env = env
             except FileNotFoundError as e:
@@ -137,13 +133,12 @@ class ScienceWorldSimulator:
                 else:
                     os.environ["JAVA_TOOL_OPTIONS"] = old
         self._server = self._env.server
-        self._process: subprocess.Popen = self._env._gateway.java_process
-        # py4j tells the JVM about every Java object proxy the garbage collector frees, from inside
-        # the collection, on whatever thread it interrupted: with a stopped (SIGSTOP) JVM that call
-        # never returns, and on the event loop's thread it froze every rollout.  The proxies'
-        # finalizers now only queue the id; _call sends the queue from this simulator's own thread.
+        self._gateway = _compat.package_gateway(self._env)
+        self._process: subprocess.Popen = self._gateway.java_process
+        # the garbage collector's frees of Java object proxies are queued, and _call sends the queue from
+        # this simulator's own thread (a stopped JVM would otherwise freeze whichever thread collected)
         self._freed_ids: collections.deque[str] = collections.deque()
-        self._env._gateway._gateway_client.garbage_collect_object = self._freed_ids.append
+        _compat.defer_object_frees(self._gateway, self._freed_ids)
 
     def _load_java_fold(self) -> Any:
         """The loaded ``FoldedStep.step`` (a py4j member), or None (logged) where it cannot be loaded."""
@@ -154,7 +149,7 @@ class ScienceWorldSimulator:
 
         self._decode_fold = java_fold.decode
         try:
-            return java_fold.load(self._env._gateway, self._server).step
+            return java_fold.load(self._gateway, self._server).step
         except (java_fold.FoldUnavailable, Py4JNetworkError, OSError) as e:
             level = logging.DEBUG if _FOLD_FALLBACK_LOGGED else logging.WARNING
             _FOLD_FALLBACK_LOGGED = True
@@ -201,10 +196,11 @@ class ScienceWorldSimulator:
             return
         self._closed = True
         env, proc = self._env, self._process
-        closer = threading.Thread(target=self._shutdown_gateway, args=(env,), daemon=True, name="sw-gateway-close")
+        closer = threading.Thread(target=self._shutdown_gateway, args=(self._gateway,), daemon=True,
+                                  name="sw-gateway-close")
         closer.start()
         closer.join(5.0)
-        self._disconnect(env)
+        _compat.mark_disconnected(self._gateway)
         if proc.poll() is None:
             try:  # py4j's --die-on-broken-pipe: the JVM exits when its stdin closes
                 proc.stdin.close()
@@ -216,31 +212,13 @@ class ScienceWorldSimulator:
                 log.warning("ScienceWorld JVM pid %s did not exit; killing it", proc.pid)
                 proc.kill()
                 proc.wait(timeout=10.0)
-        try:
-            env._obj_tree_tempdir.cleanup()
-        except Exception:  # noqa: BLE001, S110 - best effort on a closing/dead JVM
-            pass
-        # The package's ScienceWorldEnv.__del__ calls close() (py4j calls) whenever the garbage
-        # collector gets to it, at an arbitrary point of another thread's work; it is closed
-        # already, so make that call a no-op on this instance.
-        env.close = _noop
+        _compat.forget_package_env(env)  # its temporary folder removed, its own close() (run by __del__) a no-op
         self._env = self._server = None
 
-    def _disconnect(self, env: Any = None) -> None:
-        """Mark the py4j client disconnected, so that the finalizers of its Java object proxies
-        stop trying to reach a dead JVM.  (Each failed attempt logs an error with a traceback,
-        and formatting that traceback from inside a garbage collection that interrupted an
-        ``ast.parse`` elsewhere trips CPython 3.11's "AST constructor recursion depth mismatch".)
-        """
-        try:
-            (env or self._env)._gateway._gateway_client.is_connected = False
-        except Exception:  # noqa: BLE001, S110 - best effort on a closing/dead JVM
-            pass
-
     @staticmethod
-    def _shutdown_gateway(env: Any) -> None:
+    def _shutdown_gateway(gateway: Any) -> None:
         try:
-            env._gateway.shutdown()
+            gateway.shutdown()
         except Exception:
             log.debug("py4j gateway shutdown failed", exc_info=True)
 
@@ -424,13 +402,13 @@ class ScienceWorldSimulator:
 
         try:
             self._send_freed_ids()
-            return _pipelined_call(self._server, calls)
+            return _compat.pipelined_call(self._server, calls)
         except Py4JJavaError as e:
             raise EnvError(f"ScienceWorld raised: {str(e)[:500]}") from e
         except (Py4JError, OSError) as e:
             state = "died" if self._process.poll() is not None else "is not answering"
             if self._process.poll() is not None:
-                self._disconnect()
+                _compat.mark_disconnected(self._gateway)
             raise ResourceDied(f"ScienceWorld JVM (pid {self.pid}) {state}: {type(e).__name__}: {str(e)[:200]}") from e
 
     def _call(self, method: Any, *args: Any) -> Any:
@@ -448,89 +426,14 @@ class ScienceWorldSimulator:
         except (Py4JError, OSError) as e:  # connection lost: the JVM died or hangs
             state = "died" if self._process.poll() is not None else "is not answering"
             if self._process.poll() is not None:
-                self._disconnect()
+                _compat.mark_disconnected(self._gateway)
             raise ResourceDied(f"ScienceWorld JVM (pid {self.pid}) {state}: {type(e).__name__}: {str(e)[:200]}") from e
 
     def _send_freed_ids(self) -> None:
         """Tell the JVM which Java objects Python no longer references (py4j's memory management)."""
-        if not self._freed_ids:
-            return
-        client = self._env._gateway._gateway_client
-        send = type(client).garbage_collect_object  # the class's method: the instance's one only queues
-        while self._freed_ids:
-            send(client, self._freed_ids.popleft())
+        _compat.send_freed_objects(self._gateway, self._freed_ids)
 
 
 def _score_of(raw: Any) -> int:
     """The 0-100 score from ``getScore``'s 0-1 value, as the package's ``step``: ``round(100 * x)``."""
     return int(round(100 * float(raw)))
-
-
-def _can_pipeline(client: Any) -> bool:
-    """Whether :func:`_pipelined_call` can be used: py4j 0.10.9's client, and ``TCP_QUICKACK``
-    (Linux), without which every pipelined answer waits for a delayed acknowledgement."""
-    return hasattr(socket, "TCP_QUICKACK") and all(
-        hasattr(client, a) for a in ("_get_connection", "_give_back_connection", "converters"))
-
-
-def _pipelined_call(server: Any, calls: tuple[tuple[Any, ...], ...]) -> list[Any]:
-    """Send ``calls`` (``(method, *args)``; ``method``: a name of ``server``'s or a py4j member of
-    another object on the same gateway) to the JVM on one py4j connection in one write, then read
-    the answers in order: one network round trip instead of one per call.
-
-    The commands are the ones py4j's ``JavaMember.__call__`` sends (its protocol, built by the
-    member's own ``_build_args``), and each answer goes through py4j's ``get_return_value``, so
-    values and Java exceptions come back exactly as from separate calls.  A call whose arguments
-    py4j would convert into temporary Java objects is not pipelined (ours are strings and ints).
-
-    Raises:
-        Py4JJavaError: a call raised in the JVM (the first such call; all answers are read first).
-        Py4JNetworkError: the connection failed (it is closed, not reused).
-    """
-    from py4j import protocol as proto
-
-    client = server._gateway_client
-    members, payload = [], []
-    for name, *args in calls:
-        member = getattr(server, name) if isinstance(name, str) else name
-        args_command, temp_args = member._build_args(*args)
-        if temp_args:  # converted collections: let py4j manage their lifetime
-            for t in temp_args:
-                if hasattr(t, "_detach"):
-                    t._detach()
-            return [(getattr(server, n) if isinstance(n, str) else n)(*a) for n, *a in calls]
-        members.append(member)
-        payload.append(proto.CALL_COMMAND_NAME + member.command_header + args_command + proto.END_COMMAND_PART)
-    connection = client._get_connection()
-    answers = []
-    try:
-        connection.socket.sendall("".join(payload).encode("utf-8"))
-        for _ in members:
-            _quickack(connection.socket)
-            answer = proto.smart_decode(connection.stream.readline()[:-1])
-            if answer.startswith(proto.RETURN_MESSAGE):
-                answer = answer[1:]
-            if not answer.strip():
-                raise proto.Py4JNetworkError("Answer from Java side is empty", when=proto.EMPTY_RESPONSE)
-            answers.append(answer)
-    except Exception as e:
-        connection.close(True)
-        if isinstance(e, proto.Py4JNetworkError):
-            raise
-        raise proto.Py4JNetworkError("Error while sending or receiving", e, proto.ERROR_ON_RECEIVE) from e
-    if any(proto.is_fatal_error(a) for a in answers):
-        connection.close(False)
-    else:
-        client._give_back_connection(connection)
-    return [proto.get_return_value(a, client, m.target_id, m.name) for a, m in zip(answers, members)]
-
-
-def _quickack(sock: Any) -> None:
-    """Have this socket acknowledge what it receives at once (Linux ``TCP_QUICKACK``; the kernel
-    drops back to delayed acknowledgements by itself, hence one call per answer read).
-
-    py4j's Java side writes each answer as its own small segment with Nagle's algorithm on, so
-    it holds the second answer until the first is acknowledged; with delayed acknowledgements
-    that costs ~40 ms per pipelined call (measured: 48-52 ms for a folded step of 2 ms).
-    """
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
