@@ -17,7 +17,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentfly_gym  # noqa: F401  (registers the environments)
-from agentfly_gym.data import sample_dir
+from agentfly_gym.data.paths import sample_dir
 from agentfly_gym.envs.alfworld import (
     NOTHING_HAPPENS,
     TASK_TYPES,

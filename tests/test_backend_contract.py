@@ -184,7 +184,7 @@ _LONG = "head -c 3000 /dev/zero | tr '\\0' A; head -c 3000 /dev/zero | tr '\\0' 
 @pytest.mark.docker
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
 async def test_both_backends_cut_long_output_identically(docker_client, tmp_path, monkeypatch):
-    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.images.build import build_base_image
 
     monkeypatch.setenv("AGENTFLY_GYM_SANDBOX_DIR", str(tmp_path / "sbx"))
     image = build_base_image()
@@ -222,7 +222,7 @@ def test_gc_reaps_a_killed_managers_containers_and_sandboxes(docker_client, tmp_
     cgroup, processes); ``resources gc`` finds both as orphans of a dead owner and removes them."""
     import docker
 
-    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.images.build import build_base_image
     from agentfly_gym.resources.containers.sandbox import cgroups
 
     root = tmp_path / "sbx"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agentfly_gym.datasets import DATASETS, MANIFEST_NAME, data_main, download_dataset, verify_dataset
-from agentfly_gym.download import download_file, sha256_file
+from agentfly_gym.data.datasets import DATASETS, MANIFEST_NAME, data_main, download_dataset, verify_dataset
+from agentfly_gym.data.download import download_file, sha256_file
 from agentfly_gym.errors import ChecksumError, ConfigError, DownloadError
 
 REPO = Path(__file__).resolve().parents[1]

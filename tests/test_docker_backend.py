@@ -43,7 +43,7 @@ def engine(docker_client):
 
 @pytest.fixture(scope="module")
 def base_image(engine) -> str:
-    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.images.build import build_base_image
 
     return build_base_image()
 

@@ -11,15 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agentfly_gym.resources.containers import images
+from agentfly_gym.images import build as images
 from agentfly_gym.errors import ConfigError
-from agentfly_gym.resources.containers.images import (
-    ImageBuildError,
-    build_base_image,
-    build_image,
-    debian_mirror,
-    recipe_digest,
-)
+from agentfly_gym.images.build import ImageBuildError, build_base_image, build_image, debian_mirror, recipe_digest
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -414,7 +414,7 @@ async def test_reap_orphans_of_a_dead_manager(sandbox_dir):
 
 async def test_debian_base_image_rootfs(make_box):
     """The Debian base rootfs of agentfly_gym.images (built by ``agentfly-gym images build base``)."""
-    from agentfly_gym.resources.containers import images
+    from agentfly_gym.images import build as images
 
     if not (images.base_rootfs_dir() / ".agentfly-rootfs.json").is_file():
         pytest.skip("the Debian base rootfs is not built here (agentfly-gym images build base)")

@@ -20,7 +20,7 @@ environment through OpenEnv's own client (``GenericEnvClient``, one WebSocket se
 The server is either given (``base_url``), served from an OpenEnv ASGI app (``app="module:attr"``)
 by the resource manager (an :class:`OpenEnvServer` resource, ``InProcessSpec``), or runs in a
 container of an OpenEnv image (``image=...``, e.g. the one
-:func:`~agentfly_gym.bridges.openenv_image.build_openenv_image` builds): a ``ContainerSpec`` with the
+:func:`~agentfly_gym.images.openenv.build_openenv_image` builds): a ``ContainerSpec`` with the
 server's port published on 127.0.0.1 (Docker backend).  Servers and containers are pooled up to
 ``max_servers``, held by one episode at a time; on reuse a container is replaced by a fresh one (the
 pool's reset-on-reuse rule), an in-process server gets a fresh OpenEnv session and ``reset``.
@@ -448,7 +448,7 @@ class OpenEnvEnv(AgentFlyEnv):
 def _server_container_spec(image: str, port: int, command: Any, container: dict[str, Any] | None,
                            max_servers: int, server_timeout: float) -> ContainerSpec:
     """The ``ContainerSpec`` of an OpenEnv server image: ``port`` published, network on, the server as command."""
-    from .openenv_image import openenv_server_command
+    from ..images.openenv import openenv_server_command
 
     extra = dict(container or {})
     fixed = {"image", "ports", "command", "max_instances"} & set(extra)

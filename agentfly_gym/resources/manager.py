@@ -340,12 +340,12 @@ def default_manager() -> ResourceManager:
     Environments made without an explicit ``manager=`` use it, so all of them in one
     loop share pools.  Must be called from inside a running loop.  ``AGENTFLY_GYM_MANAGER=ray``
     (or ``auto`` inside a Ray job) makes it a cluster-wide
-    :class:`~agentfly_gym.resources.ray.RayResourceManager` (see :mod:`agentfly_gym.resources.ray.select`).
+    :class:`~agentfly_gym.resources.ray.RayResourceManager` (see :mod:`agentfly_gym.resources.select`).
     """
     loop = asyncio.get_running_loop()
     m = _default_managers.get(loop)
     if m is None or m.closed:
-        from .ray.select import manager_from_environment  # AGENTFLY_GYM_MANAGER: local (default), ray, auto
+        from .select import manager_from_environment  # AGENTFLY_GYM_MANAGER: local (default), ray, auto
 
         m = manager_from_environment()
         _default_managers[loop] = m

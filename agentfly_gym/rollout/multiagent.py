@@ -364,7 +364,7 @@ async def _run_games(env_id: str, policy: Any, chat: Any, *, opponent: Any, oppo
 
     own = manager is None
     if manager is None:  # AGENTFLY_GYM_MANAGER: local (default), ray or auto
-        from ..resources.ray.select import manager_from_environment
+        from ..resources.select import manager_from_environment
 
         manager = manager_from_environment()
     sem = asyncio.Semaphore(concurrency)

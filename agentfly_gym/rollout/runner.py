@@ -204,7 +204,7 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
     the trajectories finished so far are saved (``summary["interrupted"] = True``; in the sub-folder
     ``interrupted/`` when the folder holds a complete run, which is never replaced by a partial one) before the
     cancellation propagates, and every resource is released.  With ``manager=None`` a manager of the kind
-    ``AGENTFLY_GYM_MANAGER`` names (local by default, see :mod:`agentfly_gym.resources.ray.select`)
+    ``AGENTFLY_GYM_MANAGER`` names (local by default, see :mod:`agentfly_gym.resources.select`)
     is created and closed here; a given manager is left open.
 
     Returns:
@@ -223,7 +223,7 @@ async def _run_locked(config: RolloutConfig, policy: Any, chat: Any, out: RunOut
                       manager: ResourceManager | None, progress: bool) -> RolloutResult:
     own = manager is None
     if manager is None:  # AGENTFLY_GYM_MANAGER: local (default), ray or auto
-        from ..resources.ray.select import manager_from_environment
+        from ..resources.select import manager_from_environment
 
         manager = manager_from_environment()
     sem = asyncio.Semaphore(config.concurrency)

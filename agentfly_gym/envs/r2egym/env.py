@@ -59,7 +59,7 @@ __all__ = ["DOCKER_IMAGE", "SYSTEM_PROMPT", "R2EAgentPrompt", "R2EGymEnv"]
 
 log = logging.getLogger(__name__)
 
-#: The generic Docker image of local tasks, built by ``agentfly_gym.images.build_image("envs/r2egym")``.
+#: The generic Docker image of local tasks, built by ``agentfly_gym.images.build.build_image("envs/r2egym")``.
 DOCKER_IMAGE = "agentfly/r2egym:latest"
 #: Where the tool script, its state and grading files live inside the container (not in /testbed).
 TOOLS_DIR = "/tmp/.afg_r2e"

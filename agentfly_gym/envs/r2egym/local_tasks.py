@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ...data import cache_dir
+from ...data.paths import cache_dir
 from ...errors import AgentFlyError, ConfigError
 from .grading import compare_test_maps, parse_log_pytest
 

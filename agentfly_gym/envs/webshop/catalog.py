@@ -55,7 +55,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ...data import cache_dir
+from ...data.paths import cache_dir
 from ...errors import ConfigError, DataNotFoundError
 from ...utils.files import staged_dir
 
@@ -80,7 +80,7 @@ _DROPPED_KEYS = ("product_information", "brand", "brand_url", "list_price", "ava
 HOW_TO_GET = ("Run `agentfly-gym data download webshop-small` (1,000 products) or `... webshop` (the full "
               "catalog), or use WebShop's own setup script (clone https://github.com/princeton-nlp/WebShop, run "
               "`./setup.sh -d small`) and point this environment at its data/ folder.")
-#: What makes a folder a WebShop data folder for the lookup (:func:`agentfly_gym.data.resolve_data_dir`):
+#: What makes a folder a WebShop data folder for the lookup (:func:`agentfly_gym.data.paths.resolve_data_dir`):
 #: an attribute file, which every WebShop data set has (a cache folder of the same name has none).
 DATA_MARKER = "items_ins_v2*.json"
 
@@ -677,7 +677,7 @@ def load_catalog(products_path: str | Path, attributes_path: str | Path, human_p
 
     The products file is parsed as a stream (:func:`iter_records`), cleaned as upstream cleans
     it and written as JSON lines to the catalog cache, ``<cache>/<content hash>/`` (default
-    ``agentfly_gym.data.cache_dir("webshop-index", "catalog")``); a later load of the same files
+    ``agentfly_gym.data.paths.cache_dir("webshop-index", "catalog")``); a later load of the same files
     (:func:`catalog_hash`) maps that cache instead of parsing again.  The cache is written to a
     temporary folder and renamed when complete, so concurrent loaders never read half of it; an
     unreadable cache is rebuilt, and an unwritable one leaves the catalog in memory (a warning).

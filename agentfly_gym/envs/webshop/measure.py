@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ...data import resolve_data_dir
+from ...data.paths import resolve_data_dir
 from .catalog import DATA_MARKER, HOW_TO_GET, find_data_files
 from .server import measure_load
 

@@ -11,7 +11,7 @@ not at import.
 
 from .placement import RayPlacement, parse_placements, resolve_placement
 from .manager import RayPool, RayResource, RayResourceManager, RayRolloutScope
-from .select import in_ray_job, manager_from_environment, manager_kind
+from ..select import in_ray_job, manager_from_environment, manager_kind
 
 __all__ = ["RayPlacement", "RayPool", "RayResource", "RayResourceManager", "RayRolloutScope", "in_ray_job",
            "manager_from_environment", "manager_kind", "parse_placements", "resolve_placement"]

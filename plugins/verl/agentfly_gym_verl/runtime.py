@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 from agentfly_gym.resources.manager import ResourceManager
-from agentfly_gym.resources.ray.select import manager_from_environment
+from agentfly_gym.resources.select import manager_from_environment
 
 __all__ = ["get_manager", "shutdown", "ashutdown", "chat_tokenizer", "record_failure", "failure_metrics",
            "reset_failure_metrics"]

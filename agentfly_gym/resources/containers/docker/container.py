@@ -196,7 +196,7 @@ class DockerContainer(ContainerResource):
             if spec.image.startswith("agentfly/"):
                 raise ResourceStartError(
                     f"image {spec.image!r} is not built here; build it with `agentfly-gym images build` "
-                    "(agentfly_gym.resources.containers.images.build_image) first") from None
+                    "(agentfly_gym.images.build.build_image) first") from None
             try:
                 client.images.pull(spec.image)
             except docker.errors.APIError as e:

@@ -34,12 +34,12 @@ _ENV_PACKAGE = {"agentfly/Chess-v0": "chess", "agentfly/ScienceWorld-v0": "scien
 
 def cmd_envs(args: argparse.Namespace) -> int:
     import gymnasium
-    from .utils.console import console
+    from ..utils.console import console
     from rich.table import Table
 
     import agentfly_gym  # noqa: F401
 
-    from .datasets import env_data_source
+    from ..data.datasets import env_data_source
 
     table = Table(title="agentfly-gym environments (full data sets: agentfly-gym data status)")
     table.add_column("id", no_wrap=True)
@@ -51,7 +51,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
         pkg = _ENV_PACKAGE.get(env_id)
         pkg_ok = "yes" if pkg is None or importlib.util.find_spec(pkg) is not None else f"missing ({pkg})"
         table.add_row(env_id, pkg_ok, *env_data_source(env_id))
-    from .registration import MULTIAGENT_ENVS
+    from ..registration import MULTIAGENT_ENVS
 
     for name in sorted(MULTIAGENT_ENVS):  # PettingZoo envs (make_multiagent)
         pkg_ok = "yes" if importlib.util.find_spec("pettingzoo") is not None else "missing (pettingzoo)"
@@ -62,7 +62,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- rollout
 def _print_summary(summary: dict[str, Any]) -> None:
-    from .utils.console import console
+    from ..utils.console import console
     from rich.table import Table
 
     res = summary["resources"]
@@ -105,7 +105,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         if fresh and args.output_dir is not None:
             from pathlib import Path
 
-            from .rollout.outputs import LOCK_NAME
+            from ..rollout.outputs import LOCK_NAME
 
             folder = Path(args.output_dir)
             if folder.is_dir() and all(p.name == LOCK_NAME for p in folder.iterdir()):
@@ -119,11 +119,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    from .errors import ConfigError
-    from .rollout.policies.base import SamplingParams
-    from .rollout.policies.factory import make_policy
-    from .rollout.runner import RolloutConfig, check_config, run_rollouts
-    from .utils.jsonargs import json_object
+    from ..errors import ConfigError
+    from ..rollout.policies.base import SamplingParams
+    from ..rollout.policies.factory import make_policy
+    from ..rollout.runner import RolloutConfig, check_config, run_rollouts
+    from ..utils.jsonargs import json_object
 
     env_kwargs = json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
     if not all(isinstance(v, dict) for v in env_kwargs.values()):
@@ -131,7 +131,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     if _is_multiagent(args.env):
         return _rollout_multiagent(args, env_kwargs)
     if args.policy == "random":  # it picks among info["admissible_actions"], which ScienceWorld lists only on request
-        from .registration import normalize_env_id
+        from ..registration import normalize_env_id
 
         env_kwargs = {normalize_env_id(k): dict(v) for k, v in env_kwargs.items()}
         if "agentfly/ScienceWorld-v0" in map(normalize_env_id, args.env):
@@ -200,7 +200,7 @@ def _if_exists(args: argparse.Namespace) -> str:
 def _output_dir(args: argparse.Namespace) -> Any:
     """``--output-dir``, or a new folder ``runs/<UTC date-time>`` for this run."""
     if args.output_dir is None:
-        from .rollout.outputs import fresh_run_dir
+        from ..rollout.outputs import fresh_run_dir
 
         args.output_dir = str(fresh_run_dir("runs"))
     return args.output_dir
@@ -213,8 +213,8 @@ def _is_multiagent(env_ids: list[str]) -> bool:
     Raises:
         ConfigError: a multi-agent env is mixed with other envs.
     """
-    from .errors import ConfigError
-    from .registration import normalize_multiagent_id
+    from ..errors import ConfigError
+    from ..registration import normalize_multiagent_id
 
     def multi(e: str) -> bool:
         try:
@@ -230,18 +230,18 @@ def _is_multiagent(env_ids: list[str]) -> bool:
 
 
 def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> int:
-    from .utils.console import console
+    from ..utils.console import console
     from rich.table import Table
 
-    from .rollout.multiagent import run_multiagent_rollouts
-    from .rollout.policies.base import SamplingParams
-    from .rollout.policies.factory import make_policy
+    from ..rollout.multiagent import run_multiagent_rollouts
+    from ..rollout.policies.base import SamplingParams
+    from ..rollout.policies.factory import make_policy
 
     env_id = args.env[0]
     kwargs: dict[str, Any] = {}
     for k, v in env_kwargs.items():
         if k.split("/", 1)[-1].removesuffix("-v0") != env_id.split("/", 1)[-1].removesuffix("-v0"):
-            from .errors import ConfigError
+            from ..errors import ConfigError
 
             raise ConfigError(f"--env-kwargs names {k!r}, which is not rolled out (--env {env_id})")
         kwargs.update(v)
@@ -283,7 +283,7 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
 # ----------------------------------------------------------------------------- delegated commands
 #: command words -> (module, function taking the remaining argv list and returning an exit status)
 DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
-    ("images",): ("agentfly_gym.resources.containers.images", "images_main", "build container images offline: images build [names] [--force]"),
+    ("images",): ("agentfly_gym.images.build", "images_main", "build container images offline: images build [names] [--force]"),
     ("resources", "gc"): ("agentfly_gym.resources.containers.ownership", "gc_main",
                           "remove containers and sandboxes left by dead managers: [--manager ID] [--older-than S] [--dry-run]"),
     ("r2e", "build-tasks"): ("agentfly_gym.envs.r2egym.local_tasks", "build_tasks_main",
@@ -291,7 +291,7 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("drift",): ("agentfly_gym.rollout.drift", "drift_main",
                  "measure what re-tokenizing saved trajectories would change: FILE [--tokenizer ...]"),
     ("dataset",): ("agentfly_gym_verl.dataset", "dataset_main", "write a verl training parquet for an environment"),
-    ("data",): ("agentfly_gym.datasets", "data_main",
+    ("data",): ("agentfly_gym.data.datasets", "data_main",
                 "the full public data sets: status | download NAME | verify NAME (resumable, checksummed) | precompute alfworld"),
     ("serve",): ("agentfly_gym.bridges.openenv", "serve_main",
                  "serve an environment to OpenEnv clients: --env ID --openenv [--port P] [--max-sessions N]"),
@@ -299,8 +299,8 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
 
 
 def _run_delegated(argv: list[str]) -> int | None:
-    from .errors import ConfigError
-    from .utils.imports import load_object
+    from ..errors import ConfigError
+    from ..utils.imports import load_object
 
     for words, (module, func, _) in DELEGATED.items():
         if tuple(argv[: len(words)]) == words:
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("agentfly_gym").setLevel(level)
     for handler in logging.getLogger().handlers:  # filter at the handler: some libraries force DEBUG on their loggers
         handler.setLevel(level)
-    from .errors import AgentFlyError
+    from ..errors import AgentFlyError
 
     try:
         delegated = _run_delegated(argv)

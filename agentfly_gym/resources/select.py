@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["manager_kind", "in_ray_job", "manager_from_environment", "SETTING"]
 
@@ -61,11 +61,11 @@ def manager_from_environment(**kwargs: Any) -> Any:
     Keyword arguments go to the manager's constructor (they override the environment).
     """
     if manager_kind() == "local":
-        from ..manager import ResourceManager
+        from .manager import ResourceManager
 
         return ResourceManager(**kwargs)
-    from .manager import RayResourceManager
-    from .placement import parse_placements
+    from .ray.manager import RayResourceManager
+    from .ray.placement import parse_placements
 
     placement = os.environ.get("AGENTFLY_GYM_RAY_PLACEMENT")
     if placement and "placement" not in kwargs:

@@ -5,7 +5,7 @@ No image registry is needed.  The base image is a Debian root file system made b
 recipe folder (``envs/<name>/Dockerfile``) built ``FROM`` that base with the build's network
 switched off, its Python packages installed from wheels downloaded on the host::
 
-    from agentfly_gym.resources.containers.images import build_base_image, build_image
+    from agentfly_gym.images.build import build_base_image, build_image
     base = build_base_image()                 # "agentfly/base:<digest>", ~2-4 min the first time
     tag = build_image("envs/r2egym")          # "agentfly/r2egym:<digest>", a no-op when unchanged
 
@@ -46,8 +46,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...data import cache_dir
-from ...errors import AgentFlyError, ConfigError, ResourceUnavailable
+from ..data.paths import cache_dir
+from ..errors import AgentFlyError, ConfigError, ResourceUnavailable
 
 __all__ = [
     "BASE_IMAGE", "BASE_PACKAGES", "BASE_SUITE", "ImageBuildError", "base_image_tag", "base_rootfs_dir",

@@ -2,7 +2,7 @@
 
 ``agentfly-gym data status`` shows, per data set, where it would be downloaded, what is there and
 which folder each environment reads now; ``data download NAME`` fetches the upstream files
-(resumable, verified, see :mod:`agentfly_gym.download`) and prepares them in the layout the
+(resumable, verified, see :mod:`agentfly_gym.data.download`) and prepares them in the layout the
 environments read; ``data verify NAME`` checks the downloaded files against their pins; ``data precompute alfworld``
 fills ALFWorld's engine cache for whole splits (:mod:`agentfly_gym.envs.alfworld.precompute`).
 
@@ -30,9 +30,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from .data import data_candidates, default_download_dir, sample_dir
+from .paths import data_candidates, default_download_dir, sample_dir
 from .download import download_file, sha256_file
-from .errors import ChecksumError, ConfigError, DataNotFoundError, DownloadError
+from ..errors import ChecksumError, ConfigError, DataNotFoundError, DownloadError
 
 __all__ = ["DATASETS", "DataSet", "RemoteFile", "data_main", "download_dataset", "env_data_source", "verify_dataset",
            "MANIFEST_NAME"]
@@ -72,7 +72,7 @@ class DataSet:
     Attributes:
         name: what ``agentfly-gym data download`` takes.
         folder: the data set's folder name under a data root (``chess``, ``alfworld``, ``webshop``, ``r2egym``),
-            the name :func:`agentfly_gym.data.resolve_data_dir` looks for.
+            the name :func:`agentfly_gym.data.paths.resolve_data_dir` looks for.
         files: the upstream files.
         ready: a path inside the folder whose presence means the data set is prepared.
         licence: the data's licence.  ``source``: the upstream page.  ``note``: how the env uses it.
@@ -249,7 +249,7 @@ def download_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None 
 
     Args:
         name_or_set: a name in :data:`DATASETS` or a :class:`DataSet`.
-        dest: the folder; default :func:`agentfly_gym.data.default_download_dir` of the data set's folder name.
+        dest: the folder; default :func:`agentfly_gym.data.paths.default_download_dir` of the data set's folder name.
         sha256: file name -> expected digest, overriding (or supplying) the pins.
         mirror: a base URL to fetch ``<mirror>/<folder>/<file name>`` from instead of upstream (a local copy).
         progress: show progress bars.
@@ -257,7 +257,7 @@ def download_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None 
 
     Raises:
         ConfigError: unknown data set, bad ``sha256`` value, a folder that cannot be created.
-        DownloadError: see :func:`agentfly_gym.download.download_file` (offline, HTTP error, cut off), or
+        DownloadError: see :func:`agentfly_gym.data.download.download_file` (offline, HTTP error, cut off), or
             a downloaded archive that does not unpack (deleted, nothing recorded).
         ChecksumError: a file does not match its pin (it was refused and deleted).
     """
@@ -360,7 +360,7 @@ def _status_rows() -> list[tuple[str, ...]]:
 
 def _in_use_rows() -> list[tuple[str, str, str]]:
     # the same markers the environments pass to resolve_data_dir, so this table names the folder they read
-    from .envs.webshop.catalog import DATA_MARKER
+    from ..envs.webshop.catalog import DATA_MARKER
 
     rows = []
     for folder_name, marker in (("chess", ("lichess_db_puzzle.csv", "lichess_puzzles_sample.csv")),
@@ -372,7 +372,7 @@ def _in_use_rows() -> list[tuple[str, str, str]]:
                 found = f"{hit[1]} ({hit[0]})"
                 break
         rows.append((folder_name, found, ", ".join(marker)))
-    from .envs.r2egym.local_tasks import default_tasks_dir
+    from ..envs.r2egym.local_tasks import default_tasks_dir
 
     tasks = default_tasks_dir() / "tasks.jsonl"  # R2EGym-v0's default; downloaded rows are passed as tasks=
     rows.append(("r2egym", str(tasks) if tasks.is_file() else "none: run `agentfly-gym r2e build-tasks`",
@@ -409,7 +409,7 @@ def data_main(argv: list[str]) -> int:
     a.add_argument("--no-sample", action="store_true", help="skip the sample games shipped in the package")
     a.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    from .utils.console import console as make_console
+    from ..utils.console import console as make_console
     from rich.table import Table
 
     console = make_console()
@@ -454,7 +454,7 @@ def data_main(argv: list[str]) -> int:
 
 def _precompute(splits: list[str] | None, data_dir: str | os.PathLike | None, *, limit: int | None, sample: bool,
                 progress: bool) -> int:
-    from .envs.alfworld.precompute import DEFAULT_SPLITS, precompute_engine_cache
+    from ..envs.alfworld.precompute import DEFAULT_SPLITS, precompute_engine_cache
 
     try:
         r = precompute_engine_cache(tuple(splits or DEFAULT_SPLITS), data_dir=data_dir, include_sample=sample,
@@ -487,14 +487,14 @@ def _count_lines(path: Path) -> int:
 
 
 def _chess() -> tuple[str, str]:
-    from .envs.chess.puzzles import find_puzzles_file
+    from ..envs.chess.puzzles import find_puzzles_file
 
     p = find_puzzles_file()
     return f"{_label('chess', p)}: {p}", f"{_count_lines(p) - 1:,} puzzles"
 
 
 def _alfworld() -> tuple[str, str]:
-    from .envs.alfworld.games import load_index, resolve_alfworld_root
+    from ..envs.alfworld.games import load_index, resolve_alfworld_root
 
     root = resolve_alfworld_root()
     counts = []
@@ -507,8 +507,8 @@ def _alfworld() -> tuple[str, str]:
 
 
 def _webshop() -> tuple[str, str]:
-    from .data import resolve_data_dir
-    from .envs.webshop.catalog import DATA_MARKER, find_data_files, load_catalog
+    from .paths import resolve_data_dir
+    from ..envs.webshop.catalog import DATA_MARKER, find_data_files, load_catalog
 
     folder = resolve_data_dir("webshop", must_contain=DATA_MARKER)
     products, attrs, _human = find_data_files(folder, human_goals=False)
@@ -521,13 +521,13 @@ def _webshop() -> tuple[str, str]:
 
 
 def _scienceworld() -> tuple[str, str]:
-    from .envs.scienceworld.tasks import task_names
+    from ..envs.scienceworld.tasks import task_names
 
     return "bundled with the scienceworld package", f"{len(task_names())} task types (with variations)"
 
 
 def _r2egym() -> tuple[str, str]:
-    from .envs.r2egym.local_tasks import default_tasks_dir
+    from ..envs.r2egym.local_tasks import default_tasks_dir
 
     p = default_tasks_dir() / "tasks.jsonl"
     if not p.is_file():

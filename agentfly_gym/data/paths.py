@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import DataNotFoundError
+from ..errors import DataNotFoundError
 
 __all__ = ["resolve_data_dir", "data_candidates", "sample_dir", "default_download_dir", "DATA_ROOT_ENV", "cache_dir"]
 
