@@ -435,7 +435,7 @@ def recipes_dir() -> Path:
         ConfigError: neither exists (an installed wheel has no ``envs/``; pass a recipe folder).
     """
     env = os.environ.get("AGENTFLY_GYM_RECIPES")
-    d = Path(env) if env else Path(__file__).resolve().parents[3] / "envs"
+    d = Path(env) if env else Path(__file__).resolve().parents[2] / "envs"
     if not d.is_dir():
         raise ConfigError(f"image recipes folder {d} not found; set AGENTFLY_GYM_RECIPES or pass a recipe folder path")
     return d
