@@ -292,7 +292,7 @@ def test_a_load_pauses_the_garbage_collector_only_while_it_runs(game_file, tmp_p
 def test_the_cli_precomputes_into_agentfly_gym_cache_and_says_what_it_did(tmp_path, monkeypatch, capsys):
     """`agentfly-gym data precompute alfworld` writes under $AGENTFLY_GYM_CACHE, never into the data folder."""
     from agentfly_gym.data.paths import sample_dir
-    from agentfly_gym.data.datasets import data_main
+    from agentfly_gym.cli.data import data_main
 
     monkeypatch.setenv("AGENTFLY_GYM_CACHE", str(tmp_path / "cache"))
     sample = sample_dir("alfworld")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agentfly_gym.data.datasets import DATASETS, MANIFEST_NAME, data_main, download_dataset, verify_dataset
+from agentfly_gym.data.datasets import DATASETS, MANIFEST_NAME, download_dataset, verify_dataset
+from agentfly_gym.cli.data import data_main
 from agentfly_gym.data.download import download_file, sha256_file
 from agentfly_gym.errors import ChecksumError, ConfigError, DownloadError
 

@@ -45,7 +45,8 @@ from typing import Any
 
 from ...errors import ConfigError, DataNotFoundError, EnvError
 from ...resources.containers.api import ContainerResource, ExecResult
-from ...resources.manager import ResourceManager, RolloutScope
+from ...resources.protocol import Manager
+from ...resources.scope import RolloutScope
 from ...resources.spec import ContainerSpec, check_max_idle_time
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
@@ -232,7 +233,7 @@ class R2EGymEnv(AgentFlyEnv):
                  test_timeout: float = 300.0,
                  max_output: int = 10_000, max_episode_steps: int | None = 40, step_timeout: float | None = None,
                  grading: str = "isolated",
-                 manager: ResourceManager | None = None, reset_timeout: float | None = 900.0,
+                 manager: Manager | None = None, reset_timeout: float | None = 900.0,
                  render_mode: str | None = None) -> None:
         if grading not in GRADING_MODES:
             raise ConfigError(f"grading={grading!r} is not one of {', '.join(map(repr, GRADING_MODES))}")

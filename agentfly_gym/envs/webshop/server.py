@@ -459,7 +459,7 @@ class WebShopServerProxy(ObjectProxy):
 def measure_load(**kwargs: Any) -> dict[str, Any]:
     """Load a server in this process and report ``load_seconds`` and ``rss_delta_bytes`` (Linux /proc).
 
-    Meant for a fresh interpreter (``python -m agentfly_gym.envs.webshop.measure``).
+    Meant for a fresh interpreter (``python -m agentfly_gym.cli.webshop_measure``).
     """
     def rss() -> int:
         with open("/proc/self/status") as f:

@@ -175,7 +175,7 @@ class ResourceHost:
                 log.warning("%s: aclose() of the hosted object failed", self._spec.label, exc_info=True)
         if self._manager is not None:
             await self._manager.aclose()
-        from ..manager import default_manager
+        from ..select import default_manager
 
         await default_manager().aclose()  # what async objects acquired on this loop (no-op when nothing was)
 

@@ -32,7 +32,6 @@ nodes and, in the cluster's tables, their processes (a driver's job, a worker's 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import re
@@ -45,7 +44,8 @@ from ...errors import ConfigError, PoolClosedError, ResourceDied, ResourceError
 from ..base import Resource, ResourceStatus
 from ..spec import ResourceSpec
 from .. import teardown
-from ..manager import RolloutScope
+from ..protocol import Manager
+from ..scope import RolloutScope
 from .actors import Grant, client_owner, pool_actor_class
 from .placement import PlacementTable, RayPlacement, resolve_placement
 
@@ -53,7 +53,6 @@ __all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource", "h
 
 log = logging.getLogger(__name__)
 
-_scope_ids = itertools.count(1)
 _HEAD = "node:__internal_head__"
 
 
@@ -376,10 +375,10 @@ class RayRolloutScope(RolloutScope):
         pool.release_nowait(lease, discard=discard)
 
 
-class RayResourceManager:
+class RayResourceManager(Manager):
     """The resource manager of a Ray cluster: the API of :class:`~agentfly_gym.resources.ResourceManager`
     (``scope``, ``acquire_global``, ``pool``, ``pools``, ``metrics``, ``prewarm``, ``aclose``), with pools
-    shared by every process of the job.
+    shared by every process of the job (the :class:`~agentfly_gym.resources.protocol.Manager` contract).
 
     Args:
         placement: where instances live: a mapping looked up by spec key, spec ``name``, spec kind, ``"*"``
@@ -399,6 +398,8 @@ class RayResourceManager:
     Raises:
         ConfigError: a bad ``global_scope`` or placement.
     """
+
+    scope_class = RayRolloutScope
 
     def __init__(self, *, placement: PlacementTable | None = None, global_scope: str = "cluster",
                  namespace: str | None = None, detached: bool = False, acquire_timeout: float | None = None,
@@ -474,14 +475,7 @@ class RayResourceManager:
     def pools(self) -> dict[str, RayPool]:
         return dict(self._pools)
 
-    # ------------------------------------------------------------------ scopes and globals
-    def scope(self, scope_id: str | None = None, *, acquire_timeout: float | None = None) -> RayRolloutScope:
-        """A rollout scope: ``async with manager.scope("traj-3") as scope: ...``."""
-        if self._closed:
-            raise PoolClosedError(f"resource manager {self.id} is closed")
-        return RayRolloutScope(self, scope_id or f"scope-{next(_scope_ids)}",
-                               acquire_timeout=acquire_timeout if acquire_timeout is not None else self.acquire_timeout)
-
+    # ------------------------------------------------------------------ scopes (Manager.scope, scope_class) and globals
     async def acquire_global(self, spec: ResourceSpec, *, user: Any = None) -> RayResource:
         """The shared instance of ``spec``: one per cluster, or one per node with ``global_scope="node"``.
 
@@ -588,9 +582,3 @@ class RayResourceManager:
                     ray.kill(p.handle, no_restart=True)
                 except Exception:  # noqa: BLE001, S110
                     pass
-
-    async def __aenter__(self) -> RayResourceManager:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()

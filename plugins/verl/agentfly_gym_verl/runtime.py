@@ -19,7 +19,7 @@ import logging
 import threading
 from typing import Any
 
-from agentfly_gym.resources.manager import ResourceManager
+from agentfly_gym.resources.protocol import Manager
 from agentfly_gym.resources.select import manager_from_environment
 
 __all__ = ["get_manager", "shutdown", "ashutdown", "chat_tokenizer", "record_failure", "failure_metrics",
@@ -28,7 +28,7 @@ __all__ = ["get_manager", "shutdown", "ashutdown", "chat_tokenizer", "record_fai
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_manager: ResourceManager | None = None
+_manager: Manager | None = None
 _manager_loop: asyncio.AbstractEventLoop | None = None
 _chats: dict[tuple[int, str], tuple[Any, Any]] = {}
 _failures: dict[str, dict[str, int]] = {"by_env": {}, "by_error": {}, "by_mode": {}}
@@ -64,7 +64,7 @@ def reset_failure_metrics() -> None:
             v.clear()
 
 
-def get_manager() -> ResourceManager:
+def get_manager() -> Manager:
     """The worker's resource manager, created on first call in the running loop.
 
     If the loop that owned the previous manager has stopped or closed (e.g. a test's loop),
@@ -134,7 +134,7 @@ def shutdown(timeout: float = 120.0) -> None:
     _close_from_outside(m, m_loop, timeout)
 
 
-def _close_from_outside(m: ResourceManager, loop: asyncio.AbstractEventLoop | None, timeout: float = 120.0) -> None:
+def _close_from_outside(m: Manager, loop: asyncio.AbstractEventLoop | None, timeout: float = 120.0) -> None:
     if loop is not None and loop.is_running() and not loop.is_closed():
         fut = asyncio.run_coroutine_threadsafe(m.aclose(), loop)
         try:

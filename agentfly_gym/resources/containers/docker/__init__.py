@@ -43,7 +43,7 @@ next acquisition finds a fresh container ready.
 Cleanup: :meth:`DockerContainer.release` removes the container (``manager.aclose()`` releases
 every pool); :meth:`DockerContainer.terminate_sync` is called at interpreter exit and on SIGTERM by
 the manager's teardown (:mod:`agentfly_gym.resources.teardown`); what a killed process left is
-removed by :func:`..ownership.reap_docker_orphans` (``agentfly-gym resources gc``).
+removed by :func:`..reaper.reap_docker_orphans` (``agentfly-gym resources gc``).
 """
 
 from .container import CAP_ADD, DockerContainer, create

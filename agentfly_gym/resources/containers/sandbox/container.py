@@ -63,7 +63,7 @@ Model of an instance:
 
 Orphans: an instance's folder holds ``agentfly-sandbox.json`` with the labels (the manager
 id as ``agentfly.manager``), the owner process id and its start time, and the cgroup
-folders, so :func:`..ownership.reap_sandbox_orphans` (``agentfly-gym resources gc``) can kill its
+folders, so :func:`..reaper.reap_sandbox_orphans` (``agentfly-gym resources gc``) can kill its
 processes and remove its cgroups, its loop mount and its folder after a manager that died.
 """
 
