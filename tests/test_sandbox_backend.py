@@ -23,7 +23,8 @@ from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatu
 from agentfly_gym.resources.containers.reaper import reap_sandbox_orphans
 from agentfly_gym.resources.containers.sandbox import cgroups
 from agentfly_gym.resources.containers.sandbox import container as sb
-from agentfly_gym.resources.containers.sandbox.container import SandboxContainer, SandboxPathError
+from agentfly_gym.resources.containers.sandbox.container import SandboxContainer
+from agentfly_gym.resources.containers.sandbox.files import SandboxPathError
 from agentfly_gym.resources.containers.sandbox.container import create as create_sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")

@@ -25,6 +25,7 @@ from proctools import host_usage, pids_with, procs_settle
 from agentfly_gym.errors import ResourceDied
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
 from agentfly_gym.resources.containers.sandbox import container as sb
+from agentfly_gym.resources.containers.sandbox.files import SandboxPathError
 
 BACKENDS = ["sandbox-host", "sandbox-base", "docker"]
 
@@ -149,7 +150,7 @@ async def test_host_secrets_and_homes_are_not_visible(backend_spec, manager):
             if backend_spec["image"] == "host":
                 for path in ("/etc/shadow", "/etc/gshadow"):
                     if Path(path).exists():
-                        with pytest.raises(sb.SandboxPathError):  # not through the host-side API either
+                        with pytest.raises(SandboxPathError):  # not through the host-side API either
                             await box.get_file(path)
 
 

@@ -49,7 +49,7 @@ from ..scope import RolloutScope
 from .actors import Grant, client_owner, pool_actor_class
 from .placement import PlacementTable, RayPlacement, resolve_placement
 
-__all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource", "host_actor_options"]
+__all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource"]
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +60,6 @@ def _ray() -> Any:
     import ray
 
     return ray
-
-
-def host_actor_options(placement: RayPlacement, node_id: str | None = None) -> dict[str, Any]:
-    """``.options(...)`` for an instance's host actor: the placement's resources, pinned to ``node_id`` if given."""
-    opts = placement.actor_options()
-    if node_id is not None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    return opts
 
 
 def _done(ref: Any) -> bool:

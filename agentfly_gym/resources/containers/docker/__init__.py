@@ -1,6 +1,7 @@
 """The Docker container backend: :class:`~.container.DockerContainer` and its ``create(spec, labels)``.
 
-Modules: :mod:`.container` (the resource), :mod:`.engine` (docker-py, one client and one thread
+Modules: :mod:`.container` (the resource), :mod:`.files` (``put_files`` / ``get_file`` as tar streams),
+:mod:`.ports` (published ports on 127.0.0.1), :mod:`.engine` (docker-py, one client and one thread
 pool per process: every docker-py call blocks, so the event loop never waits on the engine; the
 exec output stream), :mod:`.disk` (the kernel-enforced disk and inode limit: the writable layer on a
 loop-mounted file system), :mod:`.watchdog` (the disk limit where neither that nor a quota can be had).
