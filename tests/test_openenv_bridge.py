@@ -25,7 +25,7 @@ from agentfly_gym.cli.serve import serve_main  # noqa: E402
 from agentfly_gym.errors import ConfigError   # noqa: E402
 from agentfly_gym.resources import ResourceManager   # noqa: E402
 from agentfly_gym.resources.backends.model_service import free_port   # noqa: E402
-from agentfly_gym.resources.select import _default_managers  # noqa: E402
+from agentfly_gym.resources.defaults import _default_managers  # noqa: E402
 
 PUZZLE = "tewjc"  # from the Lichess puzzles in tests/data
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import weakref
 from typing import Any
 
 from ..errors import ConfigError
+from .defaults import loop_default, set_loop_default
 from .manager import ResourceManager
 from .protocol import Manager
 
@@ -81,9 +81,6 @@ def manager_from_environment(**kwargs: Any) -> Manager:
     return RayResourceManager(**kwargs)
 
 
-_default_managers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Manager] = weakref.WeakKeyDictionary()
-
-
 def default_manager() -> Manager:
     """The default manager of the running event loop (one per loop, created on first use).
 
@@ -93,8 +90,8 @@ def default_manager() -> Manager:
     :class:`~agentfly_gym.resources.ray.RayResourceManager` (the table above).
     """
     loop = asyncio.get_running_loop()
-    m = _default_managers.get(loop)
-    if m is None or m.closed:
+    m = loop_default(loop)
+    if m is None:
         m = manager_from_environment()  # AGENTFLY_GYM_MANAGER: local (default), ray, auto
-        _default_managers[loop] = m
+        set_loop_default(loop, m)
     return m

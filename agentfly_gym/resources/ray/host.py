@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import ResourceDied, ResourceError
+from ..defaults import loop_default
 from ..spec import ResourceSpec
 from .placement import RayPlacement
 
@@ -142,9 +143,9 @@ class ResourceHost:
                 log.warning("%s: aclose() of the hosted object failed", self._spec.label, exc_info=True)
         if self._manager is not None:
             await self._manager.aclose()
-        from ..select import default_manager
-
-        await default_manager().aclose()  # what async objects acquired on this loop (no-op when nothing was)
+        default = loop_default()
+        if default is not None:  # what async objects acquired on this loop
+            await default.aclose()
 
     def _live(self) -> Any:
         if self._res is None:
