@@ -3,7 +3,7 @@
 Subcommands:
     rollout          roll out trajectories of one or more environments with a policy
     envs             list the registered environments, where their data comes from and how many tasks
-    images build     build container images offline
+    images           build container images offline: build [names] | list | openenv [ENV_NAME]
     resources gc     reap containers and sandboxes left by dead managers
     r2e build-tasks  build the local R2E-Gym task set
     drift            measure re-tokenization drift on saved trajectories
