@@ -27,7 +27,7 @@ from gymnasium.vector.utils import batch_space
 
 from .envs.base import AgentFlyEnv, fault_step
 from .errors import ConfigError, ModelOutputError
-from .resources.manager import ResourceManager
+from .resources.protocol import Manager
 from .utils.aio import run_sync
 from .utils.imports import load_object
 
@@ -110,7 +110,7 @@ class AsyncTextVectorEnv(VectorEnv):
     @classmethod
     def from_entry_point(cls, entry_point: str, num_envs: int = 1, *,
                          autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-                         manager: ResourceManager | None = None, max_episode_steps: int | None = None,
+                         manager: Manager | None = None, max_episode_steps: int | None = None,
                          **env_kwargs: Any) -> AsyncTextVectorEnv:
         """``num_envs`` copies of the env class at ``entry_point`` sharing ``manager``.
 

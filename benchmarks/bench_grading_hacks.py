@@ -78,7 +78,7 @@ async def run_backend(backend: str, args, res: C.Result) -> dict[str, Any]:
     h = _hacks()
     kw: dict[str, Any] = {"backend": backend}
     if backend == "docker":
-        from agentfly_gym.resources.containers.images import build_image
+        from agentfly_gym.images.build import build_image
 
         kw["image"] = build_image(REPO / "envs" / "r2egym")
     else:

@@ -54,7 +54,7 @@ BIG_EDIT = _xml("file_editor", command="create", path="/testbed/big.txt", file_t
 
 def _spec(backend: str, **kw: Any):
     from agentfly_gym.resources import ContainerSpec
-    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.images.base import build_base_image
 
     image = build_base_image() if backend == "docker" else "host"
     return ContainerSpec(image=image, backend=backend, workdir="/testbed", memory="512m", **kw)

@@ -91,7 +91,7 @@ def available(env_id: str) -> str | None:
 
 
 async def roll(model: str, env_ids: list[str], per_env: int, turns: int, max_tokens: int, seed: int) -> dict[str, Any]:
-    from agentfly_gym.data import resolve_data_dir
+    from agentfly_gym.data.paths import resolve_data_dir
     from agentfly_gym.rollout import RolloutConfig, SamplingParams, run_rollouts
     from agentfly_gym.rollout.chat import ChatTokenizer
     from agentfly_gym.rollout.drift import measure_drift

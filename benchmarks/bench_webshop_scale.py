@@ -178,7 +178,7 @@ def main() -> int:
         print(json.dumps(child(json.loads(args.child))))
         return 0
     C.setup_env_vars()
-    from agentfly_gym.data import resolve_data_dir
+    from agentfly_gym.data.paths import resolve_data_dir
     from agentfly_gym.envs.webshop.catalog import HOW_TO_GET
     from agentfly_gym.envs.webshop.synthetic import write_synthetic_catalog
 

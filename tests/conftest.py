@@ -90,7 +90,7 @@ def docker_client():
 @pytest.fixture(scope="session")
 def r2e_docker_image(docker_client) -> str:
     """The R2E-Gym base image, built offline if missing (envs/r2egym)."""
-    from agentfly_gym.resources.containers.images import build_image
+    from agentfly_gym.images.build import build_image
 
     return build_image(REPO / "envs" / "r2egym")
 

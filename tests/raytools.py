@@ -95,6 +95,6 @@ class Setting:
     """An in-process object that reports the manager kind its host process is set to (``AGENTFLY_GYM_MANAGER``)."""
 
     def kind(self) -> str:
-        from agentfly_gym.resources.ray.select import manager_kind
+        from agentfly_gym.resources.select import manager_kind
 
         return manager_kind()

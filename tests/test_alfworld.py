@@ -17,7 +17,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentfly_gym  # noqa: F401  (registers the environments)
-from agentfly_gym.data import sample_dir
+from agentfly_gym.data.paths import sample_dir
 from agentfly_gym.envs.alfworld import (
     NOTHING_HAPPENS,
     TASK_TYPES,
@@ -32,7 +32,8 @@ from agentfly_gym.envs.alfworld import (
 from agentfly_gym.envs.alfworld import env as env_module
 from agentfly_gym.envs.alfworld import planner as planner_module
 from agentfly_gym.errors import ConfigError, DataNotFoundError, EnvError, ResetNeeded
-from agentfly_gym.resources.manager import ResourceManager, default_manager
+from agentfly_gym.resources.manager import ResourceManager
+from agentfly_gym.resources.select import default_manager
 from agentfly_gym.utils.aio import run_sync
 
 pytestmark = pytest.mark.timeout(300)

@@ -239,7 +239,7 @@ def test_a_dead_translation_worker_falls_back_to_translating_here(game_file, tmp
 
 def test_precompute_fills_the_cache_skips_whole_entries_and_an_interrupt_leaves_no_partial_file(tmp_path, monkeypatch):
     """agentfly-gym data precompute alfworld, on the sample shipped in the package."""
-    from agentfly_gym.data import sample_dir
+    from agentfly_gym.data.paths import sample_dir
     from agentfly_gym.envs.alfworld.precompute import precompute_engine_cache
 
     sample = sample_dir("alfworld")
@@ -291,8 +291,8 @@ def test_a_load_pauses_the_garbage_collector_only_while_it_runs(game_file, tmp_p
 
 def test_the_cli_precomputes_into_agentfly_gym_cache_and_says_what_it_did(tmp_path, monkeypatch, capsys):
     """`agentfly-gym data precompute alfworld` writes under $AGENTFLY_GYM_CACHE, never into the data folder."""
-    from agentfly_gym.data import sample_dir
-    from agentfly_gym.datasets import data_main
+    from agentfly_gym.data.paths import sample_dir
+    from agentfly_gym.cli.data import data_main
 
     monkeypatch.setenv("AGENTFLY_GYM_CACHE", str(tmp_path / "cache"))
     sample = sample_dir("alfworld")

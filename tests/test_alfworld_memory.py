@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentfly_gym.data import sample_dir
+from agentfly_gym.data.paths import sample_dir
 from agentfly_gym.envs.alfworld import ALFWorldSimulator, load_index
 from agentfly_gym.envs.alfworld import _compat
 from agentfly_gym.errors import ConfigError

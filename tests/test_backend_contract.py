@@ -23,7 +23,8 @@ import pytest
 
 from agentfly_gym.errors import ConfigError
 from agentfly_gym.resources import ContainerSpec, Resource, ResourceManager, ResourceSpec, ResourceStatus, backends
-from agentfly_gym.resources.containers import ownership
+from agentfly_gym.cli.resources import gc_main
+from agentfly_gym.resources.containers import ownership, reaper
 from agentfly_gym.resources.containers.output import TRUNCATION_MARKER, OutputBuffer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,7 +185,7 @@ _LONG = "head -c 3000 /dev/zero | tr '\\0' A; head -c 3000 /dev/zero | tr '\\0' 
 @pytest.mark.docker
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
 async def test_both_backends_cut_long_output_identically(docker_client, tmp_path, monkeypatch):
-    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.images.base import build_base_image
 
     monkeypatch.setenv("AGENTFLY_GYM_SANDBOX_DIR", str(tmp_path / "sbx"))
     image = build_base_image()
@@ -222,7 +223,7 @@ def test_gc_reaps_a_killed_managers_containers_and_sandboxes(docker_client, tmp_
     cgroup, processes); ``resources gc`` finds both as orphans of a dead owner and removes them."""
     import docker
 
-    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.images.base import build_base_image
     from agentfly_gym.resources.containers.sandbox import cgroups
 
     root = tmp_path / "sbx"
@@ -241,9 +242,9 @@ def test_gc_reaps_a_killed_managers_containers_and_sandboxes(docker_client, tmp_
         labels = docker_client.api.inspect_container(cid)["Config"]["Labels"]
         assert labels["agentfly.manager"] == manager_id and ownership.owner_dead(labels)
         # without a manager id both are found as orphans of a dead owner (dry run: others' stay untouched)
-        containers, sandboxes = ownership.reap_all(dry_run=True)
+        containers, sandboxes = reaper.reap_all(dry_run=True)
         assert cid[:12] in containers and name in sandboxes
-        assert ownership.gc_main(["--manager", manager_id]) == 0
+        assert gc_main(["--manager", manager_id]) == 0
         out = capsys.readouterr()
         assert cid[:12] in out.out and name in out.out and "1 container(s) and 1 sandbox(es)" in out.err
         with pytest.raises(docker.errors.NotFound):
@@ -256,4 +257,4 @@ def test_gc_reaps_a_killed_managers_containers_and_sandboxes(docker_client, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        ownership.reap_all(manager_id)  # whatever a failed assertion left
+        reaper.reap_all(manager_id)  # whatever a failed assertion left

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from agentfly_gym.datasets import DATASETS, MANIFEST_NAME, data_main, download_dataset, verify_dataset
-from agentfly_gym.download import download_file, sha256_file
+from agentfly_gym.data.datasets import DATASETS, MANIFEST_NAME, download_dataset, verify_dataset
+from agentfly_gym.cli.data import data_main
+from agentfly_gym.data.download import download_file, sha256_file
 from agentfly_gym.errors import ChecksumError, ConfigError, DownloadError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -320,7 +321,7 @@ def test_status_ignores_an_empty_alfworld_download(tmp_path):
     """An interrupted download leaves ``json_2.1.1/`` empty: the env reads the bundled sample, and so must status."""
     env = {k: v for k, v in os.environ.items() if k not in ("AGENTFLY_GYM_DATA", "ALFWORLD_DATA", "WEBSHOP_DATA")}
     env.update(HOME=str(tmp_path), AGENTFLY_GYM_CACHE=str(tmp_path / "cache"), COLUMNS="250")
-    code = ("import os, sys; from agentfly_gym.data import default_download_dir; "
+    code = ("import os, sys; from agentfly_gym.data.paths import default_download_dir; "
             "p = default_download_dir('alfworld') / 'json_2.1.1' / 'valid_seen'; p.mkdir(parents=True); print(p)")
     made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert made.returncode == 0 and str(tmp_path) in made.stdout, made.stderr

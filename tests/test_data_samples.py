@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agentfly_gym.data import data_candidates, resolve_data_dir, sample_dir
-from agentfly_gym.datasets import DATASETS, env_data_source
-from agentfly_gym.download import sha256_file
+from agentfly_gym.data.paths import data_candidates, resolve_data_dir, sample_dir
+from agentfly_gym.data.datasets import DATASETS
+from agentfly_gym.data.sources import env_data_source
+from agentfly_gym.data.download import sha256_file
 from agentfly_gym.errors import DataNotFoundError
 
 SAMPLES = Path(__file__).resolve().parents[1] / "agentfly_gym" / "samples"

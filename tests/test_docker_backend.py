@@ -23,8 +23,8 @@ from agentfly_gym.errors import ConfigError, ResourceDied, ResourceError
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
 from agentfly_gym.resources.containers import choice as containers
 from agentfly_gym.resources.containers.docker import DockerContainer
-from agentfly_gym.resources.containers.ownership import gc_main
-from agentfly_gym.resources.containers.ownership import reap_docker_orphans as reap_orphans
+from agentfly_gym.cli.resources import gc_main
+from agentfly_gym.resources.containers.reaper import reap_docker_orphans as reap_orphans
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker
@@ -43,7 +43,7 @@ def engine(docker_client):
 
 @pytest.fixture(scope="module")
 def base_image(engine) -> str:
-    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.images.base import build_base_image
 
     return build_base_image()
 

@@ -13,7 +13,8 @@ import agentfly_gym  # noqa: F401
 from agentfly_gym.resources import ResourceManager
 from agentfly_gym.rollout import ExpertPolicy, SamplingParams, run_chain_episode, save_trajectories
 from agentfly_gym.rollout.chat import ChatTokenizer
-from agentfly_gym.rollout.drift import assistant_segments, drift_main, measure_drift, sequence_drift
+from agentfly_gym.rollout.drift import assistant_segments, measure_drift, sequence_drift
+from agentfly_gym.cli.drift import drift_main
 
 
 @pytest.fixture(scope="module")

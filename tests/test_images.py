@@ -11,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from agentfly_gym.resources.containers import images
+from agentfly_gym.cli.images import images_main
 from agentfly_gym.errors import ConfigError
-from agentfly_gym.resources.containers.images import (
-    ImageBuildError,
-    build_base_image,
-    build_image,
-    debian_mirror,
-    recipe_digest,
-)
+from agentfly_gym.images.base import base_image_tag, base_rootfs_dir, build_base_image, debian_mirror
+from agentfly_gym.images.build import build_image, recipe_digest
+from agentfly_gym.images.engine import ImageBuildError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,9 +61,9 @@ def test_recipe_digest_follows_content_not_noise(tmp_path):
 
 
 def test_images_main_rejects_unknown_recipe(capsys):
-    assert images.images_main(["build", "no-such-recipe"]) == 2
+    assert images_main(["build", "no-such-recipe"]) == 2
     assert "no image recipe 'no-such-recipe'" in capsys.readouterr().err
-    assert images.images_main(["list"]) == 0
+    assert images_main(["list"]) == 0
     listed = capsys.readouterr().out.split()
     assert listed[0] == "base" and "r2egym" in listed
 
@@ -93,9 +89,9 @@ def test_base_image_is_idempotent_and_keeps_its_rootfs(engine, base_image):
     t0 = time.monotonic()
     assert build_base_image() == base_image  # present: nothing rebuilt
     assert time.monotonic() - t0 < 60  # a debootstrap takes minutes
-    assert base_image == images.base_image_tag()
+    assert base_image == base_image_tag()
     assert engine.images.get(base_image).id == engine.images.get("agentfly/base:latest").id
-    root = images.base_rootfs_dir()
+    root = base_rootfs_dir()
     assert (root / ".agentfly-rootfs.json").is_file() and (root / "usr" / "bin" / "python3").exists()
     script = ("python3 --version; git --version; id agent; timeout --version | head -1; "
               "ls /usr/lib/python3*/EXTERNALLY-MANAGED 2>&1 | grep -c 'No such'")
@@ -150,7 +146,7 @@ def test_recipe_build_is_content_addressed(engine, base_image, tmp_path):
 
 
 def test_r2egym_recipe_has_python_pytest_git(engine, base_image, capsys):
-    assert images.images_main(["build", "r2egym"]) == 0
+    assert images_main(["build", "r2egym"]) == 0
     tag = capsys.readouterr().out.split()[-1]
     assert tag.startswith("agentfly/r2egym:")
     out = _run(engine, tag, ["sh", "-c", "pwd; python3 -m pytest --version; git --version; git config user.name"])

@@ -179,7 +179,7 @@ def test_cli_rollout_with_a_local_transformers_serve_judge(tmp_path):
     svc = [p for k, p in pools.items() if "model_service" in k]
     assert len(svc) == 1 and svc[0]["started"] == 1               # one server for both trajectories
     assert summary["config"]["reward"] == spec
-    from agentfly_gym.data import cache_dir
+    from agentfly_gym.data.paths import cache_dir
 
     logs = sorted((cache_dir("logs")).glob("transformers-*.log"), key=lambda p: p.stat().st_mtime)
     assert logs and not _server_alive(logs[-1])

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from agentfly_gym.data import cache_dir
+from agentfly_gym.data.paths import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_DATA = REPO / "tests" / "data"

@@ -63,7 +63,7 @@ def test_bad_container_settings_are_named():
 @pytest.fixture(scope="module")
 def echo_image(docker_client) -> str:
     """The echo env's image (built once, a no-op when unchanged: the tag is a content hash)."""
-    from agentfly_gym.bridges.openenv_image import build_openenv_image
+    from agentfly_gym.images.openenv import build_openenv_image
 
     return build_openenv_image("echo_env")
 
@@ -75,7 +75,7 @@ def _ours(client) -> list:
 @pytest.mark.docker
 def test_unchanged_image_is_not_rebuilt(echo_image, docker_client):
     """The second build finds the image by its labels (the copied packages' versions) and builds nothing."""
-    from agentfly_gym.bridges.openenv_image import build_openenv_image
+    from agentfly_gym.images.openenv import build_openenv_image
 
     lines = []
     assert build_openenv_image("echo_env", progress=lines.append) == echo_image

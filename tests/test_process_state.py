@@ -94,7 +94,7 @@ def test_the_ray_host_never_changes_os_environ():
                             and node.func.attr in ("update", "setdefault", "pop", "clear")), \
                     f"{rel}:{node.lineno} changes os.environ"
     pytest.importorskip("ray")
-    from agentfly_gym.resources.ray.manager import host_actor_options
+    from agentfly_gym.resources.ray.host import host_actor_options
     from agentfly_gym.resources.ray.placement import RayPlacement
 
     opts = host_actor_options(RayPlacement())

@@ -247,7 +247,7 @@ def test_async_vector_env_forked_after_the_parent_used_docker(r2e_docker_image, 
     from gymnasium.vector import AsyncVectorEnv
 
     from agentfly_gym.resources.containers.docker.engine import DockerEngine
-    from agentfly_gym.resources.manager import default_manager
+    from agentfly_gym.resources.select import default_manager
     from agentfly_gym.utils.aio import run_sync
 
     async def use_docker() -> None:  # on the sync API's loop, through its default manager, as a sync env does

@@ -15,13 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agentfly_gym.envs.r2egym import (
-    LOCAL_BUGS,
-    R2EGymEnv,
-    build_local_tasks,
-    build_tasks_main,
-    load_tasks,
-)
+from agentfly_gym.envs.r2egym import LOCAL_BUGS, R2EGymEnv, build_local_tasks, load_tasks
+from agentfly_gym.cli.r2e import build_tasks_main
 from agentfly_gym.envs.r2egym.grading import _normalise, compare_test_maps
 from agentfly_gym.resources import ResourceManager
 

@@ -28,7 +28,7 @@ from agentfly_gym.envs.remote import RemoteEnv  # noqa: E402
 from agentfly_gym.errors import ConfigError, ResourceTimeout  # noqa: E402
 from agentfly_gym.resources import ContainerSpec, InProcessSpec  # noqa: E402
 from agentfly_gym.resources.ray import RayResourceManager  # noqa: E402
-from agentfly_gym.resources.ray.select import manager_kind  # noqa: E402
+from agentfly_gym.resources.select import manager_kind  # noqa: E402
 
 from proctools import alive, pids_with_env  # noqa: E402
 from raytools import lifetimes, max_alive, pids  # noqa: E402
@@ -343,7 +343,7 @@ def test_an_instance_host_is_set_to_a_local_manager_through_its_runtime_env(clus
     @ray.remote(num_cpus=0)
     class Client:
         async def kinds(self) -> tuple:
-            from agentfly_gym.resources.ray.select import manager_kind
+            from agentfly_gym.resources.select import manager_kind
 
             async with RayResourceManager(placement=SIM) as m:
                 async with m.scope("s") as scope:

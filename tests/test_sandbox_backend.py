@@ -20,10 +20,11 @@ from proctools import pids_with, procs_settle
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceUnavailable
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
-from agentfly_gym.resources.containers.ownership import reap_sandbox_orphans
+from agentfly_gym.resources.containers.reaper import reap_sandbox_orphans
 from agentfly_gym.resources.containers.sandbox import cgroups
 from agentfly_gym.resources.containers.sandbox import container as sb
-from agentfly_gym.resources.containers.sandbox.container import SandboxContainer, SandboxPathError
+from agentfly_gym.resources.containers.sandbox.container import SandboxContainer
+from agentfly_gym.resources.containers.sandbox.files import SandboxPathError
 from agentfly_gym.resources.containers.sandbox.container import create as create_sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
@@ -413,10 +414,10 @@ async def test_reap_orphans_of_a_dead_manager(sandbox_dir):
 
 
 async def test_debian_base_image_rootfs(make_box):
-    """The Debian base rootfs of agentfly_gym.resources.containers.images (built by ``agentfly-gym images build base``)."""
-    from agentfly_gym.resources.containers import images
+    """The Debian base rootfs of agentfly_gym.images.base (built by ``agentfly-gym images build base``)."""
+    from agentfly_gym.images.base import base_rootfs_dir
 
-    if not (images.base_rootfs_dir() / ".agentfly-rootfs.json").is_file():
+    if not (base_rootfs_dir() / ".agentfly-rootfs.json").is_file():
         pytest.skip("the Debian base rootfs is not built here (agentfly-gym images build base)")
     box = await make_box(image="agentfly/base", workdir="/testbed", user="agent")
     r = await box.exec("id -un; python3 -c 'import sys; print(sys.version_info[:2])'; touch ~/ok /testbed/ok && echo w")

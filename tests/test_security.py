@@ -25,6 +25,7 @@ from proctools import host_usage, pids_with, procs_settle
 from agentfly_gym.errors import ResourceDied
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
 from agentfly_gym.resources.containers.sandbox import container as sb
+from agentfly_gym.resources.containers.sandbox.files import SandboxPathError
 
 BACKENDS = ["sandbox-host", "sandbox-base", "docker"]
 
@@ -48,14 +49,14 @@ def backend_spec(request, sandbox_dir):
         if shutil.which("bwrap") is None:
             pytest.skip("needs bubblewrap")
         if kind == "sandbox-base":
-            from agentfly_gym.resources.containers import images
+            from agentfly_gym.images.base import base_rootfs_dir
 
-            if not (images.base_rootfs_dir() / ".agentfly-rootfs.json").is_file():
+            if not (base_rootfs_dir() / ".agentfly-rootfs.json").is_file():
                 pytest.skip("the Debian base rootfs is not built here (agentfly-gym images build base)")
             return {"image": "agentfly/base", "backend": "sandbox"}
         return {"image": "host", "backend": "sandbox"}
     request.getfixturevalue("docker_client")
-    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.images.base import build_base_image
 
     return {"image": build_base_image(), "backend": "docker"}
 
@@ -149,7 +150,7 @@ async def test_host_secrets_and_homes_are_not_visible(backend_spec, manager):
             if backend_spec["image"] == "host":
                 for path in ("/etc/shadow", "/etc/gshadow"):
                     if Path(path).exists():
-                        with pytest.raises(sb.SandboxPathError):  # not through the host-side API either
+                        with pytest.raises(SandboxPathError):  # not through the host-side API either
                             await box.get_file(path)
 
 
@@ -245,7 +246,7 @@ async def test_docker_disk_inodes_and_log_are_capped_by_the_kernel(docker_client
     symlinks, and 20 MB into the container's log (``/proc/1/fd/1``).  On the host the writable layer
     holds at most the limit (no polling watchdog involved), the inodes at most ``disk / 8 KiB``, and
     the log at most about 2 MB."""
-    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.images.base import build_base_image
     from agentfly_gym.resources.containers.sandbox.volume import BYTES_PER_INODE
 
     if os.geteuid() != 0:
@@ -438,7 +439,7 @@ async def test_docker_gvisor_runtime_option(docker_client, manager):
     user-space kernel, not the host's (``dmesg`` is gVisor's, the kernel version is not the host's).
     Skipped where the engine does not know the runtime ``runsc`` or it cannot start here."""
     from agentfly_gym.errors import ResourceStartError
-    from agentfly_gym.resources.containers.images import build_base_image
+    from agentfly_gym.images.base import build_base_image
 
     if "runsc" not in (docker_client.info().get("Runtimes") or {}):
         pytest.skip("the Docker engine has no runtime 'runsc' (install runsc; scripts/docker-engine.sh registers it)")

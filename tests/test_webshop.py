@@ -34,7 +34,8 @@ from agentfly_gym.envs.webshop.catalog import load_catalog
 from agentfly_gym.envs.webshop.reward import get_type_reward
 from agentfly_gym.envs.webshop.search import analyze, document_text
 from agentfly_gym.errors import ConfigError, DataNotFoundError, ResetNeeded
-from agentfly_gym.resources.manager import ResourceManager, default_manager
+from agentfly_gym.resources.manager import ResourceManager
+from agentfly_gym.resources.select import default_manager
 from agentfly_gym.utils.aio import run_sync
 from proctools import alive
 
@@ -423,7 +424,7 @@ def test_measure_load_time_and_memory(data_dir):
 
     Only the 29-product sample exists here; a full 1,000-product catalog is not available to measure.
     """
-    out = subprocess.run([sys.executable, "-m", "agentfly_gym.envs.webshop.measure", str(data_dir),
+    out = subprocess.run([sys.executable, "-m", "agentfly_gym.cli.webshop_measure", str(data_dir),
                           "--products-file", PRODUCTS], capture_output=True, text=True, timeout=180, check=True)
     stats = json.loads(out.stdout.strip().splitlines()[-1])
     print("webshop server load:", stats)

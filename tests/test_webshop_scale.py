@@ -14,7 +14,8 @@ import random
 
 import pytest
 
-from agentfly_gym.envs.webshop.catalog import ProductStore, catalog_hash, iter_records, load_catalog
+from agentfly_gym.envs.webshop.store import ProductStore, catalog_hash, iter_records
+from agentfly_gym.envs.webshop.catalog import load_catalog
 from agentfly_gym.envs.webshop.search import ProductSearch, analyze, document_text
 from agentfly_gym.envs.webshop.synthetic import iter_synthetic_products, write_synthetic_catalog
 from agentfly_gym.errors import ConfigError

@@ -1,26 +1,13 @@
-"""OpenEnv in both directions, through ``openenv-core`` 0.3 (``pip install 'agentfly-gym[openenv]'``).
+"""OpenEnv environments as agentfly environments, through ``openenv-core`` 0.3 (``pip install 'agentfly-gym[openenv]'``).
 
-**Serving** (agentfly env -> OpenEnv clients): :func:`create_openenv_app` builds OpenEnv's own
-FastAPI app (``openenv.core.env_server.create_fastapi_app``) over
-:class:`AgentFlyOpenEnvironment`, an OpenEnv ``Environment`` whose ``reset_async`` /
-``step_async`` drive an agentfly env.  OpenEnv makes one environment per WebSocket session; every
-session's agentfly env takes its resources from the default :class:`ResourceManager` of the
-server's event loop, so all sessions share pools (many clients, one WebShop server; one rollout
-scope per session episode, released when the episode ends or the session closes).
-``agentfly-gym serve --env WebShop-v0 --openenv --port 8000`` runs it (:func:`serve_main`); any
-OpenEnv client connects, e.g. ``GenericEnvClient(base_url="http://127.0.0.1:8000")``.
-
-Wire format (OpenEnv's): action ``{"text": "<action>"}``; observation ``{"text": <obs>, "info":
-<JSON-safe info>}`` with ``reward`` (the step's env reward) and ``done`` (terminated or
-truncated; ``metadata`` says which).  Reset takes ``seed`` and ``options`` (e.g.
-``{"task_id": ...}``), as the agentfly env does.
+The other direction (an agentfly environment served to OpenEnv clients) is :mod:`.openenv_serving`.
 
 **Wrapping** (OpenEnv env -> agentfly Gymnasium env): :class:`OpenEnvEnv` plays an OpenEnv
 environment through OpenEnv's own client (``GenericEnvClient``, one WebSocket session per episode).
 The server is either given (``base_url``), served from an OpenEnv ASGI app (``app="module:attr"``)
 by the resource manager (an :class:`OpenEnvServer` resource, ``InProcessSpec``), or runs in a
 container of an OpenEnv image (``image=...``, e.g. the one
-:func:`~agentfly_gym.bridges.openenv_image.build_openenv_image` builds): a ``ContainerSpec`` with the
+:func:`~agentfly_gym.images.openenv.build_openenv_image` builds): a ``ContainerSpec`` with the
 server's port published on 127.0.0.1 (Docker backend).  Servers and containers are pooled up to
 ``max_instances``, held by one episode at a time; on reuse a container is replaced by a fresh one (the
 pool's reset-on-reuse rule), an in-process server gets a fresh OpenEnv session and ``reset``.
@@ -28,272 +15,24 @@ pool's reset-on-reuse rule), an in-process server gets a fresh OpenEnv session a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import functools
 import json
-import logging
-import math
 import threading
 import time
 from typing import Any
 
-import gymnasium
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
-from pydantic import Field
 
 from ..envs.base import AgentFlyEnv, StepResult
 from ..envs.prompting import AgentPrompt
 from ..errors import ConfigError, EnvError, ResourceDied, ResourceStartError
-from ..resources.manager import RolloutScope
+from ..resources.scope import RolloutScope
 from ..resources.spec import ContainerSpec, InProcessSpec
-from ..utils.jsonargs import json_object
+from .uvicorn_server import started_server
 
-__all__ = ["TextAction", "TextObservation", "AgentFlyOpenEnvironment", "create_openenv_app", "serve", "serve_main",
-           "OpenEnvEnv", "OpenEnvServer", "wait_for_health"]
-
-log = logging.getLogger(__name__)
+__all__ = ["OpenEnvEnv", "OpenEnvServer", "wait_for_health"]
 
 
-# ============================================================================ serving
-class TextAction(Action):
-    """An agentfly action: one text command (e.g. ``"search[red shoes]"``)."""
 
-    text: str = Field(..., description="the action text, in the environment's action format")
-
-
-class TextObservation(Observation):
-    """An agentfly observation: the text, plus the env's info (task_id, step, score, won, error, ...)."""
-
-    text: str = Field(default="", description="the observation text")
-    info: dict[str, Any] = Field(default_factory=dict, description="the env's info dict (JSON-safe)")
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` with anything JSON cannot carry turned into strings (non-finite floats into None)."""
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    if hasattr(value, "item"):
-        return _json_safe(value.item())
-    return str(value)
-
-
-class AgentFlyOpenEnvironment(Environment):
-    """An agentfly env behind OpenEnv's ``Environment`` interface (one instance per OpenEnv session).
-
-    Args:
-        env_id: a registered agentfly env (``"WebShop-v0"``, ``"agentfly/Chess-v0"``, ...).
-        env_kwargs: constructor kwargs of that env.
-
-    The agentfly env is made on the first reset, inside the server's event loop, without an
-    explicit manager: it uses that loop's default manager, shared by all sessions.
-    """
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None) -> None:
-        super().__init__()
-        from ..registration import normalize_env_id
-
-        self.env_id = normalize_env_id(env_id)
-        self.env_kwargs = dict(env_kwargs or {})
-        self._env: AgentFlyEnv | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._steps = 0
-
-    def _ensure_env(self) -> AgentFlyEnv:
-        if self._env is None:
-            self._loop = asyncio.get_running_loop()
-            self._env = gymnasium.make(self.env_id, **self.env_kwargs).unwrapped
-        return self._env
-
-    async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
-                          options: dict[str, Any] | None = None, **kwargs: Any) -> TextObservation:
-        """Start an episode; returns the reset observation (reward None, done False).
-
-        ``options`` (a dict) are the agentfly env's reset options; extra keyword arguments are
-        merged into them (so ``reset(task_id=...)`` works from any client).
-
-        Raises:
-            ConfigError: bad options (OpenEnv reports it to the client as an error message).
-        """
-        env = self._ensure_env()
-        opts = dict(options or {})
-        opts.update(kwargs)
-        obs, info = await env.areset(seed=seed, options=opts or None)
-        self._steps = 0
-        return TextObservation(text=obs, info=_json_safe(info), done=False, reward=None,
-                               metadata={"episode_id": env.episode_id or ""})
-
-    async def step_async(self, action: TextAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
-        """One env step; ``done`` = terminated or truncated (``metadata`` has both flags).
-
-        Raises:
-            ResetNeeded: no episode is running.
-        """
-        env = self._ensure_env()
-        obs, reward, terminated, truncated, info = await env.astep(action.text)
-        self._steps += 1
-        return TextObservation(text=obs, info=_json_safe(info), done=bool(terminated or truncated),
-                               reward=float(reward), metadata={"terminated": terminated, "truncated": truncated})
-
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> TextObservation:
-        """Sync form (OpenEnv's abstract API): runs :meth:`reset_async` on agentfly's background loop."""
-        from ..utils.aio import run_sync
-
-        return run_sync(self.reset_async(seed=seed, episode_id=episode_id, **kwargs))
-
-    def step(self, action: TextAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
-        """Sync form of :meth:`step_async` (agentfly's background loop)."""
-        from ..utils.aio import run_sync
-
-        return run_sync(self.step_async(action, timeout_s=timeout_s))
-
-    @property
-    def state(self) -> State:
-        """The episode id and the steps taken in it."""
-        return State(episode_id=self._env.episode_id if self._env is not None else None, step_count=self._steps)
-
-    def get_metadata(self) -> EnvironmentMetadata:
-        prompt = type(gymnasium.make(self.env_id, **self.env_kwargs).unwrapped).agent_prompt
-        return EnvironmentMetadata(name=self.env_id, description=prompt.system, version="0")
-
-    def close(self) -> None:
-        """End the session's episode, releasing its rollout scope (called by OpenEnv when the session ends).
-
-        OpenEnv calls this from the session's worker thread; the release runs on the server loop.
-        """
-        env, loop, self._env = self._env, self._loop, None
-        if env is None or loop is None or loop.is_closed():
-            return
-        try:
-            if loop.is_running() and not _on_loop(loop):
-                asyncio.run_coroutine_threadsafe(env.aclose(), loop).result(timeout=120)
-            elif loop.is_running():
-                loop.create_task(env.aclose())
-        except Exception as e:  # noqa: BLE001  (the manager reaps the scope at shutdown anyway)
-            log.warning("closing the %s session failed: %s: %s", self.env_id, type(e).__name__, e)
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
-
-
-def create_openenv_app(env_id: str, *, env_kwargs: dict[str, Any] | None = None, max_sessions: int = 64):
-    """OpenEnv's FastAPI app (``/ws`` sessions, ``/health``, ``/schema``, ``/metadata``) for an agentfly env.
-
-    Args:
-        env_id: a registered agentfly env id.
-        env_kwargs: its constructor kwargs.
-        max_sessions: most concurrent OpenEnv sessions (each holds one env; the env's own pools
-            still cap what backs them).
-
-    Raises:
-        ConfigError: unknown env, bad kwargs, or ``max_sessions`` < 1.
-    """
-    from openenv.core.env_server.http_server import create_fastapi_app
-
-    from ..registration import normalize_env_id
-
-    env_id = normalize_env_id(env_id)
-    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
-        raise ConfigError(f"max_sessions={max_sessions!r} must be an integer >= 1")
-    try:  # fail on a typo now, not in the first session (building the env acquires nothing)
-        probe = gymnasium.make(env_id, **dict(env_kwargs or {})).unwrapped
-        probe._closed = True
-    except TypeError as e:
-        raise ConfigError(f"{env_id}: bad keyword arguments {sorted(env_kwargs or {})}: {e}") from None
-    factory = functools.partial(AgentFlyOpenEnvironment, env_id, dict(env_kwargs or {}))
-    app = create_fastapi_app(factory, TextAction, TextObservation, max_concurrent_envs=max_sessions)
-    from ._compat import QuietClientDisconnect, needs_quiet_disconnect
-
-    if needs_quiet_disconnect():  # a client's normal disconnect prints no traceback
-        app.add_middleware(QuietClientDisconnect)
-    return app
-
-
-async def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwargs: dict[str, Any] | None = None,
-                max_sessions: int = 64, ready: threading.Event | None = None, stop: threading.Event | None = None
-                ) -> None:
-    """Serve ``env_id`` through OpenEnv until interrupted (or ``stop`` is set), then release every resource.
-
-    ``ready`` (optional) is set once the server accepts connections.
-    """
-    import uvicorn
-
-    from ..resources.manager import default_manager
-
-    app = create_openenv_app(env_id, env_kwargs=env_kwargs, max_sessions=max_sessions)
-    server = _server(uvicorn.Config(app, host=host, port=port, log_level="warning"),
-                     on_started=ready.set if ready is not None else None)
-    if stop is not None:
-        _exit_when_set(stop, server, asyncio.get_running_loop())
-    try:
-        await server.serve()
-    finally:
-        await default_manager().aclose()
-
-
-def _server(config: Any, *, on_started: Any = None) -> Any:
-    """A ``uvicorn.Server`` for ``config`` that calls ``on_started()`` once it accepts connections (at the end of
-    uvicorn's public ``Server.startup``), so nobody polls its ``started`` flag."""
-    import uvicorn
-
-    class _Server(uvicorn.Server):
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started and on_started is not None:
-                on_started()
-
-    return _Server(config)
-
-
-def _exit_when_set(stop: threading.Event, server: Any, loop: asyncio.AbstractEventLoop) -> None:
-    """Ask ``server`` to exit (on ``loop``) once ``stop`` is set, from a daemon thread that waits on it."""
-    def wait() -> None:
-        stop.wait()
-        try:
-            loop.call_soon_threadsafe(setattr, server, "should_exit", True)
-        except RuntimeError:  # the loop is closed: the server has ended already
-            pass
-
-    threading.Thread(target=wait, name="openenv-serve-stop", daemon=True).start()
-
-
-def serve_main(argv: list[str] | None = None) -> int:
-    """``agentfly-gym serve --env ID --openenv [--host H] [--port P] [--max-sessions N] [--env-kwargs JSON]``."""
-    p = argparse.ArgumentParser(prog="agentfly-gym serve", allow_abbrev=False,
-                                description="serve an agentfly environment to other trainers' clients")
-    p.add_argument("--env", required=True, help="environment id, e.g. WebShop-v0")
-    p.add_argument("--openenv", action="store_true", help="speak OpenEnv's protocol (the only one for now)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-sessions", type=int, default=64, help="most concurrent client sessions")
-    p.add_argument("--env-kwargs", default=None, help='JSON constructor kwargs, e.g. \'{"split": "test"}\'')
-    args = p.parse_args(argv)
-    if not args.openenv:
-        p.error("name the protocol: --openenv (OpenEnv's WebSocket/HTTP server interface)")
-    kwargs = json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
-    print(f"agentfly-gym: serving {args.env} through OpenEnv on http://{args.host}:{args.port} "
-          f"(up to {args.max_sessions} sessions; Ctrl-C stops)", flush=True)
-    try:
-        asyncio.run(serve(args.env, host=args.host, port=args.port, env_kwargs=kwargs, max_sessions=args.max_sessions))
-    except KeyboardInterrupt:
-        pass
-    return 0
-
-
-# ============================================================================ wrapping
 class OpenEnvServer:
     """An OpenEnv ASGI app served by uvicorn on 127.0.0.1 in a daemon thread (an in-process resource).
 
@@ -318,7 +57,7 @@ class OpenEnvServer:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         settled = threading.Event()  # set once the server accepts connections, or its thread ended without
-        self._server = _server(uvicorn.Config(asgi, host="127.0.0.1", port=self.port, log_level="warning"),
+        self._server = started_server(uvicorn.Config(asgi, host="127.0.0.1", port=self.port, log_level="warning"),
                                on_started=settled.set)
 
         def run() -> None:
@@ -468,7 +207,7 @@ class OpenEnvEnv(AgentFlyEnv):
 def _server_container_spec(image: str, port: int, command: Any, container: dict[str, Any] | None,
                            max_instances: int, server_timeout: float) -> ContainerSpec:
     """The ``ContainerSpec`` of an OpenEnv server image: ``port`` published, network on, the server as command."""
-    from .openenv_image import openenv_server_command
+    from ..images.openenv import openenv_server_command
 
     extra = dict(container or {})
     fixed = {"image", "ports", "command", "max_instances"} & set(extra)

@@ -29,7 +29,9 @@ import gymnasium
 
 from ..errors import ConfigError, ModelOutputError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
 from ..resources.inprocess import InProcessResource
-from ..resources.manager import ResourceManager, RolloutScope, default_manager
+from ..resources.protocol import Manager
+from ..resources.scope import RolloutScope
+from ..resources.select import default_manager
 from ..spaces import TextSpace
 from ..utils.aio import run_sync
 from ._compat import enclosing_time_limit, limit_of_gymnasium_make
@@ -73,10 +75,10 @@ class EnvResources:
     and implement ``async aclose()``.
     """
 
-    _manager: ResourceManager | None = None
+    _manager: Manager | None = None
 
     @property
-    def manager(self) -> ResourceManager:
+    def manager(self) -> Manager:
         """The resource manager (the running loop's default one unless given)."""
         if self._manager is None or self._manager.closed:
             self._manager = default_manager()
@@ -137,7 +139,7 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
     #: only for an env that forwards its options to another system that checks them (a bridge).
     reset_options: Mapping[str, str] | None = MappingProxyType({})
 
-    def __init__(self, *, manager: ResourceManager | None = None, step_timeout: float | None = 120.0,
+    def __init__(self, *, manager: Manager | None = None, step_timeout: float | None = 120.0,
                  reset_timeout: float | None = 900.0, max_episode_steps: int | None = None,
                  render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:

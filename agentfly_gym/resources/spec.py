@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..errors import ConfigError
+from .backends import backend_names
 
 __all__ = [
     "ResourceSpec",
@@ -229,8 +230,6 @@ class ContainerSpec(ResourceSpec):
             raise ConfigError(f"image={self.image!r} must be a non-empty image name")
         if self.sandbox_image is not None and (not isinstance(self.sandbox_image, str) or not self.sandbox_image):
             raise ConfigError(f"sandbox_image={self.sandbox_image!r} must be None or a non-empty image name or folder")
-        from .backends import backend_names
-
         known = ["auto", *backend_names(self.kind)]
         if self.backend not in known:
             raise ConfigError(f"backend={self.backend!r} is not one of {', '.join(map(repr, known))}")

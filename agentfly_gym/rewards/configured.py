@@ -41,7 +41,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
-from ..resources.manager import ResourceManager
+from ..resources.protocol import Manager
 from ..resources.spec import ModelAPISpec, ModelServiceSpec
 from ..utils.imports import load_object
 from ..utils.jsonargs import json_object
@@ -98,11 +98,11 @@ class EpisodeReward:
     combine: str = "replace"
     weight: float = 1.0
 
-    async def score(self, trajectory: Any, *, manager: ResourceManager) -> tuple[float, dict[str, Any]]:
+    async def score(self, trajectory: Any, *, manager: Manager) -> tuple[float, dict[str, Any]]:
         """``(score, details)`` for ``trajectory``; details go to the last turn's info."""
         raise NotImplementedError
 
-    async def apply(self, trajectory: Any, *, manager: ResourceManager) -> Any:
+    async def apply(self, trajectory: Any, *, manager: Manager) -> Any:
         """Score ``trajectory`` and set its reward in place (see the module docstring); returns it.
 
         Trajectories that already failed (``error`` set) or have no turn are left as they are.
@@ -138,7 +138,7 @@ class FunctionReward(EpisodeReward):
     def __init__(self, spec: str, fn: Any) -> None:
         self.spec, self.fn = spec, fn
 
-    async def score(self, trajectory: Any, *, manager: ResourceManager) -> tuple[float, dict[str, Any]]:
+    async def score(self, trajectory: Any, *, manager: Manager) -> tuple[float, dict[str, Any]]:
         kwargs = {"manager": manager} if getattr(self.fn, "resource_specs", None) is not None else {}
         value = self.fn(trajectory, **kwargs)
         if inspect.isawaitable(value):
@@ -177,7 +177,7 @@ class JudgeReward(EpisodeReward):
         self.max_tokens, self.default, self.combine, self.weight = max_tokens, float(default), combine, float(weight)
         self.max_chars, self.spec = max_chars, spec
 
-    async def api_spec(self, manager: ResourceManager) -> ModelAPISpec:
+    async def api_spec(self, manager: Manager) -> ModelAPISpec:
         """The endpoint's spec; for ``serve=...`` the local server is acquired (global scope) first."""
         if self.api is not None:
             return self.api
@@ -185,7 +185,7 @@ class JudgeReward(EpisodeReward):
         return ModelAPISpec(base_url=svc.base_url, model=svc.model_name, max_instances=self.concurrency,
                             max_retries=self.retries, request_timeout=self.timeout)
 
-    async def score(self, trajectory: Any, *, manager: ResourceManager) -> tuple[float, dict[str, Any]]:
+    async def score(self, trajectory: Any, *, manager: Manager) -> tuple[float, dict[str, Any]]:
         api = await manager.acquire_global(await self.api_spec(manager))
         task, text, outcome = transcript(trajectory, max_chars=self.max_chars)
         prompt = TRAJECTORY_JUDGE_PROMPT.format(task=task, transcript=text, outcome=outcome)

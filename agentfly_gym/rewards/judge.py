@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 
-from ..resources.manager import ResourceManager
+from ..resources.protocol import Manager
 from ..resources.spec import ModelAPISpec
 from .resourced import resourced
 
@@ -70,6 +70,6 @@ class LLMJudge:
 
         self._grade = _grade
 
-    async def __call__(self, task: str, answer: str, reference: str, *, manager: ResourceManager) -> float:
+    async def __call__(self, task: str, answer: str, reference: str, *, manager: Manager) -> float:
         """The judged reward in [0, 1]."""
         return await self._grade(task, answer, reference, manager=manager)

@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
-from ..resources.manager import ResourceManager, RolloutScope
+from ..resources.protocol import Manager
+from ..resources.scope import RolloutScope
 from ..resources.spec import ResourceSpec
 
 __all__ = ["resourced"]
@@ -48,7 +49,7 @@ def resourced(scope: str = "rollout", **specs: ResourceSpec) -> Callable[[Callab
 
     def deco(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         @functools.wraps(fn)
-        async def wrapper(*args: Any, manager: ResourceManager | None = None, scope: RolloutScope | None = None,
+        async def wrapper(*args: Any, manager: Manager | None = None, scope: RolloutScope | None = None,
                           **kwargs: Any) -> T:
             if manager is None:
                 raise ConfigError(f"{fn.__name__} needs manager=<ResourceManager>")

@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..data import cache_dir
+from ..data.paths import cache_dir
 from ..errors import ConfigError, DataNotFoundError, PolicyError
 
 __all__ = ["smollm2_dir", "tiny_qwen_dir", "SMOLLM2_INSTALL"]
@@ -115,7 +115,7 @@ def smollm2_dir(cache: str | os.PathLike | None = None) -> Path:
 
     Args:
         cache: the root under which the model folder is created; default
-            ``agentfly_gym.data.cache_dir("models")`` (``$AGENTFLY_GYM_CACHE/models``).
+            ``agentfly_gym.data.paths.cache_dir("models")`` (``$AGENTFLY_GYM_CACHE/models``).
 
     Returns:
         ``<cache>/SmolLM2-135M-Instruct-<quantisation>-<recipe version>``, loadable with

@@ -360,11 +360,12 @@ async def _run_games(env_id: str, policy: Any, chat: Any, *, opponent: Any, oppo
                      max_context_tokens: int | None, history: int, seed: int, env_kwargs: dict[str, Any], out: Any,
                      manager: Any, progress: bool, agents: list[str], full_id: str):
     from ..registration import make_multiagent
-    from .runner import RolloutResult, summarize
+    from .runner import RolloutResult
+    from .summary import summarize
 
     own = manager is None
     if manager is None:  # AGENTFLY_GYM_MANAGER: local (default), ray or auto
-        from ..resources.ray.select import manager_from_environment
+        from ..resources.select import manager_from_environment
 
         manager = manager_from_environment()
     sem = asyncio.Semaphore(concurrency)

@@ -299,7 +299,7 @@ class RunOutput:
 
 def _merged(folder: Path, new: list[Any], summary: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """The folder's trajectories (with their step rows) followed by ``new``, and a summary of them all."""
-    from .runner import summarize
+    from .summary import summarize
     from .trajectory import load_trajectories
 
     old = load_trajectories(folder / "trajectories.parquet")

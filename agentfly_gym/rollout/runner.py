@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,14 @@ import gymnasium
 from ..errors import ConfigError
 from ..registration import normalize_env_id  # also re-exported here: its old home
 from ..resources import teardown
-from ..resources.manager import ResourceManager
+from ..resources.protocol import Manager
 from .episode import MODES, play_episode
 from .policies.base import SamplingParams
 from .outputs import IF_EXISTS, RunOutput, check_output_dir, run_output
+from .summary import summarize
 from .trajectory import Trajectory
 
-__all__ = ["RolloutConfig", "RolloutResult", "check_config", "run_rollouts", "normalize_env_id", "summarize"]
+__all__ = ["RolloutConfig", "RolloutResult", "check_config", "run_rollouts", "normalize_env_id"]
 
 log = logging.getLogger(__name__)
 
@@ -103,44 +103,7 @@ class RolloutResult:
     paths: dict[str, Path] = dataclasses.field(default_factory=dict)
 
 
-def summarize(trajectories: list[Trajectory], wall_s: float, manager: ResourceManager | None = None) -> dict[str, Any]:
-    """Counts, success, mean reward, turns, tokens, wall time, trajectories/s, and per-pool resource metrics."""
-    n = len(trajectories)
-    per_env: dict[str, dict[str, Any]] = {}
-    for env_id in sorted({t.env_id for t in trajectories}):
-        ts = [t for t in trajectories if t.env_id == env_id]
-        per_env[env_id] = {"trajectories": len(ts), "success_rate": sum(t.success for t in ts) / len(ts),
-                           "mean_reward": statistics.fmean(t.reward for t in ts),
-                           "mean_turns": statistics.fmean(t.num_turns for t in ts),
-                           "errors": sum(1 for t in ts if t.error)}
-    pools = manager.metrics() if manager is not None else {}
-    summary = {
-        "trajectories": n,
-        "success_rate": (sum(t.success for t in trajectories) / n) if n else 0.0,
-        "mean_reward": statistics.fmean(t.reward for t in trajectories) if n else 0.0,
-        "mean_turns": statistics.fmean(t.num_turns for t in trajectories) if n else 0.0,
-        "sampled_tokens": sum(t.num_sampled_tokens for t in trajectories),
-        "total_tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in trajectories),
-        "errors": sum(1 for t in trajectories if t.error),
-        "wall_s": wall_s,
-        "trajectories_per_s": n / wall_s if wall_s > 0 else 0.0,
-        "generate_s": sum(t.timings.get("generate", 0.0) for t in trajectories),
-        "env_s": sum(t.timings.get("env", 0.0) for t in trajectories),
-        "per_env": per_env,
-        "resources": {
-            # .get: a Ray pool whose actor could not be asked (dead node) reports what it last saw
-            "started": sum(p.get("started", 0) for p in pools.values()),
-            "reused": sum(p.get("reused", 0) for p in pools.values()),
-            "max_in_use": sum(p.get("max_in_use", 0) for p in pools.values()),
-            "mean_acquire_wait_s": (sum(p.get("acquire_wait_total", 0.0) for p in pools.values())
-                                    / max(1, sum(p.get("acquired", 0) for p in pools.values()))),
-            "pools": pools,
-        },
-    }
-    return summary
-
-
-async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: ResourceManager,
+async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: Manager,
                out: RunOutput | None = None) -> Trajectory:
     g = k // config.group_size
     env_id = config.env_ids[g % len(config.env_ids)]
@@ -178,7 +141,7 @@ def check_config(config: RolloutConfig) -> None:
         check_output_dir(config.output_dir, config.if_exists, mode=config.mode)
 
 
-def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, manager: ResourceManager,
+def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, manager: Manager,
             out: RunOutput | None, *, interrupted: bool = False) -> RolloutResult:
     """Summarize and (if ``out``) save ``trajectories`` (see :meth:`RunOutput.save`)."""
     summary = summarize(trajectories, wall, manager)
@@ -194,7 +157,7 @@ def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, 
     return result
 
 
-async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager: ResourceManager | None = None,
+async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager: Manager | None = None,
                        progress: bool = True) -> RolloutResult:
     """Roll out ``config.num_trajectories`` trajectories concurrently and (optionally) save them.
 
@@ -205,7 +168,7 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
     the trajectories finished so far are saved (``summary["interrupted"] = True``; in the sub-folder
     ``interrupted/`` when the folder holds a complete run, which is never replaced by a partial one) before the
     cancellation propagates, and every resource is released.  With ``manager=None`` a manager of the kind
-    ``AGENTFLY_GYM_MANAGER`` names (local by default, see :mod:`agentfly_gym.resources.ray.select`)
+    ``AGENTFLY_GYM_MANAGER`` names (local by default, see :mod:`agentfly_gym.resources.select`)
     is created and closed here; a given manager is left open.  For the length of the run a SIGTERM tears every
     manager's resources down before the process ends, unless the application handles SIGTERM itself (see
     :func:`agentfly_gym.resources.teardown.sigterm_teardown`); the previous handler is put back afterwards.
@@ -223,10 +186,10 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
 
 
 async def _run_locked(config: RolloutConfig, policy: Any, chat: Any, out: RunOutput | None, *,
-                      manager: ResourceManager | None, progress: bool) -> RolloutResult:
+                      manager: Manager | None, progress: bool) -> RolloutResult:
     own = manager is None
     if manager is None:  # AGENTFLY_GYM_MANAGER: local (default), ray or auto
-        from ..resources.ray.select import manager_from_environment
+        from ..resources.select import manager_from_environment
 
         manager = manager_from_environment()
     sem = asyncio.Semaphore(config.concurrency)

@@ -61,7 +61,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...data import cache_dir
+from ...data.paths import cache_dir
 from ...utils.forks import forget_in_child
 from . import _compat
 
@@ -377,7 +377,7 @@ class EngineCache:
 
     @classmethod
     def default_directory(cls) -> Path:
-        """``$AGENTFLY_GYM_CACHE/alfworld/engine`` (see :func:`agentfly_gym.data.cache_dir`)."""
+        """``$AGENTFLY_GYM_CACHE/alfworld/engine`` (see :func:`agentfly_gym.data.paths.cache_dir`)."""
         return cache_dir("alfworld", "engine")
 
     @classmethod

@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 
 from ...errors import ConfigError, ResetNeeded
 from ...resources.inprocess import ObjectProxy, forward
-from ...resources.manager import ResourceManager, RolloutScope
+from ...resources.protocol import Manager
+from ...resources.scope import RolloutScope
 from ...resources.spec import InProcessSpec, parse_bytes
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
@@ -111,7 +112,7 @@ class ALFWorldEnv(AgentFlyEnv):
                  max_uses: int | None = 500, max_rss_growth: int | str | None = "2g",
                  planner_timeout: float | None = 300.0, plan_cache: bool = True, upgrade_games: bool = True,
                  normalize_actions: bool = False,
-                 manager: ResourceManager | None = None, step_timeout: float | None = 60.0,
+                 manager: Manager | None = None, step_timeout: float | None = 60.0,
                  reset_timeout: float | None = 900.0, max_episode_steps: int | None = 50,
                  render_mode: str | None = None) -> None:
         super().__init__(manager=manager, step_timeout=step_timeout, reset_timeout=reset_timeout,

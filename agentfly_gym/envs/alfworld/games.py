@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ...data import cache_dir, resolve_data_dir
+from ...data.paths import cache_dir, resolve_data_dir
 from ...errors import ConfigError
 
 __all__ = [

@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ...data import cache_dir
+from ...data.paths import cache_dir
 from ...errors import EnvError
 from .logic import upgrade_game
 

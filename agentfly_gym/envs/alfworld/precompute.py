@@ -66,7 +66,7 @@ def precompute_engine_cache(splits: Sequence[str] = DEFAULT_SPLITS, *, data_dir:
     Raises:
         DataNotFoundError, ConfigError: no data, or an unknown split.
     """
-    from ...data import sample_dir
+    from ...data.paths import sample_dir
     from .engine_cache import EngineCache, entry_key
     from .games import resolve_alfworld_root
     from .simulator import ALFWorldSimulator

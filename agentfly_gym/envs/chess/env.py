@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 import chess
 
 from ...errors import ConfigError, ResetNeeded
-from ...resources.manager import ResourceManager, RolloutScope
+from ...resources.protocol import Manager
+from ...resources.scope import RolloutScope
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
 from .engine import EngineProxy, engine_spec, find_stockfish
@@ -186,7 +187,7 @@ class ChessEnv(BoardView, AgentFlyEnv):
                  engine_depth: int | None = 8, engine_movetime: float | None = None, max_moves: int = 150,
                  expert_depth: int = 12, stockfish_path: str | os.PathLike | None = None, max_instances: int = 4,
                  engine_threads: int = 1, engine_hash_mb: int = 16, show_legal_moves: bool = False,
-                 manager: ResourceManager | None = None, step_timeout: float | None = 60.0,
+                 manager: Manager | None = None, step_timeout: float | None = 60.0,
                  reset_timeout: float | None = 300.0, max_episode_steps: int | None = None,
                  render_mode: str | None = None) -> None:
         super().__init__(manager=manager, step_timeout=step_timeout, reset_timeout=reset_timeout,

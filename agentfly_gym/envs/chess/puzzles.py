@@ -16,7 +16,7 @@ from pathlib import Path
 
 import chess
 
-from ...data import resolve_data_dir
+from ...data.paths import resolve_data_dir
 from ...errors import ConfigError, DataNotFoundError
 
 __all__ = [
@@ -116,7 +116,7 @@ def find_puzzles_file(data_dir: str | os.PathLike | None = None, puzzles_file: s
     Order: ``puzzles_file`` if it names an existing file (absolute, or relative to the current
     folder); else ``puzzles_file`` inside the chess data folder; else the full dump
     ``lichess_db_puzzle.csv`` in the data folder; else the sample ``lichess_puzzles_sample.csv``.
-    The data folder is found by :func:`agentfly_gym.data.resolve_data_dir` (``data_dir``, then
+    The data folder is found by :func:`agentfly_gym.data.paths.resolve_data_dir` (``data_dir``, then
     ``$AGENTFLY_GYM_DATA/chess``, then ``~/.cache/agentfly-gym/chess``, then the 300-puzzle sample
     shipped in the package), so the full dump anywhere wins over any sample.
 

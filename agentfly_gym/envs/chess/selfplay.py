@@ -33,7 +33,8 @@ from pettingzoo import AECEnv
 
 from ...errors import ConfigError, ResetNeeded, ResourceError
 from ...resources.inprocess import InProcessResource, ObjectProxy, forward
-from ...resources.manager import ResourceManager, RolloutScope
+from ...resources.protocol import Manager
+from ...resources.scope import RolloutScope
 from ...resources.spec import InProcessSpec
 from ...spaces import TextSpace
 from ...utils.aio import run_sync
@@ -217,7 +218,7 @@ class ChessSelfPlayEnv(BoardView, EnvResources, AECEnv):
 
     def __init__(self, *, max_moves: int = 200, max_invalid_moves: int | None = 3, max_instances: int = 64,
                  show_legal_moves: bool = True, expert_depth: int = 8, stockfish_path: str | None = None,
-                 manager: ResourceManager | None = None, render_mode: str | None = None) -> None:
+                 manager: Manager | None = None, render_mode: str | None = None) -> None:
         super().__init__()
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigError(f"render_mode={render_mode!r} is not one of {self.metadata['render_modes']}")

@@ -1,7 +1,7 @@
 """R2E-Gym: repository-repair tasks in a container, with R2E-Gym's tools and test-based reward.
 
 ``gymnasium.make("agentfly/R2EGym-v0")`` gives :class:`R2EGymEnv`; the local task set is
-built by :func:`build_local_tasks` (or ``build_tasks_main(argv)`` for a CLI).
+built by :func:`build_local_tasks` (command line: ``agentfly-gym r2e build-tasks``).
 """
 
 from .actions import ActionParseError, ToolCall, parse_action
@@ -12,7 +12,6 @@ from .local_tasks import (
     BugSpec,
     TaskBuildError,
     build_local_tasks,
-    build_tasks_main,
     default_tasks_dir,
 )
 from .tasks import R2ETask, load_tasks, task_from_row
@@ -28,7 +27,6 @@ __all__ = [
     "TaskBuildError",
     "ToolCall",
     "build_local_tasks",
-    "build_tasks_main",
     "compare_test_maps",
     "default_tasks_dir",
     "load_tasks",

@@ -7,7 +7,7 @@ text, and hidden tests.  The agent acts with R2E-Gym's tools (``file_editor``, `
 when their parsed results equal the task's expected map exactly (R2E-Gym's rule, see
 :mod:`.grading`).
 
-Grading (``grading=``): ``"isolated"`` (the default) grades as the SWE-bench harness does (see
+Grading (``grading=``, :mod:`.grader`): ``"isolated"`` (the default) grades as the SWE-bench harness does (see
 :mod:`.isolation`): the model's work leaves the episode's container as a filtered ``git diff`` of
 ``/testbed``, the hidden tests run on a clean copy of the task with that diff applied in a fresh
 container of a separate grading pool, and their statuses are read from pytest's JUnit XML report.
@@ -29,70 +29,38 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import functools
-import io
 import json
 import logging
 import os
 import re
-import shlex
-import tarfile
 from collections.abc import Sequence
-from importlib import resources as importlib_resources
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from ...errors import ConfigError, DataNotFoundError, EnvError
-from ...resources.containers.api import ContainerResource, ExecResult
-from ...resources.manager import ResourceManager, RolloutScope
+from ...resources.containers.api import ContainerResource
+from ...resources.protocol import Manager
+from ...resources.scope import RolloutScope
 from ...resources.spec import ContainerSpec, check_max_idle_time
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
 from .actions import ActionParseError, ToolCall, find_blocks, parse_action
-from .grading import compare_test_maps, parse_log_pytest, reward_from_log
-from .isolation import DiffRules, filter_diff, hidden_test_rules, isolated_test_map, shadow_candidates
+from .grader import GRADING_MODES, R2EGrading
 from .local_tasks import TESTBED, default_tasks_dir
 from .tasks import R2ETask, load_tasks
+from .testbed import GIT, GIT_IDENT, TOOL_SCRIPT, TOOLS_DIR, repo_tar, tool_script
 
 __all__ = ["DOCKER_IMAGE", "SYSTEM_PROMPT", "R2EAgentPrompt", "R2EGymEnv"]
 
 log = logging.getLogger(__name__)
 
-#: The generic Docker image of local tasks, built by ``agentfly_gym.resources.containers.images.build_image("envs/r2egym")``.
+#: The generic Docker image of local tasks, built by ``agentfly_gym.images.build.build_image("envs/r2egym")``.
 DOCKER_IMAGE = "agentfly/r2egym:latest"
-#: Where the tool script, its state and grading files live inside the container (not in /testbed).
-TOOLS_DIR = "/tmp/.afg_r2e"
-TOOL_SCRIPT = f"{TOOLS_DIR}/r2e_tools.py"
 #: PATH of upstream R2E-Gym images (their venv first), as in R2E-Gym's DockerRuntime.
 UPSTREAM_PATH = "/root/.venv/bin:/root/.local/bin:/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MAX_ARGV_PAYLOAD = 100_000  # bytes of base64 passed on the command line; larger payloads go through a file
-GRADING_MODES = ("isolated", "in_place")
-#: Where isolated grading keeps its files in the grading container (outside /testbed; the model never runs there).
-GRADE_DIR = "/tmp/.afg_grade"
-JUNIT_REPORT = f"{GRADE_DIR}/report.xml"
-#: The largest diff (bytes) that leaves an episode; a larger one scores 0 with ``info["error"]``.
-MAX_DIFF_BYTES = 20_000_000
-_MAX_REPORT_BYTES = 50_000_000
 #: A spec variable that keeps grading containers in a pool of their own (same image and limits).
 _GRADING_POOL_ENV = ("AFG_R2E_POOL", "grading")
-_GIT = "git -c safe.directory=* -c core.fsmonitor= -c core.hooksPath=/dev/null"
-_GIT_IDENT = ("GIT_AUTHOR_NAME=agentfly GIT_AUTHOR_EMAIL=agentfly@localhost GIT_COMMITTER_NAME=agentfly "
-              "GIT_COMMITTER_EMAIL=agentfly@localhost")
-# the probe run by the grading container's own interpreter (-I: no PYTHONPATH, user site or cwd): which of
-# the new top-level names would shadow a module importable from elsewhere (standard library, site-packages)
-_SHADOW_PROBE = ("import importlib.util as u, os, sys\n"
-                 "for n in sys.argv[1:]:\n"
-                 "    d, _, m = n.rpartition('/')\n"
-                 "    b = os.path.join('/testbed', d, m)\n"
-                 "    if os.path.exists(b) or os.path.exists(b + '.py'):\n"
-                 "        continue\n"
-                 "    try:\n"
-                 "        s = u.find_spec(m)\n"
-                 "    except Exception:\n"
-                 "        s = None\n"
-                 "    if s is not None:\n"
-                 "        print('AFG_SHADOW=' + n)\n")
 
 SYSTEM_PROMPT = """You are a programming agent working in a repository at /testbed.
 Goal: make minimal changes to non-test files so that the issue described by the user is resolved.
@@ -143,29 +111,7 @@ class R2EAgentPrompt(AgentPrompt):
         return text.strip()
 
 
-@functools.lru_cache(maxsize=1)
-def _tool_script() -> bytes:
-    return importlib_resources.files(__package__).joinpath("r2e_tools.py").read_bytes()
-
-
-@functools.lru_cache(maxsize=32)
-def _repo_tar(root: str) -> bytes:
-    """The repository folder ``root`` as an uncompressed tar (bytes), cached per process."""
-    return _tar_dir(Path(root))
-
-
-def _tar_dir(root: Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for p in sorted(root.rglob("*")):
-            rel = p.relative_to(root).as_posix()
-            if "__pycache__" in rel.split("/") or rel.endswith(".pyc"):
-                continue
-            tf.add(p, arcname=rel, recursive=False)
-    return buf.getvalue()
-
-
-class R2EGymEnv(AgentFlyEnv):
+class R2EGymEnv(R2EGrading, AgentFlyEnv):
     """R2E-Gym repository-repair tasks with R2E-Gym's tools and reward.
 
     Args:
@@ -232,7 +178,7 @@ class R2EGymEnv(AgentFlyEnv):
                  test_timeout: float = 300.0,
                  max_output: int = 10_000, max_episode_steps: int | None = 40, step_timeout: float | None = None,
                  grading: str = "isolated",
-                 manager: ResourceManager | None = None, reset_timeout: float | None = 900.0,
+                 manager: Manager | None = None, reset_timeout: float | None = 900.0,
                  render_mode: str | None = None) -> None:
         if grading not in GRADING_MODES:
             raise ConfigError(f"grading={grading!r} is not one of {', '.join(map(repr, GRADING_MODES))}")
@@ -320,15 +266,15 @@ class R2EGymEnv(AgentFlyEnv):
             raise EnvError(f"the container spec gave a {type(box).__name__}, not a ContainerResource")
         self._box = box
         if task.local:
-            tar = await asyncio.to_thread(_repo_tar, str(task.repo_dir))
-            await box.put_files({f"{TOOLS_DIR}/repo.tar": tar, TOOL_SCRIPT: _tool_script()})
+            tar = await asyncio.to_thread(repo_tar, str(task.repo_dir))
+            await box.put_files({f"{TOOLS_DIR}/repo.tar": tar, TOOL_SCRIPT: tool_script()})
             setup = (f"set -e; mkdir -p {TESTBED}; find {TESTBED} -mindepth 1 -delete; "
                      f"tar -xf {TOOLS_DIR}/repo.tar -C {TESTBED}; rm -f {TOOLS_DIR}/repo.tar; cd {TESTBED}; "
                      "if command -v git >/dev/null 2>&1; then git init -q . && git add -A && "
                      "git -c user.name=agent -c user.email=agent@localhost commit -q -m 'initial state' "
                      ">/dev/null 2>&1 || true; fi")
         else:
-            await box.put_files({TOOL_SCRIPT: _tool_script()})
+            await box.put_files({TOOL_SCRIPT: tool_script()})
             # as R2E-Gym's DockerRuntime.setup_env: hide the tests and run_tests.sh from the agent
             setup = ("mv /r2e_tests /root/r2e_tests 2>/dev/null; mv /testbed/run_tests.sh /root/run_tests.sh 2>/dev/null; "
                      "cd /testbed && find . -name '*.pyc' -delete 2>/dev/null; true")
@@ -345,12 +291,12 @@ class R2EGymEnv(AgentFlyEnv):
         """Record /testbed as the task gives it (a commit under ``refs/agentfly/base``, HEAD untouched); the
         model's diff is taken against it.  Local tasks: every file of the copy (also git-ignored ones);
         upstream rows: HEAD plus the files git does not ignore."""
-        seed = "true" if task.local else f"({_GIT} read-tree HEAD 2>/dev/null || true)"
+        seed = "true" if task.local else f"({GIT} read-tree HEAD 2>/dev/null || true)"
         force = "-f" if task.local else ""
-        cmd = (f"set -e; cd {TESTBED}; {_GIT} rev-parse --git-dir >/dev/null 2>&1 || {_GIT} init -q .; "
-               f"d=$(mktemp -d); export GIT_INDEX_FILE=$d/index; {seed}; {_GIT} add -A {force} >/dev/null 2>&1; "
-               f"t=$({_GIT} write-tree); c=$({_GIT_IDENT} {_GIT} commit-tree $t -m 'agentfly: task base'); "
-               f"{_GIT} update-ref refs/agentfly/base $c; rm -rf $d; echo AFG_BASE=$c")
+        cmd = (f"set -e; cd {TESTBED}; {GIT} rev-parse --git-dir >/dev/null 2>&1 || {GIT} init -q .; "
+               f"d=$(mktemp -d); export GIT_INDEX_FILE=$d/index; {seed}; {GIT} add -A {force} >/dev/null 2>&1; "
+               f"t=$({GIT} write-tree); c=$({GIT_IDENT} {GIT} commit-tree $t -m 'agentfly: task base'); "
+               f"{GIT} update-ref refs/agentfly/base $c; rm -rf $d; echo AFG_BASE=$c")
         r = await box.exec(["bash", "-c", cmd], timeout=120.0, workdir="/", env=self._exec_env())
         m = re.search(r"AFG_BASE=([0-9a-f]{40,64})", r.output)
         if not r.ok or not m:
@@ -420,157 +366,6 @@ class R2EGymEnv(AgentFlyEnv):
             return f"ERROR: the {call.name} tool failed (exit {r.exit_code}):\n{r.output}"
         return f"Execution output of [{call.name}]:\n{r.output}"
 
-    async def _grade(self) -> tuple[float, dict[str, Any], str]:
-        """Run the hidden tests now (as ``self.grading`` says); returns (reward, info, one-line summary)."""
-        if self.grading == "isolated":
-            return await self._grade_isolated()
-        reward, info, summary = await self._grade_in_place()
-        info["grading"] = {"mode": "in_place"}
-        return reward, info, summary
-
-    @staticmethod
-    def _summary(reward: float, parsed: dict[str, str], timed_out: bool, test_timeout: float) -> str:
-        n_pass = sum(v == "PASSED" for v in parsed.values())
-        summary = (f"Hidden tests: {n_pass}/{len(parsed)} passed; "
-                   f"{'the issue is resolved' if reward == 1.0 else 'the issue is not resolved'}.")
-        if timed_out:
-            summary += f" (the tests ran past {test_timeout:g}s and were killed)"
-        return summary
-
-    async def _export_diff(self, box: ContainerResource) -> bytes:
-        """The model's changes to /testbed against the task base: ``git diff --binary`` (new files included,
-        git-ignored new files not, as SWE-bench's harness), read as base64 from the command's output.
-
-        Raises:
-            _GradingFault: git failed in the episode's container, or the diff is over ``MAX_DIFF_BYTES``.
-        """
-        cmd = (f"set -o pipefail; cd {TESTBED} || exit 3; d=$(mktemp -d) || exit 3; export GIT_INDEX_FILE=$d/index; "
-               f"{_GIT} read-tree {self._base} 2>/dev/null && {_GIT} add -A >/dev/null 2>&1 && "
-               f"{_GIT} -c core.quotepath=on diff --cached --binary --no-renames --no-color --no-ext-diff "
-               f"--no-textconv --full-index --src-prefix=a/ --dst-prefix=b/ {self._base} 2>/dev/null "
-               f"| head -c {MAX_DIFF_BYTES + 1} | base64 -w0; rc=$?; rm -rf $d; echo; echo AFG_RC=$rc")
-        limit = (MAX_DIFF_BYTES + 1) * 4 // 3 + 1000
-        r = await box.exec(["bash", "-c", cmd], timeout=max(120.0, self.bash_timeout), workdir="/",
-                           env=self._exec_env(), max_output=limit)
-        body, _, rc = r.output.rpartition("\nAFG_RC=")
-        if r.timed_out or r.truncated or rc.strip() != "0":
-            raise _GradingFault(f"the changes to {TESTBED} could not be exported with git "
-                                f"(exit {r.exit_code}{', timed out' if r.timed_out else ''}): {r.output[-500:]!r}")
-        try:
-            diff = base64.b64decode(body.rsplit("\n", 1)[-1].strip(), validate=True)
-        except ValueError:
-            raise _GradingFault("the exported diff is not valid base64") from None
-        if len(diff) > MAX_DIFF_BYTES:
-            raise _GradingFault(f"the changes to {TESTBED} exceed {MAX_DIFF_BYTES} bytes as a diff")
-        return diff
-
-    async def _grade_isolated(self) -> tuple[float, dict[str, Any], str]:
-        """Grade the episode's filtered diff on a clean copy of the task in a fresh grading container."""
-        box, task, scope = self._box, self._task, self.scope
-        assert box is not None and task is not None and self._base is not None
-        record: dict[str, Any] = {"mode": "isolated", "kept": [], "dropped": []}
-        fail_info = {"test_results": {}, "tests_timed_out": False, "score": 0.0, "won": False, "grading": record}
-        try:
-            diff = await self._export_diff(box)
-        except _GradingFault as e:
-            return 0.0, {**fail_info, "error": str(e)}, f"Hidden tests not run: {e}."
-        gspec = await self.grading_spec(task)
-        gbox = await scope.acquire(gspec)
-        if not isinstance(gbox, ContainerResource) or gbox is box:
-            raise EnvError("the grading spec did not give a fresh container")
-        try:
-            return await self._grade_in(gbox, task, diff, record, fail_info)
-        finally:
-            await scope.release(gspec)
-
-    async def _grade_in(self, gbox: ContainerResource, task: R2ETask, diff: bytes, record: dict[str, Any],
-                        fail_info: dict[str, Any]) -> tuple[float, dict[str, Any], str]:
-        env = self._exec_env()
-        hidden_files, hidden_dirs = hidden_test_rules(task.hidden_tests)
-        # 1. a clean copy of the task, and which new top-level modules would shadow an installed one
-        names = shadow_candidates(diff)
-        probe = f"python3 -I -c {shlex.quote(_SHADOW_PROBE)} {' '.join(map(shlex.quote, names))}" if names else "true"
-        if task.local:
-            tar = await asyncio.to_thread(_repo_tar, str(task.repo_dir))
-            await gbox.put_files({f"{GRADE_DIR}/repo.tar": tar})
-            setup = (f"set -e; mkdir -p {TESTBED}; find {TESTBED} -mindepth 1 -delete; "
-                     f"tar -xf {GRADE_DIR}/repo.tar -C {TESTBED}; rm -f {GRADE_DIR}/repo.tar; cd /; {probe}")
-        else:
-            setup = ("mv /r2e_tests /root/r2e_tests 2>/dev/null; mv /testbed/run_tests.sh /root/run_tests.sh 2>/dev/null; "
-                     f"cd /testbed && find . -name '*.pyc' -delete 2>/dev/null; cd /; {probe}")
-        r = await gbox.exec(setup, timeout=120.0, workdir="/", env=env)
-        if not r.ok:
-            raise EnvError(f"R2E-Gym task {task.task_id}: preparing the grading copy failed (exit {r.exit_code}): "
-                           f"{r.output[-2000:]}")
-        shadowing = {line.split("=", 1)[1] for line in r.output.splitlines() if line.startswith("AFG_SHADOW=")}
-        # 2. the filtered diff, then the hidden tests from the task
-        kept = filter_diff(diff, DiffRules(hidden_files, hidden_dirs, frozenset(shadowing)))
-        record["kept"], record["dropped"] = kept.kept, kept.dropped
-        files: dict[str, bytes | str] = {}
-        if kept.diff:
-            files[f"{GRADE_DIR}/model.diff"] = kept.diff
-        if task.local:
-            files[f"{GRADE_DIR}/hidden.tar"] = await asyncio.to_thread(_hidden_tar, task)
-            files[f"{GRADE_DIR}/run_tests.sh"] = task.run_tests
-        if files:
-            await gbox.put_files(files)
-        apply = (f"cd {TESTBED} && {_GIT} apply --whitespace=nowarn {GRADE_DIR}/model.diff 2>&1"
-                 if kept.diff else "true")
-        if task.local:
-            apply += f" && tar -xf {GRADE_DIR}/hidden.tar -C {TESTBED}"
-        r = await gbox.exec(apply, timeout=120.0, workdir="/", env=env)
-        if not r.ok:
-            msg = f"the model's diff does not apply to a clean copy of the task: {r.output[-1000:]}"
-            return 0.0, {**fail_info, "error": msg}, f"Hidden tests not run: {msg}."
-        # 3. the hidden tests, with a JUnit report outside /testbed
-        test_env = {**env, "PYTEST_ADDOPTS": f"--junitxml={JUNIT_REPORT} -o junit_family=xunit1"}
-        r = await gbox.exec(self._test_command(task, f"{GRADE_DIR}/run_tests.sh"), timeout=self.test_timeout,
-                            workdir=TESTBED, env=test_env, max_output=2_000_000)
-        rep = await gbox.exec(f"test -f {JUNIT_REPORT} && head -c {_MAX_REPORT_BYTES} {JUNIT_REPORT} | base64 -w0",
-                              timeout=120.0, workdir="/", max_output=_MAX_REPORT_BYTES * 4 // 3 + 1000)
-        xml = None
-        if rep.ok and not rep.truncated:
-            try:
-                xml = base64.b64decode(rep.output.strip(), validate=True)
-            except ValueError:
-                xml = None
-        try:
-            parsed = isolated_test_map(xml, r.output, test_files=task.hidden_tests)
-        except ValueError as e:
-            return 0.0, {**fail_info, "error": str(e)}, f"Hidden tests not graded: {e}."
-        reward = compare_test_maps(parsed, task.expected)
-        record["log_test_results"] = parse_log_pytest(r.output)
-        info = {"test_results": parsed, "tests_timed_out": r.timed_out, "score": reward, "won": reward == 1.0,
-                "grading": record}
-        if xml is None and not r.timed_out:
-            info["error"] = "the hidden tests wrote no JUnit report (pytest did not start or crashed)"
-        return reward, info, self._summary(reward, parsed, r.timed_out, self.test_timeout)
-
-    @staticmethod
-    def _test_command(task: R2ETask, local_script: str) -> str | list[str]:
-        if task.local:
-            return ["sh", local_script]
-        return ("rm -rf /testbed/r2e_tests; if [ -d /root/r2e_tests ]; then ln -s /root/r2e_tests /testbed/r2e_tests; "
-                "elif [ -d /r2e_tests ]; then ln -s /r2e_tests /testbed/r2e_tests; fi; "
-                "if [ -f /root/run_tests.sh ]; then bash /root/run_tests.sh; else bash /run_tests.sh; fi")
-
-    async def _grade_in_place(self) -> tuple[float, dict[str, Any], str]:
-        """Upstream R2E-Gym's grading: the hidden tests run in the episode's own container."""
-        box, task = self._box, self._task
-        assert box is not None and task is not None
-        if task.local:
-            files: dict[str, bytes | str] = {f"{TESTBED}/{rel}": (task.hidden_dir / rel).read_bytes()
-                                              for rel in task.hidden_tests}
-            files[f"{TOOLS_DIR}/run_tests.sh"] = task.run_tests
-            await box.put_files(files)
-        cmd = self._test_command(task, f"{TOOLS_DIR}/run_tests.sh")
-        r: ExecResult = await box.exec(cmd, timeout=self.test_timeout, workdir=TESTBED, env=self._exec_env(),
-                                       max_output=2_000_000)
-        reward, parsed = reward_from_log(r.output, task.expected)
-        summary = self._summary(reward, parsed, r.timed_out, self.test_timeout)
-        info = {"test_results": parsed, "tests_timed_out": r.timed_out, "score": reward, "won": reward == 1.0}
-        return reward, info, summary
-
     # ------------------------------------------------------------------ expert
     @property
     def _expert_plan_cache(self) -> list[str] | None:
@@ -609,14 +404,3 @@ class R2EGymEnv(AgentFlyEnv):
         self._box = None
 
 
-class _GradingFault(Exception):
-    """The episode's work could not leave its container as a diff (scored 0 with ``info["error"]``)."""
-
-
-def _hidden_tar(task: R2ETask) -> bytes:
-    """The hidden test files of a local task as a tar at their repository paths."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for rel in task.hidden_tests:
-            tf.add(task.hidden_dir / rel, arcname=rel, recursive=False)
-    return buf.getvalue()

@@ -26,7 +26,6 @@ Needs network access to the package index (pip's own configuration) the first ti
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
 import hashlib
@@ -43,7 +42,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ...data import cache_dir
+from ...data.paths import cache_dir
 from ...errors import AgentFlyError, ConfigError
 from .grading import compare_test_maps, parse_log_pytest
 
@@ -53,7 +52,6 @@ __all__ = [
     "BugSpec",
     "TaskBuildError",
     "build_local_tasks",
-    "build_tasks_main",
     "default_tasks_dir",
     "run_tests_script",
 ]
@@ -486,25 +484,3 @@ def build_local_tasks(out_dir: str | Path | None = None, *, bugs: Iterable[BugSp
     return out / "tasks.jsonl"
 
 
-def build_tasks_main(args: list[str] | None = None) -> int:
-    """CLI entry of ``agentfly-gym r2e build-tasks [--out DIR] [--force] [--only ID ...]``.  Returns the exit status."""
-    ap = argparse.ArgumentParser(prog="agentfly-gym r2e build-tasks",
-                                 description="Build the local R2E-Gym task set from pinned PyPI sdists.")
-    ap.add_argument("--out", default=None, help=f"output folder (default: {default_tasks_dir()})")
-    ap.add_argument("--force", action="store_true", help="rebuild tasks that are already built")
-    ap.add_argument("--only", nargs="*", default=None, help="task ids to build (default: all)")
-    ns = ap.parse_args(args)
-    bugs = LOCAL_BUGS
-    if ns.only:
-        known = {b.task_id: b for b in LOCAL_BUGS}
-        unknown = [i for i in ns.only if i not in known]
-        if unknown:
-            print(f"unknown task ids {unknown}; known: {sorted(known)}", file=sys.stderr)
-            return 2
-        bugs = tuple(known[i] for i in ns.only)
-    try:
-        build_local_tasks(ns.out, bugs=bugs, force=ns.force)
-    except (TaskBuildError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0

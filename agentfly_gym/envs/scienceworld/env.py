@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 
 from ...errors import ConfigError
 from ...resources.inprocess import ObjectProxy, forward
-from ...resources.manager import ResourceManager, RolloutScope
+from ...resources.protocol import Manager
+from ...resources.scope import RolloutScope
 from ...resources.spec import InProcessSpec
 from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
@@ -134,7 +135,7 @@ class ScienceWorldEnv(AgentFlyEnv):
     def __init__(self, *, task_name: str | int | None = None, variation: int | None = None, split: str = "train",
                  simplification: str = "easy", with_admissible_actions: bool = False, max_instances: int = 4,
                  java_heap: str | None = "400m", max_idle_time: float | None = 300.0,
-                 manager: ResourceManager | None = None,
+                 manager: Manager | None = None,
                  step_timeout: float | None = 60.0, reset_timeout: float | None = 900.0,
                  max_episode_steps: int | None = 1000, render_mode: str | None = None) -> None:
         super().__init__(manager=manager, step_timeout=step_timeout, reset_timeout=reset_timeout,

@@ -7,9 +7,9 @@ import os
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from ...data import resolve_data_dir
+from ...data.paths import resolve_data_dir
 from ...errors import ConfigError, ResetNeeded, ResourceDied
-from ...resources.manager import RolloutScope
+from ...resources.scope import RolloutScope
 from ...resources.spec import InProcessSpec
 from ...utils.aio import run_sync
 from ..base import AgentFlyEnv, StepResult

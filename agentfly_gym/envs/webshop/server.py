@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ...data import cache_dir
+from ...data.paths import cache_dir
 from ...errors import ConfigError, EnvError
 from ...resources.inprocess import ObjectProxy, forward
 from .catalog import Catalog, load_catalog
@@ -109,7 +109,7 @@ class WebShopServer:
         search_requires_search_bar: refuse ``search[...]`` on pages without the search bar
             (upstream's text env accepts a search from any page; default False).
         cache: where the parsed catalog and its search index are cached, keyed by the catalog's
-            content hash: True (``agentfly_gym.data.cache_dir("webshop-index")``, subfolders ``catalog``
+            content hash: True (``agentfly_gym.data.paths.cache_dir("webshop-index")``, subfolders ``catalog``
             and ``bm25``), a folder (the same subfolders in it), or False (nothing written; every
             start parses and indexes again).  See :func:`.catalog.load_catalog`.
 
@@ -459,7 +459,7 @@ class WebShopServerProxy(ObjectProxy):
 def measure_load(**kwargs: Any) -> dict[str, Any]:
     """Load a server in this process and report ``load_seconds`` and ``rss_delta_bytes`` (Linux /proc).
 
-    Meant for a fresh interpreter (``python -m agentfly_gym.envs.webshop.measure``).
+    Meant for a fresh interpreter (``python -m agentfly_gym.cli.webshop_measure``).
     """
     def rss() -> int:
         with open("/proc/self/status") as f:

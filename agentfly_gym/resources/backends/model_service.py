@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...data import cache_dir
+from ...data.paths import cache_dir
 from ...errors import ResourceStartError, ResourceUnavailable
 from ..base import Resource, ResourceStatus
 from ..spec import ModelServiceSpec

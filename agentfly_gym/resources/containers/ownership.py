@@ -1,5 +1,6 @@
-"""Ownership of containers and sandboxes: the labels that name their owner, whether that owner is
-alive, and reaping what dead owners left behind, for both backends (``agentfly-gym resources gc``).
+"""Ownership of containers and sandboxes: the labels that name their owner and whether that owner is
+alive, for both backends.  Reaping what dead owners left behind is :mod:`.reaper`
+(``agentfly-gym resources gc``).
 
 Every resource a :class:`~agentfly_gym.resources.ResourceManager` builds gets the labels of
 :func:`owner_labels` (computed once per manager) plus ``agentfly.pool=<spec key>``:
@@ -10,34 +11,18 @@ Every resource a :class:`~agentfly_gym.resources.ResourceManager` builds gets th
 
 Docker stores them as container labels; the sandbox in the marker file of its private folder
 (``agentfly-sandbox.json``).  :func:`owner_dead` reads them the same way for both, and
-:func:`reap_all` removes what :func:`owner_dead` (or a ``manager_id``) selects on both backends.
+:func:`.reaper.reap_all` removes what :func:`owner_dead` (or a ``manager_id``) selects on both backends.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import logging
 import os
 import re
-import shutil
-import signal
 import socket
-import sys
-import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-from ...errors import ResourceUnavailable
 
-__all__ = [
-    "LABEL", "gc_main", "owner_dead", "owner_labels", "proc_start", "reap_all", "reap_docker_orphans",
-    "reap_sandbox_orphans",
-]
+__all__ = ["LABEL", "owner_dead", "owner_labels", "proc_start"]
 
-log = logging.getLogger(__name__)
 
 LABEL = "agentfly"
 """Prefix of every ownership label; ``agentfly=1`` marks a resource of this library."""
@@ -94,214 +79,3 @@ def owner_dead(labels: dict[str, str], host: str | None = None) -> bool:
         return False
     start = labels.get(f"{LABEL}.pid_start")
     return bool(start) and proc_start(pid) not in (None, start)  # the pid was reused by another process
-
-
-# ------------------------------------------------------------------------------- Docker
-
-def reap_docker_orphans(manager_id: str | None = None, *, older_than: float = 0, dry_run: bool = False) -> list[str]:
-    """Remove containers labelled ``agentfly=1`` whose manager is gone (or is ``manager_id``).
-
-    A container is an orphan when its owning process (label ``agentfly.pid``, else the pid embedded
-    in a manager id ``"afg-<pid>-<hex>"``) no longer exists on this host or its pid now belongs to
-    a process started later.  Containers of live processes, of other hosts sharing the engine, and
-    of custom manager ids without a pid are left alone unless ``manager_id`` names them.
-
-    Args:
-        manager_id: remove this manager's containers (alive or not) instead of the dead ones.
-        older_than: only containers created at least this many seconds ago.
-        dry_run: list what would be removed without removing it.
-
-    Returns:
-        The 12-hex-digit ids of the containers removed (or that would be).
-
-    Raises:
-        ResourceUnavailable: no Docker engine answers.
-    """
-    from .docker.engine import DockerEngine, docker_module
-
-    docker = docker_module()
-    engine = DockerEngine()
-    try:
-        return _reap_docker_orphans(engine.client().api, docker, manager_id, older_than=older_than, dry_run=dry_run)
-    except docker.errors.DockerException as e:
-        raise ResourceUnavailable(f"no Docker engine answers: {e}") from e
-    finally:
-        engine.close()
-
-
-def _reap_docker_orphans(api: Any, docker: Any, manager_id: str | None, *, older_than: float,
-                         dry_run: bool) -> list[str]:
-    found = api.containers(all=True, filters={"label": f"{LABEL}=1"})
-    host = socket.gethostname()
-    now = time.time()
-    removed: list[str] = []
-    for c in found:
-        labels = c.get("Labels") or {}
-        if older_than and now - float(c.get("Created", now)) < older_than:
-            continue
-        if manager_id is not None:
-            if labels.get(f"{LABEL}.manager") != manager_id:
-                continue
-        elif not owner_dead(labels, host):
-            continue
-        cid = c["Id"][:12]
-        if not dry_run:
-            try:
-                api.remove_container(c["Id"], force=True, v=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as e:
-                log.warning("removing orphan container %s failed: %s", cid, e)
-                continue
-        removed.append(cid)
-    if removed:
-        log.info("%s %d orphan container(s): %s", "would remove" if dry_run else "removed", len(removed), removed)
-    return removed
-
-
-# ------------------------------------------------------------------------------- the sandbox
-
-def _marker_labels(marker: dict[str, Any]) -> dict[str, str]:
-    """The ownership labels of a sandbox marker (its owner fields fill in labels it lacks)."""
-    labels = {str(k): str(v) for k, v in (marker.get("labels") or {}).items()}
-    if not labels.get(f"{LABEL}.pid") and isinstance(marker.get("owner_pid"), int):
-        labels[f"{LABEL}.pid"] = str(marker["owner_pid"])
-        labels[f"{LABEL}.pid_start"] = str(marker.get("owner_start") or "")
-    return labels
-
-
-def _kill_host_user(uid: Any) -> None:
-    """SIGKILL every process of a sandbox's own host uid (never root or an ordinary account)."""
-    from .sandbox.container import SANDBOX_UID_BASE
-
-    if not isinstance(uid, int) or uid < SANDBOX_UID_BASE:
-        return
-    for _ in range(3):
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                if d.stat().st_uid == uid:
-                    os.kill(int(d.name), signal.SIGKILL)
-
-
-def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLike | None = None,
-                         older_than: float = 0, dry_run: bool = False) -> list[str]:
-    """Remove sandboxes left behind: kill their processes, remove their cgroups, unmount their
-    disk volume and remove their folders.
-
-    Args:
-        manager_id: reap every sandbox labelled with this manager id (do not pass a live
-            manager's id); ``None`` reaps those whose owner is dead (:func:`owner_dead`), folders
-            left without a marker by a start that died (after 10 minutes), and empty cgroups
-            whose folder is gone.
-        root: the sandbox root (default :func:`sandbox_root`).
-        older_than: only sandboxes created at least this many seconds ago.
-        dry_run: list what would be removed without removing anything.
-
-    Returns:
-        The names (``sbx-<hex>``) of the sandboxes removed.  Empty ``agentfly-gym`` cgroups
-        whose sandbox folder is gone are removed too.
-    """
-    from .sandbox.cgroups import CGROUP_FS, CGROUP_PARENT, cgroup1_dir, cgroup_pids, kill_cgroups, remove_cgroups
-    from .sandbox.container import MARKER_NAME, sandbox_root
-    from .sandbox.volume import unmount_under
-
-    base = Path(root) if root is not None else sandbox_root()
-    host = socket.gethostname()
-    reaped: list[str] = []
-    if base.is_dir():
-        for d in sorted(base.iterdir()):
-            marker_file = d / MARKER_NAME
-            if not d.is_dir() or not d.name.startswith("sbx-"):
-                continue
-            try:
-                marker = json.loads(marker_file.read_text())
-            except (OSError, ValueError):
-                # a folder whose start died before the marker was written; reap when old
-                if manager_id is None and time.time() - d.stat().st_mtime > max(600, older_than):
-                    reaped.append(d.name)
-                    if dry_run:
-                        continue
-                    unmount_under(d)
-                    shutil.rmtree(d, ignore_errors=True)
-                continue
-            if manager_id is not None:
-                if marker.get("labels", {}).get("agentfly.manager") != manager_id:
-                    continue
-            elif not owner_dead(_marker_labels(marker), host):
-                continue
-            if older_than and time.time() - float(marker.get("created") or 0) < older_than:
-                continue
-            if dry_run:
-                reaped.append(d.name)
-                continue
-            cgroups = [c for c in marker.get("cgroups", []) if CGROUP_PARENT in c]
-            kill_cgroups(cgroups)
-            _kill_host_user(marker.get("host_uid"))
-            remove_cgroups(cgroups)
-            unmount_under(d)
-            shutil.rmtree(d, ignore_errors=True)
-            reaped.append(d.name)
-    if dry_run or manager_id is not None:
-        return reaped
-    # stray cgroups of sandboxes whose folder is gone (only empty ones: they may belong to another root)
-    parents = [CGROUP_FS / CGROUP_PARENT] + [b / CGROUP_PARENT for b in
-                                              (cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
-    for parent in parents:
-        if not parent.is_dir():
-            continue
-        for cg in parent.iterdir():
-            if cg.is_dir() and cg.name.startswith("sbx-") and not (base / cg.name).exists() \
-                    and not cgroup_pids([str(cg)]):
-                with contextlib.suppress(OSError):
-                    os.rmdir(cg)
-    return reaped
-
-
-# ------------------------------------------------------------------------------- both
-
-def reap_all(manager_id: str | None = None, *, older_than: float = 0,
-             dry_run: bool = False) -> tuple[list[str] | None, list[str]]:
-    """Reap every backend's leftovers of dead managers (or of ``manager_id``).
-
-    Docker: containers labelled ``agentfly=1`` whose owner process is gone
-    (:func:`reap_docker_orphans`).  Sandbox: private folders whose owner process is
-    gone, with their processes, cgroups and loop-mounted disk (:func:`reap_sandbox_orphans`).
-
-    Returns:
-        (Docker container ids, or ``None`` when no Docker engine answers; sandbox names).
-    """
-    containers: list[str] | None = None
-    try:
-        from .docker import docker_available
-
-        if docker_available(refresh=True):
-            containers = reap_docker_orphans(manager_id, older_than=older_than, dry_run=dry_run)
-    except ResourceUnavailable:
-        containers = None
-    sandboxes = reap_sandbox_orphans(manager_id, older_than=older_than, dry_run=dry_run)
-    return containers, sandboxes
-
-
-def gc_main(args: Sequence[str] | None = None) -> int:
-    """``agentfly-gym resources gc [--manager ID] [--older-than SECONDS] [--dry-run]``.
-
-    Prints one removed Docker container id or sandbox name per line, then a summary on stderr.
-    Returns 0 (a missing Docker engine is reported, not an error: sandboxes are still reaped).
-    """
-    parser = argparse.ArgumentParser(
-        prog="agentfly-gym resources gc",
-        description="Remove the containers and sandboxes (folders, processes, cgroups, disk mounts) of dead managers.")
-    parser.add_argument("--manager", default=None, help="remove this manager id's resources, alive or not")
-    parser.add_argument("--older-than", type=float, default=0.0, metavar="SECONDS",
-                        help="only resources created at least this long ago")
-    parser.add_argument("--dry-run", action="store_true", help="list, do not remove")
-    ns = parser.parse_args(list(args) if args is not None else None)
-    containers, sandboxes = reap_all(ns.manager, older_than=ns.older_than, dry_run=ns.dry_run)
-    for name in [*(containers or []), *sandboxes]:
-        print(name)
-    verb = "would remove" if ns.dry_run else "removed"
-    docker_part = f"{len(containers)} container(s)" if containers is not None else "no Docker engine answers"
-    print(f"{verb} {docker_part} and {len(sandboxes)} sandbox(es)", file=sys.stderr)
-    return 0

@@ -5,13 +5,12 @@ pools are named Ray actors shared by every process of a Ray job, so a cap holds 
 instance lives in its own Ray actor on a node chosen by Ray resources (:class:`RayPlacement`).
 
 The setting ``AGENTFLY_GYM_MANAGER`` chooses the manager that :func:`~agentfly_gym.resources.default_manager`
-and the verl plugin make (see :func:`manager_from_environment`).  Ray itself is imported on first use,
+and the verl plugin make (see :mod:`agentfly_gym.resources.select`).  Ray itself is imported on first use,
 not at import.
 """
 
 from .placement import RayPlacement, parse_placements, resolve_placement
 from .manager import RayPool, RayResource, RayResourceManager, RayRolloutScope
-from .select import in_ray_job, manager_from_environment, manager_kind
 
-__all__ = ["RayPlacement", "RayPool", "RayResource", "RayResourceManager", "RayRolloutScope", "in_ray_job",
-           "manager_from_environment", "manager_kind", "parse_placements", "resolve_placement"]
+__all__ = ["RayPlacement", "RayPool", "RayResource", "RayResourceManager", "RayRolloutScope", "parse_placements",
+           "resolve_placement"]

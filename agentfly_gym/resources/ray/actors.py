@@ -1,14 +1,11 @@
-"""The two Ray actors of the cluster-wide manager: one pool per spec, one host per instance.
+"""The pool actor of the cluster-wide manager: one per spec key and namespace.
 
-``PoolActor`` (a named actor, one per spec key and namespace) is the only place that decides how many
-instances of a spec live in the cluster: it caps them at ``spec.max_instances``, queues acquisitions
-FIFO, resets an instance before handing it out again, and replaces dead ones.  ``ResourceHost`` (one
-per instance, placed by Ray resources) owns the live resource through a local
-:class:`~agentfly_gym.resources.ResourceManager` and runs every call on it where it lives, so only the
-call's arguments and result cross the network.
+``PoolActor`` (a named actor) is the only place that decides how many instances of a spec live in the
+cluster: it caps them at ``spec.max_instances``, queues acquisitions FIFO, resets an instance before handing
+it out again, and replaces dead ones.  Each instance lives in its own host actor (:mod:`.host`).
 
-Both classes are plain Python here; :func:`pool_actor_class` and :func:`host_actor_class` wrap them
-with ``ray.remote`` on first use (nothing happens at import).
+The class is plain Python here; :func:`pool_actor_class` wraps it with ``ray.remote`` on first use (nothing
+happens at import).
 """
 
 from __future__ import annotations
@@ -16,24 +13,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import inspect
 import logging
-import os
 import time
-from collections.abc import Callable
 from typing import Any
 
-from ...errors import PoolClosedError, ResourceDied, ResourceError, ResourceStartError, ResourceTimeout
+from ...errors import PoolClosedError, ResourceError, ResourceStartError, ResourceTimeout
 from ..spec import ResourceSpec
 from . import _compat
+from .host import HOST_CLOSE_TIMEOUT, host_actor_class, host_actor_options
 from .placement import RayPlacement
 
-__all__ = ["PoolActor", "ResourceHost", "pool_actor_class", "host_actor_class", "Grant"]
+__all__ = ["PoolActor", "pool_actor_class", "Grant"]
 
 log = logging.getLogger(__name__)
 
-#: seconds a host gets to release its resource (stop a container, close a simulator) before it is killed
-HOST_CLOSE_TIMEOUT = 30.0
 #: seconds between two checks that a pool's clients (their nodes, their processes) are alive
 CLIENT_NODE_CHECK = 5.0
 
@@ -56,130 +49,6 @@ def dead_owners(owners: dict[str, dict[str, Any]]) -> list[str]:
     workers = _compat.live_worker_ids() if any(not o.get("driver", True) for o in owners.values()) else set()
     return [client for client, o in owners.items()
             if jobs.get(o.get("job_id"), False) or (not o.get("driver", True) and o.get("worker_id") not in workers)]
-
-
-class ResourceHost:
-    """One live instance of a spec, inside its own Ray actor on the node Ray placed it.
-
-    The instance comes from a local :class:`~agentfly_gym.resources.ResourceManager` in this actor
-    (its pool gives the usual start, reset-on-reuse, health check and release), so every backend
-    works unchanged.  Method calls arrive as (name, args, kwargs) and run here.
-    """
-
-    def __init__(self, spec: ResourceSpec, manager_id: str) -> None:
-        # AGENTFLY_GYM_MANAGER=local comes with the actor's runtime_env (host_actor_options): what the instance
-        # itself needs is started here, not pooled again
-        self._spec = spec
-        self._manager_id = manager_id
-        self._manager: Any = None
-        self._pool: Any = None
-        self._res: Any = None
-        self._lock = asyncio.Lock()
-
-    async def start(self) -> dict[str, Any]:
-        """Start the instance.  Returns ``{"node_id", "pid", "resource_id"}``."""
-        import ray
-
-        from ..manager import ResourceManager
-
-        self._manager = ResourceManager(manager_id=self._manager_id)
-        self._pool = self._manager.pool(self._spec)
-        self._res = await self._pool.acquire()
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "resource_id": self._res.id}
-
-    async def reset(self) -> None:
-        """Take the instance (back) from the local pool, which resets it (or replaces it) on re-acquisition."""
-        async with self._lock:
-            res, self._res = self._res, None
-            if res is not None:
-                await self._pool.release(res)
-            self._res = await self._pool.acquire()
-
-    async def park(self) -> None:
-        """The instance went idle in the cluster pool: it goes idle in the local pool too, which parks it (stops
-        the last rollout's work now, e.g. replaces a container) and keeps it in its care until the next reset."""
-        async with self._lock:
-            res, self._res = self._res, None
-            if res is not None:
-                await self._pool.release(res)
-
-    async def status(self) -> str:
-        if self._res is None:
-            return "stopped"
-        return (await self._res.status()).value
-
-    async def call(self, method: str, args: tuple, kwargs: dict) -> Any:
-        """``resource.call(method, ...)`` for in-process objects (a coroutine method is awaited on this actor's
-        event loop instead of the object's thread), ``resource.<method>(...)`` for the rest."""
-        res = self._live()
-        from ..inprocess import InProcessResource
-
-        if isinstance(res, InProcessResource):
-            fn = getattr(res.obj, method, None)
-            if inspect.iscoroutinefunction(fn):  # an async object: awaited on this actor's loop, no thread hop
-                return await fn(*args, **kwargs)
-            return await res.call(method, *args, **kwargs)
-        return await self.invoke(method, args, kwargs)
-
-    async def invoke(self, method: str, args: tuple, kwargs: dict) -> Any:
-        """``await resource.<method>(*args, **kwargs)`` (e.g. a container's ``exec``)."""
-        res = self._live()
-        if method.startswith("_"):
-            raise ResourceError(f"{res.id}: method {method!r} is private and cannot be called remotely")
-        fn = getattr(res, method, None)
-        if not callable(fn):
-            raise ResourceError(f"{res.id} ({type(res).__name__}) has no method {method!r}")
-        out = fn(*args, **kwargs)
-        if asyncio.iscoroutine(out):
-            out = await out
-        return out
-
-    async def invoke_fn(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """``resource.invoke(fn, ...)`` of an in-process object: ``fn(obj, *args, **kwargs)`` (a typed proxy's
-        call); a coroutine function on an object in this process is awaited on this actor's loop."""
-        res = self._live()
-        from ..inprocess import InProcessResource
-
-        if not isinstance(res, InProcessResource):
-            raise ResourceError(f"{res.id} ({type(res).__name__}) is not an in-process object; call its own "
-                                "methods by name")
-        if inspect.iscoroutinefunction(fn) and not res.isolated and res.obj is not None:
-            return await fn(res.obj, *args, **kwargs)
-        return await res.invoke(fn, *args, **kwargs)
-
-    async def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """``resource.run(fn, ...)``: ``fn`` (pickled by Ray) runs on the object's thread here."""
-        return await self._live().run(fn, *args, **kwargs)
-
-    def mark_dead(self, reason: str) -> None:
-        mark = getattr(self._res, "mark_dead", None)
-        if callable(mark):
-            mark(reason)
-
-    async def close(self) -> None:
-        """Release the instance and everything it holds (containers, processes); idempotent.
-
-        An object with a coroutine ``aclose()`` (e.g. a hosted environment, whose episodes ran on this actor's
-        loop) closes there first; then whatever it took from this loop's default manager is released.
-        """
-        async with self._lock:
-            res, self._res = self._res, None
-        aclose = getattr(getattr(res, "obj", None), "aclose", None)
-        if inspect.iscoroutinefunction(aclose):
-            try:
-                await asyncio.wait_for(aclose(), HOST_CLOSE_TIMEOUT)
-            except Exception:  # noqa: BLE001 - closing anyway
-                log.warning("%s: aclose() of the hosted object failed", self._spec.label, exc_info=True)
-        if self._manager is not None:
-            await self._manager.aclose()
-        from ..manager import default_manager
-
-        await default_manager().aclose()  # what async objects acquired on this loop (no-op when nothing was)
-
-    def _live(self) -> Any:
-        if self._res is None:
-            raise ResourceDied(f"the host of {self._spec.label} holds no live instance")
-        return self._res
 
 
 @dataclasses.dataclass
@@ -424,7 +293,6 @@ class PoolActor:
         """Start one instance on a reserved slot (``self._starting`` was counted by the caller)."""
         import ray
 
-        from .manager import host_actor_options
 
         self._n += 1
         iid = f"{self.spec.kind}-{self._n}"
@@ -658,10 +526,3 @@ def pool_actor_class() -> Any:
     return _classes["pool"]
 
 
-def host_actor_class() -> Any:
-    """``ray.remote(ResourceHost)``, made on first use."""
-    if "host" not in _classes:
-        import ray
-
-        _classes["host"] = ray.remote(max_restarts=0)(ResourceHost)
-    return _classes["host"]

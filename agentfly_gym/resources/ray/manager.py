@@ -32,7 +32,6 @@ nodes and, in the cluster's tables, their processes (a driver's job, a worker's 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import re
@@ -46,16 +45,15 @@ from ..base import Resource, ResourceStatus
 from ..spec import ResourceSpec
 from .. import teardown
 from . import _compat
-from ..manager import RolloutScope
+from ..protocol import Manager
+from ..scope import RolloutScope
 from .actors import Grant, client_owner, pool_actor_class
 from .placement import PlacementTable, RayPlacement, resolve_placement
-from .select import SETTING
 
-__all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource", "host_actor_options"]
+__all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource"]
 
 log = logging.getLogger(__name__)
 
-_scope_ids = itertools.count(1)
 _HEAD = "node:__internal_head__"
 
 
@@ -63,22 +61,6 @@ def _ray() -> Any:
     import ray
 
     return ray
-
-
-def host_actor_options(placement: RayPlacement, node_id: str | None = None) -> dict[str, Any]:
-    """``.options(...)`` for an instance's host actor: the placement's resources, pinned to ``node_id`` if given.
-
-    The host's process gets ``AGENTFLY_GYM_MANAGER=local`` through its ``runtime_env`` (Ray merges it with the
-    job's variables): what the hosted instance itself needs (e.g. a hosted environment's default manager) is
-    started there, not pooled in the cluster again.
-    """
-    opts = placement.actor_options()
-    opts["runtime_env"] = {"env_vars": {SETTING: "local"}}
-    if node_id is not None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    return opts
 
 
 def _done(ref: Any) -> bool:
@@ -382,10 +364,10 @@ class RayRolloutScope(RolloutScope):
         pool._release_nowait(lease, discard=discard)
 
 
-class RayResourceManager:
+class RayResourceManager(Manager):
     """The resource manager of a Ray cluster: the API of :class:`~agentfly_gym.resources.ResourceManager`
     (``scope``, ``acquire_global``, ``pool``, ``pools``, ``metrics``, ``prewarm``, ``aclose``), with pools
-    shared by every process of the job.
+    shared by every process of the job (the :class:`~agentfly_gym.resources.protocol.Manager` contract).
 
     Args:
         placement: where instances live: a mapping looked up by spec key, spec ``name``, spec kind, ``"*"``
@@ -405,6 +387,8 @@ class RayResourceManager:
     Raises:
         ConfigError: a bad ``global_scope`` or placement.
     """
+
+    scope_class = RayRolloutScope
 
     def __init__(self, *, placement: PlacementTable | None = None, global_scope: str = "cluster",
                  namespace: str | None = None, detached: bool = False, acquire_timeout: float | None = None,
@@ -480,14 +464,7 @@ class RayResourceManager:
     def pools(self) -> dict[str, RayPool]:
         return dict(self._pools)
 
-    # ------------------------------------------------------------------ scopes and globals
-    def scope(self, scope_id: str | None = None, *, acquire_timeout: float | None = None) -> RayRolloutScope:
-        """A rollout scope: ``async with manager.scope("traj-3") as scope: ...``."""
-        if self._closed:
-            raise PoolClosedError(f"resource manager {self.id} is closed")
-        return RayRolloutScope(self, scope_id or f"scope-{next(_scope_ids)}",
-                               acquire_timeout=acquire_timeout if acquire_timeout is not None else self.acquire_timeout)
-
+    # ------------------------------------------------------------------ scopes (Manager.scope, scope_class) and globals
     async def acquire_global(self, spec: ResourceSpec, *, user: Any = None) -> RayResource:
         """The shared instance of ``spec``: one per cluster, or one per node with ``global_scope="node"``.
 
@@ -594,9 +571,3 @@ class RayResourceManager:
                     ray.kill(p.handle, no_restart=True)
                 except Exception:  # noqa: BLE001, S110
                     pass
-
-    async def __aenter__(self) -> RayResourceManager:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()

@@ -29,7 +29,7 @@ def _tokenizer_dir(tokenizer: str | None) -> Path:
     if tokenizer in (None, "smollm2"):
         return smollm2_dir()
     if tokenizer == "qwen3":
-        from ...data import DATA_ROOT_ENV
+        from ...data.paths import DATA_ROOT_ENV
 
         root = os.environ.get(DATA_ROOT_ENV)
         if not root:

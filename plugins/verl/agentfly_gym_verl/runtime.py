@@ -20,8 +20,8 @@ import logging
 import threading
 from typing import Any
 
-from agentfly_gym.resources.manager import ResourceManager
-from agentfly_gym.resources.ray.select import manager_from_environment
+from agentfly_gym.resources.protocol import Manager
+from agentfly_gym.resources.select import manager_from_environment
 
 __all__ = ["WorkerRuntime", "get_runtime", "get_manager", "close", "aclose", "chat_tokenizer",
            "record_failure", "failure_metrics", "reset_failure_metrics"]
@@ -46,7 +46,7 @@ class WorkerRuntime:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.manager: ResourceManager = manager_from_environment()  # ray: one set of pools for the whole cluster
+        self.manager: Manager = manager_from_environment()  # ray: one set of pools for the whole cluster
         self.selfplay: Any = None
 
     def _forget_games(self) -> None:
@@ -140,7 +140,7 @@ def get_runtime() -> WorkerRuntime:
     return current
 
 
-def get_manager() -> ResourceManager:
+def get_manager() -> Manager:
     """The worker's resource manager (:attr:`WorkerRuntime.manager` of :func:`get_runtime`).
 
     Raises:
@@ -189,7 +189,7 @@ def close(timeout: float = 120.0) -> None:
         old.close(timeout)
 
 
-def _close_from_outside(m: ResourceManager, loop: asyncio.AbstractEventLoop | None, timeout: float = 120.0) -> None:
+def _close_from_outside(m: Manager, loop: asyncio.AbstractEventLoop | None, timeout: float = 120.0) -> None:
     if loop is not None and loop.is_running() and not loop.is_closed():
         fut = asyncio.run_coroutine_threadsafe(m.aclose(), loop)
         try:

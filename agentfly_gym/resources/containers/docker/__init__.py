@@ -1,8 +1,10 @@
 """The Docker container backend: :class:`~.container.DockerContainer` and its ``create(spec, labels)``.
 
-Modules: :mod:`.container` (the resource), :mod:`.engine` (docker-py; :class:`.engine.DockerEngine`, one
+Modules: :mod:`.container` (the resource), :mod:`.files` (``put_files`` / ``get_file`` as tar streams),
+:mod:`.ports` (published ports on 127.0.0.1), :mod:`.engine` (docker-py; :class:`.engine.DockerEngine`, one
 client, one thread pool and one disk watchdog per resource manager, in its ``services``: every docker-py call
-blocks, so the event loop never waits on the engine; the exec output stream), :mod:`.disk` (the kernel-enforced disk and inode limit: the writable layer on a
+blocks, so the event loop never waits on the engine), :mod:`.exec_stream` (an exec's output over the Engine
+API), :mod:`.disk` (the kernel-enforced disk and inode limit: the writable layer on a
 loop-mounted file system), :mod:`.watchdog` (the disk limit where neither that nor a quota can be had).
 
 Containers run with (``ContainerSpec`` field -> Docker setting):
@@ -43,7 +45,7 @@ next acquisition finds a fresh container ready.
 Cleanup: :meth:`DockerContainer.adestroy` removes the container (``manager.aclose()`` closes
 every pool); :meth:`DockerContainer.destroy` is called at interpreter exit and on SIGTERM by
 the manager's teardown (:mod:`agentfly_gym.resources.teardown`); what a killed process left is
-removed by :func:`..ownership.reap_docker_orphans` (``agentfly-gym resources gc``).
+removed by :func:`..reaper.reap_docker_orphans` (``agentfly-gym resources gc``).
 """
 
 from .container import CAP_ADD, DockerContainer, create

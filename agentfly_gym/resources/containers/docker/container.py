@@ -5,15 +5,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import io
 import logging
 import os
 import re
-import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from ....errors import (
@@ -30,6 +27,8 @@ from ...spec import ContainerSpec
 from .disk import layer_dir, mount_layer_volume
 from .engine import DockerEngine, docker_module
 from .exec_stream import EngineError, exec_start_frames
+from .files import DockerFiles
+from .ports import port_bindings, read_published_ports
 
 __all__ = ["CAP_ADD", "DockerContainer", "create"]
 
@@ -70,45 +69,6 @@ exit 0
 """
 
 
-# ------------------------------------------------------------------------------- published ports
-
-def _port_bindings(ports: Sequence[int]) -> dict[str, tuple[str]] | None:
-    """docker-py's ``port_bindings`` for ``ContainerSpec.ports``: each TCP port on 127.0.0.1, host port
-    left to the engine (``("127.0.0.1",)``), so pooled containers never collide and nothing listens
-    beyond loopback."""
-    return {f"{p}/tcp": ("127.0.0.1",) for p in ports} or None
-
-
-def _read_published_ports(api: Any, cid: str, ports: Sequence[int]) -> dict[int, tuple[str, int]]:
-    """Container port -> ``("127.0.0.1", host port)`` as the engine published them (``NetworkSettings.Ports``).
-
-    The engine fills the bindings once the container runs; read a few times in case it lags.
-
-    Raises:
-        ResourceStartError: a port has no binding on 127.0.0.1 (the container stopped at once, or the
-            engine refused to publish it).
-    """
-    if not ports:
-        return {}
-    found: dict[str, Any] = {}
-    for _ in range(50):
-        try:
-            found = (api.inspect_container(cid).get("NetworkSettings") or {}).get("Ports") or {}
-        except Exception as e:  # noqa: BLE001  (reported below with what was found)
-            found = {"error": str(e)}
-        if all(found.get(f"{p}/tcp") for p in ports):
-            break
-        time.sleep(0.1)
-    out: dict[int, tuple[str, int]] = {}
-    for p in ports:
-        bound = [b for b in found.get(f"{p}/tcp") or () if b.get("HostIp") == "127.0.0.1" and b.get("HostPort")]
-        if not bound:
-            raise ResourceStartError(f"container {cid[:12]}: port {p}/tcp was not published on 127.0.0.1 "
-                                     f"(engine reports {found!r}); has the container exited?")
-        out[p] = ("127.0.0.1", int(bound[0]["HostPort"]))
-    return out
-
-
 # ------------------------------------------------------------------------------- the container
 
 def _consume_outcome(fut: asyncio.Future) -> None:
@@ -116,7 +76,7 @@ def _consume_outcome(fut: asyncio.Future) -> None:
         fut.exception()
 
 
-class DockerContainer(ContainerResource):
+class DockerContainer(DockerFiles, ContainerResource):
     """One Docker container for a :class:`ContainerSpec`, labelled with its manager's id.
 
     Lifecycle (all blocking engine calls run on a thread pool):
@@ -206,7 +166,7 @@ class DockerContainer(ContainerResource):
             if spec.image.startswith("agentfly/"):
                 raise ResourceStartError(
                     f"image {spec.image!r} is not built here; build it with `agentfly-gym images build` "
-                    "(agentfly_gym.resources.containers.images.build_image) first") from None
+                    "(agentfly_gym.images.build.build_image) first") from None
             try:
                 client.images.pull(spec.image)
             except docker.errors.APIError as e:
@@ -232,7 +192,7 @@ class DockerContainer(ContainerResource):
                 mounts=[docker.types.Mount(target=m.target, source=src, type="bind", read_only=m.read_only)
                         for m, src in zip(spec.mounts, mount_sources(spec))] or None,
                 init=True,
-                port_bindings=_port_bindings(spec.ports),
+                port_bindings=port_bindings(spec.ports),
                 runtime=spec.runtime,
                 log_config=docker.types.LogConfig(type="json-file", config={"max-size": LOG_MAX_SIZE, "max-file": "1"}),
                 **extra,
@@ -296,7 +256,7 @@ class DockerContainer(ContainerResource):
             api.start(cid)
         except docker.errors.APIError as e:
             raise ResourceStartError(f"starting a container of {spec.image!r} failed: {e.explanation or e}") from e
-        self.published_ports = _read_published_ports(api, cid, spec.ports)
+        self.published_ports = read_published_ports(api, cid, spec.ports)
         res = self._exec_sync(["/bin/sh", "-c", _SETUP, "sh"], timeout=120, workdir="/",
                               env={"AFG_USER": spec.user} if spec.user else None, user="root",
                               max_output=10_000, use_timeout=False)
@@ -551,94 +511,6 @@ class DockerContainer(ContainerResource):
             code = -1
         return ExecResult(exit_code=-1 if timed_out else int(code), output=text, timed_out=timed_out,
                           truncated=truncated, duration=duration)
-
-    async def put_files(self, files: dict[str, bytes | str], *, mode: int = 0o644) -> None:
-        """Write files into the container with one tar upload (see :meth:`ContainerResource.put_files`).
-
-        Files are owned by the spec's user (root when ``spec.user`` is empty).  Missing parent
-        folders are created by that user where it may (one extra ``exec`` when ``spec.user`` is
-        set), else by the engine (owned by root, mode 755).
-
-        Raises:
-            ConfigError: a path is not absolute or contains ``..``.
-            ResourceDied: the container is gone.
-            ResourceError: the engine refused the upload (e.g. a read-only mount).
-        """
-        data = io.BytesIO()
-        now = time.time()
-        with tarfile.open(fileobj=data, mode="w") as tar:
-            for path, content in files.items():
-                if not isinstance(path, str) or not path.startswith("/") or ".." in path.split("/"):
-                    raise ConfigError(f"file path {path!r} must be absolute and must not contain '..'")
-                raw = content.encode() if isinstance(content, str) else bytes(content)
-                info = tarfile.TarInfo(path.lstrip("/"))
-                info.size, info.mode, info.mtime = len(raw), mode, now
-                info.uid, info.gid = self._owner
-                tar.addfile(info, io.BytesIO(raw))
-        if self._owner != (0, 0):
-            parents = sorted({p.rsplit("/", 1)[0] or "/" for p in files})
-            await self._exec_async(["/bin/sh", "-c", 'mkdir -p -- "$@" 2>/dev/null; exit 0', "sh", *parents],
-                                   timeout=30, workdir="/", env=None, user=None, max_output=1000, use_timeout=False)
-        await self._in_thread(self._put_sync, data.getvalue())
-
-    def _put_sync(self, payload: bytes) -> None:
-        docker = docker_module()
-        cid = self._require_cid()
-        self._fresh = False
-        try:
-            self.engine.client().api.put_archive(cid, "/", payload)
-        except docker.errors.NotFound as e:
-            raise ResourceDied(f"{self.id}: the container is gone") from e
-        except docker.errors.APIError as e:
-            raise ResourceError(f"{self.id}: writing files failed: {e.explanation or e}") from e
-
-    async def get_file(self, path: str, *, max_bytes: int = 10_000_000) -> bytes:
-        """Read one file (symbolic links followed) from the container.
-
-        Raises:
-            FileNotFoundError: no such file.
-            IsADirectoryError: ``path`` is a folder.
-            ResourceError: the file is larger than ``max_bytes``.
-            ResourceDied: the container is gone.
-        """
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise ConfigError(f"file path {path!r} must be absolute")
-        return await self._in_thread(self._get_sync, path, max_bytes)
-
-    def _get_sync(self, path: str, max_bytes: int, depth: int = 0) -> bytes:
-        docker = docker_module()
-        cid = self._require_cid()
-        api = self.engine.client().api
-        try:
-            stream, stat = api.get_archive(cid, path)
-        except docker.errors.NotFound as e:
-            if self._state_sync() is None:
-                raise ResourceDied(f"{self.id}: the container is gone") from e
-            raise FileNotFoundError(f"{path}: no such file in container {self.id}") from None
-        except docker.errors.APIError as e:
-            raise ResourceError(f"{self.id}: reading {path} failed: {e.explanation or e}") from e
-        link = stat.get("linkTarget") or ""
-        if link and depth < 8:
-            for _ in stream:
-                pass
-            target = link if link.startswith("/") else os.path.normpath(os.path.join(os.path.dirname(path), link))
-            return self._get_sync(target, max_bytes, depth + 1)
-        if stat.get("mode", 0) & (1 << 31):  # Go's os.ModeDir
-            for _ in stream:
-                pass
-            raise IsADirectoryError(f"{path} is a folder in container {self.id}")
-        if stat.get("size", 0) > max_bytes:
-            for _ in stream:
-                pass
-            raise ResourceError(f"{path} is {stat['size']} bytes, more than max_bytes={max_bytes}")
-        raw = b"".join(stream)
-        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-            for member in tar:
-                if member.isfile():
-                    f = tar.extractfile(member)
-                    assert f is not None
-                    return f.read()
-        raise FileNotFoundError(f"{path}: not a regular file in container {self.id}")
 
     def endpoint(self, port: int) -> tuple[str, int]:
         """``("127.0.0.1", host port)`` of container port ``port`` (see :meth:`ContainerResource.endpoint`).

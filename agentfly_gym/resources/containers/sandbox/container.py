@@ -63,7 +63,7 @@ Model of an instance:
 
 Orphans: an instance's folder holds ``agentfly-sandbox.json`` with the labels (the manager
 id as ``agentfly.manager``), the owner process id and its start time, and the cgroup
-folders, so :func:`..ownership.reap_sandbox_orphans` (``agentfly-gym resources gc``) can kill its
+folders, so :func:`..reaper.reap_sandbox_orphans` (``agentfly-gym resources gc``) can kill its
 processes and remove its cgroups, its loop mount and its folder after a manager that died.
 """
 
@@ -71,40 +71,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import os
-import posixpath
-import re
 import resource as _rlimit
 import secrets
 import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from ....errors import ConfigError, ModelOutputError, ResourceDied, ResourceStartError, ResourceUnavailable
+from ....errors import ConfigError, ResourceDied, ResourceStartError, ResourceUnavailable
 from ...base import ResourceStatus
-from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult, mount_sources
+from ..api import DEFAULT_MAX_OUTPUT, ContainerResource, ExecResult
 from ..output import OutputBuffer
 from ..ownership import proc_start
 from ...spec import SANDBOX_PORTS_REFUSAL, ContainerSpec
 from .argv import DEFAULT_PATH, SandboxLayout, exec_argv
 from .bwrap import bwrap_has, find_bwrap, seccomp_filter_bpf, setpriv, unshare
 from .cgroups import LIMIT_MODES, detect_limit_mode, kill_cgroups, make_cgroups, remove_cgroups
-from .rootfs import HOST_ENTRIES, SKIP_ROOTFS, host_secrets, resolve_rootfs
+from .files import SandboxFiles
+from .mounts import SandboxMounts
 from .usernet import UserNetwork, find_slirp4netns
 from .volume import mount_volume, unmount_under
 
-__all__ = ["MARKER_NAME", "SANDBOX_DIR_ENV", "SANDBOX_UID_BASE", "SandboxContainer", "SandboxPathError", "create",
-           "sandbox_root"]
+__all__ = ["MARKER_NAME", "SANDBOX_DIR_ENV", "SANDBOX_UID_BASE", "SandboxContainer", "create", "sandbox_root"]
 
 log = logging.getLogger(__name__)
 
@@ -113,19 +109,10 @@ SANDBOX_DIR_ENV = "AGENTFLY_GYM_SANDBOX_DIR"
 (default ``<system temp>/agentfly-gym-sandbox``)."""
 
 MARKER_NAME = "agentfly-sandbox.json"
-BASE_WRITABLE = ("/tmp", "/root")
 
 SANDBOX_UID_BASE = 1_600_000_000
 """First host uid (and gid) of the range sandboxes run as when the manager is root: each
 instance draws ``SANDBOX_UID_BASE + randbelow(2**24)``, an id no account uses."""
-
-
-class SandboxPathError(ModelOutputError, ConfigError):
-    """A container path given to ``put_files``/``get_file`` leads outside the writable paths of the
-    sandbox (for writes), to a place not reachable from the host (e.g. ``/proc``), through a symlink
-    loop, or onto a folder.  Symlinks on the way are the model's doing, so this is a
-    :class:`~agentfly_gym.errors.ModelOutputError` (an environment's step turns it into a handled
-    observation); a relative path, the caller's mistake, is a plain :class:`ConfigError`."""
 
 
 def sandbox_root() -> Path:
@@ -134,7 +121,7 @@ def sandbox_root() -> Path:
     return Path(env) if env else Path(tempfile.gettempdir()) / "agentfly-gym-sandbox"
 
 
-class SandboxContainer(ContainerResource):
+class SandboxContainer(SandboxFiles, SandboxMounts, ContainerResource):
     """A bubblewrap sandbox built from a :class:`~agentfly_gym.resources.spec.ContainerSpec`.
 
     See the module docstring for the isolation and limit model.  ``spec.command`` (the
@@ -198,86 +185,7 @@ class SandboxContainer(ContainerResource):
         self.start_time: float | None = None
         self.last_reset_time: float | None = None
 
-    # ------------------------------------------------------------------ layout
-    @property
-    def state_dir(self) -> Path:
-        assert self.dir is not None
-        return (self._volume or self.dir) / "state"
-
-    @staticmethod
-    def _state_name(cpath: str) -> str:
-        return cpath.strip("/").replace("/", "__") or "_root"
-
-    def _host_of_writable(self, cpath: str) -> Path:
-        return self.state_dir / self._state_name(cpath)
-
-    def _plan_mounts(self) -> None:
-        spec = self.spec
-        wd = posixpath.normpath(spec.workdir or "/")
-        if not wd.startswith("/"):
-            raise ConfigError(f"workdir={spec.workdir!r} must be an absolute path")
-        self._rootfs = resolve_rootfs(self.image)
-        writable = list(BASE_WRITABLE)
-        ids = self._lookup_user(spec.user)
-        for extra in (wd, ids[2] if ids is not None else "/"):  # the workdir, the spec user's home
-            extra = posixpath.normpath(extra)
-            if extra != "/" and not any(extra == w or extra.startswith(w + "/") for w in writable):
-                writable.append(extra)
-        self._writable = writable
-        top_writable = {w.strip("/") for w in writable if w.count("/") == 1}
-        if self._rootfs is None:  # the host's own system folders
-            src_root = Path("/")
-            names = [n for n in HOST_ENTRIES if os.path.lexists(f"/{n}")]
-        else:
-            src_root = self._rootfs
-            names = sorted(n for n in os.listdir(src_root)
-                           if n not in SKIP_ROOTFS and n not in top_writable and not n.startswith("."))
-        for n in names:
-            p = src_root / n
-            if p.is_symlink():
-                self._links[f"/{n}"] = os.readlink(p)
-            else:
-                self._ro.append((f"/{n}", str(p)))
-        if self._rootfs is None:
-            self._masks = host_secrets()
-            # the running interpreter (e.g. a pyenv or venv Python outside /usr) with its packages
-            for prefix in dict.fromkeys([sys.base_prefix, sys.prefix]):
-                if prefix and not prefix.startswith("/usr/") and os.path.isdir(prefix):
-                    self._late_ro.append((prefix, prefix))
-            bindir = os.path.dirname(sys.executable)
-            if not bindir.startswith("/usr/"):
-                self._extra_path = bindir + ":"
-        for m, source in zip(spec.mounts, mount_sources(spec)):  # a missing source is refused, never created
-            self._mounts.append((posixpath.normpath(m.target), source, not m.read_only))
-
-    def _mount_table(self) -> list[tuple[str, str, bool]]:
-        """(container path, host path, writable), longest container path first."""
-        table = [(c, h, False) for c, h in self._ro + self._late_ro]
-        table += [(w, str(self._host_of_writable(w)), True) for w in self._writable]
-        table += self._mounts
-        return sorted(table, key=lambda t: len(t[0]), reverse=True)
-
-    # ------------------------------------------------------------------ argv
-    def _lookup_user(self, user: str) -> tuple[int, int, str] | None:
-        """(uid, gid, home) for ``user``; ``None`` for root.
-
-        Raises:
-            ConfigError: the user is unknown in the rootfs's /etc/passwd.
-        """
-        if user in ("", "root", "0", "0:0"):
-            return None
-        m = re.fullmatch(r"(\d+)(?::(\d+))?", user)
-        if m:
-            uid = int(m.group(1))
-            return uid, int(m.group(2) or uid), "/tmp"
-        passwd = (self._rootfs or Path("/")) / "etc" / "passwd"
-        with contextlib.suppress(OSError):
-            for line in passwd.read_text().splitlines():
-                f = line.split(":")
-                if len(f) >= 6 and f[0] == user:
-                    return int(f[2]), int(f[3]), f[5] or "/tmp"
-        raise ConfigError(f"user={user!r} is unknown: not a number 'uid[:gid]' and not in {passwd}")
-
+    # ------------------------------------------------------------------ argv (the mount plan: SandboxMounts)
     def _argv(self, cmd: list[str], workdir: str, env: dict[str, str], user: str,
               fds: list[int], ours: list[int] | None = None) -> list[str]:
         """The command line of one exec (built by :func:`.argv.exec_argv` from this instance's
@@ -336,25 +244,6 @@ class SandboxContainer(ContainerResource):
                          stage_point=self._stage_point, is_dir=os.path.isdir,
                          unshare=unshare, cgroup_dirs=cgroups,
                          file_blocks=file_blocks, user_net_fds=net_fds, hide_options=hide)
-
-    def _stage_point(self, path: str) -> str | None:
-        """``None`` when the instance's host user may search every folder above ``path``; else the
-        folder to stage for it: the child, on the way to ``path``, of the deepest folder closed to
-        that user (one staged folder serves every source below it, e.g. a whole rootfs).  Cached."""
-        if path in self._reach_cache:
-            return self._reach_cache[path]
-        point: str | None = None
-        p = Path(path)
-        chain = [*reversed(p.parents), p]  # "/", ..., path
-        for i, folder in enumerate(chain[:-1]):
-            try:
-                st = os.stat(folder)
-            except OSError:
-                continue
-            if not (st.st_mode & stat.S_IXOTH or (st.st_uid == self.host_uid and st.st_mode & stat.S_IXUSR)):
-                point = str(chain[i + 1])
-        self._reach_cache[path] = point
-        return point
 
     def _preexec(self) -> None:  # pragma: no cover - runs in the child between fork and exec
         if self.spec.memory:
@@ -656,172 +545,6 @@ class SandboxContainer(ContainerResource):
         text, truncated = out.text(max_output)
         return ExecResult(exit_code=rc, output=text, timed_out=timed_out, truncated=truncated,
                           duration=time.monotonic() - t0)
-
-    # ------------------------------------------------------------------ files
-    def _map(self, cpath: str) -> tuple[Path, bool] | None:
-        for c, h, rw in self._mount_table():
-            if cpath == c or cpath.startswith(c.rstrip("/") + "/"):
-                rel = cpath[len(c):].lstrip("/")
-                return (Path(h) / rel if rel else Path(h)), rw
-        return None
-
-    def _resolve(self, path: str) -> str:
-        """``path`` with symlinks resolved as the sandbox sees them (container namespace).
-
-        Raises:
-            SandboxPathError: relative path, or a symlink loop.
-        """
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise ConfigError(f"path {path!r} must be an absolute path inside the container")
-        parts = [p for p in path.split("/") if p not in ("", ".")]
-        done: list[str] = []
-        hops = 0
-        while parts:
-            p = parts.pop(0)
-            if p == "..":
-                if done:
-                    done.pop()
-                continue
-            cand = "/" + "/".join(done + [p])
-            target = self._links.get(cand)
-            if target is None:
-                mapped = self._map(cand)
-                if mapped is not None and mapped[0].is_symlink():
-                    target = os.readlink(mapped[0])
-            if target is not None:
-                hops += 1
-                if hops > 40:
-                    raise SandboxPathError(f"path {path!r}: too many levels of symbolic links")
-                if target.startswith("/"):
-                    done = []
-                parts = [x for x in target.split("/") if x not in ("", ".")] + parts
-                continue
-            done.append(p)
-        return "/" + "/".join(done)
-
-    def _host_path(self, path: str, *, write: bool) -> Path:
-        cpath = self._resolve(path)
-        mapped = self._map(cpath)
-        writable = sorted({*self._writable, *(c for c, _, rw in self._mounts if rw)})
-        if mapped is None or (write and not mapped[1]):
-            what = "written" if write else "read from the host"
-            raise SandboxPathError(
-                f"path {path!r} (resolved {cpath!r}) cannot be {what}: it is outside the sandbox's "
-                f"{'writable paths' if write else 'filesystem'} {writable if write else ''}".rstrip())
-        return mapped[0]
-
-    async def put_files(self, files: dict[str, bytes | str], *, mode: int = 0o644) -> None:
-        """Write files into the private state (absolute container paths; parents created).
-
-        Symlinks on the way are followed as the sandbox would follow them.  ``str`` content
-        is written as UTF-8.  Whatever else than a regular file sits at a path (a FIFO, a socket,
-        a symlink made meanwhile) is replaced, as ``docker cp`` replaces it; nothing is opened
-        in a way that could block (``O_NONBLOCK``) or follow a link (``O_NOFOLLOW``).
-
-        Raises:
-            ConfigError: a path is relative; nothing is written then.
-            SandboxPathError: a path leads outside the writable paths (``/tmp``, ``/root``, the
-                workdir, read-write mounts; nothing is written then), or onto a folder.
-            ResourceDied: the sandbox was released or its private folder is gone.
-        """
-        self._check_alive()
-        plan = [(self._host_path(p, write=True), data) for p, data in files.items()]
-        await asyncio.to_thread(self._write_files, plan, mode, (self.host_uid, self.host_gid))
-
-    @staticmethod
-    def _write_files(plan: list[tuple[Path, bytes | str]], mode: int, owner: tuple[int, int]) -> None:
-        for host, data in plan:
-            missing = [p for p in [host.parent, *host.parent.parents] if not p.exists()]
-            host.parent.mkdir(parents=True, exist_ok=True)
-            for p in missing:  # new folders belong to the sandbox's user, like the files
-                with contextlib.suppress(OSError):
-                    os.chown(p, *owner, follow_symlinks=False)
-            blob = data.encode() if isinstance(data, str) else bytes(data)
-            fd = SandboxContainer._open_regular_for_write(host, mode)
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                with contextlib.suppress(OSError):
-                    os.fchown(f.fileno(), *owner)
-                os.fchmod(f.fileno(), mode)
-
-    @staticmethod
-    def _open_regular_for_write(host: Path, mode: int) -> int:
-        """A descriptor of the regular file at ``host``, emptied, or of a new one.
-
-        The sandbox's user owns the folder and may have left anything at ``host``: a FIFO (whose
-        blocking ``open`` would hang this thread until a reader comes, i.e. forever), a socket, a
-        symlink.  Such an entry is removed first; the open itself never blocks and never follows
-        a link, and what it opened is checked with ``fstat``.
-
-        Raises:
-            SandboxPathError: ``host`` is a folder, or the entry keeps changing under us.
-        """
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        for _ in range(8):
-            with contextlib.suppress(FileNotFoundError):
-                st = os.lstat(host)
-                if stat.S_ISDIR(st.st_mode):
-                    raise SandboxPathError(f"{host.name!r} is a folder in the sandbox, not a file")
-                if not stat.S_ISREG(st.st_mode):
-                    os.unlink(host)
-            try:
-                fd = os.open(host, flags, mode)
-            except OSError as e:  # a symlink (ELOOP) or a FIFO without reader (ENXIO) made since the lstat
-                if e.errno in (errno.ELOOP, errno.ENXIO, errno.EEXIST, errno.ENOENT):
-                    continue
-                if e.errno == errno.EISDIR:
-                    raise SandboxPathError(f"{host.name!r} is a folder in the sandbox, not a file") from None
-                raise
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                os.ftruncate(fd, 0)
-                os.set_blocking(fd, True)
-                return fd
-            os.close(fd)  # a FIFO with a reader: replace it
-        raise SandboxPathError(f"{host.name!r} keeps changing in the sandbox; refusing to write it")
-
-    async def get_file(self, path: str, *, max_bytes: int = 10_000_000) -> bytes:
-        """Read one file visible in the sandbox (private state, mounts or the read-only root).
-
-        The host never blocks on what the sandbox left at ``path``: the file is opened with
-        ``O_NONBLOCK | O_NOFOLLOW`` and read only when ``fstat`` says it is a regular file (a FIFO,
-        socket or device reads as missing).
-
-        Raises:
-            ConfigError: a relative path.
-            FileNotFoundError: no such file (or it is a directory, a FIFO or another non-regular file).
-            SandboxPathError: a path not reachable from the host (``/proc``, ``/dev``), one the
-                sandbox's user may not read (e.g. a masked host secret), or a symlink loop.
-            ConfigError: the file is larger than ``max_bytes``.
-            ResourceDied: the sandbox was released or its private folder is gone.
-        """
-        self._check_alive()
-        cpath = self._resolve(path)
-        if any(cpath == c or cpath.startswith(c + "/") for c, _ in self._masks):
-            raise SandboxPathError(f"path {path!r} is hidden from the sandbox")
-        host = self._host_path(path, write=False)
-        return await asyncio.to_thread(self._read_file, path, host, max_bytes, self.host_uid)
-
-    @staticmethod
-    def _read_file(path: str, host: Path, max_bytes: int, uid: int) -> bytes:
-        try:
-            fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f"no such file in the sandbox: {path}") from None
-        except OSError as e:
-            if e.errno == errno.ELOOP:  # a symlink made since the path was resolved
-                raise SandboxPathError(f"path {path!r} changed into a symlink while it was read") from None
-            raise
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise FileNotFoundError(f"not a regular file in the sandbox: {path}")
-            if st.st_uid != uid and not st.st_mode & stat.S_IROTH:  # what the sandbox's user could read
-                raise SandboxPathError(f"path {path!r} is not readable inside the sandbox")
-            data = f.read(max_bytes + 1)
-        if len(data) > max_bytes:
-            raise ConfigError(f"{path} is larger than max_bytes={max_bytes}")
-        return data
-
 
 # ---------------------------------------------------------------------------- entry points
 def create(spec: ContainerSpec, labels: dict[str, str]) -> SandboxContainer:

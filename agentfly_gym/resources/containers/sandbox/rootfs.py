@@ -26,9 +26,9 @@ SKIP_ROOTFS = {"proc", "dev", "sys", "tmp", "root", "run", "mnt", "media", "lost
 def resolve_rootfs(image: str) -> Path | None:
     """The rootfs folder of ``image``; ``None`` for ``"host"``.
 
-    Order: ``"host"``; an absolute path to a folder; ``agentfly_gym.resources.containers.images.rootfs_dir(image)``
+    Order: ``"host"``; an absolute path to a folder; ``agentfly_gym.images.base.rootfs_dir(image)``
     when that module provides it; the Debian base image ``agentfly/base`` (``:latest``, no tag
-    or its content-hash tag) maps to :func:`..images.base_rootfs_dir` once built
+    or its content-hash tag) maps to :func:`agentfly_gym.images.base.base_rootfs_dir` once built
     (``agentfly-gym images build base``); else ``cache_dir("images", <name>)`` or its
     ``rootfs/`` subfolder, where ``<name>`` is the image name with ``/`` and ``:`` replaced by ``_``
     (e.g. a ``docker export`` of a recipe image unpacked there).
@@ -45,7 +45,7 @@ def resolve_rootfs(image: str) -> Path | None:
         raise ResourceUnavailable(f"image={image!r}: no rootfs folder at that path")
     tried: list[str] = []
     try:
-        images = importlib.import_module("agentfly_gym.resources.containers.images")
+        images = importlib.import_module("agentfly_gym.images.base")
     except ImportError:
         images = None
     fn = getattr(images, "rootfs_dir", None) if images is not None else None
@@ -64,7 +64,7 @@ def resolve_rootfs(image: str) -> Path | None:
         if (tag in ("", "latest") or image == images.base_image_tag()) and (p / ".agentfly-rootfs.json").is_file():
             return p
         tried.append(str(p))
-    from ....data import cache_dir
+    from ....data.paths import cache_dir
 
     safe = re.sub(r"[/:]", "_", image)
     for c in (cache_dir("images", safe, "rootfs"), cache_dir("images", safe)):

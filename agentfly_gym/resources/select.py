@@ -18,13 +18,17 @@ e.g. ``{"container": {"resources": {"docker": 1}}}``) places instances, ``AGENTF
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from typing import Any
 
-from ...errors import ConfigError
+from ..errors import ConfigError
+from .defaults import loop_default, set_loop_default
+from .manager import ResourceManager
+from .protocol import Manager
 
-__all__ = ["manager_kind", "in_ray_job", "manager_from_environment", "SETTING"]
+__all__ = ["default_manager", "manager_kind", "in_ray_job", "manager_from_environment", "SETTING"]
 
 SETTING = "AGENTFLY_GYM_MANAGER"
 _KINDS = ("local", "ray", "auto")
@@ -55,17 +59,15 @@ def manager_kind() -> str:
     return value
 
 
-def manager_from_environment(**kwargs: Any) -> Any:
+def manager_from_environment(**kwargs: Any) -> Manager:
     """A new manager of the kind :func:`manager_kind` names, configured from the environment variables above.
 
     Keyword arguments go to the manager's constructor (they override the environment).
     """
     if manager_kind() == "local":
-        from ..manager import ResourceManager
-
         return ResourceManager(**kwargs)
-    from .manager import RayResourceManager
-    from .placement import parse_placements
+    from .ray.manager import RayResourceManager  # Ray is imported on first use, not at import
+    from .ray.placement import parse_placements
 
     placement = os.environ.get("AGENTFLY_GYM_RAY_PLACEMENT")
     if placement and "placement" not in kwargs:
@@ -77,3 +79,19 @@ def manager_from_environment(**kwargs: Any) -> Any:
     if ns and "namespace" not in kwargs:
         kwargs["namespace"] = ns
     return RayResourceManager(**kwargs)
+
+
+def default_manager() -> Manager:
+    """The default manager of the running event loop (one per loop, created on first use).
+
+    Environments made without an explicit ``manager=`` use it, so all of them in one
+    loop share pools.  Must be called from inside a running loop.  ``AGENTFLY_GYM_MANAGER=ray``
+    (or ``auto`` inside a Ray job) makes it a cluster-wide
+    :class:`~agentfly_gym.resources.ray.RayResourceManager` (the table above).
+    """
+    loop = asyncio.get_running_loop()
+    m = loop_default(loop)
+    if m is None:
+        m = manager_from_environment()  # AGENTFLY_GYM_MANAGER: local (default), ray, auto
+        set_loop_default(loop, m)
+    return m

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import DataNotFoundError
+from ..errors import DataNotFoundError
 
 __all__ = ["resolve_data_dir", "data_candidates", "sample_dir", "default_download_dir", "DATA_ROOT_ENV", "cache_dir"]
 
@@ -42,7 +42,7 @@ def sample_dir(name: str) -> Path | None:
     """The folder of the sample of data set ``name`` shipped in the package, or ``None`` if there is none."""
     if name not in _SAMPLES:
         return None
-    p = Path(__file__).resolve().parent / "samples" / name
+    p = Path(__file__).resolve().parents[1] / "samples" / name
     return p if p.is_dir() else None
 
 

@@ -12,7 +12,7 @@ builds the same server from what is installed here instead:
   its server imports, at the versions installed here, ~50 MB; OpenEnv's optional web UI (gradio) is
   left out, as ``openenv.core.env_server`` allows) are copied file by file from this interpreter's
   site-packages into ``/opt/openenv/site`` of the image;
-* the recipe is built by :func:`agentfly_gym.resources.containers.images.build_image` with the build's network off, so
+* the recipe is built by :func:`agentfly_gym.images.build.build_image` with the build's network off, so
   the tag is a content hash of all of the above plus the base image id, and an unchanged build is a
   no-op (a few seconds to hash ~10 MB).
 
@@ -20,12 +20,11 @@ The image serves ``uvicorn server.app:app`` on :data:`SERVER_PORT` inside the co
 default command); :class:`~agentfly_gym.bridges.openenv.OpenEnvEnv` runs it with ``image=`` and
 publishes that port on 127.0.0.1 of the host.
 
-Command line: ``python -m agentfly_gym.bridges.openenv_image [ENV_NAME] [--force]`` prints the tag.
+Command line: ``agentfly-gym images openenv [ENV_NAME] [--force]`` prints the tag.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata as md
 import shutil
 import subprocess
@@ -35,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..resources.containers.images import ImageBuildError, Progress, build_image
+from .engine import ImageBuildError, Progress
+from .build import build_image
 
 __all__ = ["SERVER_PORT", "server_distributions", "build_openenv_image", "openenv_server_command",
            "stage_openenv_recipe"]
@@ -87,7 +87,7 @@ def server_distributions(env_dir: str | Path) -> list[str]:
 
 _DOCKERFILE = """\
 # An OpenEnv environment server on the agentfly base image, built offline by
-# agentfly_gym.bridges.openenv_image (packages copied from the host's site-packages, env code from
+# agentfly_gym.images.openenv (packages copied from the host's site-packages, env code from
 # `openenv init {env_name}`).
 ARG BASE_IMAGE=agentfly/base:latest
 FROM ${{BASE_IMAGE}}
@@ -182,13 +182,14 @@ def build_openenv_image(env_name: str = "echo_env", *, name: str | None = None, 
         ``"<name>:<digest>"`` (``<name>:latest`` points to it too).
 
     Raises:
-        ConfigError, ImageBuildError: see :func:`stage_openenv_recipe` and :func:`~agentfly_gym.resources.containers.images.build_image`.
+        ConfigError, ImageBuildError: see :func:`stage_openenv_recipe` and :func:`~agentfly_gym.images.build.build_image`.
         ResourceUnavailable: no Docker engine answers.
     """
-    from ..resources.containers.images import _client, build_base_image
+    from .base import build_base_image
+    from .engine import docker_client
 
     repo = name or f"agentfly/openenv-{env_name.replace('_', '-')}"
-    client = _client()
+    client = docker_client()
     base = base or build_base_image(progress=progress)
     if not force:
         found = _built_image(client, repo, env_name, client.images.get(base).id)
@@ -216,18 +217,3 @@ def _built_image(client: Any, repo: str, env_name: str, base_id: str) -> str | N
         if same and tags:
             return sorted(tags)[0]
     return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m agentfly_gym.bridges.openenv_image [ENV_NAME] [--force]``: build, print the tag."""
-    p = argparse.ArgumentParser(prog="python -m agentfly_gym.bridges.openenv_image",
-                                description="build the container image of an OpenEnv environment, offline")
-    p.add_argument("env_name", nargs="?", default="echo_env", help="the `openenv init` name (default echo_env)")
-    p.add_argument("--force", action="store_true", help="rebuild even when the tag exists")
-    ns = p.parse_args(argv)
-    print(build_openenv_image(ns.env_name, force=ns.force, progress=lambda s: print(s, file=sys.stderr, flush=True)))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

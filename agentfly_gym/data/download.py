@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from .errors import ChecksumError, DownloadError
+from ..errors import ChecksumError, DownloadError
 
 __all__ = ["CHUNK_BYTES", "download_file", "sha256_file", "offline_hint"]
 
@@ -93,7 +93,7 @@ def download_file(url: str, dest: str | os.PathLike, *, sha256: str | None = Non
             file, or the transfer stops early (the message says what to do; a rerun resumes).
         ChecksumError: the complete file does not match ``sha256``; it was deleted, not renamed.
     """
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
         raise ConfigError(f"url={url!r} is not an http:// or https:// URL")

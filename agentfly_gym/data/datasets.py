@@ -1,8 +1,8 @@
-"""The full public data sets, their upstream files and pinned checksums, and ``agentfly-gym data``.
+"""The full public data sets, their upstream files and pinned checksums; downloading and verifying them.
 
-``agentfly-gym data status`` shows, per data set, where it would be downloaded, what is there and
-which folder each environment reads now; ``data download NAME`` fetches the upstream files
-(resumable, verified, see :mod:`agentfly_gym.download`) and prepares them in the layout the
+The command is ``agentfly-gym data`` (:mod:`agentfly_gym.cli.data`): ``data status`` shows, per data set,
+where it would be downloaded, what is there and which folder each environment reads now; ``data download NAME`` fetches the upstream files
+(resumable, verified, see :mod:`agentfly_gym.data.download`) and prepares them in the layout the
 environments read; ``data verify NAME`` checks the downloaded files against their pins; ``data precompute alfworld``
 fills ALFWorld's engine cache for whole splits (:mod:`agentfly_gym.envs.alfworld.precompute`).
 
@@ -20,22 +20,19 @@ by hand to save space; ``verify`` then reports them missing).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
 import os
 import shutil
-import sys
 import zipfile
 from pathlib import Path
 
-from .data import data_candidates, default_download_dir, sample_dir
+from .paths import default_download_dir, sample_dir
 from .download import download_file, sha256_file
-from .errors import ChecksumError, ConfigError, DataNotFoundError, DownloadError
+from ..errors import ConfigError, DownloadError
 
-__all__ = ["DATASETS", "DataSet", "RemoteFile", "data_main", "download_dataset", "env_data_source", "verify_dataset",
-           "MANIFEST_NAME"]
+__all__ = ["DATASETS", "DataSet", "RemoteFile", "download_dataset", "read_manifest", "verify_dataset", "MANIFEST_NAME"]
 
 #: the record of downloaded files (url, sha256, pinned or recorded, when) inside a data set's folder
 MANIFEST_NAME = ".agentfly-data.json"
@@ -72,7 +69,7 @@ class DataSet:
     Attributes:
         name: what ``agentfly-gym data download`` takes.
         folder: the data set's folder name under a data root (``chess``, ``alfworld``, ``webshop``, ``r2egym``),
-            the name :func:`agentfly_gym.data.resolve_data_dir` looks for.
+            the name :func:`agentfly_gym.data.paths.resolve_data_dir` looks for.
         files: the upstream files.
         ready: a path inside the folder whose presence means the data set is prepared.
         licence: the data's licence.  ``source``: the upstream page.  ``note``: how the env uses it.
@@ -154,7 +151,8 @@ def _get(name: str) -> DataSet:
     return DATASETS[name]
 
 
-def _read_manifest(folder: Path) -> dict:
+def read_manifest(folder: Path) -> dict:
+    """The record of downloaded files in ``folder`` (:data:`MANIFEST_NAME`), or ``{}`` when there is none."""
     try:
         return json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -165,16 +163,6 @@ def _write_manifest(folder: Path, manifest: dict) -> None:
     tmp = folder / f"{MANIFEST_NAME}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
     os.replace(tmp, folder / MANIFEST_NAME)
-
-
-def _parse_pins(items: list[str] | None) -> dict[str, str]:
-    pins = {}
-    for item in items or []:
-        name, sep, hexd = item.partition("=")
-        if not sep or len(hexd) != 64 or any(c not in "0123456789abcdefABCDEF" for c in hexd):
-            raise ConfigError(f"--sha256 {item!r} is not FILE=<64 hex characters>")
-        pins[name] = hexd.lower()
-    return pins
 
 
 def _pin(f: RemoteFile, manifest: dict, given: dict[str, str]) -> tuple[str | None, str]:
@@ -249,7 +237,7 @@ def download_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None 
 
     Args:
         name_or_set: a name in :data:`DATASETS` or a :class:`DataSet`.
-        dest: the folder; default :func:`agentfly_gym.data.default_download_dir` of the data set's folder name.
+        dest: the folder; default :func:`agentfly_gym.data.paths.default_download_dir` of the data set's folder name.
         sha256: file name -> expected digest, overriding (or supplying) the pins.
         mirror: a base URL to fetch ``<mirror>/<folder>/<file name>`` from instead of upstream (a local copy).
         progress: show progress bars.
@@ -257,7 +245,7 @@ def download_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None 
 
     Raises:
         ConfigError: unknown data set, bad ``sha256`` value, a folder that cannot be created.
-        DownloadError: see :func:`agentfly_gym.download.download_file` (offline, HTTP error, cut off), or
+        DownloadError: see :func:`agentfly_gym.data.download.download_file` (offline, HTTP error, cut off), or
             a downloaded archive that does not unpack (deleted, nothing recorded).
         ChecksumError: a file does not match its pin (it was refused and deleted).
     """
@@ -270,7 +258,7 @@ def download_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None 
         raise ConfigError(f"cannot create the data set's folder {folder} ({e.strerror}); choose a writable one with "
                           "--dest DIR (or dest=...)") from None
     given = {k: v.lower() for k, v in (sha256 or {}).items()}
-    manifest = _read_manifest(folder)
+    manifest = read_manifest(folder)
     for f in ds.files:
         pin, pin_from = _pin(f, manifest, given)
         url = f"{mirror.rstrip('/')}/{ds.folder}/{f.name}" if mirror else f.url
@@ -319,7 +307,7 @@ def verify_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None = 
     """
     ds = _get(name_or_set) if isinstance(name_or_set, str) else name_or_set
     folder = Path(dest).expanduser() if dest is not None else default_download_dir(ds.folder)
-    manifest = _read_manifest(folder)
+    manifest = read_manifest(folder)
     given = {k: v.lower() for k, v in (sha256 or {}).items()}
     out = []
     for f in ds.files:
@@ -338,222 +326,3 @@ def verify_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None = 
     return out
 
 
-def _holds(folder: Path, marker: str) -> bool:
-    """Whether ``folder`` holds ``marker``: a relative path, or a glob (the rule of ``resolve_data_dir``)."""
-    if any(ch in marker for ch in "*?["):
-        return folder.is_dir() and next(folder.glob(marker), None) is not None
-    return (folder / marker).exists()
-
-
-def _status_rows() -> list[tuple[str, ...]]:
-    rows = []
-    for ds in DATASETS.values():
-        folder = default_download_dir(ds.folder)
-        manifest = _read_manifest(folder)
-        present = sum((folder / f.name).is_file() for f in ds.files)
-        pins = ", ".join(f"{f.name}: " + ("pinned" if f.sha256 else "recorded" if manifest.get("files", {}).get(
-            f.name, {}).get("sha256") else "none yet") for f in ds.files)
-        ready = "ready" if _holds(folder, ds.ready) else "not downloaded"
-        rows.append((ds.name, str(folder), f"{present}/{len(ds.files)} files, {ready}", pins, ds.licence, ds.source))
-    return rows
-
-
-def _in_use_rows() -> list[tuple[str, str, str]]:
-    # the same markers the environments pass to resolve_data_dir, so this table names the folder they read
-    from .envs.webshop.catalog import DATA_MARKER
-
-    rows = []
-    for folder_name, marker in (("chess", ("lichess_db_puzzle.csv", "lichess_puzzles_sample.csv")),
-                                ("alfworld", ("json_2.1.1/*/*/*/game.tw-pddl",)), ("webshop", (DATA_MARKER,))):
-        found = "none (the environment raises DataNotFoundError)"
-        for m in marker:
-            hit = next(((label, p) for label, p in data_candidates(folder_name) if _holds(p, m)), None)
-            if hit:
-                found = f"{hit[1]} ({hit[0]})"
-                break
-        rows.append((folder_name, found, ", ".join(marker)))
-    from .envs.r2egym.local_tasks import default_tasks_dir
-
-    tasks = default_tasks_dir() / "tasks.jsonl"  # R2EGym-v0's default; downloaded rows are passed as tasks=
-    rows.append(("r2egym", str(tasks) if tasks.is_file() else "none: run `agentfly-gym r2e build-tasks`",
-                 "the local task set (downloaded rows are passed as tasks=<file>)"))
-    return rows
-
-
-def data_main(argv: list[str]) -> int:
-    """``agentfly-gym data status | download NAME | verify NAME`` (returns the exit status)."""
-    p = argparse.ArgumentParser(prog="agentfly-gym data", allow_abbrev=False,
-                                description="the full public data sets: where they are, download, verify; "
-                                            "precompute ALFWorld's engine cache")
-    sub = p.add_subparsers(dest="action", required=True)
-    sub.add_parser("status", help="data sets, their folders and pins, and the folder each env reads now")
-    for action in ("download", "verify"):
-        a = sub.add_parser(action, help=f"{action} a data set: {', '.join(DATASETS)}")
-        a.add_argument("name", choices=list(DATASETS))
-        a.add_argument("--dest", default=None, help="the data set's folder (default: $AGENTFLY_GYM_DATA/<folder>, "
-                                                    "else the cache folder the envs search)")
-        a.add_argument("--sha256", action="append", metavar="FILE=HEX", help="expected digest of a file (repeatable)")
-        a.add_argument("--no-progress", action="store_true")
-        if action == "download":
-            a.add_argument("--mirror", default=None, help="base URL of a copy: <mirror>/<folder>/<file>")
-            a.add_argument("--precompute", action="store_true",
-                           help="alfworld: then fill the engine cache for its evaluation splits (as `precompute`)")
-    a = sub.add_parser("precompute", help="alfworld: load every game of the splits once so that first resets are "
-                                          "disk-cache hits (~0.2 s instead of ~1 s); entries go to "
-                                          "$AGENTFLY_GYM_CACHE/alfworld/engine; Ctrl-C keeps the finished ones")
-    a.add_argument("name", choices=["alfworld"])
-    a.add_argument("--split", action="append", default=None,
-                   help="split to fill (repeatable; default: valid_seen and valid_unseen; train is ~1 h)")
-    a.add_argument("--data-dir", default=None, help="the ALFWorld data root (default: the one the env reads)")
-    a.add_argument("--limit", type=int, default=None, help="at most this many games")
-    a.add_argument("--no-sample", action="store_true", help="skip the sample games shipped in the package")
-    a.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
-    from .utils.console import console as make_console
-    from rich.table import Table
-
-    console = make_console()
-    try:
-        if args.action == "status":
-            t = Table(title="public data sets (agentfly-gym data download NAME)")
-            for col in ("name", "folder", "state", "checksums", "licence", "source"):
-                t.add_column(col, overflow="fold")
-            for row in _status_rows():
-                t.add_row(*row)
-            console.print(t)
-            u = Table(title="what the environments read now (first match of the resolution order)")
-            for col in ("data set", "folder in use", "looked for"):
-                u.add_column(col, overflow="fold")
-            for row in _in_use_rows():
-                u.add_row(*row)
-            console.print(u)
-            return 0
-        if args.action == "precompute":
-            return _precompute(args.split, args.data_dir, limit=args.limit, sample=not args.no_sample,
-                               progress=not args.no_progress)
-        pins = _parse_pins(args.sha256)
-        if args.action == "download":
-            folder = download_dataset(args.name, args.dest, sha256=pins, mirror=args.mirror,
-                                      progress=not args.no_progress)
-            if args.precompute and args.name == "alfworld":
-                return _precompute(None, folder, limit=None, sample=True, progress=not args.no_progress)
-            return 0
-        results = verify_dataset(args.name, args.dest, sha256=pins, progress=not args.no_progress)
-        for name, ok, detail in results:
-            print(f"{'OK  ' if ok else 'FAIL'} {name}: {detail}")
-        return 0 if all(ok for _, ok, _ in results) else 1
-    except (DownloadError, ChecksumError, ConfigError, DataNotFoundError) as e:
-        print(f"agentfly-gym data: error: {e}", file=sys.stderr)
-        return 1
-    except (OSError, zipfile.BadZipFile) as e:  # e.g. a full disk while unpacking, a broken archive
-        what = getattr(args, "name", "the data")
-        print(f"agentfly-gym data: error while preparing {what}: {e}; the downloaded files are kept, free the space "
-              "or fix the cause and run the command again", file=sys.stderr)
-        return 1
-
-
-def _precompute(splits: list[str] | None, data_dir: str | os.PathLike | None, *, limit: int | None, sample: bool,
-                progress: bool) -> int:
-    from .envs.alfworld.precompute import DEFAULT_SPLITS, precompute_engine_cache
-
-    try:
-        r = precompute_engine_cache(tuple(splits or DEFAULT_SPLITS), data_dir=data_dir, include_sample=sample,
-                                    limit=limit, progress=progress)
-    except KeyboardInterrupt:
-        print("agentfly-gym data precompute: interrupted; the entries written so far are kept (rerun to go on)",
-              file=sys.stderr)
-        return 130
-    print(f"alfworld engine cache: {r['computed']} computed, {r['present']} already there, {r['failed']} failed, "
-          f"of {r['games']} games in {r['seconds']} s ({r['cache_dir']})")
-    return 1 if r["failed"] else 0
-
-
-# ----------------------------------------------------------------------------- agentfly-gym envs
-def _label(name: str, path: Path) -> str:
-    """Which step of the resolution order ``path`` (a folder or a file in it) came from."""
-    path = path.resolve()
-    for label, c in data_candidates(name):
-        try:
-            if path == c.resolve() or path.is_relative_to(c.resolve()):
-                return label
-        except OSError:
-            continue
-    return "given"
-
-
-def _count_lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-
-
-def _chess() -> tuple[str, str]:
-    from .envs.chess.puzzles import find_puzzles_file
-
-    p = find_puzzles_file()
-    return f"{_label('chess', p)}: {p}", f"{_count_lines(p) - 1:,} puzzles"
-
-
-def _alfworld() -> tuple[str, str]:
-    from .envs.alfworld.games import load_index, resolve_alfworld_root
-
-    root = resolve_alfworld_root()
-    counts = []
-    for split in ("train", "valid_seen", "valid_unseen"):
-        try:
-            counts.append(f"{split} {len(load_index(root, split))}")
-        except ConfigError:
-            counts.append(f"{split} 0")
-    return f"{_label('alfworld', root)}: {root}", "solvable games: " + ", ".join(counts)
-
-
-def _webshop() -> tuple[str, str]:
-    from .data import resolve_data_dir
-    from .envs.webshop.catalog import DATA_MARKER, find_data_files, load_catalog
-
-    folder = resolve_data_dir("webshop", must_contain=DATA_MARKER)
-    products, attrs, _human = find_data_files(folder, human_goals=False)
-    size = products.stat().st_size
-    if size > 64 << 20:  # a full catalog: counting means parsing gigabytes
-        return f"{_label('webshop', folder)}: {products}", f"{size / (1 << 30):.1f} GiB of products (not counted)"
-    catalog = load_catalog(products, attrs, human_goals=False)
-    return (f"{_label('webshop', folder)}: {products}",
-            f"{len(catalog.products):,} products, {len(catalog.goals):,} synthetic goals")
-
-
-def _scienceworld() -> tuple[str, str]:
-    from .envs.scienceworld.tasks import task_names
-
-    return "bundled with the scienceworld package", f"{len(task_names())} task types (with variations)"
-
-
-def _r2egym() -> tuple[str, str]:
-    from .envs.r2egym.local_tasks import default_tasks_dir
-
-    p = default_tasks_dir() / "tasks.jsonl"
-    if not p.is_file():
-        return f"not built ({p}): run `agentfly-gym r2e build-tasks`, or pass tasks=<rows>", "0"
-    return f"local task set: {p}", f"{_count_lines(p):,} tasks"
-
-
-_SOURCES = {"agentfly/Chess-v0": _chess, "agentfly/ALFWorld-v0": _alfworld, "agentfly/WebShop-v0": _webshop,
-            "agentfly/ScienceWorld-v0": _scienceworld, "agentfly/R2EGym-v0": _r2egym}
-
-
-def env_data_source(env_id: str) -> tuple[str, str]:
-    """``(source, tasks)`` for ``agentfly-gym envs``: where ``env_id`` reads its data, how many tasks it holds.
-
-    The source starts with the resolution step it came from (``bundled sample``, ``AGENTFLY_GYM_DATA``,
-    ``cache``, ...; see :mod:`agentfly_gym.data`).  Never raises: a missing data set or package is
-    described in the text.
-    """
-    fn = _SOURCES.get(env_id)
-    if fn is None:
-        return "unknown", "?"
-    try:
-        return fn()
-    except DataNotFoundError as e:
-        return f"missing: {e}", "0"
-    except ImportError as e:
-        return f"cannot inspect: {e}", "?"
-    except (OSError, ValueError, ConfigError) as e:
-        return f"unreadable: {e}", "?"

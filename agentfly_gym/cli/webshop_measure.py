@@ -1,4 +1,4 @@
-"""Measure a WebShop server's load time and memory: ``python -m agentfly_gym.envs.webshop.measure [DATA_DIR]``.
+"""Measure a WebShop server's load time and memory: ``python -m agentfly_gym.cli.webshop_measure [DATA_DIR]``.
 
 Prints one JSON object (``load_seconds``, ``rss_delta_bytes``, ``products``, ``goals``, ...) for the
 data folder's catalog, loaded in this fresh interpreter (so the RSS delta is the server's own:
@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from ...data import resolve_data_dir
-from .catalog import DATA_MARKER, HOW_TO_GET, find_data_files
-from .server import measure_load
+from ..data.paths import resolve_data_dir
+from ..envs.webshop.catalog import DATA_MARKER, HOW_TO_GET, find_data_files
+from ..envs.webshop.server import measure_load
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,0 +1,277 @@
+"""``agentfly-gym rollout``: roll out trajectories of one or more environments with a policy, save them and
+print a summary (multi-agent environments: games, with ``--opponent``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any
+
+__all__ = ["add_rollout_parser", "cmd_rollout"]
+
+
+def add_rollout_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``rollout`` subcommand and its flags to ``sub`` (an ``add_subparsers()`` result)."""
+    r = sub.add_parser("rollout", help="roll out trajectories and save them with a summary",
+                       epilog="-v logs one line per finished trajectory, -vv everything (anywhere on the line). "
+                              "Ctrl-C / SIGTERM saves the finished trajectories (summary: interrupted=true).")
+    r.add_argument("--env", action="append", required=True,
+                   help="environment id, e.g. Chess-v0 or agentfly/ScienceWorld-v0 (repeatable; groups alternate)")
+    r.add_argument("--policy", default="smollm2",
+                   help="smollm2 (bundled CPU model), tiny-qwen, random, expert, or a local model folder")
+    r.add_argument("--opponent", default=None,
+                   help="multi-agent envs (ChessSelfPlay-v0): the other side's policy (same names as --policy); "
+                        "default: --policy plays both sides (self-play). -n counts games there, --max-turns is per player")
+    r.add_argument("--tokenizer", default=None, help="tokenizer for scripted policies: smollm2 (default), qwen3, or a folder")
+    r.add_argument("-n", "--num-trajectories", type=int, default=8)
+    r.add_argument("--group-size", type=int, default=1, help="trajectories per task (GRPO group)")
+    r.add_argument("--concurrency", type=int, default=8, help="trajectories in flight at once")
+    r.add_argument("--batch-size", type=int, default=16, help="most generation requests batched together")
+    r.add_argument("--max-turns", type=int, default=8)
+    r.add_argument("--max-tokens", type=int, default=64, help="new tokens per turn")
+    r.add_argument("--max-context-tokens", type=int, default=None)
+    r.add_argument("--temperature", type=float, default=1.0)
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--mode", choices=("chain", "step"), default="chain",
+                   help="chain: one token sequence per trajectory; step: a fresh prompt and one row per env step")
+    r.add_argument("--history", type=int, default=3, help="step mode: past (action, observation) pairs per prompt")
+    r.add_argument("--env-kwargs", default=None,
+                   help='JSON: per env id, constructor kwargs, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
+    r.add_argument("--reward", default=None,
+                   help="episode reward from configuration: 'judge:model=M,base_url=URL[,api_key_env=VAR,concurrency=4,"
+                        "retries=3,combine=replace|add]' (an OpenAI-compatible API), 'judge:serve=transformers,"
+                        "model=smollm2' (a local server), or 'MODULE:FUNCTION' (FUNCTION(trajectory) -> float)")
+    r.add_argument("--output-dir", default=None,
+                   help="where trajectories and summary.json go (default: a new folder runs/<UTC date-time>); a "
+                        "folder that holds a run is refused unless --overwrite or --append is given")
+    onto = r.add_mutually_exclusive_group()
+    onto.add_argument("--overwrite", action="store_true",
+                      help="replace the run in --output-dir, once this run is complete (an interrupted run never "
+                           "replaces a complete one: it goes to --output-dir/interrupted)")
+    onto.add_argument("--append", action="store_true",
+                      help="add this run's trajectories to the run in --output-dir (ids continue after its ids)")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=cmd_rollout)
+    return r
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    from ..utils.console import console
+    from rich.table import Table
+
+    res = summary["resources"]
+    t = Table(title=f"rollout summary ({summary.get('mode', 'chain')} mode)")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [
+        ("trajectories", summary["trajectories"]),
+        ("success rate", f"{summary['success_rate']:.1%}"),
+        ("mean reward", f"{summary['mean_reward']:.3f}"),
+        ("mean turns", f"{summary['mean_turns']:.2f}"),
+        ("sampled tokens", summary["sampled_tokens"]),
+        ("total tokens", summary["total_tokens"]),
+        ("errors", summary["errors"]),
+        ("wall time (s)", f"{summary['wall_s']:.1f}"),
+        ("trajectories / s", f"{summary['trajectories_per_s']:.3f}"),
+        ("resource starts", res["started"]),
+        ("resource reuses", res["reused"]),
+        ("max resources in use", res["max_in_use"]),
+        ("mean acquire wait (s)", f"{res['mean_acquire_wait_s']:.3f}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    console().print(t)
+    if len(summary.get("per_env", {})) > 1:
+        pe = Table(title="per environment")
+        for col in ("env", "trajectories", "success", "mean reward", "mean turns", "errors"):
+            pe.add_column(col)
+        for env_id, s in summary["per_env"].items():
+            pe.add_row(env_id, str(s["trajectories"]), f"{s['success_rate']:.1%}", f"{s['mean_reward']:.3f}",
+                       f"{s['mean_turns']:.2f}", str(s["errors"]))
+        console().print(pe)
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    fresh = args.output_dir is None  # a new runs/<date-time> folder: removed again if the run wrote nothing
+    try:
+        return _cmd_rollout(args)
+    finally:
+        if fresh and args.output_dir is not None:
+            from pathlib import Path
+
+            from ..rollout.outputs import LOCK_NAME
+
+            folder = Path(args.output_dir)
+            if folder.is_dir() and all(p.name == LOCK_NAME for p in folder.iterdir()):
+                import shutil
+
+                shutil.rmtree(folder, ignore_errors=True)
+                try:
+                    folder.parent.rmdir()  # runs/, when this run made it and nothing else is there
+                except OSError:
+                    pass
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from ..errors import ConfigError
+    from ..rollout.policies.base import SamplingParams
+    from ..rollout.policies.factory import make_policy
+    from ..rollout.runner import RolloutConfig, check_config, run_rollouts
+    from ..utils.jsonargs import json_object
+
+    env_kwargs = json_object(args.env_kwargs, "--env-kwargs") if args.env_kwargs else {}
+    if not all(isinstance(v, dict) for v in env_kwargs.values()):
+        raise ConfigError('--env-kwargs must map env ids to keyword dicts, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
+    if _is_multiagent(args.env):
+        return _rollout_multiagent(args, env_kwargs)
+    if args.policy == "random":  # it picks among info["admissible_actions"], which ScienceWorld lists only on request
+        from ..registration import normalize_env_id
+
+        env_kwargs = {normalize_env_id(k): dict(v) for k, v in env_kwargs.items()}
+        if "agentfly/ScienceWorld-v0" in map(normalize_env_id, args.env):
+            env_kwargs.setdefault("agentfly/ScienceWorld-v0", {}).setdefault("with_admissible_actions", True)
+    config = RolloutConfig(
+        env_ids=args.env, num_trajectories=args.num_trajectories, group_size=args.group_size,
+        concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode, history=args.history,
+        sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p),
+        max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir,
+        reward=args.reward, if_exists=_if_exists(args))
+    config.output_dir = _output_dir(args)  # once the arguments are known to be good
+    check_config(config)  # fail on a typo before the model is loaded
+    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
+
+    received: list[int] = []
+
+    async def run() -> Any:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def interrupt(signum: int) -> None:
+            # the first Ctrl-C or SIGTERM cancels the run (it saves what finished, then releases resources); a
+            # repeated one must not break into that save or the tear-down
+            if received:
+                print("agentfly-gym: already stopping (saving finished trajectories, releasing resources)",
+                      file=sys.stderr)
+                return
+            received.append(signum)
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, interrupt, signal.SIGTERM)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            loop.add_signal_handler(signal.SIGINT, interrupt, signal.SIGINT)
+        return await run_rollouts(config, policy, chat, progress=not args.no_progress)
+
+    try:
+        result = asyncio.run(run())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print(f"agentfly-gym: interrupted; finished trajectories (if any) were saved in {config.output_dir} (in "
+              f"its interrupted/ when it held a complete run, which is kept)", file=sys.stderr)
+        return _signal_status(received[0] if received else signal.SIGINT)
+    finally:
+        close = getattr(policy, "close", None)
+        if callable(close):
+            close()
+    _print_summary(result.summary)
+    for kind, path in result.paths.items():
+        print(f"{kind}: {path}")
+    s = result.summary
+    if s["trajectories"] and s["errors"] == s["trajectories"]:
+        first = next(t.error for t in result.trajectories if t.error)
+        print(f"agentfly-gym: every trajectory failed; the first error: {first}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _signal_status(signum: int) -> int:
+    """The shell's exit status of a run stopped by ``signum``: 128 + its number (SIGINT 130, SIGTERM 143)."""
+    return 128 + int(signum)
+
+
+def _if_exists(args: argparse.Namespace) -> str:
+    return "replace" if args.overwrite else "append" if args.append else "fail"
+
+
+def _output_dir(args: argparse.Namespace) -> Any:
+    """``--output-dir``, or a new folder ``runs/<UTC date-time>`` for this run."""
+    if args.output_dir is None:
+        from ..rollout.outputs import fresh_run_dir
+
+        args.output_dir = str(fresh_run_dir("runs"))
+    return args.output_dir
+
+
+# ----------------------------------------------------------------------------- multi-agent rollout
+def _is_multiagent(env_ids: list[str]) -> bool:
+    """True when the (single) env id names a multi-agent env, e.g. ChessSelfPlay-v0.
+
+    Raises:
+        ConfigError: a multi-agent env is mixed with other envs.
+    """
+    from ..errors import ConfigError
+    from ..registration import normalize_multiagent_id
+
+    def multi(e: str) -> bool:
+        try:
+            normalize_multiagent_id(e)
+        except ConfigError:
+            return False
+        return True
+
+    flags = [multi(e) for e in env_ids]
+    if any(flags) and len(env_ids) > 1:
+        raise ConfigError(f"--env {env_ids}: a multi-agent environment is rolled out on its own")
+    return any(flags)
+
+
+def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> int:
+    from ..utils.console import console
+    from rich.table import Table
+
+    from ..rollout.multiagent import run_multiagent_rollouts
+    from ..rollout.policies.base import SamplingParams
+    from ..rollout.policies.factory import make_policy
+
+    env_id = args.env[0]
+    kwargs: dict[str, Any] = {}
+    for k, v in env_kwargs.items():
+        if k.split("/", 1)[-1].removesuffix("-v0") != env_id.split("/", 1)[-1].removesuffix("-v0"):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"--env-kwargs names {k!r}, which is not rolled out (--env {env_id})")
+        kwargs.update(v)
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
+    opponent = opp_chat = None
+    if args.opponent:
+        opponent, opp_chat = make_policy(args.opponent, tokenizer=args.tokenizer, seed=args.seed + 1,
+                                         max_batch_size=args.batch_size)
+    try:
+        result = asyncio.run(run_multiagent_rollouts(
+            env_id, policy, chat, opponent=opponent, opponent_chat=opp_chat, num_games=args.num_trajectories,
+            concurrency=args.concurrency, mode=args.mode, sampling=sampling, max_turns=args.max_turns,
+            max_context_tokens=args.max_context_tokens, history=args.history, seed=args.seed, env_kwargs=kwargs,
+            output_dir=_output_dir(args), if_exists=_if_exists(args), progress=not args.no_progress))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for p in (policy, opponent):
+            close = getattr(p, "close", None)
+            if callable(close):
+                close()
+    g = result.summary["games"]
+    t = Table(title=f"{env_id} ({args.mode} mode, {'self-play' if opponent is None else 'vs ' + args.opponent})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in [("games", g["games"]), ("white wins", g["white_wins"]), ("black wins", g["black_wins"]),
+                 ("draws", g["draws"]), ("no result (move/turn cap)", g["no_result"]), ("failed games", g["failed"]),
+                 ("illegal-move rate", f"{g['illegal_move_rate']:.1%}")] + \
+            [(f"illegal-move rate ({a})", f"{s['illegal_move_rate']:.1%}") for a, s in g["per_agent"].items()] + \
+            [("sampled tokens", result.summary["sampled_tokens"]), ("wall time (s)", f"{result.summary['wall_s']:.1f}")]:
+        t.add_row(k, str(v))
+    console().print(t)
+    for kind, path in result.paths.items():
+        print(f"{kind}: {path}")
+    return 1 if g["games"] and g["failed"] == g["games"] else 0

@@ -1,0 +1,2 @@
+"""Data sets: where they live (:mod:`.paths`), downloading them (:mod:`.download`,
+:mod:`.datasets`) and what each environment reads (:mod:`.sources`)."""
