@@ -83,6 +83,12 @@ class Tool:
     timeout: float | None = DEFAULT_TOOL_TIMEOUT
     finish: bool = False
 
+    def __deepcopy__(self, memo: dict) -> Tool:  # immutable: Gymnasium deep-copies env specs (make_vec)
+        return self
+
+    def __copy__(self) -> Tool:
+        return self
+
     @property
     def parameters(self) -> Mapping[str, Any]:
         """The JSON schema of the arguments (``schema["function"]["parameters"]``)."""
