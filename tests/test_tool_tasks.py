@@ -178,3 +178,30 @@ async def test_the_bundled_cpu_model_plays_both_tasks():
         prompt = chat.tokenizer.decode(t.prompt_ids)
         assert "<tools>" in prompt and "<tool_call>" in prompt    # the tools, described in the system message
         assert sum(t.response_mask) == sum(turn.sampled_tokens for turn in t.turns) > 0
+
+
+@pytest.mark.slow
+def test_verl_rows_name_the_users_module_so_workers_register_it(tmp_path, monkeypatch):
+    """``agentfly-gym dataset mypkg.tasks:make_env`` keeps the reference in the rows: a worker process that never
+    imported the module (a fresh interpreter here) registers the env from it when it parses a row."""
+    pytest.importorskip("verl")
+    import pyarrow.parquet as pq
+    from agentfly_gym_verl.dataset import build_dataset
+
+    (tmp_path / "verltasks.py").write_text(textwrap.dedent('''
+        from agentfly_gym.tools import make_tool_env
+
+        def make_env():
+            return make_tool_env("user/VerlEcho-v0", tasks=[{"id": "t1", "prompt": "say hi"}], tools=[],
+                                 reward=lambda completion: float("hi" in completion))
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = build_dataset("verltasks:make_env", ["t1"], 2, tmp_path / "train.parquet")
+    rows = pq.read_table(out).to_pylist()
+    assert [r["extra_info"]["env_id"] for r in rows] == ["verltasks:make_env"] * 2
+    code = ("import json, sys; from agentfly_gym_verl.agent_loop import parse_row; "
+            "print(json.dumps(parse_row(json.loads(sys.argv[1]))['env_id']))")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(rows[0]["extra_info"])], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == "user/VerlEcho-v0"
