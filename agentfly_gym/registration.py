@@ -51,6 +51,11 @@ def _user_env(ref: str) -> str:
     if ref in _USER_ENVS and _USER_ENVS[ref] in gymnasium.registry:
         return _USER_ENVS[ref]
     module, _, attr = ref.partition(":")
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:  # the user's module in the current folder, as uvicorn
+        sys.path.append(os.getcwd())                         # finds "main:app" (the console script does not add it)
     if "/" in attr or "-v" in attr:  # Gymnasium's own form: the import registers the id
         load_object(f"{module}:__name__", what="env module", require_callable=False)
         env_id = attr
