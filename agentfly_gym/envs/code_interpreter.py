@@ -71,8 +71,8 @@ def make_problems(n: int = 500, seed: int = 0) -> list[dict[str, Any]]:
             prompt = (f"Ana saves {weekly} dollars every week for {weeks} weeks and then spends {spent} dollars. "
                       "How many dollars does she have left?")
             code = f"{weekly} * {weeks} - {spent}"
-        out.append({"id": f"ci-{i:04d}", "prompt": prompt, "answer": str(eval(code, {"__builtins__": {"sum": sum, "range": range}})),  # noqa: S307  (our own expressions)
-                    "code": code})
+        answer = eval(code, {"__builtins__": {"sum": sum, "range": range}})  # noqa: S307  (our own expressions)
+        out.append({"id": f"ci-{i:04d}", "prompt": prompt, "answer": str(answer), "code": code})
     return out
 
 
