@@ -42,6 +42,12 @@ observation turn), and when no candidate is clean :meth:`ChatTokenizer.append_id
 system message of a chain stays where the initial prompt put it (the first user turn); a fresh
 render of the whole conversation would move it to the last user turn, which no incremental
 scheme can do without re-rendering the past (:attr:`ChatTokenizer.system_moves` says so).
+
+Native tool calling (:mod:`agentfly_gym.tools`): :meth:`ChatTokenizer.prompt_ids` and
+:meth:`ChatTokenizer.append_ids` take ``tools`` (OpenAI function schemas), passed to the template as its
+``tools`` variable in every render (the dummies' too), and ``role: "tool"`` result messages are appended like
+any observation message.  A template that ignores ``tools`` (:attr:`ChatTokenizer.renders_tools` False) gets them
+described in the system message instead (:meth:`ChatTokenizer.with_tools`).
 """
 
 from __future__ import annotations
