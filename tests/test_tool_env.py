@@ -144,7 +144,9 @@ def test_parsing_per_family():
                      ('<tool_call>\n{"name": "add", "arguments": {"a"', "never closes"),
                      ('<tool_call>{"arguments": {}}</tool_call>', 'no "name"'),
                      ("</tool_call>", "without an opening"),
-                     ("<|python_tag|>add(1, 2)", "must be followed by a JSON object")):
+                     ("<|python_tag|>add(1, 2)", "must be followed by a JSON object"),
+                     ("<tool_call>" + "[" * 100_000 + "</tool_call>", "nested too deeply"),
+                     ("<|python_tag|>" + "[" * 100_000, "nested too deeply")):
         with pytest.raises(ToolCallError, match=why):
             parse_tool_calls(bad)
 
@@ -235,6 +237,7 @@ async def test_faults_are_observations_and_the_episode_goes_on():
         (_call("add", a=1), "'add' is missing required argument(s) ['b']"),
         (_call("broken", x=7), "the tool 'broken' raised RuntimeError: cannot handle 7"),
         (_call("nap", seconds=5, label="slow"), "did not finish within its timeout of 0.3 s"),
+        (_call("add", a=[[[[1]]]], b=2), "bad argument 'a' for 'add'"),
     ]
     for reply, message in cases:
         obs, reward, terminated, truncated, info = await env.astep(reply)
@@ -243,6 +246,21 @@ async def test_faults_are_observations_and_the_episode_goes_on():
         assert info["tool_errors"] == 1 and info["tool_messages"][0]["role"] == "tool"
     obs, reward, terminated, truncated, info = await env.astep("It is 5")
     assert (reward, terminated) == (1.0, True)
+    await env.aclose()
+
+    @tool
+    def flood(n: int) -> str:
+        """Return n characters.
+
+        Args:
+            n: how many
+        """
+        return "x" * n
+
+    env = await _env(tools=[flood], max_result_chars=100)
+    await env.areset(seed=0)
+    obs, *_ = await env.astep(_call("flood", n=10_000_000))
+    assert obs == "x" * 100 + "\n[... cut: 10,000,000 characters in all]"
     await env.aclose()
 
 

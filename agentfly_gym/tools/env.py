@@ -93,6 +93,7 @@ class ToolEnv(AgentFlyEnv):
         expert: optional ``expert(row, messages) -> str``, the next reply of a scripted expert
             (:meth:`expert_action`, the ``expert`` policy).
         env_name: the name in logs and episode ids.
+        max_result_chars: characters of one tool result the model sees; a longer one is cut and says so.
         manager, step_timeout, reset_timeout, max_episode_steps, render_mode: as in :class:`AgentFlyEnv`.
 
     Reset options: ``task_id`` (a row's id), ``index`` (a row's position); else a row drawn with ``np_random``.
@@ -109,7 +110,8 @@ class ToolEnv(AgentFlyEnv):
                  system_prompt: str | None = None, max_turns: int = 10, tool_format: str = "auto",
                  prompt_key: str = "prompt", id_key: str = "id",
                  expert: Callable[[dict[str, Any], list[dict[str, Any]]], str] | None = None,
-                 env_name: str = "ToolEnv", step_timeout: float | None = 300.0, **kwargs: Any) -> None:
+                 env_name: str = "ToolEnv", max_result_chars: int = 16384, step_timeout: float | None = 300.0,
+                 **kwargs: Any) -> None:
         super().__init__(step_timeout=step_timeout, **kwargs)
         if tool_format not in FORMATS:
             raise ConfigError(f"tool_format={tool_format!r} is not one of {FORMATS}")
@@ -123,6 +125,9 @@ class ToolEnv(AgentFlyEnv):
         self.prompt_key, self.id_key = prompt_key, id_key
         self.expert = expert
         self.env_name = env_name
+        if not isinstance(max_result_chars, int) or max_result_chars < 1:
+            raise ConfigError(f"max_result_chars={max_result_chars!r} must be an integer >= 1")
+        self.max_result_chars = max_result_chars
         self.agent_prompt = ToolPrompt(system=DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt,
                                        tools=tuple(t.schema for t in self.tools.values()))
         self._ids = {str(r.get(id_key, i)): i for i, r in enumerate(self.tasks)}
@@ -216,7 +221,10 @@ class ToolEnv(AgentFlyEnv):
         except Exception as e:  # noqa: BLE001  (the tool's own failure goes back to the model)
             log.debug("%s: tool %s raised", self.env_name, t.name, exc_info=True)
             return f"Error: the tool {t.name!r} raised {fault_message(e)}", False, None
-        return _jsonable(value), True, value
+        content = _jsonable(value)
+        if len(content) > self.max_result_chars:
+            content = content[: self.max_result_chars] + f"\n[... cut: {len(content):,} characters in all]"
+        return content, True, value
 
     async def _resources(self, t: Tool) -> dict[str, Any]:
         if not t.resources:

@@ -60,6 +60,8 @@ def _loads(text: str, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise ToolCallError(f"{what} is not valid JSON ({e.msg} at character {e.pos}): {text[:200]!r}") from None
+    except RecursionError:  # hostile nesting ("[[[[..."): a malformed call, not a crash
+        raise ToolCallError(f"{what} is nested too deeply to read") from None
 
 
 def _call(obj: Any, what: str, args_keys: Sequence[str]) -> ToolCall:
@@ -91,7 +93,7 @@ def _parse_hermes(text: str) -> list[ToolCall]:
             try:
                 calls.append(_call(json.loads(body), f"tool call {len(calls) + 1}", ("arguments", "parameters")))
                 break
-            except (json.JSONDecodeError, ToolCallError):
+            except (json.JSONDecodeError, RecursionError, ToolCallError):
                 raise ToolCallError(f"tool call {len(calls) + 1} opens {_HERMES_OPEN} but never closes it with "
                                     f"{_HERMES_CLOSE}") from None
         body = text[i + len(_HERMES_OPEN):j].strip()
@@ -107,11 +109,15 @@ def _json_objects(text: str) -> list[Any]:
         return [json.loads(text)]
     except json.JSONDecodeError:
         pass
+    except RecursionError:
+        raise ToolCallError("the tool call is nested too deeply to read") from None
     dec = json.JSONDecoder()
     out, pos = [], 0
     while pos < len(text):
         try:
             obj, end = dec.raw_decode(text, pos)
+        except RecursionError:
+            raise ToolCallError("the tool call is nested too deeply to read") from None
         except json.JSONDecodeError as e:
             raise ToolCallError(f"the tool call is not valid JSON ({e.msg} at character {e.pos}): {text[:200]!r}") from None
         out.append(obj)
@@ -151,7 +157,7 @@ def _parse_mistral(text: str, *, strict: bool) -> list[ToolCall]:
         if body.startswith("[") and not strict:
             try:
                 values = json.loads(body)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 return []
             if isinstance(values, list) and values and all(isinstance(v, dict) and "name" in v for v in values):
                 return [_call(v, f"tool call {k + 1}", ("arguments", "parameters")) for k, v in enumerate(values)]

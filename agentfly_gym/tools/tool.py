@@ -125,6 +125,8 @@ class Tool:
             return f"bad argument {where!r} for {self.name!r}: {e.message}"
         except jsonschema.SchemaError:  # a schema transformers wrote that jsonschema rejects: do not block the call
             return None
+        except RecursionError:
+            return f"the arguments of {self.name!r} are nested too deeply"
         return None
 
     async def __call__(self, arguments: Mapping[str, Any], resources: Mapping[str, Any] | None = None) -> Any:
