@@ -268,15 +268,15 @@ async def test_calls_of_one_reply_run_concurrently_and_return_in_call_order():
     env = await _env(tools=[nap])
     env.tools["nap"] = dataclasses_replace(env.tools["nap"], timeout=5)
     await env.areset(seed=0)
-    reply = _call("nap", seconds=0.6, label="first") + _call("nap", seconds=0.1, label="second") + \
-        _call("nap", seconds=0.3, label="third")
+    reply = _call("nap", seconds=1.0, label="first") + _call("nap", seconds=0.2, label="second") + \
+        _call("nap", seconds=0.5, label="third")
     t0 = time.monotonic()
     obs, _, _, _, info = await env.astep(reply)
     took = time.monotonic() - t0
     assert [m["content"] for m in info["tool_messages"]] == ["first", "second", "third"]
     assert obs == "first\nsecond\nthird"
     assert [m["tool_call_id"] for m in info["tool_messages"]] == ["000010000", "000010001", "000010002"]
-    assert took < 0.95, f"three calls of 0.6 + 0.1 + 0.3 s took {took:.2f} s: not concurrent"
+    assert took < 1.5, f"three calls of 1.0 + 0.2 + 0.5 s took {took:.2f} s: not concurrent"
     await env.aclose()
 
 
