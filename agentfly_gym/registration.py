@@ -25,6 +25,9 @@ ENVS: dict[str, tuple[str, dict[str, Any]]] = {
     "ALFWorld-v0": ("agentfly_gym.envs.alfworld:ALFWorldEnv", {}),
     "WebShop-v0": ("agentfly_gym.envs.webshop:WebShopEnv", {}),
     "R2EGym-v0": ("agentfly_gym.envs.r2egym:R2EGymEnv", {}),
+    # tool-calling tasks built on agentfly_gym.tools (issue 26)
+    "CodeInterpreter-v0": ("agentfly_gym.envs.code_interpreter:CodeInterpreterEnv", {}),
+    "Retrieval-v0": ("agentfly_gym.envs.retrieval:RetrievalEnv", {}),
 }
 
 #: multi-agent (PettingZoo AEC) environments: name -> (entry point, default kwargs).  PettingZoo has no
@@ -34,16 +37,58 @@ MULTIAGENT_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+#: a user's ``"package.module:attr"`` -> the env id it registered (see :func:`normalize_env_id`)
+_USER_ENVS: dict[str, str] = {}
+
+
+def _user_env(ref: str) -> str:
+    """The env id that ``ref`` (``"package.module:make_env"``, ``"package.module:ENV_ID"`` or Gymnasium's
+    ``"package.module:namespace/Name-v0"``) registers, importing the module (and calling the function) once per
+    process."""
+    from .errors import ConfigError
+    from .utils.imports import load_object
+
+    if ref in _USER_ENVS and _USER_ENVS[ref] in gymnasium.registry:
+        return _USER_ENVS[ref]
+    module, _, attr = ref.partition(":")
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:  # the user's module in the current folder, as uvicorn
+        sys.path.append(os.getcwd())                         # finds "main:app" (the console script does not add it)
+    if "/" in attr or "-v" in attr:  # Gymnasium's own form: the import registers the id
+        load_object(f"{module}:__name__", what="env module", require_callable=False)
+        env_id = attr
+    else:
+        obj = load_object(ref, what="env factory", require_callable=False)
+        env_id = obj() if callable(obj) else obj
+        if not isinstance(env_id, str):
+            raise ConfigError(f"--env {ref!r}: {attr} must be (or return) a registered env id such as the one "
+                              f"make_tool_env returns, got {type(env_id).__name__}")
+    if env_id not in gymnasium.registry:
+        raise ConfigError(f"--env {ref!r} names {env_id!r}, which is not registered after importing {module!r}")
+    _USER_ENVS[ref] = env_id
+    return env_id
+
+
 def normalize_env_id(name: str) -> str:
     """``"Chess"``, ``"Chess-v0"`` or ``"agentfly/Chess-v0"`` -> ``"agentfly/Chess-v0"`` (registers the envs first).
 
+    A user's environment is named by the module that registers it: ``"mypkg.tasks:make_env"`` (a function that
+    registers the env, e.g. with :func:`agentfly_gym.tools.make_tool_env`, and returns its id; called once per
+    process), ``"mypkg.tasks:ENV_ID"`` (a str) or ``"mypkg.tasks:my/Task-v0"`` (the module registers it on import)
+    -> that id.
+
     Raises:
         ConfigError: no registered agentfly environment has that name (the message lists the registered
-            ids and the multi-agent ones, which :func:`make_multiagent` makes).
+            ids and the multi-agent ones, which :func:`make_multiagent` makes), or a user's module does not
+            register what it names.
     """
     from .errors import ConfigError
 
     register_envs()
+    if ":" in name and "/" not in name.partition(":")[0]:
+        return _user_env(name)
     cand = name if "/" in name else f"{NAMESPACE}/{name}"
     if cand not in gymnasium.registry and f"{cand}-v0" in gymnasium.registry:
         cand = f"{cand}-v0"

@@ -145,7 +145,7 @@ class AgentFlyOpenEnvironment(Environment):
         return State(episode_id=self._env.episode_id if self._env is not None else None, step_count=self._steps)
 
     def get_metadata(self) -> EnvironmentMetadata:
-        prompt = type(gymnasium.make(self.env_id, **self.env_kwargs).unwrapped).agent_prompt
+        prompt = gymnasium.make(self.env_id, **self.env_kwargs).unwrapped.agent_prompt  # per instance (a ToolEnv's)
         return EnvironmentMetadata(name=self.env_id, description=prompt.system, version="0")
 
     def close(self) -> None:

@@ -18,7 +18,8 @@ def add_envs_parser(sub: Any) -> argparse.ArgumentParser:
 
 #: env id -> the python package it needs
 _ENV_PACKAGE = {"agentfly/Chess-v0": "chess", "agentfly/ScienceWorld-v0": "scienceworld",
-                "agentfly/ALFWorld-v0": "alfworld", "agentfly/WebShop-v0": "spacy", "agentfly/R2EGym-v0": "docker"}
+                "agentfly/ALFWorld-v0": "alfworld", "agentfly/WebShop-v0": "spacy", "agentfly/R2EGym-v0": "docker",
+                "agentfly/CodeInterpreter-v0": "transformers", "agentfly/Retrieval-v0": "bm25s"}
 
 
 def cmd_envs(args: argparse.Namespace) -> int:

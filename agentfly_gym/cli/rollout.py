@@ -18,7 +18,9 @@ def add_rollout_parser(sub: Any) -> argparse.ArgumentParser:
                        epilog="-v logs one line per finished trajectory, -vv everything (anywhere on the line). "
                               "Ctrl-C / SIGTERM saves the finished trajectories (summary: interrupted=true).")
     r.add_argument("--env", action="append", required=True,
-                   help="environment id, e.g. Chess-v0 or agentfly/ScienceWorld-v0 (repeatable; groups alternate)")
+                   help="environment id, e.g. Chess-v0 or agentfly/ScienceWorld-v0, or a function of your own module "
+                        "that registers one and returns its id, e.g. mypkg.tasks:make_env (repeatable; groups "
+                        "alternate)")
     r.add_argument("--policy", default="smollm2",
                    help="smollm2 (bundled CPU model), tiny-qwen, random, expert, or a local model folder")
     r.add_argument("--opponent", default=None,

@@ -76,8 +76,20 @@ def _r2egym() -> tuple[str, str]:
     return f"local task set: {p}", f"{_count_lines(p):,} tasks"
 
 
+def _code_interpreter() -> tuple[str, str]:
+    return "generated (agentfly_gym.envs.code_interpreter, seed 0; num_tasks=, seed=)", "500 problems"
+
+
+def _retrieval() -> tuple[str, str]:
+    from ..envs.retrieval import CORPUS_DIR
+
+    return (f"bundled sample: {CORPUS_DIR} (CC0, fictional towns)",
+            f"{_count_lines(CORPUS_DIR / 'questions.jsonl'):,} questions, {_count_lines(CORPUS_DIR / 'corpus.jsonl'):,} documents")
+
+
 _SOURCES = {"agentfly/Chess-v0": _chess, "agentfly/ALFWorld-v0": _alfworld, "agentfly/WebShop-v0": _webshop,
-            "agentfly/ScienceWorld-v0": _scienceworld, "agentfly/R2EGym-v0": _r2egym}
+            "agentfly/ScienceWorld-v0": _scienceworld, "agentfly/R2EGym-v0": _r2egym,
+            "agentfly/CodeInterpreter-v0": _code_interpreter, "agentfly/Retrieval-v0": _retrieval}
 
 
 def env_data_source(env_id: str) -> tuple[str, str]:

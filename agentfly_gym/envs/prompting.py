@@ -98,17 +98,25 @@ class AgentPrompt:
         first_user_template: format of the first user message; ``{observation}`` is replaced
             by the reset observation.
         turn_user_template: format of later user messages; ``{observation}`` is the step observation.
+        tools: OpenAI function schemas the model may call natively (rendered by the chat template's ``tools=``;
+            see :mod:`agentfly_gym.tools`); empty for environments whose actions are text.
     """
 
     system: str
     first_user_template: str = "{observation}"
     turn_user_template: str = "{observation}"
+    tools: tuple = ()
 
     def first_message(self, observation: str) -> str:
         return self.first_user_template.format(observation=observation)
 
     def turn_message(self, observation: str) -> str:
         return self.turn_user_template.format(observation=observation)
+
+    def turn_messages(self, observation: str, info: dict | None = None) -> list[dict]:
+        """The messages that carry a step's observation to the model: one user message (:meth:`turn_message`);
+        a tool environment's prompt returns the step's ``role: "tool"`` messages instead."""
+        return [{"role": "user", "content": self.turn_message(observation)}]
 
     def parse_action(self, text: str) -> str:
         """The action in ``text`` (see :func:`extract_action`)."""

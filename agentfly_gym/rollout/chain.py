@@ -77,7 +77,8 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
                     {"role": "user", "content": prompt.first_message(obs)}]
         traj = Trajectory(trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id or "",
                           env_id=env_id or env.env_name, task_id=str(info.get("task_id", "")), seed=seed,
-                          mode="chain", prompt_ids=list(chat.prompt_ids(messages)))
+                          mode="chain", prompt_ids=list(chat.prompt_ids(messages, tools=prompt.tools) if prompt.tools
+                                                      else chat.prompt_ids(messages)))
         traj.messages = messages
         terminated = truncated = budget = False
         try:
@@ -98,9 +99,9 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
                 if turn_idx == max_turns - 1:
                     truncated = True
                     break
-                user = {"role": "user", "content": prompt.turn_message(obs)}
-                messages.append(user)
-                traj.extend(chat.append_ids([user]), 0)
+                new = prompt.turn_messages(obs, info)  # a user message; a tool env's role "tool" messages
+                messages.extend(new)
+                traj.extend(chat.append_ids(new, tools=prompt.tools) if prompt.tools else chat.append_ids(new), 0)
         except Exception as e:
             if not keep_on_error:
                 raise

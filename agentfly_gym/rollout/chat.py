@@ -42,10 +42,17 @@ observation turn), and when no candidate is clean :meth:`ChatTokenizer.append_id
 system message of a chain stays where the initial prompt put it (the first user turn); a fresh
 render of the whole conversation would move it to the last user turn, which no incremental
 scheme can do without re-rendering the past (:attr:`ChatTokenizer.system_moves` says so).
+
+Native tool calling (:mod:`agentfly_gym.tools`): :meth:`ChatTokenizer.prompt_ids` and
+:meth:`ChatTokenizer.append_ids` take ``tools`` (OpenAI function schemas), passed to the template as its
+``tools`` variable in every render (the dummies' too), and ``role: "tool"`` result messages are appended like
+any observation message.  A template that ignores ``tools`` (:attr:`ChatTokenizer.renders_tools` False) gets them
+described in the system message instead (:meth:`ChatTokenizer.with_tools`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -64,6 +71,10 @@ _MARK = "AFGdummyReply"  # the dummy assistant content, located in renders by th
 _SYSTEM_ALT = "Answer as a careful agent."
 _USER_ALT = "Good morning!"
 _MARK_ALT = "AFGotherReply"
+
+
+def _tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
+    return json.dumps(list(tools), sort_keys=True, default=str) if tools else ""
 
 
 class ChatTokenizer:
@@ -118,8 +129,9 @@ class ChatTokenizer:
         without = [("user", "assistant"), ("assistant",)]
         self._dummy_roles = with_system + without if system_prompt_in_dummy else without + with_system
         self._dummies = [self._conversation(r, _SYSTEM, _USER) for r in self._dummy_roles]
-        self._dummy_cache: dict[tuple[int, int], tuple[str, int] | None] = {}
-        self._clean: dict[tuple[int, tuple[Any, ...], bool], bool] = {}
+        self._dummy_cache: dict[tuple[int, int, str], tuple[str, int] | None] = {}
+        self._clean: dict[tuple[int, tuple[Any, ...], bool, str], bool] = {}
+        self._renders_tools: bool | None = None
         self._order = list(range(len(self._dummies)))
         self.eot_token_id, self.eot_token = self._find_eot()
         self._self_check()
@@ -127,20 +139,28 @@ class ChatTokenizer:
 
     # ------------------------------------------------------------------ public API
 
-    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
-        """The chat template's text for ``messages`` (``apply_chat_template(..., tokenize=False)``)."""
+    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False,
+               tools: Sequence[dict[str, Any]] | None = None) -> str:
+        """The chat template's text for ``messages`` (``apply_chat_template(..., tokenize=False)``), with
+        ``tools`` (OpenAI function schemas) passed as the template's ``tools`` when given."""
+        extra = {"tools": list(tools)} if tools else {}
         return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
                                                   add_generation_prompt=add_generation_prompt,
-                                                  **self.chat_template_kwargs)
+                                                  **self.chat_template_kwargs, **extra)
 
-    def prompt_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+    def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of ``messages`` rendered with the generation prompt.
 
         Exactly ``tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-        tokenize=True)`` (as a flat ``list[int]``, length = prompt tokens).
+        tokenize=True, tools=tools)`` (as a flat ``list[int]``, length = prompt tokens).  For a template that
+        ignores ``tools`` (:attr:`renders_tools` False, e.g. SmolLM2's), the tools are described in the system
+        message instead, in the Hermes ``<tool_call>`` format (:func:`agentfly_gym.tools.hermes_tool_prompt`, as
+        Qwen's templates write it).
         """
+        messages = self.with_tools(messages, tools)
+        extra = {"tools": list(tools)} if tools else {}
         out = self.tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True,
-                                                 return_dict=False, **self.chat_template_kwargs)
+                                                 return_dict=False, **self.chat_template_kwargs, **extra)
         if isinstance(out, dict) or hasattr(out, "input_ids"):
             out = out["input_ids"]
         return [int(t) for t in out]
@@ -157,9 +177,41 @@ class ChatTokenizer:
             return []
         return [self.eot_token_id]
 
-    def append_ids(self, new_messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders ``tools=`` (False: it ignores them, and :meth:`prompt_ids` describes the
+        tools in the system message)."""
+        if self._renders_tools is None:
+            probe = [{"type": "function", "function": {"name": "afg_probe_tool", "description": "probe",
+                                                        "parameters": {"type": "object", "properties": {}}}}]
+            conv = [{"role": "user", "content": _USER}]
+            try:
+                self._renders_tools = self.render(conv, True, probe) != self.render(conv, True)
+            except Exception:  # noqa: BLE001  (a template that rejects tools renders none)
+                self._renders_tools = False
+        return self._renders_tools
+
+    def with_tools(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """``messages`` as :meth:`prompt_ids` renders them with ``tools``: unchanged when there are none or the
+        template renders them, else with the tools described at the end of the system message (one is added
+        first where there is none)."""
+        messages = [dict(m) for m in messages]
+        if not tools or self.renders_tools:
+            return messages
+        from ..tools.formats import hermes_tool_prompt
+
+        text = hermes_tool_prompt(tools)
+        if messages and messages[0].get("role") == "system":
+            messages[0]["content"] = f"{messages[0].get('content') or ''}\n\n{text}".lstrip("\n")
+        else:
+            messages.insert(0, {"role": "system", "content": text})
+        return messages
+
+    def append_ids(self, new_messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                   tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """The ids that follow a CLOSED assistant turn (after its end-of-turn token) when
-        ``new_messages`` (user / tool messages) are appended.
+        ``new_messages`` (user / tool messages) are appended; ``tools`` as given to :meth:`prompt_ids`
+        (the renders include them, so a template that places them by the last message is followed).
 
         Includes the template's boundary tokens right after the end-of-turn token (ChatML's
         ``"\\n"``), the rendered messages and, if ``add_generation_prompt``, the next
@@ -179,7 +231,7 @@ class ChatTokenizer:
         if "assistant" in roles:
             raise TokenizationError(f"append_ids appends observation messages (user/tool/system), got roles {roles}; "
                                     "assistant turns are appended as sampled ids (or action_ids)")
-        return self.encode(self._remainder(new, add_generation_prompt))
+        return self.encode(self._remainder(new, add_generation_prompt, tools or None))
 
     def action_ids(self, text: str) -> list[int]:
         """Ids of an assistant reply given as text (a scripted policy's action): the content
@@ -223,14 +275,14 @@ class ChatTokenizer:
             return self._dummies[k]
         return self._conversation(self._dummy_roles[k], _SYSTEM_ALT, _USER_ALT, _MARK_ALT)
 
-    def _dummy(self, k: int, variant: int = 0) -> tuple[str, int] | None:
-        """Render of dummy ``k`` (placeholder texts ``variant``; no generation prompt) and the
+    def _dummy(self, k: int, variant: int = 0, tools: Sequence[dict[str, Any]] | None = None) -> tuple[str, int] | None:
+        """Render of dummy ``k`` (placeholder texts ``variant``; no generation prompt; with ``tools``) and the
         offset right after its assistant's end-of-turn token (-1 if absent); None where the
         template rejects it."""
-        key = (k, variant)
+        key = (k, variant, _tools_key(tools))
         if key not in self._dummy_cache:
             try:
-                text = self.render(self._dummy_conv(k, variant))
+                text = self.render(self._dummy_conv(k, variant), False, tools)
             except Exception as e:  # noqa: BLE001  (a template may reject a dummy, e.g. no user turn)
                 log.debug("chat template rejects dummy %d: %s", k, e)
                 self._dummy_cache[key] = None
@@ -241,17 +293,18 @@ class ChatTokenizer:
             self._dummy_cache[key] = (text, pos + len(self.eot_token) if pos >= 0 else -1)
         return self._dummy_cache[key]
 
-    def _suffix(self, k: int, variant: int, new: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def _suffix(self, k: int, variant: int, new: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: Sequence[dict[str, Any]] | None = None) -> str:
         """The text after dummy ``k``'s end-of-turn token in the render of dummy + ``new``.
 
         Raises:
             ValueError: the dummy's render is not a prefix of the extended render (or is rejected).
         """
-        d = self._dummy(k, variant)
+        d = self._dummy(k, variant, tools)
         if d is None or d[1] < 0:
             raise ValueError("the template rejects this dummy or renders no end-of-turn token after its reply")
         prefix, cut = d
-        full = self.render(self._dummy_conv(k, variant) + new, add_generation_prompt)
+        full = self.render(self._dummy_conv(k, variant) + new, add_generation_prompt, tools)
         if not full.startswith(prefix):
             raise ValueError(f"render of the conversation {prefix[-60:]!r} is not a prefix of its extension "
                              f"{full[max(0, len(prefix) - 60):len(prefix) + 20]!r}")
@@ -272,21 +325,22 @@ class ChatTokenizer:
         raise TokenizationError("cannot find the assistant end-of-turn token: no special token follows the content of "
                                 "an assistant message in the chat template's render")
 
-    def _remainder(self, new: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def _remainder(self, new: list[dict[str, Any]], add_generation_prompt: bool,
+                   tools: Sequence[dict[str, Any]] | None = None) -> str:
         errors = []
         signature = (tuple(m.get("role") for m in new), add_generation_prompt)
         for k in list(self._order):
             name = "+".join(self._dummy_roles[k])
             try:
-                rem = self._suffix(k, 0, new, add_generation_prompt)
+                rem = self._suffix(k, 0, new, add_generation_prompt, tools)
             except Exception as e:  # noqa: BLE001  (a template error or a prefix mismatch: try the next dummy)
                 errors.append(f"dummy {name}: {type(e).__name__}: {e}")
                 continue
-            key = (k, signature[0], add_generation_prompt)
+            key = (k, signature[0], add_generation_prompt, _tools_key(tools))
             if key not in self._clean:
                 # Same roles, other placeholder texts: a clean suffix holds nothing of the dummy.
                 try:
-                    self._clean[key] = self._suffix(k, 1, new, add_generation_prompt) == rem
+                    self._clean[key] = self._suffix(k, 1, new, add_generation_prompt, tools) == rem
                 except Exception:  # noqa: BLE001
                     self._clean[key] = False
             if not self._clean[key]:

@@ -136,7 +136,8 @@ def fit_step_prompt(chat, env: AgentFlyEnv, task_obs: str, history: Sequence[tup
     shown = min(history_len, len(history))
     while True:
         messages = render_step_prompt(env, task_obs, history, current_obs, step, shown)
-        ids = list(chat.prompt_ids(messages))
+        tools = env.agent_prompt.tools
+        ids = list(chat.prompt_ids(messages, tools=tools) if tools else chat.prompt_ids(messages))
         if max_prompt_tokens is None or len(ids) <= max_prompt_tokens or shown == 0:
             break
         shown -= 1

@@ -94,7 +94,10 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
     """
     from agentfly_gym.registration import normalize_env_id
 
+    # a user's "package.module:make_env" stays in the rows, so that every worker process registers the env again
+    row_env_id = env_id if ":" in env_id else None
     env_id = normalize_env_id(env_id)
+    row_env_id = row_env_id or env_id
     if mode not in AGENT_NAMES:
         raise ConfigError(f"mode={mode!r} is not one of {list(AGENT_NAMES)}")
     for name, v, lo in (("max_turns", max_turns, 1), ("history", history, 0)):
@@ -136,7 +139,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
                                                    "when the episode starts."}],
             "ability": "agent",
             "reward_model": {"style": "env", "ground_truth": task},
-            "extra_info": {"index": i, "env_id": env_id, "seed": seed + i, "task_id": task, "split": split or "",
+            "extra_info": {"index": i, "env_id": row_env_id, "seed": seed + i, "task_id": task, "split": split or "",
                            "reset_options": options_json, "env_kwargs": kwargs_json, "mode": mode,
                            "max_turns": max_turns, "history": history},
         })
