@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import secrets
 import statistics
 import time
 from pathlib import Path
@@ -38,9 +39,13 @@ class RolloutConfig:
         env_ids: registered env ids (short names accepted); groups alternate between them.
         num_trajectories: total trajectories.
         group_size: trajectories per group; a group shares one task (same reset seed), as GRPO needs.
+            ``num_trajectories`` must be a multiple of it (a smaller last group would bias its advantages
+            silently), unless ``allow_partial_group``.
         concurrency: most trajectories in flight at once.
         max_turns: most policy turns per trajectory.
-        seed: group g resets with seed ``seed + g``.
+        seed: group g resets with seed ``seed + g``.  None (the default): each :func:`run_rollouts` call draws
+            a fresh seed (recorded in ``summary["config"]["seed"]``), so calling it again in a training loop
+            plays new tasks; an int replays the same tasks.
         sampling: sampling parameters for model policies.
         max_context_tokens: token budget per chain (see :func:`run_chain_episode`).
         env_kwargs: per env id (full id), constructor kwargs.
@@ -52,6 +57,7 @@ class RolloutConfig:
             :mod:`agentfly_gym.rollout.outputs`, which also keeps a second process out of the folder.
         reward: an episode reward from configuration (``"judge:..."``, ``"MODULE:FUNCTION"`` or an
             :class:`~agentfly_gym.rewards.configured.EpisodeReward`; see that module), or None: the env's return.
+        allow_partial_group: let the last group be smaller than ``group_size``.
     """
 
     env_ids: list[str]
@@ -59,7 +65,7 @@ class RolloutConfig:
     group_size: int = 1
     concurrency: int = 8
     max_turns: int = 10
-    seed: int = 0
+    seed: int | None = None
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     max_context_tokens: int | None = None
     env_kwargs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -68,6 +74,7 @@ class RolloutConfig:
     output_dir: str | Path | None = None
     reward: Any = None
     if_exists: str = "fail"
+    allow_partial_group: bool = False
 
     def __post_init__(self) -> None:
         if not self.env_ids:
@@ -78,6 +85,12 @@ class RolloutConfig:
                           ("concurrency", self.concurrency), ("max_turns", self.max_turns)):
             if not isinstance(val, int) or val < 1:
                 raise ConfigError(f"{name}={val!r} must be an integer >= 1")
+        if self.num_trajectories % self.group_size and not self.allow_partial_group:
+            raise ConfigError(f"num_trajectories={self.num_trajectories} is not a multiple of group_size={self.group_size}: "
+                              f"the last group would hold {self.num_trajectories % self.group_size}; pass a multiple, or "
+                              "allow_partial_group=True")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ConfigError(f"seed={self.seed!r} must be an integer or None (a fresh seed per run)")
         if self.if_exists not in IF_EXISTS:
             raise ConfigError(f"if_exists={self.if_exists!r} is not one of {IF_EXISTS}")
         if self.mode not in MODES:
@@ -102,8 +115,18 @@ class RolloutResult:
     paths: dict[str, Path] = dataclasses.field(default_factory=dict)
 
 
+#: Share of trajectories whose configured reward failed (``reward_error``) above which the summary warns.
+REWARD_ERROR_WARN_SHARE = 0.5
+
+
 def summarize(trajectories: list[Trajectory], wall_s: float, manager: ResourceManager | None = None) -> dict[str, Any]:
-    """Counts, success, mean reward, turns, tokens, wall time, trajectories/s, and per-pool resource metrics."""
+    """Counts, success, mean reward, turns, tokens, wall time, trajectories/s, and per-pool resource metrics.
+
+    Also ``reward_errors`` (trajectories whose configured reward gave no score: ``reward_error`` set),
+    ``reply_truncated`` (trajectories whose last reply was cut at ``max_tokens``) and ``warnings`` (a list
+    of sentences; one when more than :data:`REWARD_ERROR_WARN_SHARE` of the trajectories have a
+    ``reward_error``: their rewards are defaults, not judgements; it is logged at WARNING too).
+    """
     n = len(trajectories)
     per_env: dict[str, dict[str, Any]] = {}
     for env_id in sorted({t.env_id for t in trajectories}):
@@ -121,6 +144,9 @@ def summarize(trajectories: list[Trajectory], wall_s: float, manager: ResourceMa
         "sampled_tokens": sum(t.num_sampled_tokens for t in trajectories),
         "total_tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in trajectories),
         "errors": sum(1 for t in trajectories if t.error),
+        "reward_errors": sum(1 for t in trajectories if getattr(t, "reward_error", None)),
+        "reply_truncated": sum(1 for t in trajectories if getattr(t, "reply_truncated", False)),
+        "warnings": [],
         "wall_s": wall_s,
         "trajectories_per_s": n / wall_s if wall_s > 0 else 0.0,
         "generate_s": sum(t.timings.get("generate", 0.0) for t in trajectories),
@@ -136,6 +162,12 @@ def summarize(trajectories: list[Trajectory], wall_s: float, manager: ResourceMa
             "pools": pools,
         },
     }
+    if n and summary["reward_errors"] > REWARD_ERROR_WARN_SHARE * n:
+        first = next(t.reward_error for t in trajectories if getattr(t, "reward_error", None))
+        msg = (f"the configured reward gave no score for {summary['reward_errors']} of {n} trajectories: their rewards "
+               f"are defaults, not judgements (first: {first})")
+        summary["warnings"].append(msg)
+        log.warning("%s", msg)
     return summary
 
 
@@ -215,6 +247,8 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
         OutputExistsError, OutputBusyError, ConfigError: see :func:`check_config`.
     """
     check_config(config)
+    if config.seed is None:  # a fresh seed per call: a training loop calling again plays new tasks
+        config = dataclasses.replace(config, seed=secrets.randbelow(2**31))
     with run_output(config.output_dir, config.if_exists, mode=config.mode) as out:
         return await _run_locked(config, policy, chat, out, manager=manager, progress=progress)
 
