@@ -2,7 +2,8 @@
 
 Trains a causal LM with TRL's ``GRPOTrainer(rollout_func=AgentFlyRollout(...))``, rollouts sampled with the
 weights being trained, and records per step: mean reward, success, KL, loss, grad norm, clipped ratio and
-seconds per step (rollout and whole step) to ``train_grpo.json`` and a plot ``train_grpo.png``.
+seconds per step (rollout and whole step) to ``train_grpo.json`` and a plot ``train_grpo.png`` in ``--out``
+(benchmarks/results by default).
 
     python benchmarks/train_grpo.py --steps 2                       # CPU, the bundled SmolLM2-135M
     python benchmarks/train_grpo.py --model Qwen/Qwen3-1.7B --device cuda --steps 50 --env ALFWorld-v0 \
@@ -13,13 +14,17 @@ Needs ``pip install 'agentfly-gym[trl]'``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental by TRL
 
@@ -43,20 +48,21 @@ def build_trainer(model: Any, tokenizer: Any, rollout: Any, train_dataset: Any, 
                        train_dataset=train_dataset, rollout_func=rollout, args=args, callbacks=callbacks)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2", help="a model folder or hub name; smollm2: the bundled model")
-    ap.add_argument("--env", default="Chess-v0")
-    ap.add_argument("--tasks", type=int, default=8, help="data-set rows (tasks drawn from seeds 0..N-1)")
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--num-generations", type=int, default=2)
-    ap.add_argument("--max-turns", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=24)
-    ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--beta", type=float, default=0.04)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default="runs/train_grpo")
-    a = ap.parse_args(argv)
+def main(argv: list[str] | None = None) -> int:
+    p = C.base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2", help="a model folder or hub name; smollm2: the bundled model")
+    p.add_argument("--env", default="Chess-v0")
+    p.add_argument("--tasks", type=int, default=8, help="data-set rows (tasks drawn from seeds 0..N-1)")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--num-generations", type=int, default=2)
+    p.add_argument("--max-turns", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--device", default="cpu")
+    a = p.parse_args(argv)
+    C.setup_env_vars()
+    res = C.Result("train_grpo", a)
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -70,14 +76,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         path = str(smollm2_dir())
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if a.device == "cpu" else torch.bfloat16)
-    rollout = AgentFlyRollout(max_turns=a.max_turns, max_tokens=a.max_tokens, seed=0)
+    rollout = AgentFlyRollout(max_turns=a.max_turns, max_tokens=a.max_tokens, seed=a.seed)
     timing: dict[str, float] = {}
-    inner = rollout.__call__
 
     def timed(prompts, trainer):  # the rollout's own time per step
         t0 = time.perf_counter()
         try:
-            return inner(prompts, trainer)
+            return rollout(prompts, trainer)
         finally:
             timing["rollout_s"] = time.perf_counter() - t0
 
@@ -97,38 +102,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 self.t0 = now
 
     rec = Record()
-    trainer = build_trainer(model, tokenizer, timed, task_dataset(a.env, n=a.tasks, seed=0), out_dir=a.out,
-                            steps=a.steps, num_generations=a.num_generations, learning_rate=a.lr, beta=a.beta,
-                            device=a.device, callbacks=[rec])
+    steps = C.scaled(a.steps, a.scale)
+    trainer = build_trainer(model, tokenizer, timed, task_dataset(a.env, n=max(a.tasks, steps), seed=a.seed),
+                            out_dir=Path(a.out) / "train_grpo_trainer", steps=steps, num_generations=a.num_generations,
+                            learning_rate=a.lr, beta=a.beta, device=a.device, callbacks=[rec])
     try:
         trainer.train()
     finally:
         rollout.close()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"model": a.model, "env": a.env, "device": a.device, "num_generations": a.num_generations,
-              "max_turns": a.max_turns, "max_tokens": a.max_tokens, "steps": rec.steps}
-    (out / "train_grpo.json").write_text(json.dumps(result, indent=1))
-    try:
-        import matplotlib
+    res.data.update({"model": a.model, "env": a.env, "device": a.device, "num_generations": a.num_generations,
+                     "max_turns": a.max_turns, "max_tokens": a.max_tokens, "results": rec.steps})
+    for s in rec.steps:
+        print(json.dumps(s))
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    def plot(res: C.Result) -> None:
+        fig, axes = C.subplots(1, 3, figsize=(12, 3.2))
         xs = [s["step"] for s in rec.steps]
         for ax, key in zip(axes, ("reward", "kl", "step_s")):
             ax.plot(xs, [s[key] if s[key] is not None else math.nan for s in rec.steps], marker="o")
             ax.set_title(key)
             ax.set_xlabel("step")
-        fig.tight_layout()
-        fig.savefig(out / "train_grpo.png", dpi=100)
-    except ImportError:
-        pass
-    for s in rec.steps:
-        print(json.dumps(s))
-    return result
+        C.save_figure(res, fig)
+
+    return C.finish(res, plot)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
