@@ -31,9 +31,10 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked
 
 def build_trainer(model: Any, tokenizer: Any, rollout: Any, train_dataset: Any, *, out_dir: str | Path,
                   steps: int, num_generations: int, learning_rate: float = 1e-5, beta: float = 0.04,
-                  device: str = "cpu", callbacks: list | None = None) -> Any:
+                  device: str = "cpu", callbacks: list | None = None, reward_funcs: list | None = None) -> Any:
     """A ``GRPOTrainer`` over ``train_dataset`` with ``rollout`` as its ``rollout_func``: one prompt (task) per
-    step, ``num_generations`` episodes of it (a GRPO group), one optimizer step per generation batch."""
+    step, ``num_generations`` episodes of it (a GRPO group), one optimizer step per generation batch; rewards
+    ``reward_funcs`` (default: the bridge's ``env_return`` and ``env_success``)."""
     from trl import GRPOConfig, GRPOTrainer
 
     from agentfly_gym.bridges.trl import env_return, env_success
@@ -44,7 +45,7 @@ def build_trainer(model: Any, tokenizer: Any, rollout: Any, train_dataset: Any, 
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=device == "cpu", bf16=False,
         gradient_checkpointing=False, shuffle_dataset=False, temperature=1.0, seed=0, disable_tqdm=True,
         dataloader_num_workers=0)
-    return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[env_return, env_success],
+    return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_funcs or [env_return, env_success],
                        train_dataset=train_dataset, rollout_func=rollout, args=args, callbacks=callbacks)
 
 

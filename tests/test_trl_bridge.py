@@ -76,6 +76,11 @@ def _forward_logprobs(model, prompt_ids, ids):
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(list(ids))[:, None])[:, 0].tolist()
 
 
+def sampled_tokens(completions, env_mask=None, completion_ids=None, **kwargs):
+    """A TRL reward function: sampled tokens / 100 (varies within a group, unlike the env return here)."""
+    return [len(c) / 100 for c in completion_ids]
+
+
 @pytest.mark.slow
 def test_grpo_steps_through_trl_on_cpu(tmp_path):
     """Two GRPO steps of SmolLM2-135M on Chess puzzles through TRL's GRPOTrainer with rollout_func: the
@@ -89,7 +94,7 @@ def test_grpo_steps_through_trl_on_cpu(tmp_path):
     path = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    rollout = AgentFlyRollout(max_turns=2, max_tokens=12, seed=0, concurrency=2)
+    rollout = AgentFlyRollout(max_turns=1, max_tokens=12, seed=0, concurrency=2)
     gaps: list[float] = []
     seen: list[dict] = []
 
@@ -106,21 +111,22 @@ def test_grpo_steps_through_trl_on_cpu(tmp_path):
     logs: list[dict] = []
 
     class Keep(TrainerCallback):
-        def on_log(self, args, state, control, logs_=None, **kw):
-            pass
-
-        def on_log(self, args, state, control, logs=None, **kw):  # noqa: F811
+        def on_log(self, args, state, control, logs=None, **kw):
             if logs and "loss" in logs:
-                logs_list.append(dict(logs))
+                kept.append(dict(logs))
 
-    logs_list = logs
+    kept = logs
     probe_prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Your move?"}], tokenize=True,
                                                  add_generation_prompt=True, return_dict=False)
     probe = tokenizer("e2e4 is my move.")["input_ids"]
     before = _forward_logprobs(model, probe_prompt, probe)
     trainer = _example().build_trainer(model, tokenizer, checked, task_dataset("Chess-v0", n=4, seed=0),
                                        out_dir=tmp_path, steps=2, num_generations=2, learning_rate=1e-4,
-                                       callbacks=[Keep()])
+                                       callbacks=[Keep()],
+                                       # the bundled model never solves a puzzle, so the env return alone gives
+                                       # every group zero advantage and no update; a reward on the sampled
+                                       # tokens (differing within a group) makes the step move the weights
+                                       reward_funcs=[env_return, env_success, sampled_tokens])
     try:
         trainer.train()
     finally:
@@ -130,7 +136,7 @@ def test_grpo_steps_through_trl_on_cpu(tmp_path):
     assert gaps and max(gaps) < 1e-3, max(gaps)  # sampled with the live weights, no re-tokenization
     for entry in logs:
         for key in ("loss", "kl", "grad_norm"):
-            assert math.isfinite(entry[key]), (key, entry)
+            assert math.isfinite(float(entry[key])), (key, entry)
     assert max(abs(a - b) for a, b in zip(before, after)) > 1e-4
     for out in seen:
         assert all(len(c) == len(m) == len(lp) for c, m, lp in zip(out["completion_ids"], out["env_mask"],
