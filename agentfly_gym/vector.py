@@ -43,23 +43,55 @@ def _load(entry_point: str) -> Callable[..., AgentFlyEnv]:
     return load_object(entry_point, what="entry point")
 
 
+def _is_scalar(value: Any) -> bool:
+    return type(value) in (int, float, bool) or isinstance(value, np.number)
+
+
+def _add_info(out: dict[str, Any], info: dict[str, Any], i: int, n: int) -> dict[str, Any]:
+    """Add sub-env ``i``'s ``info`` to the batched ``out`` (``n`` entries), as Gymnasium 1.x's
+    ``VectorEnv._add_info`` does: per key an array of length ``n`` and a boolean mask ``_key``; a dict
+    value (``final_info`` under ``SAME_STEP``) is batched recursively into a dict of arrays with its own
+    masks; ``final_obs`` is an object array.  Beyond Gymnasium, values of mixed types in one key turn the
+    array into an object array instead of failing (text envs report e.g. ``error`` as None or a str)."""
+    for key, value in info.items():
+        if key == "final_obs":
+            arr = out.get(key)
+            if arr is None:
+                arr = np.full(n, None, dtype=object)
+            arr[i] = value
+        elif isinstance(value, dict):
+            arr = _add_info(out.get(key, {}), value, i, n)
+        else:
+            arr = out.get(key)
+            if arr is None:
+                if _is_scalar(value):
+                    arr = np.zeros(n, dtype=type(value))
+                elif isinstance(value, np.ndarray):
+                    arr = np.zeros((n, *value.shape), dtype=value.dtype)
+                else:
+                    arr = np.full(n, None, dtype=object)
+            if arr.dtype != object:
+                fits = _is_scalar(value) if arr.ndim == 1 else (
+                    isinstance(value, np.ndarray) and value.shape == arr.shape[1:])
+                if not fits:
+                    old, arr = arr, np.full(n, None, dtype=object)
+                    for j in np.flatnonzero(out[f"_{key}"]):
+                        arr[j] = old[j]
+            arr[i] = value
+        mask = out.get(f"_{key}")
+        if mask is None:
+            mask = np.zeros(n, dtype=np.bool_)
+        mask[i] = True
+        out[key], out[f"_{key}"] = arr, mask
+    return out
+
+
 def _batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Gymnasium's vector info format: per key an array of length n plus a boolean mask ``_key``."""
-    n = len(infos)
+    """Gymnasium's vector info format (see :func:`_add_info`): per key an array of length n plus a
+    boolean mask ``_key``; nested dicts (``final_info``) as dicts of such arrays."""
     out: dict[str, Any] = {}
     for i, info in enumerate(infos):
-        for key, value in info.items():
-            if key not in out:
-                if type(value) in (int, float, bool) or isinstance(value, np.number):
-                    out[key] = np.zeros(n, dtype=type(value))
-                else:
-                    out[key] = np.full(n, None, dtype=object)
-                out[f"_{key}"] = np.zeros(n, dtype=np.bool_)
-            arr = out[key]
-            if arr.dtype != object and not (type(value) in (int, float, bool) or isinstance(value, np.number)):
-                arr = out[key] = arr.astype(object)
-            arr[i] = value
-            out[f"_{key}"][i] = True
+        _add_info(out, info, i, len(infos))
     return out
 
 
@@ -71,7 +103,9 @@ class AsyncTextVectorEnv(VectorEnv):
         autoreset_mode: a :class:`gymnasium.vector.AutoresetMode` (or its value):
             ``NEXT_STEP`` (default): the step after an episode ends resets that sub-env (its
             action is ignored, reward 0); ``SAME_STEP``: the ending step returns the reset
-            observation and puts the last one in ``infos["final_obs"]`` / ``infos["final_info"]``;
+            observation and puts the last one in ``infos["final_obs"]`` (object array) and its info in
+            ``infos["final_info"]`` (a dict of arrays with ``_key`` masks, as Gymnasium 1.x batches it;
+            ``infos["_final_info"]`` marks the sub-envs that ended);
             ``DISABLED``: call ``reset(options={"reset_mask": mask})`` yourself.
 
     Observations are tuples of ``str`` (length ``num_envs``, or the number of ready envs
@@ -104,6 +138,7 @@ class AsyncTextVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.render_mode = self.envs[0].render_mode
         self._needs_reset = np.ones(self.num_envs, dtype=np.bool_)
+        self._obs: list[str] = [""] * self.num_envs  # each sub-env's current observation ("" before its reset)
         self._pending: dict[int, asyncio.Task] = {}
         self.closed = False
 
@@ -132,8 +167,13 @@ class AsyncTextVectorEnv(VectorEnv):
 
         Args:
             seed: one int (sub-env i gets ``seed + i``), a sequence of ``num_envs`` seeds, or None.
-            options: passed to every sub-env; ``options["reset_mask"]`` (bool array) resets only
-                those sub-envs (the others keep their observation, returned as ``""``).
+            options: passed to every sub-env; ``options["reset_mask"]`` (bool array, shape ``(num_envs,)``)
+                resets only those sub-envs; the others are returned with their current observation (as
+                Gymnasium's vector envs do; ``""`` for one never reset) and no info (mask ``_key`` False).
+
+        Raises:
+            ConfigError: ``reset_mask`` has the wrong shape, or the reset needs more instances of a pool
+                than its cap.
         """
         seeds = self._seeds(seed)
         options = dict(options or {})
@@ -144,12 +184,11 @@ class AsyncTextVectorEnv(VectorEnv):
         idx = [i for i in range(self.num_envs) if mask[i]]
         self._check_capacity(idx)
         results = await asyncio.gather(*(self.envs[i].areset(seed=seeds[i], options=options or None) for i in idx))
-        obs = [""] * self.num_envs
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         for i, (o, info) in zip(idx, results):
-            obs[i], infos[i] = o, info
+            self._obs[i], infos[i] = o, info
             self._needs_reset[i] = False
-        return tuple(obs), _batch_infos(infos)
+        return tuple(self._obs), _batch_infos(infos)
 
     async def astep(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every sub-environment concurrently (with autoreset).  Returns the Gymnasium 5-tuple of batches."""
@@ -173,6 +212,7 @@ class AsyncTextVectorEnv(VectorEnv):
                     raise ConfigError(f"sub-env {env_id} has ended; reset it with options={{'reset_mask': ...}}")
                 obs, info = await env.areset()
                 self._needs_reset[env_id] = False
+                self._obs[env_id] = obs
                 return obs, 0.0, False, False, info
             obs, reward, terminated, truncated, info = await env.astep(action)
         except ModelOutputError as e:  # before ConfigError: a path fault the model caused is not the caller's
@@ -197,12 +237,14 @@ class AsyncTextVectorEnv(VectorEnv):
                 info = dict(info, final_obs=final_obs, final_info=final_info)
             else:
                 self._needs_reset[env_id] = True
+        self._obs[env_id] = obs
         return obs, reward, terminated, truncated, info
 
     async def areset_env(self, env_id: int, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Reset sub-environment ``env_id`` alone."""
         obs, info = await self.envs[env_id].areset(seed=seed, options=options)
         self._needs_reset[env_id] = False
+        self._obs[env_id] = obs
         return obs, info
 
     # ------------------------------------------------------------------ async send / recv (EnvPool style)

@@ -66,6 +66,8 @@ NEEDS: dict[str, Needs] = {
                                        "--port", "{port}", "--max-sessions", "4")),
     'app="echo_env.server.app:app"': Needs(modules=("openenv.core",), slow=True, said="openenv init echo_env",
                                            setup=(("{python}", "-m", "openenv.cli", "init", "echo_env"),)),
+    "GRPOTrainer(": Needs(modules=("trl",), slow=True, timeout=900),
+    "TaskRunner(": Needs(slow=True, timeout=600),
     "build_openenv_image(": Needs(modules=("openenv.core",), docker=True, slow=True, timeout=1800,
                                   said="needs a Docker engine"),
 }

@@ -65,14 +65,16 @@ async def test_status_and_versions_round_trip(tmp_path, chat):
     paths = save_trajectories(list(trajs.values()), tmp_path)
     steps = save_step_rows([trajs["step"]], tmp_path)["steps"]
     for p in (paths["parquet"], paths["jsonl"], steps):
-        assert read_schema_version(p) == SCHEMA_VERSION == 2
-    assert pq.read_schema(paths["parquet"]).metadata[b"agentfly_gym.schema_version"] == b"2"
+        assert read_schema_version(p) == SCHEMA_VERSION == 3
+    assert pq.read_schema(paths["parquet"]).metadata[b"agentfly_gym.schema_version"] == b"3"
     head = json.loads(paths["jsonl"].read_text().splitlines()[0])
-    assert head == {"agentfly_gym_schema": "trajectories", "schema_version": 2}
+    assert head == {"agentfly_gym_schema": "trajectories", "schema_version": 3}
     for p in (paths["parquet"], paths["jsonl"]):
         back = load_trajectories(p)
         assert [b.status for b in back] == list(status.values())
         assert [b.response_ids for b in back] == [t.response_ids for t in trajs.values()]
+        for field in ("reply_truncated", "context_cut", "reward_error"):  # version 3
+            assert [getattr(b, field) for b in back] == [getattr(t, field) for t in trajs.values()]
     rows = load_step_rows(steps)
     assert len(rows) == len(trajs["step"].steps) >= 1 and {r["status"] for r in rows} == {"complete"}
     assert [r["response_ids"] for r in rows] == [s.response_ids for s in trajs["step"].steps]
@@ -105,12 +107,12 @@ async def test_unknown_versions_are_refused_and_version_1_is_read(tmp_path, chat
     (v9 / "trajectories.jsonl").write_text(json.dumps({"agentfly_gym_schema": "trajectories", "schema_version": 9})
                                            + "\n" + "\n".join(lines) + "\n")
     for p in (v9 / "trajectories.parquet", v9 / "trajectories.jsonl"):
-        with pytest.raises(SchemaVersionError, match=r"schema version 9 .*versions \[1, 2\]"):
+        with pytest.raises(SchemaVersionError, match=r"schema version 9 .*versions \[1, 2, 3\]"):
             load_trajectories(p)
     steps = save_step_rows([trajs[3]], tmp_path / "s")["steps"]
     t = pq.read_table(steps)
-    pq.write_table(t.replace_schema_metadata({**t.schema.metadata, b"agentfly_gym.schema_version": b"3"}), steps)
-    with pytest.raises(SchemaVersionError, match="schema version 3"):
+    pq.write_table(t.replace_schema_metadata({**t.schema.metadata, b"agentfly_gym.schema_version": b"9"}), steps)
+    with pytest.raises(SchemaVersionError, match="schema version 9"):
         load_step_rows(steps)
 
 
@@ -141,3 +143,19 @@ def test_long_step_prompts_keep_the_system_prompt(chat):
     assert "current board " + "y " * 9 in chat.tokenizer.decode(ids)
     with pytest.raises(ValueError, match="max_prompt_tokens=1"):
         fit_step_prompt(chat, env, "t", past, current, 4, 3, 1)
+
+
+async def test_version_2_files_read_with_the_version_3_defaults(tmp_path, chat):
+    """A file written before version 3 (no reply_truncated / context_cut / reward_error columns) loads
+    with reply_truncated False, context_cut 0 and reward_error None; step rows with reply_truncated False."""
+    trajs = await _episodes(chat)
+    paths = save_trajectories(list(trajs.values()), tmp_path)
+    new = ["reply_truncated", "context_cut", "reward_error"]
+    table = pq.read_table(paths["parquet"]).drop_columns(new)
+    pq.write_table(table.replace_schema_metadata({b"agentfly_gym.schema_version": b"2"}), tmp_path / "v2.parquet")
+    back = load_trajectories(tmp_path / "v2.parquet")
+    assert [(b.reply_truncated, b.context_cut, b.reward_error) for b in back] == [(False, 0, None)] * len(trajs)
+    steps = save_step_rows([trajs["step"]], tmp_path / "s")["steps"]
+    t = pq.read_table(steps).drop_columns(["reply_truncated"])
+    pq.write_table(t.replace_schema_metadata({**t.schema.metadata, b"agentfly_gym.schema_version": b"2"}), steps)
+    assert {r["reply_truncated"] for r in load_step_rows(steps)} == {False}

@@ -76,6 +76,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         ("sampled tokens", summary["sampled_tokens"]),
         ("total tokens", summary["total_tokens"]),
         ("errors", summary["errors"]),
+        ("reward errors", summary.get("reward_errors", 0)),
         ("wall time (s)", f"{summary['wall_s']:.1f}"),
         ("trajectories / s", f"{summary['trajectories_per_s']:.3f}"),
         ("resource starts", res["started"]),
@@ -180,6 +181,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     for kind, path in result.paths.items():
         print(f"{kind}: {path}")
     s = result.summary
+    for warning in s.get("warnings", []):
+        print(f"agentfly-gym: WARNING: {warning}", file=sys.stderr)
     if s["trajectories"] and s["errors"] == s["trajectories"]:
         first = next(t.error for t in result.trajectories if t.error)
         print(f"agentfly-gym: every trajectory failed; the first error: {first}", file=sys.stderr)

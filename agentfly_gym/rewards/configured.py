@@ -30,6 +30,9 @@ MT-Bench's single-answer grading (Zheng et al., 2023), read by
 ``episode_return``), and records ``env_return``, the reward spec's ``score`` and (judge) the
 ``judge_reply`` in the last turn's ``info``.  A judge that still fails after its retries sets
 ``trajectory.error`` and leaves the env return in place: one bad request never fails the run.
+A judge reply that holds no rating gives the ``default`` reward and says so: ``trajectory.reward_error``
+is set (a WARNING is logged), the run summary counts these (``reward_errors``) and warns when most
+judgements failed (:func:`~agentfly_gym.rollout.summary.summarize`).
 """
 
 from __future__ import annotations
@@ -105,7 +108,9 @@ class EpisodeReward:
     async def apply(self, trajectory: Any, *, manager: Manager) -> Any:
         """Score ``trajectory`` and set its reward in place (see the module docstring); returns it.
 
-        Trajectories that already failed (``error`` set) or have no turn are left as they are.
+        Trajectories that already failed (``error`` set) or have no turn are left as they are.  A score
+        given by default (details ``reward_error``: e.g. a judge reply without a rating) is applied and
+        recorded in ``trajectory.reward_error``; a failed scoring sets both ``error`` and ``reward_error``.
         """
         if trajectory.error or not trajectory.turns:
             return trajectory
@@ -119,7 +124,10 @@ class EpisodeReward:
             log.warning("reward %s failed for trajectory %s: %s: %s", self.spec, trajectory.trajectory_id,
                         type(e).__name__, e)
             trajectory.error = f"reward {self.spec!r} failed: {type(e).__name__}: {e}"
+            trajectory.reward_error = trajectory.error
             return trajectory
+        if details.get("reward_error"):
+            trajectory.reward_error = str(details["reward_error"])
         reward = score if self.combine == "replace" else env_return + self.weight * score
         trajectory.reward = float(reward)
         for row in trajectory.steps:
@@ -192,8 +200,10 @@ class JudgeReward(EpisodeReward):
         reply = await api.chat([{"role": "user", "content": prompt}], max_tokens=self.max_tokens, temperature=0.0)
         score = parse_score(reply)
         if score is None:
-            log.info("judge reply had no rating; reward %.2f: %r", self.default, reply[:200])
-            score = self.default
+            why = (f"the judge's reply holds no rating [[N]] (max_tokens={self.max_tokens}); "
+                   f"reward is the default {self.default:g}")
+            log.warning("trajectory %s: %s: %r", getattr(trajectory, "trajectory_id", ""), why, reply[:200])
+            return self.default, {"judge_reply": reply[:2000], "reward_error": why}
         return score, {"judge_reply": reply[:2000]}
 
 

@@ -37,6 +37,22 @@ def budget_reached(traj: Trajectory, sampling: SamplingParams, max_context_token
     return max_response_tokens is not None and len(traj.response_ids) >= max_response_tokens
 
 
+def _cut_to_cap(traj: Trajectory, max_context_tokens: int | None) -> int:
+    """Drop the mask-0 tokens at the end of ``traj``'s response that take the chain past
+    ``max_context_tokens`` (never a sampled one, nor the prompt), count them in ``traj.context_cut``
+    and return how many were dropped."""
+    if max_context_tokens is None:
+        return 0
+    over = len(traj.prompt_ids) + len(traj.response_ids) - max_context_tokens
+    n = 0
+    while n < over and n < len(traj.response_mask) and traj.response_mask[-1 - n] == 0:
+        n += 1
+    if n:
+        del traj.response_ids[-n:], traj.response_mask[-n:], traj.response_logprobs[-n:]
+        traj.context_cut += n
+    return n
+
+
 async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, chat, *, env_id: str = "",
                             sampling: SamplingParams | None = None, max_turns: int = 10,
                             max_context_tokens: int | None = None, max_response_tokens: int | None = None,
@@ -52,8 +68,12 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
         chat: a :class:`~agentfly_gym.rollout.chat.ChatTokenizer` for the policy's tokenizer.
         sampling: sampling parameters for a TextPolicy.
         max_turns: most policy turns; the episode is truncated after them.
-        max_context_tokens: stop (truncated) when the next turn could exceed this many tokens
-            (prompt + response + ``sampling.max_tokens``); None for no limit.
+        max_context_tokens: a hard cap on the chain (prompt + response tokens) once a turn is taken:
+            stop (truncated, status ``token_budget``) when the next turn could exceed it (prompt + response
+            + ``sampling.max_tokens``), and cut what the chain appends without sampling (an observation
+            message, the end-of-turn id closing a reply) at the cap, counting the tokens left out in
+            ``context_cut``.  A first prompt already longer than the cap is kept whole and the episode ends
+            before its first turn.  None for no limit.
         max_response_tokens: stop (truncated) before a turn once the response holds at least this
             many tokens (a trainer's response budget; the policy caps each reply to what is left);
             None for no limit.
@@ -91,6 +111,7 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
                                                                    sampling, obs, info, env)
                 gen_s = time.monotonic() - t0
                 append_reply(traj, chat, sampled, logprobs)
+                _cut_to_cap(traj, max_context_tokens)
                 messages.append({"role": "assistant", "content": reply})
                 _, obs, _, terminated, truncated, info = await act_and_record(env, traj, reply, sampled, finish,
                                                                               gen_s)
@@ -102,6 +123,9 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
                 new = prompt.turn_messages(obs, info)  # a user message; a tool env's role "tool" messages
                 messages.extend(new)
                 traj.extend(chat.append_ids(new, tools=prompt.tools) if prompt.tools else chat.append_ids(new), 0)
+                if _cut_to_cap(traj, max_context_tokens):
+                    truncated = budget = True  # no room left for another turn
+                    break
         except Exception as e:
             if not keep_on_error:
                 raise

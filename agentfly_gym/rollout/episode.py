@@ -21,6 +21,7 @@ import gymnasium
 
 from ..errors import ConfigError
 from .chain import run_chain_episode
+from .env_needs import policy_env_kwargs
 from .policies.base import ActionPolicy, SamplingParams, TextPolicy
 from .step import DEFAULT_HISTORY, run_step_episode
 from .trajectory import Trajectory
@@ -56,7 +57,8 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
             ``max_prompt_tokens`` apply).  Options of the other mode are ignored.
         manager: the :class:`~agentfly_gym.resources.ResourceManager` backing the env (None: the
             env's default).
-        env_kwargs: constructor keyword arguments of the env.
+        env_kwargs: constructor keyword arguments of the env (plus what ``policy`` needs of it and
+            ``env_kwargs`` leaves unset: :func:`~agentfly_gym.rollout.env_needs.policy_env_kwargs`).
         sampling, max_turns, seed, options, trajectory_id, group_id: as in the mode's function.
         on_error: ``"record"``: an exception is logged (WARNING) and returned as a trajectory with
             ``error="<ExceptionType>: <message>"`` and ``status="error"``: with nothing played when it
@@ -78,7 +80,7 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
     t0 = time.monotonic()
     env = None
     try:
-        env = gymnasium.make(env_id, manager=manager, **(env_kwargs or {})).unwrapped
+        env = gymnasium.make(env_id, manager=manager, **policy_env_kwargs(policy, env_id, env_kwargs)).unwrapped
         common = dict(env_id=env_id, sampling=sampling, max_turns=max_turns, seed=seed, options=options,
                       trajectory_id=trajectory_id, group_id=group_id, keep_on_error=on_error == "record")
         if mode == "chain":

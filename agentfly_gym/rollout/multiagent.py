@@ -214,7 +214,8 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
                 tr.steps.append(StepRow.from_reply(pl.chat, trajectory_id=tr.trajectory_id, group_id=gid,
                                                    step=len(tr.steps), prompt_ids=prompt_ids, sampled=sampled,
                                                    logprobs=logprobs, reward=rewards[agent], anchor_obs=obs,
-                                                   action=action, done=terminated or truncated))
+                                                   action=action, done=terminated or truncated,
+                                                   finish_reason=finish))
                 pl.past.append((action, new_obs))
             for a, r in rewards.items():
                 players[a].traj.reward += r

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,13 @@ class RolloutConfig:
         env_ids: registered env ids (short names accepted); groups alternate between them.
         num_trajectories: total trajectories.
         group_size: trajectories per group; a group shares one task (same reset seed), as GRPO needs.
+            ``num_trajectories`` must be a multiple of it (a smaller last group would bias its advantages
+            silently), unless ``allow_partial_group``.
         concurrency: most trajectories in flight at once.
         max_turns: most policy turns per trajectory.
-        seed: group g resets with seed ``seed + g``.
+        seed: group g resets with seed ``seed + g``.  None (the default): each :func:`run_rollouts` call draws
+            a fresh seed (recorded in ``summary["config"]["seed"]``), so calling it again in a training loop
+            plays new tasks; an int replays the same tasks.
         sampling: sampling parameters for model policies.
         max_context_tokens: token budget per chain (see :func:`run_chain_episode`).
         env_kwargs: per env id (full id), constructor kwargs.
@@ -53,6 +58,7 @@ class RolloutConfig:
             :mod:`agentfly_gym.rollout.outputs`, which also keeps a second process out of the folder.
         reward: an episode reward from configuration (``"judge:..."``, ``"MODULE:FUNCTION"`` or an
             :class:`~agentfly_gym.rewards.configured.EpisodeReward`; see that module), or None: the env's return.
+        allow_partial_group: let the last group be smaller than ``group_size``.
     """
 
     env_ids: list[str]
@@ -60,7 +66,7 @@ class RolloutConfig:
     group_size: int = 1
     concurrency: int = 8
     max_turns: int = 10
-    seed: int = 0
+    seed: int | None = None
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     max_context_tokens: int | None = None
     env_kwargs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -69,6 +75,7 @@ class RolloutConfig:
     output_dir: str | Path | None = None
     reward: Any = None
     if_exists: str = "fail"
+    allow_partial_group: bool = False
 
     def __post_init__(self) -> None:
         if not self.env_ids:
@@ -79,6 +86,12 @@ class RolloutConfig:
                           ("concurrency", self.concurrency), ("max_turns", self.max_turns)):
             if not isinstance(val, int) or val < 1:
                 raise ConfigError(f"{name}={val!r} must be an integer >= 1")
+        if self.num_trajectories % self.group_size and not self.allow_partial_group:
+            raise ConfigError(f"num_trajectories={self.num_trajectories} is not a multiple of group_size={self.group_size}: "
+                              f"the last group would hold {self.num_trajectories % self.group_size}; pass a multiple, or "
+                              "allow_partial_group=True")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ConfigError(f"seed={self.seed!r} must be an integer or None (a fresh seed per run)")
         if self.if_exists not in IF_EXISTS:
             raise ConfigError(f"if_exists={self.if_exists!r} is not one of {IF_EXISTS}")
         if self.mode not in MODES:
@@ -181,6 +194,8 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
         OutputExistsError, OutputBusyError, ConfigError: see :func:`check_config`.
     """
     check_config(config)
+    if config.seed is None:  # a fresh seed per call: a training loop calling again plays new tasks
+        config = dataclasses.replace(config, seed=secrets.randbelow(2**31))
     with teardown.sigterm_teardown(), run_output(config.output_dir, config.if_exists, mode=config.mode) as out:
         return await _run_locked(config, policy, chat, out, manager=manager, progress=progress)
 

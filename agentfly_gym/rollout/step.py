@@ -54,6 +54,10 @@ class StepRow:
             older ones were dropped to fit ``max_prompt_tokens``).
         prompt_cut: tokens cut out of the prompt after its system part to fit
             ``max_prompt_tokens`` when even no history did not fit (0: none).
+        reply_truncated: the reply was cut at ``max_tokens`` (finish reason ``"length"``); its closing
+            end-of-turn id (mask 0) is then not one the policy sampled (drop it with
+            :func:`~agentfly_gym.rollout.trajectory.end_on_last_sampled` where a trainer tells a cut reply by
+            its last token).
     """
 
     trajectory_id: str
@@ -70,21 +74,23 @@ class StepRow:
     done: bool
     history_shown: int = 0
     prompt_cut: int = 0
+    reply_truncated: bool = False
 
     @classmethod
     def from_reply(cls, chat: Any, *, trajectory_id: str, group_id: str, step: int, prompt_ids: list[int],
                    sampled: list[int], logprobs: list[float] | None, reward: float, anchor_obs: str, action: str,
-                   done: bool, history_shown: int = 0, prompt_cut: int = 0) -> StepRow:
+                   done: bool, history_shown: int = 0, prompt_cut: int = 0, finish_reason: str = "") -> StepRow:
         """The row of one reply: ``response_ids`` = ``sampled`` verbatim (mask 1, ``logprobs`` or NaN)
         + the ids closing the assistant message that the policy did not sample
-        (``chat.close_assistant_ids``; mask 0, logprob 0.0); ``episode_return`` 0.0 until the episode ends."""
+        (``chat.close_assistant_ids``; mask 0, logprob 0.0); ``episode_return`` 0.0 until the episode ends;
+        ``reply_truncated`` when ``finish_reason`` is ``"length"``."""
         close = list(chat.close_assistant_ids(sampled))
         lps = list(logprobs) if logprobs is not None else [float("nan")] * len(sampled)
         return cls(trajectory_id=trajectory_id, group_id=group_id, step=step, prompt_ids=prompt_ids,
                    response_ids=sampled + close, response_mask=[1] * len(sampled) + [0] * len(close),
                    response_logprobs=lps + [0.0] * len(close), reward=reward, episode_return=0.0,
                    anchor_obs=anchor_obs, action=action, done=done, history_shown=history_shown,
-                   prompt_cut=prompt_cut)
+                   prompt_cut=prompt_cut, reply_truncated=finish_reason == "length")
 
 
 def render_step_prompt(env: AgentFlyEnv, task_obs: str, history: Sequence[tuple[str, str]], current_obs: str,
@@ -210,7 +216,7 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
                 traj.steps.append(StepRow.from_reply(chat, trajectory_id=traj_id, group_id=traj.group_id, step=step,
                                                      prompt_ids=prompt_ids, sampled=sampled, logprobs=logprobs,
                                                      reward=float(reward), anchor_obs=anchor, action=action, done=done,
-                                                     history_shown=shown, prompt_cut=cut))
+                                                     history_shown=shown, prompt_cut=cut, finish_reason=finish))
                 past.append((action, obs))
                 if terminated or truncated:
                     break
@@ -260,6 +266,7 @@ def save_step_rows(trajectories: Sequence[Trajectory], out_dir: str | Path) -> d
         ("reward", pa.float64()), ("episode_return", pa.float64()), ("anchor_obs", pa.string()),
         ("action", pa.string()), ("done", pa.bool_()), ("env_id", pa.string()), ("task_id", pa.string()),
         ("history_shown", pa.int32()), ("prompt_cut", pa.int32()), ("status", pa.string()),
+        ("reply_truncated", pa.bool_()),
     ], metadata=schema_metadata("steps"))
     path = out / "steps.parquet"
     with atomic_path(path) as tmp:  # a reader sees the old file or the whole new one
@@ -283,4 +290,5 @@ def load_step_rows(path: str | Path) -> list[dict[str, Any]]:
         r.setdefault("history_shown", None)
         r.setdefault("prompt_cut", None)
         r.setdefault("status", "")
+        r.setdefault("reply_truncated", False)
     return rows

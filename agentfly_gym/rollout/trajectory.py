@@ -12,6 +12,11 @@ from ``error``, ``terminated`` and ``truncated``).  Loaders read the versions in
 
 Version 2 added, per row, ``status``: whether the episode is complete or why not (one of
 :data:`STATUSES`).
+
+Version 3 added, per trajectory, ``reply_truncated`` (the last reply was cut at ``max_tokens``),
+``context_cut`` (tokens left out to keep a chain within ``max_context_tokens``) and ``reward_error``
+(why a configured reward, e.g. a judge, gave no score); per step row, ``reply_truncated``.  Older
+files read with ``reply_truncated`` False, ``context_cut`` 0 and ``reward_error`` None.
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ from ..utils.files import atomic_path
 
 __all__ = ["Turn", "Trajectory", "save_trajectories", "load_trajectories", "SCHEMA_VERSION", "KNOWN_SCHEMA_VERSIONS",
            "STATUSES", "SchemaVersionError", "episode_status", "schema_metadata", "read_schema_version",
-           "read_jsonl_records", "jsonl_header"]
+           "read_jsonl_records", "jsonl_header", "end_on_last_sampled"]
 
 #: The version of the saved trajectory / step-row format written by this code.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Versions the loaders read (1: files without a version, written before versions were recorded).
-KNOWN_SCHEMA_VERSIONS = (1, 2)
+KNOWN_SCHEMA_VERSIONS = (1, 2, 3)
 #: Metadata key of the version in Parquet files.
 SCHEMA_METADATA_KEY = b"agentfly_gym.schema_version"
 
@@ -99,6 +104,13 @@ class Trajectory:
         error: a handled fault, or None.
         status: one of :data:`STATUSES` (set when the episode ends; "" before, and then
             :func:`episode_status` derives it when the trajectory is saved).
+        reply_truncated: the last reply was cut at ``max_tokens`` (its turn's ``finish_reason`` is
+            ``"length"``); the chain still closes it with a mask-0 end-of-turn id, so a trainer that tells a
+            cut completion by its last token needs :meth:`trainer_response` (``end_on_sampled``).
+        context_cut: tokens (mask 0: an observation message's tail, a closing end-of-turn id) left out so that
+            the chain stays within ``max_context_tokens``; 0 when nothing was cut.
+        reward_error: why a configured episode reward (:mod:`agentfly_gym.rewards.configured`, e.g. a judge
+            whose reply held no rating) gave no score and ``reward`` kept its default; None otherwise.
         turns: per-turn records.
         messages: the conversation as text ({"role", "content"}), for reading only.
         timings: seconds: ``wall``, ``generate``, ``env``, ``reset``.
@@ -122,6 +134,9 @@ class Trajectory:
     truncated: bool = False
     error: str | None = None
     status: str = ""
+    reply_truncated: bool = False
+    context_cut: int = 0
+    reward_error: str | None = None
     turns: list[Turn] = dataclasses.field(default_factory=list)
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -148,6 +163,21 @@ class Trajectory:
         self.response_mask.extend([mask] * len(ids))
         self.response_logprobs.extend(float(x) for x in logprobs)
 
+    def trainer_response(self, *, end_on_sampled: bool | None = None) -> tuple[list[int], list[int], list[float]]:
+        """``(response_ids, response_mask, response_logprobs)`` as a trainer reads them (equal lengths).
+
+        Args:
+            end_on_sampled: drop the mask-0 tokens after the last sampled token (the end-of-turn id closing
+                a cut reply, an observation at the token budget), so that a trainer that tells a cut
+                completion by its last token not being an end-of-sequence id (TRL's ``clipped_ratio`` and
+                ``mask_truncated_completions``) sees it.  None (default): only when :attr:`reply_truncated`.
+        """
+        if end_on_sampled is None:
+            end_on_sampled = self.reply_truncated
+        if not end_on_sampled:
+            return list(self.response_ids), list(self.response_mask), list(self.response_logprobs)
+        return end_on_last_sampled(self.response_ids, self.response_mask, self.response_logprobs)
+
     def to_record(self) -> dict[str, Any]:
         """A flat dict for Parquet/JSONL (turns and messages nested)."""
         d = dataclasses.asdict(self)
@@ -156,6 +186,16 @@ class Trajectory:
         d["num_turns"] = self.num_turns
         d["num_sampled_tokens"] = self.num_sampled_tokens
         return d
+
+
+def end_on_last_sampled(ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float]
+                        ) -> tuple[list[int], list[int], list[float]]:
+    """The three lists up to and including the last mask-1 (sampled) position (all of them empty when
+    nothing was sampled)."""
+    n = len(mask)
+    while n and not mask[n - 1]:
+        n -= 1
+    return list(ids[:n]), list(mask[:n]), list(logprobs[:n])
 
 
 def episode_status(traj: Trajectory) -> str:
@@ -267,6 +307,7 @@ def save_trajectories(trajectories: Sequence[Trajectory], out_dir: str | Path, *
         ("response_ids", pa.list_(pa.int32())), ("response_mask", pa.list_(pa.int8())),
         ("response_logprobs", pa.list_(pa.float32())), ("reward", pa.float64()), ("success", pa.bool_()),
         ("terminated", pa.bool_()), ("truncated", pa.bool_()), ("error", pa.string()), ("status", pa.string()),
+        ("reply_truncated", pa.bool_()), ("context_cut", pa.int32()), ("reward_error", pa.string()),
         ("turns", pa.string()),
         ("messages", pa.string()), ("timings", pa.string()), ("num_turns", pa.int32()), ("num_sampled_tokens", pa.int64()),
     ], metadata=schema_metadata("trajectories"))

@@ -79,6 +79,7 @@ def finish_trajectory(traj: Trajectory, *, terminated: bool, truncated: bool, in
     else:
         traj.status = "complete" if terminated else "truncated"
     traj.success = bool(info.get("won", False))
+    traj.reply_truncated = bool(traj.turns) and traj.turns[-1].finish_reason == "length"
     traj.timings = {"wall": time.monotonic() - t_start, "generate": sum(t.generate_s for t in traj.turns),
                     "env": sum(t.env_s for t in traj.turns), "reset": reset_s}
     return traj

@@ -24,6 +24,10 @@ class RandomPolicy:
         PolicyError: the env gives no admissible actions, has no ``random_actions`` and no fallback is set.
     """
 
+    #: the library's runners turn on an env's ``with_admissible_actions`` for this policy
+    #: (:func:`~agentfly_gym.rollout.env_needs.policy_env_kwargs`)
+    needs_admissible_actions = True
+
     def __init__(self, seed: int | None = None, fallback: str | None = None) -> None:
         self._rng = random.Random(seed)
         self.fallback = fallback

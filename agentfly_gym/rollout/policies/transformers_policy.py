@@ -56,6 +56,15 @@ class _Request:
     t0: float
 
 
+def _check_args(max_batch_size: int, batch_wait_s: float, torch_threads: int | None) -> None:
+    if max_batch_size < 1:
+        raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
+    if batch_wait_s < 0:
+        raise ConfigError(f"batch_wait_s must be >= 0 seconds, got {batch_wait_s!r}")
+    if torch_threads is not None and torch_threads < 1:
+        raise ConfigError(f"torch_threads must be >= 1 or None, got {torch_threads!r}")
+
+
 class TransformersPolicy:
     """A :class:`~agentfly_gym.rollout.policies.base.TextPolicy` backed by a transformers causal LM.
 
@@ -78,7 +87,8 @@ class TransformersPolicy:
 
     Args:
         model: a local model folder (e.g. :func:`~agentfly_gym.rollout.models.smollm2_dir`)
-            with its tokenizer (which must have a chat template for chat use).
+            with its tokenizer (which must have a chat template for chat use).  For a model already in
+            memory (a trainer's live weights) use :meth:`from_model`.
         device: torch device string ("cpu", "cuda", "cuda:1").
         torch_threads: ``torch.set_num_threads`` value applied when the worker starts
             (process-wide: torch has one intra-op pool); None leaves torch's setting.  One
@@ -110,12 +120,7 @@ class TransformersPolicy:
     def __init__(self, model: str | os.PathLike, *, device: str = "cpu", torch_threads: int | None = 1,
                  max_batch_size: int = 8, batch_wait_s: float = 0.02, seed: int | None = None,
                  dtype: Any = None, continuous_batching: bool = True) -> None:
-        if max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
-        if batch_wait_s < 0:
-            raise ConfigError(f"batch_wait_s must be >= 0 seconds, got {batch_wait_s!r}")
-        if torch_threads is not None and torch_threads < 1:
-            raise ConfigError(f"torch_threads must be >= 1 or None, got {torch_threads!r}")
+        _check_args(max_batch_size, batch_wait_s, torch_threads)
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -136,7 +141,49 @@ class TransformersPolicy:
             self.model = AutoModelForCausalLM.from_pretrained(path, **kw).to(device).eval()
         except Exception as e:  # noqa: BLE001  (reported as one clear error)
             raise PolicyError(f"cannot load model folder {str(path)!r}: {type(e).__name__}: {e}") from e
-        self.device = torch.device(device)
+        self._setup(torch.device(device), torch_threads=torch_threads, max_batch_size=max_batch_size,
+                    batch_wait_s=batch_wait_s, seed=seed, continuous_batching=continuous_batching, name=str(path))
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, *, torch_threads: int | None = None, max_batch_size: int = 8,
+                   batch_wait_s: float = 0.02, seed: int | None = None,
+                   continuous_batching: bool = True) -> TransformersPolicy:
+        """A policy that samples from ``model`` itself: the live weights of a model being trained.
+
+        The model is used as it is: not copied, not moved, its train/eval mode left alone (generation runs
+        under ``torch.inference_mode`` on the model's own device).  So after an optimizer step (or a
+        ``load_state_dict``) on ``model``, the next :meth:`generate` samples from, and reports the
+        log-probs of, the updated weights; nothing needs syncing.  Do not update the weights while a
+        generation is running (a trainer's loop alternates rollout and update, which is safe).
+
+        Args:
+            model: a transformers causal LM (``PreTrainedModel``; a PEFT-wrapped one works too), e.g. a
+                trainer's ``trainer.model`` (unwrap a distributed wrapper first).
+            tokenizer: its Hugging Face tokenizer (with a chat template for chat use).
+            torch_threads: as in the constructor, but None by default: the trainer's process keeps its
+                torch thread count.
+            max_batch_size, batch_wait_s, seed, continuous_batching: as in the constructor.
+
+        Raises:
+            ConfigError: a bad argument, or ``model``/``tokenizer`` are not a model and a tokenizer.
+        """
+        _check_args(max_batch_size, batch_wait_s, torch_threads)
+        if not callable(model) or not hasattr(model, "get_input_embeddings") or not hasattr(model, "config"):
+            raise ConfigError(f"model must be a transformers causal LM (PreTrainedModel), got {type(model).__name__}")
+        if not hasattr(tokenizer, "apply_chat_template"):
+            raise ConfigError(f"tokenizer must be a Hugging Face tokenizer, got {type(tokenizer).__name__}")
+        self = cls.__new__(cls)
+        self.tokenizer, self.model = tokenizer, model
+        device = model.get_input_embeddings().weight.device
+        self._setup(device, torch_threads=torch_threads, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
+                    seed=seed, continuous_batching=continuous_batching, name=type(model).__name__)
+        return self
+
+    def _setup(self, device: Any, *, torch_threads: int | None, max_batch_size: int, batch_wait_s: float,
+               seed: int | None, continuous_batching: bool, name: str) -> None:
+        """Everything but loading: ``self.model`` and ``self.tokenizer`` are set."""
+        path = name
+        self.device = device
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.continuous_batching = bool(continuous_batching)

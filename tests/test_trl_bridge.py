@@ -1,0 +1,143 @@
+"""The TRL bridge (agentfly_gym.bridges.trl): task data sets, the rollout dict TRL reads, and real GRPO steps
+through TRL's GRPOTrainer on CPU with the bundled SmolLM2 model on real Chess puzzles (issue 27)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import agentfly_gym  # noqa: F401
+from agentfly_gym.bridges.trl import (AgentFlyRollout, env_return, env_success, parse_task_prompt, task_dataset,
+                                      task_prompt)
+from agentfly_gym.errors import ConfigError
+from agentfly_gym.rollout import SamplingParams, TaskRow, TaskRunner
+from agentfly_gym.rollout.chat import ChatTokenizer
+from agentfly_gym.rollout.models import smollm2_dir
+
+
+def test_task_dataset_round_trips_through_the_prompt():
+    ds = task_dataset("Chess", ["tewjc", "HKIFI"], n=3, seed=7)
+    assert ds.column_names == ["prompt", "env_id", "task_id", "seed"] and len(ds) == 3
+    assert ds["task_id"] == ["tewjc", "HKIFI", "tewjc"] and ds["seed"] == [7, 8, 9]
+    rows = [parse_task_prompt(p) for p in ds["prompt"]]
+    assert rows[1] == TaskRow("agentfly/Chess-v0", task_id="HKIFI", seed=8)
+    assert parse_task_prompt(task_prompt("Chess-v0", seed=3)) == TaskRow("agentfly/Chess-v0", None, 3)
+    with pytest.raises(ConfigError, match="not an agentfly-gym task prompt"):
+        parse_task_prompt([{"role": "user", "content": "What is 2 + 2?"}])
+    with pytest.raises(ConfigError, match="unknown env"):
+        task_dataset("Checkers-v0", n=2)
+    assert env_return([None] * 2, env_return=[1, 0.5]) == [1.0, 0.5]
+    assert env_success([None] * 2, env_success=[True, False]) == [1.0, 0.0]
+
+
+async def test_rollout_dict_is_the_sampled_tokens_and_a_cut_reply_ends_on_it(tiny_qwen):
+    """The dict TRL reads holds each chain's ids as sampled (no re-tokenized text: they equal the
+    trajectory's), the env mask and the log-probs aligned with them; a completion whose last reply was cut
+    ends on a sampled token (TRL's clipped_ratio reads the last token)."""
+    from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
+
+    policy = TransformersPolicy(tiny_qwen, seed=0, batch_wait_s=0.0)
+    chat = ChatTokenizer(policy.tokenizer, chat_template_kwargs={"enable_thinking": False})
+    try:
+        async with TaskRunner(policy, chat, max_turns=2, sampling=SamplingParams(max_tokens=3)) as runner:
+            trajs = await runner.aplay([parse_task_prompt(task_prompt("Chess-v0", "tewjc", 0))] * 2)
+    finally:
+        policy.close()
+    out = AgentFlyRollout.to_trl(trajs, chat)
+    for i, t in enumerate(trajs):
+        n = len(out["completion_ids"][i])
+        assert len(out["logprobs"][i]) == len(out["env_mask"][i]) == n >= 1
+        assert out["prompt_ids"][i] == t.prompt_ids and out["completion_ids"][i] == t.response_ids[:n]
+        assert t.reply_truncated and out["reply_truncated"][i] and out["env_mask"][i][-1] == 1
+        assert out["completion_ids"][i][-1] != chat.eot_token_id
+        assert all(lp == 0.0 for lp, m in zip(out["logprobs"][i], out["env_mask"][i]) if not m)
+        assert out["task_id"][i] == "tewjc" and out["env_return"][i] == t.reward
+
+
+def _example():
+    """benchmarks/train_grpo.py, the example the README points to (its trainer is the one tested here)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "train_grpo.py"
+    spec = importlib.util.spec_from_file_location("train_grpo_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _forward_logprobs(model, prompt_ids, ids):
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prompt_ids) + list(ids)])).logits[0, len(prompt_ids) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(list(ids))[:, None])[:, 0].tolist()
+
+
+def sampled_tokens(completions, env_mask=None, completion_ids=None, **kwargs):
+    """A TRL reward function: sampled tokens / 100 (varies within a group, unlike the env return here)."""
+    return [len(c) / 100 for c in completion_ids]
+
+
+@pytest.mark.slow
+def test_grpo_steps_through_trl_on_cpu(tmp_path):
+    """Two GRPO steps of SmolLM2-135M on Chess puzzles through TRL's GRPOTrainer with rollout_func: the
+    rollouts' stored log-probs equal a forward pass of the weights they were sampled with (the policy samples
+    from the live model), loss / KL / grad norm are finite, and the policy's log-probs of a fixed completion
+    change after training."""
+    pytest.importorskip("trl")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from transformers import TrainerCallback
+
+    path = smollm2_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    rollout = AgentFlyRollout(max_turns=1, max_tokens=12, seed=0, concurrency=2)
+    gaps: list[float] = []
+    seen: list[dict] = []
+
+    def checked(prompts, trainer):
+        out = rollout(prompts, trainer)
+        seen.append(out)
+        model.eval()
+        for p, c, lp, m in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
+            ref = _forward_logprobs(model, p, c)
+            gaps.extend(abs(a - b) for a, b, k in zip(lp, ref, m) if k)
+        model.train()
+        return out
+
+    logs: list[dict] = []
+
+    class Keep(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                kept.append(dict(logs))
+
+    kept = logs
+    probe_prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Your move?"}], tokenize=True,
+                                                 add_generation_prompt=True, return_dict=False)
+    probe = tokenizer("e2e4 is my move.")["input_ids"]
+    before = _forward_logprobs(model, probe_prompt, probe)
+    trainer = _example().build_trainer(model, tokenizer, checked, task_dataset("Chess-v0", n=4, seed=0),
+                                       out_dir=tmp_path, steps=2, num_generations=2, learning_rate=1e-4,
+                                       callbacks=[Keep()],
+                                       # the bundled model never solves a puzzle, so the env return alone gives
+                                       # every group zero advantage and no update; a reward on the sampled
+                                       # tokens (differing within a group) makes the step move the weights
+                                       reward_funcs=[env_return, env_success, sampled_tokens])
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+    after = _forward_logprobs(model.eval(), probe_prompt, probe)
+    assert len(seen) == 2 and len(logs) == 2, logs
+    assert gaps and max(gaps) < 1e-3, max(gaps)  # sampled with the live weights, no re-tokenization
+    for entry in logs:
+        for key in ("loss", "kl", "grad_norm"):
+            assert math.isfinite(float(entry[key])), (key, entry)
+    assert max(abs(a - b) for a, b in zip(before, after)) > 1e-4
+    for out in seen:
+        assert all(len(c) == len(m) == len(lp) for c, m, lp in zip(out["completion_ids"], out["env_mask"],
+                                                                  out["logprobs"]))
