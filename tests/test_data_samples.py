@@ -133,8 +133,9 @@ def test_samples_are_rebuilt_identically_from_the_data(test_data, tmp_path):
                         str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     built = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    # samples/retrieval is generated, not cut from a data set: scripts/make_retrieval_corpus.py (tested below)
     shipped = sorted(p.relative_to(SAMPLES) for p in SAMPLES.rglob("*") if p.is_file()
-                     and p.name not in ("README.md", "LICENSE"))
+                     and p.name not in ("README.md", "LICENSE") and p.relative_to(SAMPLES).parts[0] != "retrieval")
     assert built == shipped
     _, mismatch, errors = filecmp.cmpfiles(out, SAMPLES, [str(p) for p in built], shallow=False)
     assert mismatch == [] and errors == []
@@ -154,3 +155,18 @@ def test_cache_folders_named_like_a_data_set_never_hide_the_sample(bare):
     assert env_data_source("agentfly/WebShop-v0")[0].startswith("bundled sample: ")
     assert resolve_alfworld_root() == SAMPLES / "alfworld"
     env.close()
+
+
+def test_retrieval_corpus_is_rebuilt_identically():
+    """scripts/make_retrieval_corpus.py is deterministic: its rows are the shipped corpus and questions, byte for byte."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("make_retrieval_corpus",
+                                                  SAMPLES.parents[1] / "scripts" / "make_retrieval_corpus.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    docs, questions = mod.build()
+    for name, rows in (("corpus.jsonl", docs), ("questions.jsonl", questions)):
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        assert text == (SAMPLES / "retrieval" / name).read_text(encoding="utf-8"), name
