@@ -210,7 +210,7 @@ async def main():
         box = await scope.acquire(ContainerSpec(image=sys.argv[1], backend="docker", memory="128m"))
         sbx = await scope.acquire(ContainerSpec(image="host", backend="sandbox", memory="128m", name="sbx"))
         print(box.container_id, sbx.name, flush=True)
-        await asyncio.sleep(600)
+        await asyncio.sleep(600)  # alive until the test SIGKILLs it
 asyncio.run(main())
 """
 

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from proctools import default_sigint, live_processes, mark_tree, wait_gone
+from waiting import wait_until
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -77,13 +78,16 @@ def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals, 
     assert done == ["agentfly/WebShop-v0"] * 2, "".join(lines)
     assert live_processes(["stockfish"], marker=marker) - before, "the chess games should still be running"
     for i, sig in enumerate(signals):
-        if i:
-            time.sleep(0.05)
+        if i:  # the second Ctrl-C once the first one's save is done, while the games are torn down
+            wait_until(lambda: any("rollout interrupted: saved" in x for x in list(lines)) or proc.poll() is not None,
+                       120, "the first signal's save")
         proc.send_signal(sig)
     proc.wait(timeout=120)
     reader.join(timeout=10)
     # the shell's convention, 128 + the signal: 143 for SIGTERM (it was 130 for both), 130 for Ctrl-C
     assert proc.returncode == 128 + signals[0], "".join(lines)
+    if len(signals) > 1:
+        assert "already stopping" in "".join(lines), "".join(lines)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True, summary
     assert (summary["trajectories"], summary["errors"]) == (2, 0), summary
@@ -107,7 +111,8 @@ def test_ctrl_c_in_a_terminal_stops_scienceworld_without_tracebacks(tmp_path, mo
     t0 = time.monotonic()
     while time.monotonic() - t0 < 300 and proc.poll() is None and not any("finished" in x for x in list(lines)):
         time.sleep(0.2)
-    time.sleep(1.0)  # the other rollouts are mid-episode
+    # one trajectory finished: the other rollouts (concurrency 4) are mid-episode, each on a live JVM
+    wait_until(lambda: len(live_processes(["java"], marker=marker) - before) >= 2, 60, "the other rollouts' JVMs")
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does
     proc.wait(timeout=120)
     reader.join(timeout=10)

@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from proctools import default_sigint
+from waiting import until
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceError
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
@@ -110,9 +112,8 @@ async def test_pool_cap_waiter_proceeds_after_release(base_image, manager):
     c = await first.acquire(s)
     second = manager.scope("second")
     waiter = asyncio.ensure_future(second.acquire(s))
-    await asyncio.sleep(0.5)
+    await until(lambda: manager.metrics()[s.key]["waiting"] == 1, 30, "the second acquisition to queue")
     assert not waiter.done()
-    assert manager.metrics()[s.key]["waiting"] == 1
     await c.exec("echo leaked > /tmp/state")
     await first.aclose()
     c2 = await asyncio.wait_for(waiter, 30)
@@ -360,7 +361,7 @@ async def main():
     c = await m.scope("s").acquire(ContainerSpec(image=sys.argv[1], backend="docker", memory="128m"))
     print(c.container_id, flush=True)
     if sys.argv[2] == "wait":
-        await asyncio.sleep(120)
+        await asyncio.sleep(120)  # alive until the test signals it
 asyncio.run(main())   # exits without closing the manager: the atexit hook must clean up
 """
 
@@ -443,6 +444,21 @@ async def test_a_mount_with_a_missing_source_is_refused_not_created(base_image, 
         assert (await box.exec("touch /data/y 2>/dev/null || echo read-only")).output == "read-only\n"
 
 
+def _threads_in_docker_backend() -> list[str]:
+    """Names of the Docker thread pool's threads now running code of the Docker backend (an exec's stream)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    busy = []
+    for ident, frame in sys._current_frames().items():
+        if not names.get(ident, "").startswith("afg-docker_"):  # the pool's workers, not its disk watchdog
+            continue
+        while frame is not None:
+            if f"containers{os.sep}docker{os.sep}" in frame.f_code.co_filename:
+                busy.append(names[ident])
+                break
+            frame = frame.f_back
+    return busy
+
+
 async def test_a_cancelled_exec_of_a_torn_down_container_prints_nothing(base_image, tmp_path):
     """Ctrl-C during a run: the exec's task is cancelled and the container torn down, so the exec's thread
     ends with ResourceDied that nobody awaits; asyncio must not report "Future exception was never retrieved"."""
@@ -456,16 +472,21 @@ async def test_a_cancelled_exec_of_a_torn_down_container_prints_nothing(base_ima
         scope = m.scope("cancel")
         box = await scope.acquire(spec(base_image))
         task = asyncio.ensure_future(box.exec("sleep 30", timeout=60))
-        await asyncio.sleep(1.0)
+        deadline = loop.time() + 30
+        while not any("sleep 30" in p for p in await procs(box)):  # the exec runs: cancel it midway
+            assert loop.time() < deadline, "the exec never started"
+            await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await scope.aclose()
         await m.aclose()
-        await asyncio.sleep(1.0)  # the exec's thread ends
+        await until(lambda: not _threads_in_docker_backend(), 30, "the exec's thread to end")
+        for _ in range(3):  # the thread's result reaches the loop (call_soon_threadsafe)
+            await asyncio.sleep(0)
         del task
         gc.collect()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)
         assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
     finally:
         loop.set_exception_handler(None)

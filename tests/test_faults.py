@@ -20,7 +20,8 @@ import time
 
 import gymnasium
 import pytest
-from proctools import alive, live_processes, wait_gone
+from proctools import alive, live_processes, socket_backlog, wait_gone
+from waiting import until
 
 import agentfly_gym  # noqa: F401  (registers the envs)
 from agentfly_gym.resources import ResourceManager
@@ -54,7 +55,8 @@ ABANDONED_STARTS = """
             time.sleep(0.002)
 
     async def main():
-        threading.Thread(target=watch, daemon=True).start()
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         m = ResourceManager()
         env = gymnasium.make("agentfly/Chess-v0", mode="play", reset_timeout=0.005, max_engines=1, manager=m).unwrapped
         timeouts = 0
@@ -63,11 +65,11 @@ ABANDONED_STARTS = """
                 await env.areset(seed=i)
             except ResourceTimeout:
                 timeouts += 1
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # the cut-short start goes on in the background: the cap must hold across it
         await env.aclose()
         await m.aclose()
         stop.set()
-        time.sleep(0.05)
+        watcher.join(10)
         left = live_processes(["stockfish"], children_of=os.getpid())
         print(timeouts, peak[0], " ".join(map(str, sorted(seen))), "|", " ".join(map(str, sorted(left))))
 
@@ -169,7 +171,7 @@ async def test_simulator_killed_during_load_is_retried_on_a_fresh_one():
         assert not reset.done()
         pid = r.obj.pid
         os.kill(pid, signal.SIGSTOP)  # hold the load ...
-        await asyncio.sleep(0.5)
+        await until(lambda: socket_backlog(pid) > 0, 30, "the reset's request to reach the stopped JVM")
         os.kill(pid, signal.SIGKILL)  # ... and kill the JVM under it
         obs, info = await reset
         fresh = env.scope.resources[key]
@@ -187,7 +189,7 @@ PLANNER_PARENT = """
     child = subprocess.Popen([sys.executable, "-P", str(planner._WORKER), str(__import__("os").getpid())],
                              stdin=int(sys.argv[1]), pass_fds=(int(sys.argv[1]),))
     print(child.pid, flush=True)
-    time.sleep(600)
+    time.sleep(600)  # alive until the test kills it
 """
 
 
@@ -282,11 +284,8 @@ async def test_cut_short_in_process_start_is_closed_and_holds_its_slot():
         with pytest.raises(ResourceTimeout):
             await pool.acquire(timeout=0.05)
         SlowThing.gate.set()  # the factory returns now
-        for _ in range(500):
-            if pool.size == 0:
-                break
-            await asyncio.sleep(0.02)
-        assert pool.size == 0 and len(SlowThing.built) == 1 and SlowThing.built[0].closed
+        await until(lambda: pool.size == 0, 10, "the late instance to be closed")
+        assert len(SlowThing.built) == 1 and SlowThing.built[0].closed
         r = await pool.acquire()  # the slot is usable again
         assert isinstance(r.obj, SlowThing) and not r.obj.closed
         await pool.release(r)

@@ -84,7 +84,7 @@ class _SlowJudge(http.server.BaseHTTPRequestHandler):
             failing = cls.fail > 0
             cls.fail -= 1
             cls.prompts.append(body["messages"][0]["content"])
-        time.sleep(0.3)
+        time.sleep(0.3)  # a slow judge: the requests in flight at once are what the tests count
         with cls.lock:
             cls.in_flight -= 1
         code = 503 if failing else 200

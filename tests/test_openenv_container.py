@@ -14,6 +14,7 @@ import os
 import time
 
 import pytest
+from waiting import until
 
 pytest.importorskip("openenv.core", reason="pip install 'agentfly-gym[openenv]'")
 
@@ -109,7 +110,8 @@ async def test_echo_env_in_pooled_containers(echo_image, docker_client):
             assert info["step"] == 2
             if episode == 1:  # a second episode waits for the one container while this one holds it
                 waiting = asyncio.create_task(env2.areset(seed=6))
-                await asyncio.sleep(1.0)
+                await until(lambda: any(p["waiting"] for k, p in m.metrics().items() if k.startswith("container")),
+                            60, "the second episode to wait for the container")
                 assert not waiting.done()
             await env.aend_episode()
         (pool,) = [p for k, p in m.metrics().items() if k.startswith("container")]

@@ -87,7 +87,7 @@ DRIVER = textwrap.dedent("""
         async with m.scope(f"{i}-{r}") as scope:
             obj = await scope.acquire(spec, timeout=120)
             first = await obj.call("step", "a")
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # a rollout's hold time: the leases of several drivers overlap
             second = await obj.call("step", "b")
             return [first, second, obj.uses]
     async def main():
@@ -124,7 +124,7 @@ def test_cap_holds_across_driver_processes_and_reuse_is_reset(cluster, tmp_path)
                 async with m.scope(f"main-{i}") as scope:
                     obj = await scope.acquire(spec, timeout=120)
                     first = await obj.call("step", "x")
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(0.2)  # a rollout's hold time: the leases of several drivers overlap
                     return [first, await obj.call("step", "y"), obj.uses]
 
             mine = []
@@ -183,7 +183,7 @@ def test_fifo_timeout_and_cancelled_acquisitions_strand_nothing(cluster, tmp_pat
             # cancelled right after asking, before or after the grant arrives: the instance comes back
             for delay in (0.0, 0.05, 0.3):
                 t = asyncio.create_task(pool.acquire())
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # the moment of the cancellation is the thing under test
                 t.cancel()
                 try:
                     r = await t
@@ -451,7 +451,7 @@ def test_sigterm_while_ray_starts_leaves_no_process_and_writes_the_summary(tmp_p
     try:
         wait_for(lambda: any("gcs_server" in c or "raylet" in c for c in pids_with_env("AFG_TEST_TREE", mark).values()),
                  120, "Ray's first processes")
-        time.sleep(after)
+        time.sleep(after)  # the moment of the SIGTERM within Ray's start is the thing under test
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=180)
         assert proc.returncode == 143, output[-3000:]
@@ -475,7 +475,7 @@ HOLDER = textwrap.dedent("""
         m = RayResourceManager(placement={"*": {"resources": {"sim": 1}}})
         obj = await m.pool(spec).acquire(timeout=120)
         print("held", await obj.call("pid"), flush=True)
-        await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # holds the lease until the test kills this driver
     asyncio.run(main())
 """)
 

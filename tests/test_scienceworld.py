@@ -17,6 +17,7 @@ from pathlib import Path
 import gymnasium
 import pytest
 from proctools import live_processes
+from waiting import until
 from gymnasium.utils.env_checker import check_env
 
 import agentfly_gym  # noqa: F401  (registers agentfly/*)
@@ -171,9 +172,8 @@ async def test_second_env_waits_for_the_only_simulator():
         b = ScienceWorldEnv(manager=manager, max_simulators=1)
         await a.areset(options={"task_id": SHORT_TASK})
         waiting = asyncio.create_task(b.areset(options={"task_id": "boil:0"}))
-        await asyncio.sleep(1.5)
+        await until(lambda: _pool(manager)["waiting"] == 1, 60, "b to wait for the simulator")
         assert not waiting.done()
-        assert _pool(manager)["waiting"] == 1
         await a.astep("look around")  # a keeps working while b waits
         await a.aclose()  # a's episode ends: its JVM goes to b
         _, info = await asyncio.wait_for(waiting, 60)

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from waiting import until
 
 from agentfly_gym.errors import ConfigError, PolicyError
 from agentfly_gym.rollout.models import smollm2_dir, tiny_qwen_dir
@@ -148,8 +149,7 @@ async def test_requests_join_a_running_batch_with_their_solo_results(tiny):
     solo = [await tiny.generate(p, GREEDY) for p in ps[:3]]
     j0, f0 = tiny.num_joined, tiny.num_forward_passes
     long_task = asyncio.create_task(tiny.generate(ps[3], long_s))
-    while tiny.num_forward_passes < f0 + 3:
-        await asyncio.sleep(0.001)
+    await until(lambda: tiny.num_forward_passes >= f0 + 3, 60, "the long request to decode", interval=0.001)
     first = await asyncio.gather(*(tiny.generate(p, GREEDY) for p in ps[:2]))  # shorter and longer prompts
     third = await tiny.generate(ps[2], GREEDY)  # joins after the first two left
     long = await long_task
@@ -178,7 +178,8 @@ async def test_a_stream_of_newcomers_cannot_hold_back_running_rows(tiny_qwen):
 
     clients = [asyncio.create_task(client(i)) for i in range(12)]
     try:
-        await asyncio.sleep(0.3)
+        f_start = p.num_forward_passes
+        await until(lambda: p.num_forward_passes >= f_start + 12, 60, "the clients' stream of requests")
         f0 = p.num_forward_passes
         long_prompt = chat_ids(p, "word " * 300)
         long = await asyncio.wait_for(p.generate(long_prompt, SamplingParams(max_tokens=40, temperature=1.0, seed=3)),
@@ -223,7 +224,7 @@ async def test_event_loop_stays_free_while_generating(tiny):
     async def ticker():
         nonlocal ticks
         while True:
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)  # the tick rate is what the test measures
             ticks += 1
 
     t = asyncio.create_task(ticker())
@@ -236,8 +237,9 @@ async def test_event_loop_stays_free_while_generating(tiny):
 
 
 async def test_cancelled_request_leaves_the_policy_working(tiny):
+    f0 = tiny.num_forward_passes
     task = asyncio.create_task(tiny.generate(prompts(tiny, 1)[0], SamplingParams(max_tokens=40)))
-    await asyncio.sleep(0.01)
+    await until(lambda: tiny.num_forward_passes > f0, 60, "the request to run", interval=0.001)  # cancelled midway
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -281,8 +283,7 @@ async def test_close_fails_queued_requests_and_lets_the_running_batch_finish(tin
     p = TransformersPolicy(tiny_qwen, max_batch_size=2, batch_wait_s=0.0)
     tasks = [asyncio.create_task(p.generate([1, 2, 3 + i], SamplingParams(max_tokens=200, temperature=1.0)))
              for i in range(8)]
-    while p.num_forward_passes < 3:
-        await asyncio.sleep(0.005)
+    await until(lambda: p.num_forward_passes >= 3, 60, "the first batch to run", interval=0.005)
     await p.aclose()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     done = [r for r in results if isinstance(r, Generation)]
