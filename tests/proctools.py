@@ -38,34 +38,6 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def socket_backlog(pid: int) -> int:
-    """Bytes waiting unread in the receive queues of ``pid``'s TCP sockets (e.g. a request sent to a stopped
-    server); 0 once it is gone."""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-    except OSError:
-        return 0
-    waiting = 0
-    for table in ("tcp", "tcp6"):
-        try:
-            with open(f"/proc/{pid}/net/{table}") as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()  # sl local remote st tx_queue:rx_queue tr:when retrnsmt uid timeout inode ...
-            if len(cols) > 9 and cols[9] in inodes:
-                waiting += int(cols[4].split(":")[1], 16)
-    return waiting
-
-
 TREE_MARKER = "AGENTFLY_TEST_TREE"
 """Environment variable that tags the processes a test starts (children inherit it, orphans keep it)."""
 

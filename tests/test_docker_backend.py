@@ -13,13 +13,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from proctools import default_sigint
-from waiting import until
+from waiting import threads_running, until
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceError
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
@@ -444,21 +443,6 @@ async def test_a_mount_with_a_missing_source_is_refused_not_created(base_image, 
         assert (await box.exec("touch /data/y 2>/dev/null || echo read-only")).output == "read-only\n"
 
 
-def _threads_in_docker_backend() -> list[str]:
-    """Names of the Docker thread pool's threads now running code of the Docker backend (an exec's stream)."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    busy = []
-    for ident, frame in sys._current_frames().items():
-        if not names.get(ident, "").startswith("afg-docker_"):  # the pool's workers, not its disk watchdog
-            continue
-        while frame is not None:
-            if f"containers{os.sep}docker{os.sep}" in frame.f_code.co_filename:
-                busy.append(names[ident])
-                break
-            frame = frame.f_back
-    return busy
-
-
 async def test_a_cancelled_exec_of_a_torn_down_container_prints_nothing(base_image, tmp_path):
     """Ctrl-C during a run: the exec's task is cancelled and the container torn down, so the exec's thread
     ends with ResourceDied that nobody awaits; asyncio must not report "Future exception was never retrieved"."""
@@ -481,7 +465,9 @@ async def test_a_cancelled_exec_of_a_torn_down_container_prints_nothing(base_ima
             await task
         await scope.aclose()
         await m.aclose()
-        await until(lambda: not _threads_in_docker_backend(), 30, "the exec's thread to end")
+        # the exec's thread (the Docker pool's workers, not its disk watchdog) leaves the backend's code
+        await until(lambda: not threads_running(os.path.join("containers", "docker", ""), thread_prefix="afg-docker_"),
+                    30, "the exec's thread to end")
         for _ in range(3):  # the thread's result reaches the loop (call_soon_threadsafe)
             await asyncio.sleep(0)
         del task

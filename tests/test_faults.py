@@ -20,8 +20,8 @@ import time
 
 import gymnasium
 import pytest
-from proctools import alive, live_processes, socket_backlog, wait_gone
-from waiting import until
+from proctools import alive, live_processes, wait_gone
+from waiting import threads_running, until
 
 import agentfly_gym  # noqa: F401  (registers the envs)
 from agentfly_gym.resources import ResourceManager
@@ -171,7 +171,9 @@ async def test_simulator_killed_during_load_is_retried_on_a_fresh_one():
         assert not reset.done()
         pid = r.obj.pid
         os.kill(pid, signal.SIGSTOP)  # hold the load ...
-        await until(lambda: socket_backlog(pid) > 0, 30, "the reset's request to reach the stopped JVM")
+        # the reset's thread calls the stopped JVM (the task's variations, then the load): it waits for an answer
+        await until(lambda: threads_running(os.path.join("scienceworld", "simulator.py")), 30,
+                    "the reset to call the stopped JVM")
         os.kill(pid, signal.SIGKILL)  # ... and kill the JVM under it
         obs, info = await reset
         fresh = env.scope.resources[key]

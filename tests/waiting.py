@@ -45,3 +45,25 @@ async def until(cond: Callable[[], T], timeout: float = 30.0, what: str = "the c
         if loop.time() >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+def threads_running(path_part: str, function: str | None = None, *, thread_prefix: str = "") -> list[str]:
+    """Names of this process's threads now running code from a file whose path contains ``path_part`` (in
+    ``function``, if given), among the threads whose name starts with ``thread_prefix``: e.g. whether a blocking
+    call made in a worker thread is still under way, where the call offers no event of its own."""
+    import sys
+    import threading
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    busy = []
+    for ident, frame in sys._current_frames().items():
+        name = names.get(ident, "")
+        if not name.startswith(thread_prefix):
+            continue
+        while frame is not None:
+            code = frame.f_code
+            if path_part in code.co_filename and (function is None or code.co_name == function):
+                busy.append(name)
+                break
+            frame = frame.f_back
+    return busy
