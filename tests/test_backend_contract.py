@@ -181,6 +181,7 @@ def test_output_buffer_keeps_head_and_tail_with_one_marker():
 _LONG = "head -c 3000 /dev/zero | tr '\\0' A; head -c 3000 /dev/zero | tr '\\0' Z; echo"
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
 async def test_both_backends_cut_long_output_identically(docker_client, tmp_path, monkeypatch):
@@ -215,6 +216,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
 def test_gc_reaps_a_killed_managers_containers_and_sandboxes(docker_client, tmp_path, monkeypatch, capsys):

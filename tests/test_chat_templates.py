@@ -163,6 +163,7 @@ def test_family_details(chats):
     assert text.count(system) == 1 and "helpful assistant" not in text
 
 
+@pytest.mark.slow
 def test_templates_that_leak_history_are_refused(test_data):
     """A template that repeats an earlier message inside every new turn has no clean suffix: refused loudly."""
     repeat_first = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'user' %}"

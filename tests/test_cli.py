@@ -48,6 +48,7 @@ def test_bad_rollout_arguments_are_clear_errors(args, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["sigterm", "double-ctrl-c"])
 def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals, monkeypatch):
     """Two quick WebShop episodes finish; two games against a Stockfish thinking 60 s a move cannot end in
@@ -97,6 +98,7 @@ def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals, 
     assert not wait_gone(live_processes(["java", "stockfish"], marker=marker) - before, 20)
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_terminal_stops_scienceworld_without_tracebacks(tmp_path, monkeypatch):
     """A terminal's Ctrl-C sends SIGINT to the whole foreground process group.  The JVMs used to be in it and
     died at once, and every rollout's py4j client printed "Answer from Java side is empty" tracebacks; now they

@@ -77,6 +77,7 @@ ABANDONED_STARTS = """
 """
 
 
+@pytest.mark.slow
 def test_cut_short_engine_starts_are_closed_counted_and_do_not_block_exit():
     """Chess play mode, reset_timeout=0.005, max_engines=1: each reset is cut short while Stockfish starts."""
     r = _run_child(ABANDONED_STARTS, os.path.dirname(__file__))
@@ -114,6 +115,7 @@ def test_async_script_that_never_closes_exits(how):
     assert not wait_gone(pids, 10), "the engine outlived its Python"
 
 
+@pytest.mark.slow
 def test_sigterm_to_rollout_while_an_engine_starts(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentfly_gym", "rollout", "--env", "Chess-v0", "--policy", "random", "-n", "200",
@@ -136,6 +138,7 @@ def test_sigterm_to_rollout_while_an_engine_starts(tmp_path):
     assert not wait_gone(seen, 10)
 
 
+@pytest.mark.slow
 async def test_stopped_jvm_does_not_block_the_event_loop():
     """A SIGSTOPped JVM: a garbage collection on the loop's thread frees a Java proxy, then a step times out."""
     async with ResourceManager() as m:
@@ -158,6 +161,7 @@ async def test_stopped_jvm_does_not_block_the_event_loop():
     assert not wait_gone([pid], 30)
 
 
+@pytest.mark.slow
 async def test_simulator_killed_during_load_is_retried_on_a_fresh_one():
     async with ResourceManager() as m:
         env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_simulators=2).unwrapped
@@ -233,6 +237,7 @@ def r2e_backend(request) -> dict:
     return {"backend": "sandbox", "image": "host"}
 
 
+@pytest.mark.slow
 async def test_malformed_r2e_actions_are_error_observations_not_episode_ends(r2e_backend):
     from agentfly_gym.envs.r2egym import R2EGymEnv
 

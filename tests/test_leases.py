@@ -36,6 +36,7 @@ async def _timed_reset(env: ChessEnv) -> tuple[float, dict]:
     return time.monotonic() - t0, info
 
 
+@pytest.mark.slow
 async def test_an_env_dropped_without_aclose_gives_its_engine_back():
     async with ResourceManager() as m:
         first = _env(m)

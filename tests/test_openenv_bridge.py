@@ -145,6 +145,7 @@ def echo_env(tmp_path_factory):
     sys.path.remove(str(root))
 
 
+@pytest.mark.slow
 async def test_openenv_example_env_behind_our_wrapper(echo_env):
     """Two episodes at once through a pool of one server: the second waits, then reuses the same server."""
     async with ResourceManager() as m:
