@@ -71,6 +71,7 @@ def _segments(traj):
     return out
 
 
+@pytest.mark.slow
 async def test_chain_keeps_sampled_ids_verbatim_and_matches_a_fresh_render(smollm2_policy):
     policy = Recording(smollm2_policy)
     chat = ChatTokenizer(policy.tokenizer)
@@ -127,6 +128,7 @@ async def test_expert_chain_solves_a_puzzle_with_scripted_ids(smollm2_policy):
     assert [t.finish_reason for t in traj.turns] == ["action"] * traj.num_turns
 
 
+@pytest.mark.slow
 async def test_runner_chess_and_scienceworld_concurrently_writes_files(tmp_path, smollm2_policy):
     chat = ChatTokenizer(smollm2_policy.tokenizer)
     config = RolloutConfig(env_ids=["Chess-v0", "ScienceWorld"], num_trajectories=4, group_size=2, concurrency=4,
@@ -251,6 +253,7 @@ async def test_interrupted_run_saves_finished_trajectories(tmp_path, smollm2_pol
     assert all(t.num_turns >= 1 for t in saved)
 
 
+@pytest.mark.slow
 async def test_interrupt_saves_before_tearing_down_and_marks_an_empty_run(tmp_path, smollm2_policy):
     """The summary is written as soon as the run is cancelled, while the running trajectories are still being
     torn down (a second Ctrl-C then loses nothing), and it is written even when nothing finished; an earlier

@@ -530,6 +530,7 @@ async def test_a_mount_with_a_missing_source_is_refused_not_created(tmp_path):
     assert not missing.exists()
 
 
+@pytest.mark.slow
 async def test_cancelled_starts_leave_no_folder_or_cgroup(tmp_path, monkeypatch):
     """Starts cancelled at every moment of their work (folder, disk copy, cgroups, the check exec) leave nothing
     behind: the work a thread was doing when the start was cancelled finishes before the teardown, so it cannot

@@ -241,6 +241,7 @@ async def test_disk_limit_holds(backend_spec, manager):
 
 
 
+@pytest.mark.slow
 async def test_docker_disk_inodes_and_log_are_capped_by_the_kernel(docker_client, manager):
     """Docker, as a model would attack it: 2 GB written at full speed against a 256 MB limit, 300,000
     symlinks, and 20 MB into the container's log (``/proc/1/fd/1``).  On the host the writable layer
@@ -337,6 +338,7 @@ R2E_TASKS = Path(__file__).parent / "fixtures" / "r2e" / "tasks.jsonl"
 BIG_EDIT = _xml("file_editor", command="create", path="/testbed/big.txt", file_text="é" * 20_000)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_r2e_fifo_episodes_keep_the_thread_pool(sandbox_dir, tmp_path):
     """Eight R2E-Gym episodes in a row each plant FIFOs where the env writes (payload.json, run_tests.sh)
@@ -517,6 +519,7 @@ async def _play_hack(env, hack) -> tuple[float, dict]:
     return r, info
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("hack", list(r2e_hacks.HACKS))
 async def test_reward_hack_scores_zero_with_isolated_grading(hack, r2e_envs, r2e_backend):

@@ -102,6 +102,7 @@ async def test_greedy_is_deterministic_and_top_k_1_is_greedy(tiny):
     assert a.logprobs == b.logprobs
 
 
+@pytest.mark.slow
 async def test_seeded_sampling_is_reproducible(tiny, tiny_qwen):
     prompt = prompts(tiny, 1)[0]
     s = SamplingParams(max_tokens=10, temperature=1.0, seed=1234)
@@ -139,6 +140,7 @@ async def test_mixed_sampling_params_in_one_batch(tiny):
         assert m.logprobs == pytest.approx(s.logprobs, abs=1e-4)
 
 
+@pytest.mark.slow
 async def test_requests_join_a_running_batch_with_their_solo_results(tiny):
     """Continuous batching: requests that arrive while a long one decodes join it at the next step (their
     KV cache left-padded to the batch's, the batch's cut again when rows leave) and give their solo greedy
@@ -163,6 +165,7 @@ async def test_requests_join_a_running_batch_with_their_solo_results(tiny):
         assert g.logprobs == pytest.approx(s.logprobs, abs=1e-4)
 
 
+@pytest.mark.slow
 async def test_a_stream_of_newcomers_cannot_hold_back_running_rows(tiny_qwen):
     """Twelve clients resubmit 1-token requests (done at their prefill) without pause while a 40-token
     request decodes: each round admits at most one prefill and always decodes the running rows, so the long
@@ -203,6 +206,7 @@ async def test_stop_token_ends_generation_and_is_included(tiny):
     assert len(g.logprobs) == len(g.token_ids)
 
 
+@pytest.mark.slow
 async def test_smollm2_stops_on_eos_and_batches_match_solo(smol):
     ps = [chat_ids(smol, "What is 2+2? Answer with a number only."),
           chat_ids(smol, "Answer with one word: is the sky blue?")]
@@ -279,6 +283,7 @@ async def test_close_stops_the_worker_and_refuses_requests(tiny_qwen):
     p.close()  # idempotent
 
 
+@pytest.mark.slow
 async def test_close_fails_queued_requests_and_lets_the_running_batch_finish(tiny_qwen):
     p = TransformersPolicy(tiny_qwen, max_batch_size=2, batch_wait_s=0.0)
     tasks = [asyncio.create_task(p.generate([1, 2, 3 + i], SamplingParams(max_tokens=200, temperature=1.0)))
@@ -292,6 +297,7 @@ async def test_close_fails_queued_requests_and_lets_the_running_batch_finish(tin
     assert len(failed) == 6 and all("closed" in str(e) for e in failed)  # the queued ones did not run
 
 
+@pytest.mark.slow
 def test_model_folders_are_built_once_under_concurrency(test_data, tmp_path):
     """Four threads ask for the same tiny model in an empty cache: one build, one folder."""
     from concurrent.futures import ThreadPoolExecutor

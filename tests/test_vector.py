@@ -92,6 +92,7 @@ async def test_disabled_autoreset_needs_reset_mask():
         await venv.aclose()
 
 
+@pytest.mark.slow
 async def test_send_recv_returns_fast_envs_without_waiting_for_a_slow_one():
     """Three fast puzzle envs and one game vs a Stockfish that thinks 3 s per move."""
     async with ResourceManager() as m:
