@@ -27,6 +27,17 @@ def alive(pid: int) -> bool:
     return st is not None and st[1] != "Z"
 
 
+def cpu_ticks(pid: int) -> int:
+    """CPU time ``pid`` has used so far (user + system, in clock ticks: 1/100 s on Linux); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    fields = stat[stat.rindex(")") + 2:].split()  # from field 3 (state) on: utime is field 14, stime 15
+    return int(fields[11]) + int(fields[12])
+
+
 TREE_MARKER = "AGENTFLY_TEST_TREE"
 """Environment variable that tags the processes a test starts (children inherit it, orphans keep it)."""
 

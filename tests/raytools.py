@@ -19,7 +19,7 @@ class Counted:
 
     def __init__(self, events_dir: str, delay: float = 0.0) -> None:
         if delay:
-            time.sleep(delay)
+            time.sleep(delay)  # a slow constructor (a simulator's start), what the tests that pass it measure
         self.uid = uuid.uuid4().hex[:8]
         self.events = Path(events_dir) / f"{self.uid}.log"
         self._write("start")

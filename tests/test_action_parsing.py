@@ -58,6 +58,7 @@ def test_fence_bodies_equal_the_former_regex(text):
     assert _fence_bodies(text) == OLD_FENCE_RE.findall(text)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(texts(["[", "]", "a", "b[", "]c", "\n", " ", "click", "search", "\r"], max_size=16))
 def test_webshop_parse_action_equals_upstreams_regex(text):

@@ -165,6 +165,7 @@ def _small_root(alfworld_root: Path, tmp_path: Path, task_ids: list[str]) -> Pat
     return root
 
 
+@pytest.mark.slow
 def test_make_and_check_env(alfworld_root, tmp_path):
     """check_env resets ~12 times; two games keep that fast (a replayed game skips parsing)."""
     root = _small_root(alfworld_root, tmp_path, [LOOK_BOWL, PLACE_BOOK])
@@ -189,6 +190,7 @@ async def _close_default_manager():
     await default_manager().aclose()
 
 
+@pytest.mark.slow
 async def test_expert_solves_games_and_plans_once(alfworld_root, fresh_cache, monkeypatch):
     calls = []
     real = env_module.compute_plan
@@ -311,6 +313,7 @@ async def test_memory_watch_replaces_a_grown_simulator(alfworld_root):
         await env.aclose()
 
 
+@pytest.mark.slow
 async def test_planner_timeout_kills_the_child(alfworld_root, fresh_cache):
     game = load_index(alfworld_root, "valid_seen").by_task_id(PLACE_BOOK).game_file
     t0 = time.monotonic()

@@ -60,6 +60,7 @@ def _play(sim: ALFWorldSimulator, game: Path) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_a_revisited_game_is_served_from_the_cache_and_plays_identically(game_file, tmp_path, translations):
     cache = tmp_path / "cache"
     reference = _play(ALFWorldSimulator(engine_cache=False), game_file)
@@ -84,6 +85,7 @@ def test_a_revisited_game_is_served_from_the_cache_and_plays_identically(game_fi
     assert translations == [], "no revisit translates again"
 
 
+@pytest.mark.slow
 def test_a_changed_game_file_is_not_served_from_the_old_entry(game_file, tmp_path, translations):
     cache = tmp_path / "cache"
     sim = ALFWorldSimulator(engine_cache=cache)
@@ -110,6 +112,7 @@ def _whole_entry(game: Path, cache: Path) -> bytes:
     return blob
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["foreign", "truncated", "wrong-shape"])
 def test_an_unreadable_cache_file_is_a_miss_and_is_rewritten(game_file, tmp_path, translations, damage):
     cache = tmp_path / "cache"
@@ -133,6 +136,7 @@ def test_an_unreadable_cache_file_is_a_miss_and_is_rewritten(game_file, tmp_path
     assert again.load(game_file) == reference and again.cache_stats["disk_hits"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["cut-result", "wrong-result"])
 def test_a_readable_entry_whose_results_do_not_load_is_discarded_and_rebuilt(game_file, tmp_path, translations,
                                                                             damage, caplog):
@@ -199,6 +203,7 @@ def _copy(test_data: Path, rel: str, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_a_game_never_seen_reuses_what_other_games_parsed_and_plays_identically(test_data, tmp_path, translations):
     """The grammar snippets shared by all games are parsed once per process (content-keyed), and the
     optimised translation runs in the worker process: a second, different game must still give the
@@ -223,6 +228,7 @@ def test_a_game_never_seen_reuses_what_other_games_parsed_and_plays_identically(
     assert translations == []
 
 
+@pytest.mark.slow
 def test_a_dead_translation_worker_falls_back_to_translating_here(game_file, tmp_path, translations):
     reference = _play(ALFWorldSimulator(engine_cache=False), game_file)
     worker = engine_cache.start_translation_worker()
@@ -237,6 +243,7 @@ def test_a_dead_translation_worker_falls_back_to_translating_here(game_file, tmp
     engine_cache.stop_translation_worker()
 
 
+@pytest.mark.slow
 def test_precompute_fills_the_cache_skips_whole_entries_and_an_interrupt_leaves_no_partial_file(tmp_path, monkeypatch):
     """agentfly-gym data precompute alfworld, on the sample shipped in the package."""
     from agentfly_gym.data.paths import sample_dir

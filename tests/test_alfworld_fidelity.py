@@ -64,6 +64,7 @@ def _walk(result: dict) -> list[tuple[str | None, str]]:
     return list(zip([None, *result["commands"]], result["observations"]))
 
 
+@pytest.mark.slow
 async def test_issue_example_drawers_as_alfworld_0_4(alfworld_root, tmp_path):
     r = await side_by_side(alfworld_root, tmp_path, EXAMPLE, script=DRAWER_WALK)
     assert r["mismatches"] == []
@@ -84,6 +85,7 @@ async def test_issue_example_drawers_as_alfworld_0_4(alfworld_root, tmp_path):
     assert walk[9][1].startswith("You open the drawer 1. The drawer 1 is open.")
 
 
+@pytest.mark.slow
 async def test_issue_example_as_stored_matches_alfredtwenv_on_the_same_files(alfworld_root, tmp_path):
     """``upgrade_games=False`` plays the json_2.1.1 files as stored: AlfredTWEnv on the unchanged files agrees."""
     r = await side_by_side(alfworld_root, tmp_path, EXAMPLE, upgrade=False, script=DRAWER_WALK[:3] + ["help"])
@@ -93,6 +95,7 @@ async def test_issue_example_as_stored_matches_alfredtwenv_on_the_same_files(alf
                             ("go to drawer 3", "Nothing happens."), ("help", "Nothing happens.")]
 
 
+@pytest.mark.slow
 async def test_the_comparison_catches_the_2_1_1_answers(alfworld_root, tmp_path):
     """The check can fail: our env playing the stored 2.1.1 files differs from AlfredTWEnv on 2.1.2 ones."""
     async with ResourceManager() as manager:
@@ -112,6 +115,7 @@ async def test_the_comparison_catches_the_2_1_1_answers(alfworld_root, tmp_path)
         "You arrive at loc 6. The drawer 1 is closed."]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id", [LOOK_BOWL, COOL_EGG])
 async def test_handcoded_expert_with_probes_matches_alfredtwenv(alfworld_root, tmp_path, task_id):
     """ALFWorld's hand-coded expert drives both; every 3rd step is a probe (help, look, inventory, an
@@ -125,6 +129,7 @@ async def test_handcoded_expert_with_probes_matches_alfredtwenv(alfworld_root, t
     assert any(c.isupper() for c in commands)  # an upper-case probe: "Nothing happens." on both sides
 
 
+@pytest.mark.slow
 async def test_planner_expert_wins_the_upgraded_game_like_alfredtwenv(alfworld_root, tmp_path):
     """Our planner's plan for the upgraded game uses ALFWorld 0.4's ``move <o> to <r>`` and wins on both."""
     r = await side_by_side(alfworld_root, tmp_path, PLACE_BOOK, policy="planner", max_steps=20)
@@ -167,6 +172,7 @@ def test_upgrade_game_rejects_what_is_not_a_game():
         upgrade_game({"grammar": "grammar :: {}", "pddl_domain": None})
 
 
+@pytest.mark.slow
 async def test_normalize_actions_is_an_option_not_the_default(alfworld_root):
     async with ResourceManager() as manager:
         faithful = ALFWorldEnv(data_dir=alfworld_root, split="valid_unseen", manager=manager, max_instances=1)

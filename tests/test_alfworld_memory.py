@@ -53,6 +53,7 @@ def test_a_bad_bound_is_a_config_error(bad):
         ALFWorldSimulator(max_intern_entries=bad, engine_cache=False, translation_worker=False)
 
 
+@pytest.mark.slow
 def test_twenty_games_never_seen_keep_the_intern_cache_under_its_bound():
     """TextWorld interns ~600-900 facts per game for ever (~1.1 MB per game never seen before); with a bound of
     3000 entries, 20 games that would add several times that leave at most 3000 after every load."""
@@ -89,6 +90,7 @@ def _transcript(sim: ALFWorldSimulator, game: str, steps: int, clear_each_step: 
     return out
 
 
+@pytest.mark.slow
 def test_games_played_after_emptying_the_intern_cache_give_exactly_the_same_text():
     """The same games played twice: once never emptying the cache, once emptying it after every load and before
     every step (as another simulator's load may do mid-episode); every observation, admissible list and win flag

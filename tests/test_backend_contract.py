@@ -182,6 +182,7 @@ def test_output_buffer_keeps_head_and_tail_with_one_marker():
 _LONG = "head -c 3000 /dev/zero | tr '\\0' A; head -c 3000 /dev/zero | tr '\\0' Z; echo"
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
 async def test_both_backends_cut_long_output_identically(docker_client, tmp_path, monkeypatch):
@@ -211,11 +212,12 @@ async def main():
         box = await scope.acquire(ContainerSpec(image=sys.argv[1], backend="docker", memory="128m"))
         sbx = await scope.acquire(ContainerSpec(image="host", backend="sandbox", memory="128m", name="sbx"))
         print(box.container_id, sbx.name, flush=True)
-        await asyncio.sleep(600)
+        await asyncio.sleep(600)  # alive until the test SIGKILLs it
 asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap ('bwrap' on PATH)")
 def test_gc_reaps_a_killed_managers_containers_and_sandboxes(docker_client, tmp_path, monkeypatch, capsys):

@@ -93,6 +93,7 @@ def runs(tmp_path_factory):
         log.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCRIPTS))
 def test_benchmark_script_writes_valid_json(runs, name):
     out, procs, _ = runs
@@ -128,6 +129,7 @@ def _finished(runs, name):
     return json.loads((out / f"{name}.json").read_text())
 
 
+@pytest.mark.slow
 def test_trace_rollout_plays_the_traced_episodes_within_the_bound(runs):
     """Every schedule plays exactly the traced turn counts; no schedule beats the ideal bound; the breakdown of
     ours' slot time adds up to B x wall."""
@@ -183,6 +185,7 @@ def test_longest_first_and_the_lower_bound_bracket_the_optimal_schedule():
         assert sim["lpt_efficiency"] <= sim["best_schedule_efficiency_at_most"] <= 1.0
 
 
+@pytest.mark.slow
 def test_memory_counts_one_engine_per_episode_and_one_process_per_gym_env(runs):
     """2 Chess games against Stockfish: ours = one interpreter + 2 engines; AsyncVectorEnv = the parent + 2
     workers + their 2 engines; every per-episode figure is positive."""
@@ -225,6 +228,7 @@ def test_memory_merge_keeps_rows_not_measured_again():
     assert res.data["skipped"] == {"Chess/ours/128": "memory"}  # the re-measured count's old skip is gone
 
 
+@pytest.mark.slow
 def test_grading_hack_campaign_counts(runs):
     """The hacks buy reward in place (upstream's grading) and nothing isolated; the gold patch scores 1.0 in both."""
     data = _finished(runs, "bench_grading_hacks")

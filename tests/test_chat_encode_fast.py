@@ -38,6 +38,7 @@ def chats(test_data):
             "qwen3": ChatTokenizer(qwen3(test_data))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2", "qwen3"])
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=texts)
@@ -68,6 +69,7 @@ def test_slow_tokenizer_is_refused(test_data):
     assert chat.action_ids(text) == tok.encode(text, add_special_tokens=False) + [chat.eot_token_id]
 
 
+@pytest.mark.slow
 def test_overridden_encode_path_is_refused(test_data):
     base = type(qwen3(test_data))
 
@@ -87,6 +89,7 @@ def test_overridden_encode_path_is_refused(test_data):
     assert not ok and "'encode'" in why
 
 
+@pytest.mark.slow
 def test_unchecked_transformers_version_is_refused(test_data, monkeypatch):
     import transformers
 
@@ -95,6 +98,7 @@ def test_unchecked_transformers_version_is_refused(test_data, monkeypatch):
     assert not chat.fast_encode and "5.11.0" in chat.fast_encode_refused
 
 
+@pytest.mark.slow
 def test_backend_state_transformers_would_reset_takes_the_slow_path(test_data):
     tok = qwen3(test_data)
     chat = ChatTokenizer(tok)

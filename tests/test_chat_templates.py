@@ -29,7 +29,7 @@ and a random new observation ``m``:
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
@@ -94,6 +94,13 @@ markup = st.sampled_from(["\n", "\n\n", " ", "  ", "\t", "<|im_end|>", "[INST]",
 texts = st.lists(st.one_of(words, markup), max_size=4).map("".join)
 
 
+def _normalised(tok, text: str) -> str:
+    """``text`` as the tokenizer's normaliser leaves it (what ``decode(encode(text))`` gives back): Qwen3's is NFC,
+    which maps e.g. the CJK compatibility ideograph U+2F800 to U+4E3D."""
+    normalizer = tok.backend_tokenizer.normalizer
+    return normalizer.normalize_str(text) if normalizer is not None else text
+
+
 def _check_append(chat: ChatTokenizer, conversation: list[dict], new: dict) -> None:
     """Property 1 (and 2: the caller passes the conversation a clean append must match)."""
     tok = chat.tokenizer
@@ -102,23 +109,33 @@ def _check_append(chat: ChatTokenizer, conversation: list[dict], new: dict) -> N
     full = chat.render(conversation + [new], add_generation_prompt=True)
     appended = chat.append_ids([new])
     assert full.startswith(before[:cut])
-    assert tok.decode(appended) == full[cut:]
+    assert tok.decode(appended) == _normalised(tok, full[cut:])  # decoding gives the normalised text back
     assert tok.encode(before[:cut], add_special_tokens=False) + appended == tok.encode(full, add_special_tokens=False)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), with_system=st.booleans(), exchanges=st.integers(1, 2))
-def test_append_matches_a_fresh_render(chats, name, data, with_system, exchanges):
+@given(system_text=texts, with_system=st.booleans(), exchanges=st.lists(st.tuples(texts, texts), min_size=1,
+                                                                         max_size=2), observation=texts)
+# Found by hypothesis (both with the Mistral template; kept for every family):
+# - a character the tokenizer normalises (NFC: U+2F800 -> U+4E3D): the ids are a fresh render's, the decoded text
+#   is the normalised one;
+# - an observation that holds a placeholder text of the dummy conversations (hypothesis draws string constants of
+#   the code under test): it is the observation's own text, not a leak.
+@example(system_text="", with_system=False, exchanges=[("", "")], observation="\U0002f800")
+@example(system_text="", with_system=True, exchanges=[("", "")], observation=chat_module._MARK_ALT)
+@example(system_text=chat_module._SYSTEM, with_system=True, exchanges=[(chat_module._USER, chat_module._MARK)],
+         observation=chat_module._SYSTEM_ALT)
+def test_append_matches_a_fresh_render(chats, name, system_text, with_system, exchanges, observation):
     chat = chats[name]
-    system = [{"role": "system", "content": "SYS " + data.draw(texts)}] if with_system else []
+    system = [{"role": "system", "content": "SYS " + system_text}] if with_system else []
     turns = []
-    for _ in range(exchanges):
-        turns += [{"role": "user", "content": data.draw(texts)}, {"role": "assistant", "content": data.draw(texts)}]
-    new = {"role": "user", "content": data.draw(texts)}
+    for user, reply in exchanges:
+        turns += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    new = {"role": "user", "content": observation}
     appended_text = chat.tokenizer.decode(chat.append_ids([new]))
-    for p in PLACEHOLDERS:                     # never a word of the dummy conversation
-        assert p not in appended_text
+    for p in PLACEHOLDERS:                     # never a word of the dummy conversation (unless the observation's own)
+        assert appended_text.count(p) == _normalised(chat.tokenizer, observation).count(p), p
     if chat.system_moves:
         # the system message stays in the chain's first turn; the new turn carries the observation only
         assert not system or system[0]["content"] not in appended_text or system[0]["content"] in new["content"]
@@ -146,6 +163,7 @@ def test_family_details(chats):
     assert text.count(system) == 1 and "helpful assistant" not in text
 
 
+@pytest.mark.slow
 def test_templates_that_leak_history_are_refused(test_data):
     """A template that repeats an earlier message inside every new turn has no clean suffix: refused loudly."""
     repeat_first = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'user' %}"

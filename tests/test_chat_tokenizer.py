@@ -82,6 +82,7 @@ def check(chat, chain, hybrid, fresh, spans, drifted):
         assert chain == fresh
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), with_system=st.booleans(), turns=st.integers(1, 3))
@@ -99,6 +100,7 @@ def test_text_replies_match_a_fresh_render(chats, name, data, with_system, turns
     check(chat, *assemble(chat, system, observations, replies))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), turns=st.integers(1, 3))
@@ -211,6 +213,7 @@ def test_errors(chats):
     assert ChatTokenizer(tok).eot_token == "<|im_end|>"
 
 
+@pytest.mark.slow
 async def test_real_generation_chain_matches_fresh_render(chats):
     """Three turns of real SmolLM2 sampling (24 new tokens max), two conversations batched."""
     chat = chats["smollm2"]

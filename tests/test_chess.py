@@ -24,7 +24,8 @@ from agentfly_gym.envs.chess import (ChessEnv, MoveError, StockfishEngine, find_
 from agentfly_gym.errors import ConfigError, DataNotFoundError, ResetNeeded, ResourceUnavailable
 from agentfly_gym.resources import ResourceManager
 from agentfly_gym.utils.aio import run_sync
-from proctools import live_processes
+from proctools import alive, live_processes
+from waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -294,7 +295,7 @@ async def test_max_instances_caps_concurrency():
         envs = [ChessEnv(manager=m, mode="play", skill_level=0, engine_depth=1, max_instances=2) for _ in range(3)]
         await asyncio.gather(envs[0].areset(), envs[1].areset())
         third = asyncio.ensure_future(envs[2].areset())
-        await asyncio.sleep(0.5)
+        await until(lambda: _pool(m)["waiting"] == 1, 30, "the third env to queue")
         assert not third.done()
         metrics = _pool(m)
         assert (metrics["in_use"], metrics["waiting"], metrics["started"]) == (2, 1, 2)
@@ -321,7 +322,7 @@ async def test_killed_engine_is_a_handled_fault_and_replaced():
         assert new_pid != pid and _live_stockfish_children() == {new_pid}
         await env.aclose()
         os.kill(new_pid, 9)  # dies while idle in the pool: the health check on acquisition replaces it
-        await asyncio.sleep(0.2)
+        await until(lambda: not alive(new_pid), 10, "the killed engine to exit")
         env = ChessEnv(manager=m, mode="play", skill_level=0, engine_depth=1)
         await env.areset()
         assert env.scope.resources[env.engine_spec.key].obj.pid not in (pid, new_pid)

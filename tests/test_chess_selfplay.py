@@ -150,6 +150,7 @@ class Failing:
         return await self.inner.act(observation, info, env)
 
 
+@pytest.mark.slow
 async def test_expert_beats_random_and_rewards_are_zero_sum(qwen_chat):
     async with ResourceManager() as manager:
         env = _env(manager=manager, max_moves=300)
@@ -208,6 +209,7 @@ async def test_step_mode_rows_per_player_and_runner_summary(qwen_chat, tmp_path)
 
 
 # ------------------------------------------------------------------ a real model on both sides
+@pytest.mark.slow
 async def test_tiny_model_self_play_keeps_exact_ids_in_chain_and_step_mode(tiny_qwen):
     from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
 
@@ -250,6 +252,7 @@ async def test_tiny_model_self_play_keeps_exact_ids_in_chain_and_step_mode(tiny_
         policy.close()
 
 
+@pytest.mark.slow
 def test_cli_rollout_reports_per_side_results(tmp_path, capsys):
     """`agentfly-gym rollout --env ChessSelfPlay-v0` plays games, prints per-side results and saves them."""
     import json

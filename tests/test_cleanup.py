@@ -34,6 +34,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exit", "error", "sigterm", "sigint"])
 def test_no_process_outlives_its_python(how):
     proc = subprocess.Popen([sys.executable, "-c", CHILD, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

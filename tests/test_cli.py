@@ -13,6 +13,7 @@ import time
 
 import pytest
 from proctools import default_sigint, live_processes, mark_tree, wait_gone
+from waiting import wait_until
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -47,11 +48,12 @@ def test_bad_rollout_arguments_are_clear_errors(args, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["sigterm", "double-ctrl-c"])
 def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals, monkeypatch):
     """Two quick WebShop episodes finish; two games against a Stockfish thinking 60 s a move cannot end in
     under two minutes (no mate before the engine's second move), so SIGTERM (or Ctrl-C pressed twice, the
-    second one during the save), sent as soon as the CLI's ``-v`` log reports both WebShop trajectories
+    second one once the first one's save is logged, during the tear-down), sent as soon as the CLI's ``-v`` log reports both WebShop trajectories
     finished, must save exactly those two and stop every process."""
     out = tmp_path / "run"
     kwargs = {"Chess-v0": {"mode": "play", "engine_depth": None, "engine_movetime": 60.0, "skill_level": 20},
@@ -76,14 +78,19 @@ def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals, 
         time.sleep(0.2)
     assert done == ["agentfly/WebShop-v0"] * 2, "".join(lines)
     assert live_processes(["stockfish"], marker=marker) - before, "the chess games should still be running"
+    repeated = False
     for i, sig in enumerate(signals):
-        if i:
-            time.sleep(0.05)
+        if i:  # the second Ctrl-C once the first one's save is done, while the games are torn down
+            wait_until(lambda: any("rollout interrupted: saved" in x for x in list(lines)) or proc.poll() is not None,
+                       120, "the first signal's save")
+            repeated = proc.poll() is None
         proc.send_signal(sig)
     proc.wait(timeout=120)
     reader.join(timeout=10)
     # the shell's convention, 128 + the signal: 143 for SIGTERM (it was 130 for both), 130 for Ctrl-C
     assert proc.returncode == 128 + signals[0], "".join(lines)
+    if repeated:  # the second one reached the CLI while it was stopping (not yet gone): it said so
+        assert "already stopping" in "".join(lines), "".join(lines)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True, summary
     assert (summary["trajectories"], summary["errors"]) == (2, 0), summary
@@ -91,6 +98,7 @@ def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals, 
     assert not wait_gone(live_processes(["java", "stockfish"], marker=marker) - before, 20)
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_terminal_stops_scienceworld_without_tracebacks(tmp_path, monkeypatch):
     """A terminal's Ctrl-C sends SIGINT to the whole foreground process group.  The JVMs used to be in it and
     died at once, and every rollout's py4j client printed "Answer from Java side is empty" tracebacks; now they
@@ -107,7 +115,8 @@ def test_ctrl_c_in_a_terminal_stops_scienceworld_without_tracebacks(tmp_path, mo
     t0 = time.monotonic()
     while time.monotonic() - t0 < 300 and proc.poll() is None and not any("finished" in x for x in list(lines)):
         time.sleep(0.2)
-    time.sleep(1.0)  # the other rollouts are mid-episode
+    # one trajectory finished: the other rollouts (concurrency 4) are mid-episode, on live JVMs
+    wait_until(lambda: live_processes(["java"], marker=marker) - before, 60, "the rollouts' JVMs")
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does
     proc.wait(timeout=120)
     reader.join(timeout=10)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from proctools import default_sigint
+from waiting import threads_running, until
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceError
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
@@ -68,6 +69,7 @@ async def procs(c: DockerContainer) -> list[str]:
     return [line for line in r.output.splitlines() if line.strip() and "/proc/[0-9]" not in line]
 
 
+@pytest.mark.slow
 async def test_scope_reuse_labels_limits_and_parallel_exec(engine, base_image, manager):
     s = spec(base_image, cpus=0.5, pids=100, max_instances=2)
     async with manager.scope("rollout-1") as a, manager.scope("rollout-2") as b:
@@ -110,9 +112,8 @@ async def test_pool_cap_waiter_proceeds_after_release(base_image, manager):
     c = await first.acquire(s)
     second = manager.scope("second")
     waiter = asyncio.ensure_future(second.acquire(s))
-    await asyncio.sleep(0.5)
+    await until(lambda: manager.metrics()[s.key]["waiting"] == 1, 30, "the second acquisition to queue")
     assert not waiter.done()
-    assert manager.metrics()[s.key]["waiting"] == 1
     await c.exec("echo leaked > /tmp/state")
     await first.aclose()
     c2 = await asyncio.wait_for(waiter, 30)
@@ -124,6 +125,7 @@ async def test_pool_cap_waiter_proceeds_after_release(base_image, manager):
     await second.aclose()
 
 
+@pytest.mark.slow
 async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(base_image, manager):
     """reset() gives a fresh container (files anywhere, processes, /tmp); the pool parks an idle
     instance, so the next acquisition waits for nothing like a start."""
@@ -169,6 +171,7 @@ async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(b
     assert reuse_time < start_time, (reuse_time, start_time)
 
 
+@pytest.mark.slow
 async def test_exec_timeout_kills_command_and_children(base_image, manager):
     async with manager.scope("t") as scope:
         c = await scope.acquire(s := spec(base_image))
@@ -190,6 +193,7 @@ async def test_exec_timeout_kills_command_and_children(base_image, manager):
         assert s.key in manager.metrics()
 
 
+@pytest.mark.slow
 async def test_output_cap_keeps_head_and_tail(base_image, manager):
     async with manager.scope("o") as scope:
         c = await scope.acquire(spec(base_image))
@@ -203,6 +207,7 @@ async def test_output_cap_keeps_head_and_tail(base_image, manager):
         assert len(r.output) <= 50 and r.output.startswith("1\n") and r.output.endswith("100\n")
 
 
+@pytest.mark.slow
 async def test_killed_container_is_unhealthy_and_replaced(engine, base_image, manager):
     s = spec(base_image)
     scope = manager.scope("k")
@@ -224,6 +229,7 @@ async def test_killed_container_is_unhealthy_and_replaced(engine, base_image, ma
         engine.api.inspect_container(c.name)
 
 
+@pytest.mark.slow
 async def test_memory_hog_is_oom_killed_and_fork_bomb_is_contained(engine, base_image, manager):
     s = spec(base_image, memory="64m", pids=40)
     async with manager.scope("m") as scope:
@@ -243,6 +249,7 @@ async def test_memory_hog_is_oom_killed_and_fork_bomb_is_contained(engine, base_
         assert len(left) <= 3, left
 
 
+@pytest.mark.slow
 async def test_network_off_by_default_and_on_when_enabled(base_image, manager):
     probe = textwrap.dedent("""
         import os, socket, threading
@@ -267,6 +274,7 @@ async def test_network_off_by_default_and_on_when_enabled(base_image, manager):
     assert "eth0" in r_on.output and int(r_on.output.split()[0]) >= 2  # an interface with a default route
 
 
+@pytest.mark.slow
 async def test_put_and_get_files_round_trip(base_image, manager):
     blob = bytes(range(256)) * 4096 + os.urandom(1000)
     async with manager.scope("f") as scope:
@@ -361,11 +369,12 @@ async def main():
     c = await m.scope("s").acquire(ContainerSpec(image=sys.argv[1], backend="docker", memory="128m"))
     print(c.container_id, flush=True)
     if sys.argv[2] == "wait":
-        await asyncio.sleep(120)
+        await asyncio.sleep(120)  # alive until the test signals it
 asyncio.run(main())   # exits without closing the manager: the atexit hook must clean up
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigterm", "sigint", "atexit"])
 def test_process_end_removes_its_containers(engine, base_image, how):
     import docker
@@ -388,6 +397,7 @@ def test_process_end_removes_its_containers(engine, base_image, how):
         engine.api.inspect_container(cid)
 
 
+@pytest.mark.slow
 async def test_fast_exec_output_is_never_lost_under_cpu_load(engine, base_image, manager):
     """docker-py's ``exec_start`` drops output that arrives together with the HTTP response headers
     (docker/docker-py#3332): under CPU load about 2% of quick ``echo`` execs came back empty with exit 0.
@@ -424,6 +434,7 @@ async def test_a_container_killed_during_an_exec_is_reported_dead(engine, base_i
         await scope.discard(c)
 
 
+@pytest.mark.slow
 async def test_a_mount_with_a_missing_source_is_refused_not_created(base_image, manager, tmp_path):
     """Docker's legacy ``binds`` created a root-owned empty folder for a missing source and started the
     container; typed mounts (and the backend's own check) refuse it, and nothing appears on the host."""
@@ -444,6 +455,7 @@ async def test_a_mount_with_a_missing_source_is_refused_not_created(base_image, 
         assert (await box.exec("touch /data/y 2>/dev/null || echo read-only")).output == "read-only\n"
 
 
+@pytest.mark.slow
 async def test_a_cancelled_exec_of_a_torn_down_container_prints_nothing(base_image, tmp_path):
     """Ctrl-C during a run: the exec's task is cancelled and the container torn down, so the exec's thread
     ends with ResourceDied that nobody awaits; asyncio must not report "Future exception was never retrieved"."""
@@ -457,16 +469,23 @@ async def test_a_cancelled_exec_of_a_torn_down_container_prints_nothing(base_ima
         scope = m.scope("cancel")
         box = await scope.acquire(spec(base_image))
         task = asyncio.ensure_future(box.exec("sleep 30", timeout=60))
-        await asyncio.sleep(1.0)
+        deadline = loop.time() + 30
+        while not any("sleep 30" in p for p in await procs(box)):  # the exec runs: cancel it midway
+            assert loop.time() < deadline, "the exec never started"
+            await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await scope.aclose()
         await m.aclose()
-        await asyncio.sleep(1.0)  # the exec's thread ends
+        # the exec's thread (the Docker pool's workers, not its disk watchdog) leaves the backend's code
+        await until(lambda: not threads_running(os.path.join("containers", "docker", ""), thread_prefix="afg-docker_"),
+                    30, "the exec's thread to end")
+        for _ in range(3):  # the thread's result reaches the loop (call_soon_threadsafe)
+            await asyncio.sleep(0)
         del task
         gc.collect()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)
         assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
     finally:
         loop.set_exception_handler(None)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
+
+from proctools import wait_gone
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,9 +38,10 @@ def test_dockerd_does_not_inherit_the_start_lock(tmp_path):
         assert f"{pidfile}.lock" not in held, held  # held by the stand-in dockerd before the fix
         # dockerd crashes, its shim lives on: a new start is not refused by a lock the shim inherited
         ready.unlink()
-        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        dead = int(pidfile.read_text())
+        os.kill(dead, signal.SIGKILL)
         pidfile.unlink()  # its zombie may linger here (a container's init need not reap it): it is gone
-        time.sleep(0.2)
+        assert not wait_gone([dead], 10)
         r = subprocess.run(["bash", str(REPO / "scripts" / "docker-engine.sh"), "start"], env=env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr

@@ -47,6 +47,7 @@ def chess_trajectories(qwen):
     return asyncio.run(_roll(qwen))
 
 
+@pytest.mark.slow
 def test_known_qwen_pair_drifts(qwen):
     # environments.md: Qwen ids [220, 1782] decode to " the" and re-encode as [279]
     re_ids, changed = sequence_drift([220, 1782], qwen.tokenizer)
@@ -67,6 +68,7 @@ def test_assistant_segments_are_the_mask_runs():
         assistant_segments([1, 2], [1])
 
 
+@pytest.mark.slow
 def test_measure_drift_on_real_trajectories(chess_trajectories, qwen):
     trajs = chess_trajectories
     res = measure_drift(trajs + [{"trajectory_id": "failed", "prompt_ids": [], "response_ids": [],
@@ -87,6 +89,7 @@ def test_measure_drift_on_real_trajectories(chess_trajectories, qwen):
     assert res["chain"]["tokens_changed"] == sum(r["chain_changed"] for r in res["per_trajectory"])
 
 
+@pytest.mark.slow
 def test_drift_cli_on_saved_trajectories(chess_trajectories, qwen, tmp_path, test_data, capsys):
     paths = save_trajectories(chess_trajectories, tmp_path / "run")
     direct = measure_drift(chess_trajectories, qwen.tokenizer)

@@ -55,6 +55,7 @@ def _first_difference(a, b, path="") -> str:
     return f"{path}: {a!r} != {b!r}"
 
 
+@pytest.mark.slow
 async def test_trajectories_are_identical_to_the_recorded_ones(test_data):
     expected = json.loads(GOLDEN.read_text())
     got = json.loads(json.dumps(await record(), allow_nan=True))  # the same JSON round trip as the file

@@ -21,6 +21,7 @@ import time
 import gymnasium
 import pytest
 from proctools import alive, live_processes, wait_gone
+from waiting import threads_running, until
 
 import agentfly_gym  # noqa: F401  (registers the envs)
 from agentfly_gym.resources import ResourceManager
@@ -54,7 +55,8 @@ ABANDONED_STARTS = """
             time.sleep(0.002)
 
     async def main():
-        threading.Thread(target=watch, daemon=True).start()
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         m = ResourceManager()
         env = gymnasium.make("agentfly/Chess-v0", mode="play", reset_timeout=0.005, max_instances=1, manager=m).unwrapped
         timeouts = 0
@@ -63,11 +65,11 @@ ABANDONED_STARTS = """
                 await env.areset(seed=i)
             except ResourceTimeout:
                 timeouts += 1
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # the cut-short start goes on in the background: the cap must hold across it
         await env.aclose()
         await m.aclose()
         stop.set()
-        time.sleep(0.05)
+        watcher.join(10)
         left = live_processes(["stockfish"], children_of=os.getpid())
         print(timeouts, peak[0], " ".join(map(str, sorted(seen))), "|", " ".join(map(str, sorted(left))))
 
@@ -75,6 +77,7 @@ ABANDONED_STARTS = """
 """
 
 
+@pytest.mark.slow
 def test_cut_short_engine_starts_are_closed_counted_and_do_not_block_exit():
     """Chess play mode, reset_timeout=0.005, max_instances=1: each reset is cut short while Stockfish starts."""
     r = _run_child(ABANDONED_STARTS, os.path.dirname(__file__))
@@ -112,6 +115,7 @@ def test_async_script_that_never_closes_exits(how):
     assert not wait_gone(pids, 10), "the engine outlived its Python"
 
 
+@pytest.mark.slow
 def test_sigterm_to_rollout_while_an_engine_starts(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentfly_gym", "rollout", "--env", "Chess-v0", "--policy", "random", "-n", "200",
@@ -134,6 +138,7 @@ def test_sigterm_to_rollout_while_an_engine_starts(tmp_path):
     assert not wait_gone(seen, 10)
 
 
+@pytest.mark.slow
 async def test_stopped_jvm_does_not_block_the_event_loop():
     """A SIGSTOPped JVM: a garbage collection on the loop's thread frees a Java proxy, then a step times out."""
     async with ResourceManager() as m:
@@ -156,6 +161,7 @@ async def test_stopped_jvm_does_not_block_the_event_loop():
     assert not wait_gone([pid], 30)
 
 
+@pytest.mark.slow
 async def test_simulator_killed_during_load_is_retried_on_a_fresh_one():
     async with ResourceManager() as m:
         env = gymnasium.make("agentfly/ScienceWorld-v0", manager=m, max_instances=2).unwrapped
@@ -169,7 +175,9 @@ async def test_simulator_killed_during_load_is_retried_on_a_fresh_one():
         assert not reset.done()
         pid = r.obj.pid
         os.kill(pid, signal.SIGSTOP)  # hold the load ...
-        await asyncio.sleep(0.5)
+        # the reset's thread calls the stopped JVM (the task's variations, then the load): it waits for an answer
+        await until(lambda: threads_running(os.path.join("scienceworld", "simulator.py")), 30,
+                    "the reset to call the stopped JVM")
         os.kill(pid, signal.SIGKILL)  # ... and kill the JVM under it
         obs, info = await reset
         fresh = env.scope.resources[key]
@@ -187,7 +195,7 @@ PLANNER_PARENT = """
     child = subprocess.Popen([sys.executable, "-P", str(planner._WORKER), str(__import__("os").getpid())],
                              stdin=int(sys.argv[1]), pass_fds=(int(sys.argv[1]),))
     print(child.pid, flush=True)
-    time.sleep(600)
+    time.sleep(600)  # alive until the test kills it
 """
 
 
@@ -229,6 +237,7 @@ def r2e_backend(request) -> dict:
     return {"backend": "sandbox", "image": "host"}
 
 
+@pytest.mark.slow
 async def test_malformed_r2e_actions_are_error_observations_not_episode_ends(r2e_backend):
     from agentfly_gym.envs.r2egym import R2EGymEnv
 
@@ -282,11 +291,8 @@ async def test_cut_short_in_process_start_is_closed_and_holds_its_slot():
         with pytest.raises(ResourceTimeout):
             await pool.acquire(timeout=0.05)
         SlowThing.gate.set()  # the factory returns now
-        for _ in range(500):
-            if pool.size == 0:
-                break
-            await asyncio.sleep(0.02)
-        assert pool.size == 0 and len(SlowThing.built) == 1 and SlowThing.built[0].closed
+        await until(lambda: pool.size == 0, 10, "the late instance to be closed")
+        assert len(SlowThing.built) == 1 and SlowThing.built[0].closed
         r = await pool.acquire()  # the slot is usable again
         assert isinstance(r.obj, SlowThing) and not r.obj.closed
         await pool.release(r)

@@ -125,6 +125,7 @@ def test_clear_errors():
         step_index(["u"], [{"trajectory_id": "A", "step": -1, "mode": "chain"}])
 
 
+@pytest.mark.slow
 def test_selectable_in_a_fresh_trainer_process():
     """verl's VERL_USE_EXTERNAL_MODULES hook imports the module; then 'gigpo' is in the registry."""
     env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="agentfly_gym_verl.gigpo",
@@ -157,6 +158,7 @@ class _FixedMoves:
         return self._out(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
 
 
+@pytest.mark.slow
 async def test_compute_advantage_on_real_step_rows(tmp_path, tiny_qwen):
     """Four step-mode rollouts of one Chess puzzle (rollout.n = 4), their AgentLoopOutputs turned into a
     batch as verl's V1 trainer does (``as_dict``: rm_scores, response_mask), then verl's compute_advantage

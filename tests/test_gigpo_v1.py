@@ -87,6 +87,7 @@ def _batch(store) -> KVBatchMeta:
     return KVBatchMeta(keys=keys, tags=[store.tags[k] for k in keys], partition_id="train")
 
 
+@pytest.mark.slow
 def test_selectable_in_a_fresh_trainer_process():
     """verl's VERL_USE_EXTERNAL_MODULES hook imports the module: the trainer names resolve through
     verl's get_trainer_cls (what main_ppo calls) and the "gigpo" estimator is registered."""
@@ -107,6 +108,7 @@ def test_selectable_in_a_fresh_trainer_process():
                              "gigpo_separate_async": "separate_async"}
 
 
+@pytest.mark.slow
 async def test_gigpo_advantages_through_the_v1_worker_and_trainer(tmp_path, tiny_qwen, store):
     """Four step-mode sessions of one puzzle through verl's V1 worker; the gigpo_sync trainer (built by
     verl's __init__, so it runs as verl's sync trainer) writes GiGPO advantages equal to the hand-computed
@@ -157,6 +159,7 @@ async def test_gigpo_advantages_through_the_v1_worker_and_trainer(tmp_path, tiny
                                   atol=1e-3)
 
 
+@pytest.mark.slow
 async def test_chain_rows_get_a_clear_error(tmp_path, tiny_qwen, store):
     """Rows of the chain-mode loop carry no steps: the trainer names the loop GiGPO needs, writes nothing."""
     cfg, _ = await _rollout(tmp_path, tiny_qwen, "agentfly_chain")

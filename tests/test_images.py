@@ -100,6 +100,7 @@ def test_base_image_is_idempotent_and_keeps_its_rootfs(engine, base_image):
     assert out.rstrip().endswith("1")  # pip may install into the system Python
 
 
+@pytest.mark.slow
 def test_recipe_build_is_content_addressed(engine, base_image, tmp_path):
     recipe = tmp_path / "hello"
     recipe.mkdir()

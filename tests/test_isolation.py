@@ -20,6 +20,7 @@ from agentfly_gym.resources.inprocess import InProcessResource, ObjectProxy, for
 from agentfly_gym.resources.manager import ResourceManager
 from agentfly_gym.resources.spec import InProcessSpec
 from proctools import alive, wait_gone
+from waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -138,7 +139,7 @@ def test_children_die_with_a_sigkilled_parent(tmp_path):
             b = await m.acquire_global(InProcessSpec(factory="fractions:Fraction", kwargs={"numerator": 3},
                                                      isolation="process"))
             print(a.child_pid, b.child_pid, flush=True)
-            time.sleep(600)
+            time.sleep(600)  # alive until the test SIGKILLs it
 
         asyncio.run(main())
     """)
@@ -156,7 +157,7 @@ async def test_released_while_starting_leaves_no_child():
     async with ResourceManager() as m:
         pool = m.pool(_spec())
         task = asyncio.ensure_future(pool.acquire())
-        await asyncio.sleep(0.05)
+        await until(_children, 30, "the child interpreter to start")  # cancelled while it starts
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -84,7 +84,7 @@ class _SlowJudge(http.server.BaseHTTPRequestHandler):
             failing = cls.fail > 0
             cls.fail -= 1
             cls.prompts.append(body["messages"][0]["content"])
-        time.sleep(0.3)
+        time.sleep(0.3)  # a slow judge: the requests in flight at once are what the tests count
         with cls.lock:
             cls.in_flight -= 1
         code = 503 if failing else 200
@@ -110,6 +110,7 @@ def slow_judge():
     srv.server_close()
 
 
+@pytest.mark.slow
 async def test_judge_api_concurrency_bound_retries_and_failure_isolation(slow_judge, tmp_path):
     """8 trajectories at once through a judge with concurrency=2: never more than 2 requests in flight, the
     first request's 503 retried, every trajectory judged 0.6 (env return kept in info); a judge that keeps
@@ -158,6 +159,7 @@ def test_cli_custom_function_reward(tmp_path):
     assert main(["rollout", *CHESS, "-n", "1", "--reward", "judge:model=m", "--output-dir", str(out)]) == 2
 
 
+@pytest.mark.slow
 def test_cli_rollout_with_a_local_transformers_serve_judge(tmp_path):
     """``--reward judge:serve=transformers,model=smollm2``: the bundled model served by a real
     ``transformers serve`` started as a global resource, asked once per trajectory, stopped at the end."""
@@ -197,6 +199,7 @@ def _server_alive(log) -> bool:
 
 
 
+@pytest.mark.slow
 async def test_verl_agent_loop_yaml_reward_key(tmp_path, tiny_qwen, slow_judge):
     """The plugin's YAML key ``reward:``: a custom function sets ``reward_score`` of every step row; a judge that
     keeps failing fails only that trajectory: under V1 it leaves no row and is counted in failure_metrics()."""

@@ -11,7 +11,8 @@ import gc
 import time
 
 import pytest
-from proctools import live_processes, mark_tree, wait_gone
+from proctools import cpu_ticks, live_processes, mark_tree, wait_gone
+from waiting import until
 
 from agentfly_gym.envs.chess import ChessEnv
 from agentfly_gym.resources import ResourceManager
@@ -35,6 +36,7 @@ async def _timed_reset(env: ChessEnv) -> tuple[float, dict]:
     return time.monotonic() - t0, info
 
 
+@pytest.mark.slow
 async def test_an_env_dropped_without_aclose_gives_its_engine_back():
     async with ResourceManager() as m:
         first = _env(m)
@@ -58,8 +60,10 @@ async def test_a_cancelled_deep_search_ends_its_episode_and_stops_the_engine():
     async with ResourceManager() as m:
         first = _env(m, engine_depth=30, skill_level=20)
         _, info = await first.areset(seed=0)
+        engine = first.scope.resources[first.engine_spec.key].obj.pid
+        busy = cpu_ticks(engine)
         step = asyncio.ensure_future(first.astep(info["admissible_actions"][0]))
-        await asyncio.sleep(1.0)  # the search is running
+        await until(lambda: cpu_ticks(engine) >= busy + 20, 60, "Stockfish to search (0.2 s of CPU)")
         assert not step.done()
         step.cancel()
         with pytest.raises(asyncio.CancelledError):

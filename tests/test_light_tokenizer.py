@@ -60,6 +60,7 @@ def conversations(draw):
     return msgs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2", "qwen3"])
 def test_same_backend_and_special_tokens(pairs, name):
     auto, light = pairs[name]
@@ -76,6 +77,7 @@ def test_same_backend_and_special_tokens(pairs, name):
         (auto.eos_token, auto.eos_token_id, auto.pad_token_id, auto.bos_token_id)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2", "qwen3"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conv=conversations(), gen=st.booleans(), thinking=st.sampled_from([None, True, False]))
@@ -90,6 +92,7 @@ def test_chat_template_text_and_ids(pairs, name, conv, gen, thinking):
         auto.apply_chat_template(conv, add_generation_prompt=gen, **kw)["input_ids"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2", "qwen3"])
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=texts, data=st.data())
@@ -147,6 +150,7 @@ def test_compat_matches_installed_transformers():
     assert not changed, f"transformers changed code that agentfly_gym/rollout/_compat.py mirrors: {changed}"
 
 
+@pytest.mark.slow
 def test_unchecked_transformers_version_falls_back(test_data, monkeypatch):
     folder = test_data / "tokenizers" / "qwen3"
     monkeypatch.setattr(_compat, "transformers_version", lambda: "99.0.0")
@@ -192,6 +196,7 @@ print("HEAVY=" + json.dumps(heavy))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["random", "expert"])
 def test_scripted_rollout_imports_no_model_stack(policy, tmp_path, test_data):
     """A scripted rollout from the CLI (a fresh interpreter) leaves torch and transformers out of sys.modules."""

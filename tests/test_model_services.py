@@ -44,6 +44,7 @@ def smollm2():
     return str(smollm2_dir())
 
 
+@pytest.mark.slow
 async def test_transformers_server_lifecycle_judge_and_token_policy_refusal(smollm2):
     svc_spec = ModelServiceSpec(engine="transformers", model=smollm2, start_timeout=600)
     async with ResourceManager() as m:
@@ -70,6 +71,7 @@ async def test_transformers_server_lifecycle_judge_and_token_policy_refusal(smol
     assert log_path.exists()
 
 
+@pytest.mark.slow
 async def test_bad_model_fails_start_with_log_and_leaves_no_process(tmp_path):
     async with ResourceManager() as m:
         with pytest.raises(ResourceStartError, match="exited|not healthy"):

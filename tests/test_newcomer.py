@@ -54,6 +54,7 @@ def bare_env(tmp_path, r2e_tasks) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_every_env_runs_with_no_data_set_up(tmp_path, bare_env):
     r = subprocess.run([sys.executable, "-m", "agentfly_gym", "envs"], capture_output=True, text=True,
                        env=bare_env, timeout=300)
@@ -132,6 +133,7 @@ def lone_copy(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_data_reading_tests_pass_with_nothing_beside_the_clone(lone_copy, tmp_path):
     """The conftest's data lookup (``test_data``/``test_data``, ``test_cases``/``test_cases``, the Qwen3

@@ -14,6 +14,7 @@ import sys
 import threading
 
 import pytest
+from waiting import until
 
 pytest.importorskip("openenv.core", reason="pip install 'agentfly-gym[openenv]'")
 
@@ -82,7 +83,11 @@ async def test_openenv_client_plays_our_env_and_sessions_share_the_manager():
         assert bad.reward == 0.0 and not bad.done and bad.observation["text"]
         # a second client waits for the one engine (max_instances=1) until the first session ends
         second = asyncio.create_task(b.reset(seed=4))
-        await asyncio.sleep(1.0)
+
+        def queued() -> bool:
+            return any(p["waiting"] == 1 for k, p in srv.manager().metrics().items() if k.startswith("inprocess"))
+
+        await until(queued, 60, "the second session to wait for the engine")
         assert not second.done()
         await a.close()
         r2 = await asyncio.wait_for(second, 120)
@@ -142,6 +147,7 @@ def echo_env(tmp_path_factory):
     sys.path.remove(str(root))
 
 
+@pytest.mark.slow
 async def test_openenv_example_env_behind_our_wrapper(echo_env):
     """Two episodes at once through a pool of one server: the second waits, then reuses the same server."""
     async with ResourceManager() as m:
@@ -155,7 +161,8 @@ async def test_openenv_example_env_behind_our_wrapper(echo_env):
         assert (obs, reward, term, trunc) == ("hello", pytest.approx(0.5), False, False)   # reward 0.1 per char
         assert info["step"] == 1 and info["openenv"]["message_length"] == 5
         waiting = asyncio.create_task(env2.areset(seed=1))
-        await asyncio.sleep(0.5)
+        await until(lambda: any(p["waiting"] == 1 for k, p in m.metrics().items() if k.startswith("inprocess")),
+                    60, "env2 to wait for the server")
         assert not waiting.done()                                      # the one server is held by env
         await env.aclose()
         obs2, _ = await asyncio.wait_for(waiting, 60)
@@ -188,8 +195,7 @@ async def test_a_client_that_disconnects_leaves_no_traceback():
         r = await client.reset(seed=3)
         assert "Puzzle" in r.observation["text"]
         await client.close()
-        await asyncio.sleep(1.0)
     finally:
+        srv.stop()  # uvicorn's shutdown waits for the connection's app to end: what it logs is in by now
         logging.getLogger("uvicorn.error").removeHandler(handler)
-        srv.stop()
     assert not [r.getMessage() for r in records], [r.getMessage() for r in records]

@@ -14,6 +14,7 @@ import os
 import time
 
 import pytest
+from waiting import until
 
 pytest.importorskip("openenv.core", reason="pip install 'agentfly-gym[openenv]'")
 
@@ -84,6 +85,7 @@ def test_unchanged_image_is_not_rebuilt(echo_image, docker_client):
     assert "openenv-core==" in labels["agentfly.openenv.dists"] and labels["agentfly.openenv.env"] == "echo_env"
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 async def test_echo_env_in_pooled_containers(echo_image, docker_client):
     """Episodes on a pool of one container: published on 127.0.0.1, a fresh container (and port) on reuse,
@@ -109,7 +111,8 @@ async def test_echo_env_in_pooled_containers(echo_image, docker_client):
             assert info["step"] == 2
             if episode == 1:  # a second episode waits for the one container while this one holds it
                 waiting = asyncio.create_task(env2.areset(seed=6))
-                await asyncio.sleep(1.0)
+                await until(lambda: any(p["waiting"] for k, p in m.metrics().items() if k.startswith("container")),
+                            60, "the second episode to wait for the container")
                 assert not waiting.done()
             await env.aend_episode()
         (pool,) = [p for k, p in m.metrics().items() if k.startswith("container")]
@@ -136,6 +139,7 @@ async def test_echo_env_in_pooled_containers(echo_image, docker_client):
     assert _ours(docker_client) == []
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 async def test_server_that_never_answers_fails_reset_clearly(echo_image, docker_client):
     """A container whose command serves nothing: reset fails naming /health, and the container is discarded."""
@@ -152,6 +156,7 @@ async def test_server_that_never_answers_fails_reset_clearly(echo_image, docker_
     assert _ours(docker_client) == []
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_closed_envs_leave_no_container_past_the_idle_time(echo_image, docker_client):
     """Sync envs on the default manager (which lives until process exit): after ``close()`` the pool keeps a

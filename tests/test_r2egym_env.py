@@ -50,6 +50,7 @@ def _env(manager, backend_kw, **kw) -> R2EGymEnv:
     return R2EGymEnv(tasks=FIXTURES / "tasks.jsonl", manager=manager, **backend_kw, **kw)
 
 
+@pytest.mark.slow
 async def test_tool_semantics(manager, backend_kw):
     env = _env(manager, backend_kw, bash_timeout=3.0, max_output=2000)
     obs, info = await env.areset(options={"task_id": "minicalc-bug1"})
@@ -118,6 +119,7 @@ async def test_tool_semantics(manager, backend_kw):
     await env.aclose()
 
 
+@pytest.mark.slow
 async def test_same_container_across_turns_and_clean_reuse(manager, backend_kw):
     env = _env(manager, backend_kw, max_instances=1)
     _, info = await env.areset(seed=1)
@@ -134,6 +136,7 @@ async def test_same_container_across_turns_and_clean_reuse(manager, backend_kw):
     await env.aclose()
 
 
+@pytest.mark.slow
 async def test_disk_limit_holds_for_a_model_that_fills_the_disk(manager, backend_kw):
     """The env's ``disk`` limit reaches the container: a 160 MB write under a 64 MB limit fails in
     the sandbox (no space left) or ends the episode on Docker (its watchdog kills the container);
@@ -164,6 +167,7 @@ def _kill(box) -> None:
         shutil.rmtree(box.state_dir)
 
 
+@pytest.mark.slow
 async def test_killed_container_ends_only_its_rollout(manager, backend_kw):
     a, b = _env(manager, backend_kw, max_instances=2), _env(manager, backend_kw, max_instances=2)
     (_, ia), (_, ib) = await asyncio.gather(a.areset(seed=0), b.areset(seed=0))
@@ -184,6 +188,7 @@ async def test_killed_container_ends_only_its_rollout(manager, backend_kw):
     await b.aclose()
 
 
+@pytest.mark.slow
 async def test_grading_at_the_step_limit_and_finish_without_fix(manager):
     env = _env(manager, {"backend": "sandbox", "image": "host"}, max_episode_steps=2)
     await env.areset(seed=0)
@@ -212,6 +217,7 @@ def test_check_env_and_make():
         env.close()
 
 
+@pytest.mark.slow
 async def test_idle_containers_are_removed_after_max_idle_time(manager, r2e_docker_image, docker_client):
     """A container the pool keeps idle after the last episode (on Docker, the fresh one made when it went
     idle) is removed once ``max_idle_time`` passes, while the manager stays open; within it, the next
@@ -313,6 +319,7 @@ def _upstream_style_image(docker_client, base_image: str, tmp_path: Path) -> str
     return tag
 
 
+@pytest.mark.slow
 async def test_upstream_row_isolated_grading(manager, r2e_docker_image, docker_client, tmp_path):
     """An R2E-Gym row (its own image with /r2e_tests and /run_tests.sh): isolated grading records the base from
     the image's git checkout, hides the tests as upstream does, and grades the diff in a fresh container of

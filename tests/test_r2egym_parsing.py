@@ -103,6 +103,7 @@ def fixture_repo(tmp_path) -> Path:
     return repo
 
 
+@pytest.mark.slow
 def test_reward_from_real_pytest_runs(fixture_repo):
     expected = json.loads(load_tasks(FIXTURES / "tasks.jsonl")[0].row["expected_output_json"])
     log = _pytest_log(fixture_repo)

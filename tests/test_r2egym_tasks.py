@@ -102,11 +102,13 @@ async def _check_all(local_tasks_file: Path, **env_kw) -> None:
     assert len(results) == len(ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grading", ["isolated", "in_place"])
 async def test_every_task_reward_0_then_1_sandbox(local_tasks_file, grading):
     await _check_all(local_tasks_file, backend="sandbox", image="host", grading=grading)
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.parametrize("grading", ["isolated", "in_place"])
 async def test_every_task_reward_0_then_1_docker(local_tasks_file, r2e_docker_image, grading):

@@ -87,7 +87,7 @@ DRIVER = textwrap.dedent("""
         async with m.scope(f"{i}-{r}") as scope:
             obj = await scope.acquire(spec, timeout=120)
             first = await obj.call("step", "a")
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # a rollout's hold time: the leases of several drivers overlap
             second = await obj.call("step", "b")
             return [first, second, obj.uses]
     async def main():
@@ -108,6 +108,7 @@ def start_driver(cluster, tmp_path: Path, events: Path, name: str, cap: int, n: 
     return proc, out
 
 
+@pytest.mark.slow
 def test_cap_holds_across_driver_processes_and_reuse_is_reset(cluster, tmp_path):
     """Three drivers (this process and two others) lease a pool of cap 3 at once: never more than 3
     instances live in the cluster, every lease starts from a reset state, instances are reused."""
@@ -124,7 +125,7 @@ def test_cap_holds_across_driver_processes_and_reuse_is_reset(cluster, tmp_path)
                 async with m.scope(f"main-{i}") as scope:
                     obj = await scope.acquire(spec, timeout=120)
                     first = await obj.call("step", "x")
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(0.2)  # a rollout's hold time: the leases of several drivers overlap
                     return [first, await obj.call("step", "y"), obj.uses]
 
             mine = []
@@ -149,6 +150,7 @@ def test_cap_holds_across_driver_processes_and_reuse_is_reset(cluster, tmp_path)
     assert any(r[0][2] > 0 for r in results)  # the object's own reset ran on reuse
 
 
+@pytest.mark.slow
 def test_fifo_timeout_and_cancelled_acquisitions_strand_nothing(cluster, tmp_path):
     spec = counted(tmp_path, 1)
 
@@ -183,7 +185,7 @@ def test_fifo_timeout_and_cancelled_acquisitions_strand_nothing(cluster, tmp_pat
             # cancelled right after asking, before or after the grant arrives: the instance comes back
             for delay in (0.0, 0.05, 0.3):
                 t = asyncio.create_task(pool.acquire())
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # the moment of the cancellation is the thing under test
                 t.cancel()
                 try:
                     r = await t
@@ -199,6 +201,7 @@ def test_fifo_timeout_and_cancelled_acquisitions_strand_nothing(cluster, tmp_pat
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_idle_instances_stop_after_max_idle_time_and_the_next_lease_starts_one(cluster, tmp_path):
     """As in the local pool: an instance nobody leases again within ``max_idle_time`` is stopped (its object
     closed, counted as ``recycled``) while the manager stays open; a later lease starts a fresh one."""
@@ -229,6 +232,7 @@ def test_idle_instances_stop_after_max_idle_time_and_the_next_lease_starts_one(c
     assert snap["started"] == 3 and snap["live"] == 1
 
 
+@pytest.mark.slow
 def test_global_resource_is_one_per_cluster_or_per_node(cluster, tmp_path):
     spec = counted(tmp_path, 4)
 
@@ -259,6 +263,7 @@ def test_bad_settings_name_the_value(cluster, tmp_path, monkeypatch):
         manager_kind()
 
 
+@pytest.mark.slow
 def test_killed_node_ends_its_rollouts_with_an_error_and_others_finish(cluster, tmp_path):
     """Chess puzzles hosted on a node that is killed mid-episode end truncated with info["error"]; the
     puzzles hosted elsewhere play to the end; the lease of a client process on that node comes back; a new
@@ -308,6 +313,7 @@ def test_killed_node_ends_its_rollouts_with_an_error_and_others_finish(cluster, 
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_shutdown_and_sigterm_leave_no_actor_or_process(cluster, tmp_path):
     events = tmp_path / "events"
     events.mkdir()
@@ -335,6 +341,7 @@ def test_shutdown_and_sigterm_leave_no_actor_or_process(cluster, tmp_path):
     wait_for(lambda: not any(alive(p) for p in pids(events)), 60, "every host process to end")
 
 
+@pytest.mark.slow
 def test_an_instance_host_is_set_to_a_local_manager_through_its_runtime_env(cluster):
     """A client in a job whose processes say ``AGENTFLY_GYM_MANAGER=ray`` (as verl's workers do): the host actor
     of an instance is set to ``local`` by its ``runtime_env`` (merged over the client's), so what the instance
@@ -357,6 +364,7 @@ def test_an_instance_host_is_set_to_a_local_manager_through_its_runtime_env(clus
         ray.kill(client)
 
 
+@pytest.mark.slow
 def test_remote_env_gives_the_same_episode_hosted_locally_and_on_ray(cluster):
     """The same seed and actions give the same observations, rewards and infos whether the Chess env is
     hosted in this process (a local manager) or in a Ray actor on a worker node."""
@@ -381,6 +389,7 @@ def test_remote_env_gives_the_same_episode_hosted_locally_and_on_ray(cluster):
     assert here[1][2:4] == (False, False) and here[1][5] is None  # the unparsable move was a handled step
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_container_lives_on_a_docker_node_and_is_removed_at_close(cluster, docker_client):
     """A real Docker container placed by the ``docker`` node resource: its commands run through the host
@@ -427,6 +436,7 @@ def test_verl_plugin_shares_the_cluster_pools_when_the_setting_says_ray(cluster,
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_runner_plays_pooled_envs_through_typed_proxies_on_ray(cluster, monkeypatch):
     """``agentfly-gym rollout`` under ``AGENTFLY_GYM_MANAGER=ray``: Chess games against Stockfish (an engine pool
     reached through its typed proxy) and ScienceWorld (a JVM pool) play on the cluster, and the summary reads the
@@ -450,6 +460,7 @@ def test_runner_plays_pooled_envs_through_typed_proxies_on_ray(cluster, monkeypa
     assert res["started"] >= 2 and 2 <= res["max_in_use"] <= 4 and set(res["pools"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after", [0.0, 2.0])
 def test_sigterm_while_ray_starts_leaves_no_process_and_writes_the_summary(tmp_path, after):
     """``AGENTFLY_GYM_MANAGER=ray agentfly-gym rollout`` starts a local Ray (``ray.init``, seconds); a SIGTERM in
@@ -473,7 +484,7 @@ def test_sigterm_while_ray_starts_leaves_no_process_and_writes_the_summary(tmp_p
     try:
         wait_for(lambda: any("gcs_server" in c or "raylet" in c for c in pids_with_env("AFG_TEST_TREE", mark).values()),
                  120, "Ray's first processes")
-        time.sleep(after)
+        time.sleep(after)  # the moment of the SIGTERM within Ray's start is the thing under test
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=180)
         assert proc.returncode == 143, output[-3000:]
@@ -497,7 +508,7 @@ HOLDER = textwrap.dedent("""
         m = RayResourceManager(placement={"*": {"resources": {"sim": 1}}})
         obj = await m.pool(spec).acquire(timeout=120)
         print("held", await obj.call("pid"), flush=True)
-        await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # holds the lease until the test kills this driver
     asyncio.run(main())
 """)
 
@@ -512,6 +523,7 @@ class _Holder:
         return os.getpid()
 
 
+@pytest.mark.slow
 def test_leases_of_a_sigkilled_client_come_back(cluster, tmp_path):
     """A client process killed with SIGKILL on a node that stays up (a driver, then a worker) never detaches; the
     pool finds its process gone in the cluster's tables and takes its lease back, so the next acquisition of the

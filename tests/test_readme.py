@@ -50,12 +50,12 @@ class Needs:
     server: tuple[str, ...] = ()      # a server started first and stopped after ("{port}": a free port)
     docker: bool = False              # a Docker engine (the suite's docker_client fixture)
     said: str = ""                    # what the README says just before the block (so a reader knows it too)
-    slow: bool = False                # over a minute on a 2-core machine
+    slow: bool = False                # over a few seconds on a 2-core machine (pytest's ``slow`` marker)
     timeout: float = 300.0
 
 
 NEEDS: dict[str, Needs] = {
-    'make_vec("agentfly/ScienceWorld-v0"': Needs(timeout=600),
+    'make_vec("agentfly/ScienceWorld-v0"': Needs(slow=True, timeout=600),  # ~30 s
     "run_rollouts(": Needs(slow=True, timeout=1200),
     "selfplay.env(": Needs(modules=("pettingzoo",)),
     "RayResourceManager(": Needs(modules=("ray",), slow=True, timeout=600),

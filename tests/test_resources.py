@@ -26,6 +26,7 @@ class Box(Resource):
 
     start_delay = 0.0
     fail_start = False
+    starting: asyncio.Event | None = None  # set when a start begins (a test that cancels a start waits for it)
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -35,7 +36,9 @@ class Box(Resource):
         self.healthy = True
 
     async def start(self):
-        await asyncio.sleep(self.start_delay)
+        if Box.starting is not None:
+            Box.starting.set()
+        await asyncio.sleep(self.start_delay)  # a slow start: the thing some tests cancel
         if self.fail_start:
             raise RuntimeError("boom")
         self._status = ResourceStatus.READY
@@ -133,7 +136,7 @@ async def test_scope_releases_on_error_and_cancellation():
             async with m.scope("cancelled") as scope:
                 await scope.acquire(s)
                 holding.set()
-                await asyncio.sleep(3600)
+                await asyncio.sleep(3600)  # holds the lease until the test cancels the rollout
 
         t = asyncio.create_task(rollout())
         await holding.wait()
@@ -180,8 +183,8 @@ async def test_capacity_holds_and_waiters_are_served_fifo():
             return r
 
         tasks = [asyncio.create_task(waiter(i)) for i in range(4)]
-        await asyncio.sleep(0.05)
-        assert pool.metrics.waiting == 4 and pool.size == 2
+        await _until(lambda: pool.metrics.waiting == 4)
+        assert pool.size == 2
         await pool.release(a)
         await pool.release(b)
         r0, r1 = await tasks[0], await tasks[1]
@@ -211,7 +214,7 @@ async def test_cancelled_waiter_never_strands_an_instance():
         held = await pool.acquire()
         w1 = asyncio.ensure_future(pool.acquire())
         w2 = asyncio.ensure_future(pool.acquire())
-        await asyncio.sleep(0.01)
+        await _until(lambda: pool.metrics.waiting == 2)
         # release hands the instance to w1, and w1 is cancelled before it runs: it must pass it on
         await pool.release(held)
         w1.cancel()
@@ -225,11 +228,12 @@ async def test_cancelled_waiter_never_strands_an_instance():
 
 async def test_cancel_during_start_frees_the_slot():
     Box.start_delay = 0.5
+    Box.starting = asyncio.Event()
     try:
         async with box_manager() as m:
             pool = m.pool(spec(max_instances=1))
             t = asyncio.ensure_future(pool.acquire())
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(Box.starting.wait(), 10)  # the start runs: cancel it midway
             t.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await t
@@ -239,6 +243,7 @@ async def test_cancel_during_start_frees_the_slot():
             await pool.release(r)
     finally:
         Box.start_delay = 0.0
+        Box.starting = None
 
 
 async def test_unhealthy_instance_is_replaced():
@@ -275,8 +280,7 @@ async def test_discard_stops_instance_and_frees_capacity():
             await scope.discard(r)
             r2 = await scope.acquire(s)
         assert r2 is not r
-        await asyncio.sleep(0)
-        assert r.released
+        await _until(lambda: r.released)  # stopped in the background
 
 
 async def test_min_idle_prewarms_and_tops_up():
@@ -287,11 +291,8 @@ async def test_min_idle_prewarms_and_tops_up():
         assert pool.metrics.idle == 2 and pool.metrics.started == 2
         r = await pool.acquire()
         assert pool.metrics.started == 2 and pool.metrics.idle == 1  # served from the warm pool, nothing started
-        for _ in range(500):  # topped up in the background after the acquisition
-            if pool.metrics.idle == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert pool.metrics.idle == 2 and pool.metrics.started == 3
+        await _until(lambda: pool.metrics.idle == 2)  # topped up in the background after the acquisition
+        assert pool.metrics.started == 3
         await pool.release(r)
         assert pool.size == 3
 
@@ -325,7 +326,8 @@ async def test_idle_instances_expire_on_a_timer_and_are_reused_warm_before():
         await pool.release(a)
         await pool.release(b)
         await _until(lambda: a.released or b.released)
-        await asyncio.sleep(0.5)                                # the timer does not go below min_idle
+        await asyncio.sleep(0.5)                                # the timer does not go below min_idle: time passes
+        #                                                         (2.5 idle times) and nothing more happens
         assert pool.metrics.idle == 1 and pool.size == 1 and [a.released, b.released].count(True) == 1
     assert ContainerSpec(image="x").max_idle_time == 300.0     # containers expire by default
 
@@ -339,13 +341,13 @@ async def test_a_global_is_stopped_once_its_last_user_left_for_max_idle_time():
         g = await m.acquire_global(s, user=u1)
         m.leave_global(s, u1)
         assert await m.acquire_global(s, user=u2) is g         # taken up again in time: the same instance
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)                                # a user holds it: past the idle time, nothing happens
         assert not g.released
         m.leave_global(s, u2)
         await _until(lambda: g.released)
         g2 = await m.acquire_global(s)                         # a new one, kept (no user to leave)
         assert g2 is not g and m.pool(s).metrics.recycled == 1
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)                                # no user ever left: past the idle time, it stays
         assert not g2.released
 
 
@@ -357,9 +359,9 @@ async def test_max_uses_recycles_an_instance():
         await pool.release(first)
         assert await pool.acquire() is first
         await pool.release(first)  # second use: retired
-        await asyncio.sleep(0)
+        await _until(lambda: first.released)
         fresh = await pool.acquire()
-        assert fresh is not first and first.released
+        assert fresh is not first
         assert pool.metrics.recycled == 1 and pool.metrics.started == 2
         await pool.release(fresh)
 
@@ -381,7 +383,7 @@ async def test_manager_close_releases_in_use_and_idle_and_fails_waiters():
     pool = m.pool(s)
     held = await pool.acquire()
     waiter = asyncio.ensure_future(pool.acquire())
-    await asyncio.sleep(0.01)
+    await _until(lambda: pool.metrics.waiting == 1)
     await m.aclose()
     with pytest.raises(PoolClosedError):
         await waiter
@@ -432,7 +434,7 @@ async def test_metrics_report_waits_and_counts():
         r = await pool.acquire()
 
         async def later():
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the hold time the metrics must report
             await pool.release(r)
 
         asyncio.create_task(later())
@@ -461,7 +463,7 @@ async def test_many_tasks_racing_on_a_small_pool():
                 live += 1
                 peak = max(peak, live)
                 try:
-                    await asyncio.sleep(rng.random() * 0.01)
+                    await asyncio.sleep(rng.random() * 0.01)  # a random hold time (the race under test)
                     assert r.state["owner"] == i
                 finally:
                     live -= 1

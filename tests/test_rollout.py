@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 
 import gymnasium
@@ -22,6 +23,7 @@ from agentfly_gym.rollout import (ExpertPolicy, RandomPolicy, RolloutConfig, Sam
 from agentfly_gym.rollout.chat import ChatTokenizer
 from agentfly_gym.rollout.step import run_step_episode
 from proctools import live_processes, mark_tree, wait_gone
+from waiting import until
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +71,7 @@ def _segments(traj):
     return out
 
 
+@pytest.mark.slow
 async def test_chain_keeps_sampled_ids_verbatim_and_matches_a_fresh_render(smollm2_policy):
     policy = Recording(smollm2_policy)
     chat = ChatTokenizer(policy.tokenizer)
@@ -125,6 +128,7 @@ async def test_expert_chain_solves_a_puzzle_with_scripted_ids(smollm2_policy):
     assert [t.finish_reason for t in traj.turns] == ["action"] * traj.num_turns
 
 
+@pytest.mark.slow
 async def test_runner_chess_and_scienceworld_concurrently_writes_files(tmp_path, smollm2_policy):
     chat = ChatTokenizer(smollm2_policy.tokenizer)
     config = RolloutConfig(env_ids=["Chess-v0", "ScienceWorld"], num_trajectories=4, group_size=2, concurrency=4,
@@ -222,7 +226,7 @@ async def test_cancelled_rollout_releases_its_resources(smollm2_policy):
         env = gymnasium.make("agentfly/Chess-v0", manager=m, mode="play", engine_depth=None, engine_movetime=5.0,
                              skill_level=20).unwrapped
         task = asyncio.ensure_future(run_chain_episode(env, RandomPolicy(seed=1), chat, max_turns=5, seed=0))
-        await asyncio.sleep(2.0)
+        await until(lambda: any(p.metrics.in_use for p in m.pools.values()), 60, "the episode to hold its engine")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -231,22 +235,25 @@ async def test_cancelled_rollout_releases_its_resources(smollm2_policy):
         await env.aclose()
 
 
-async def test_interrupted_run_saves_finished_trajectories(tmp_path, smollm2_policy):
+async def test_interrupted_run_saves_finished_trajectories(tmp_path, smollm2_policy, caplog):
     chat = ChatTokenizer(smollm2_policy.tokenizer)
     # four quick puzzle rollouts and one slow game that is still running when the run is cancelled
     config = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=5, concurrency=5, max_turns=3, seed=0,
                            output_dir=tmp_path)
+    caplog.set_level(logging.INFO, logger="agentfly_gym.rollout.runner")
     task = asyncio.ensure_future(run_rollouts(config, _SlowLast(ExpertPolicy()), chat, progress=False))
-    await asyncio.sleep(3.0)
+    await until(lambda: sum(" finished: " in r.getMessage() for r in caplog.records) == 4, 120,
+                "the four quick rollouts to finish")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     saved = load_trajectories(tmp_path / "trajectories.jsonl")
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["interrupted"] is True and 1 <= len(saved) < 5 and summary["trajectories"] == len(saved)
+    assert summary["interrupted"] is True and len(saved) == 4 and summary["trajectories"] == len(saved)
     assert all(t.num_turns >= 1 for t in saved)
 
 
+@pytest.mark.slow
 async def test_interrupt_saves_before_tearing_down_and_marks_an_empty_run(tmp_path, smollm2_policy):
     """The summary is written as soon as the run is cancelled, while the running trajectories are still being
     torn down (a second Ctrl-C then loses nothing), and it is written even when nothing finished; an earlier
@@ -256,12 +263,14 @@ async def test_interrupt_saves_before_tearing_down_and_marks_an_empty_run(tmp_pa
     (tmp_path / "summary.json").write_text(earlier)
     config = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=2, concurrency=2, max_turns=3, seed=0,
                            output_dir=tmp_path, if_exists="replace")
-    task = asyncio.ensure_future(run_rollouts(config, _SlowToCancel(), chat, progress=False))
-    await asyncio.sleep(3.0)
+    policy = _SlowToCancel()
+    task = asyncio.ensure_future(run_rollouts(config, policy, chat, progress=False))
+    await until(lambda: policy.acting == 2, 120, "both rollouts to wait for the policy")
     task.cancel()
-    await asyncio.sleep(1.0)
+    saved = tmp_path / "interrupted" / "summary.json"
+    await until(saved.exists, 30, "the interrupted run's summary")
     assert not task.done()  # still tearing down (each trajectory takes 3 s to stop) ...
-    summary = json.loads((tmp_path / "interrupted" / "summary.json").read_text())
+    summary = json.loads(saved.read_text())
     assert summary["interrupted"] is True and summary["trajectories"] == 0  # ... and already saved
     assert load_trajectories(tmp_path / "interrupted" / "trajectories.jsonl") == []
     assert (tmp_path / "summary.json").read_text() == earlier  # the complete run was not replaced
@@ -272,11 +281,15 @@ async def test_interrupt_saves_before_tearing_down_and_marks_an_empty_run(tmp_pa
 class _SlowToCancel:
     """Never answers, and takes 3 s to stop when cancelled (like a policy closing a remote request)."""
 
+    def __init__(self) -> None:
+        self.acting = 0  # requests now waiting for an answer
+
     async def act(self, observation, info, env):
+        self.acting += 1
         try:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # never answers: the test cancels the run
         except asyncio.CancelledError:
-            await asyncio.sleep(3.0)
+            await asyncio.sleep(3.0)  # a slow stop: the tear-down the test observes
             raise
 
 
@@ -288,5 +301,5 @@ class _SlowLast:
 
     async def act(self, observation, info, env):
         if env.np_random_seed == 4:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # hangs until the test cancels the run
         return await self.inner.act(observation, info, env)

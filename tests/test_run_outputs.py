@@ -52,6 +52,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")}
 
 
+@pytest.mark.slow
 def test_concurrent_and_interrupted_runs_lose_nothing(tmp_path, monkeypatch):
     out = tmp_path / "run"
     # 1. two runs started together into one folder: one writes it, the other is refused by the lock (or, if

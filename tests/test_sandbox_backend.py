@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from proctools import pids_with, procs_settle
+from waiting import wait_until
 
 from agentfly_gym.errors import ConfigError, ResourceDied, ResourceUnavailable
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
@@ -473,10 +474,8 @@ def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
                                    labels={{"agentfly.manager": "gc-test"}})
             await box.start()
             task = asyncio.ensure_future(box.exec("sleep 6{tag}", timeout=60))
-            await asyncio.sleep(0.5)
             print(box.name, box.describe()["limits_enforced"].get("disk"), flush=True)
-            while True:
-                await asyncio.sleep(0.1)
+            await asyncio.sleep(3600)  # alive (the exec running) until the test SIGKILLs it
 
         asyncio.run(main())
     """)
@@ -484,12 +483,7 @@ def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     try:
         name = child.stdout.readline().split()[0]
-        deadline = threading.Event()
-        for _ in range(200):  # the sandboxed sleep is running
-            if pids_with(tag):
-                break
-            deadline.wait(0.05)
-        assert pids_with(tag)
+        wait_until(lambda: pids_with(tag), 30, "the sandboxed sleep to run")
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -537,6 +531,7 @@ async def test_a_mount_with_a_missing_source_is_refused_not_created(tmp_path):
     assert not missing.exists()
 
 
+@pytest.mark.slow
 async def test_cancelled_starts_leave_no_folder_or_cgroup(tmp_path, monkeypatch):
     """Starts cancelled at every moment of their work (folder, disk copy, cgroups, the check exec) leave nothing
     behind: the work a thread was doing when the start was cancelled finishes before the teardown, so it cannot
@@ -551,7 +546,7 @@ async def test_cancelled_starts_leave_no_folder_or_cgroup(tmp_path, monkeypatch)
         box = SandboxContainer(ContainerSpec(image="host", backend="sandbox", memory="256m", pids=64))
         boxes.append(box)
         task = asyncio.ensure_future(box.start())
-        await asyncio.sleep(rng.uniform(0.0, 0.15) if i % 4 else 0)
+        await asyncio.sleep(rng.uniform(0.0, 0.15) if i % 4 else 0)  # cancelled at a random moment of the start
         task.cancel()
         try:
             await task
@@ -559,7 +554,7 @@ async def test_cancelled_starts_leave_no_folder_or_cgroup(tmp_path, monkeypatch)
             pass
         else:
             await box.adestroy()
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # nothing may appear late either: a folder or cgroup made after the tear-down
     left = [p for p in (tmp_path / "boxes").glob("*") if p.is_dir()] if (tmp_path / "boxes").exists() else []
     assert left == [], left
     cgroups = [d for b in boxes for d in glob.glob(f"/sys/fs/cgroup/**/agentfly-gym/{b.name}", recursive=True)]

@@ -17,6 +17,7 @@ from pathlib import Path
 import gymnasium
 import pytest
 from proctools import live_processes
+from waiting import until
 from gymnasium.utils.env_checker import check_env
 
 import agentfly_gym  # noqa: F401  (registers agentfly/*)
@@ -51,6 +52,7 @@ def _pool(manager: ResourceManager) -> dict:
     return metrics
 
 
+@pytest.mark.slow
 def test_make_and_check_env():
     """gymnasium.make + the sync API + Gymnasium's env checker (seeded resets, random text actions)."""
     env = gymnasium.make("agentfly/ScienceWorld-v0", max_instances=1)
@@ -91,6 +93,7 @@ async def test_expert_solves_short_task_with_return_one():
         await env.aclose()
 
 
+@pytest.mark.slow
 async def test_bad_actions_and_bad_options_are_handled():
     async with ResourceManager() as manager:
         env = ScienceWorldEnv(manager=manager, max_instances=1, with_admissible_actions=True)
@@ -131,6 +134,7 @@ async def test_bad_actions_and_bad_options_are_handled():
         await env.aclose()
 
 
+@pytest.mark.slow
 async def test_jvm_reused_and_reset_leaves_no_state():
     async with ResourceManager() as manager:
         env = ScienceWorldEnv(manager=manager, max_instances=1)
@@ -171,9 +175,8 @@ async def test_second_env_waits_for_the_only_simulator():
         b = ScienceWorldEnv(manager=manager, max_instances=1)
         await a.areset(options={"task_id": SHORT_TASK})
         waiting = asyncio.create_task(b.areset(options={"task_id": "boil:0"}))
-        await asyncio.sleep(1.5)
+        await until(lambda: _pool(manager)["waiting"] == 1, 60, "b to wait for the simulator")
         assert not waiting.done()
-        assert _pool(manager)["waiting"] == 1
         await a.astep("look around")  # a keeps working while b waits
         await a.aclose()  # a's episode ends: its JVM goes to b
         _, info = await asyncio.wait_for(waiting, 60)
@@ -183,6 +186,7 @@ async def test_second_env_waits_for_the_only_simulator():
         await b.aclose()
 
 
+@pytest.mark.slow
 async def test_killed_jvm_is_a_handled_fault_and_replaced():
     async with ResourceManager() as manager:
         env = ScienceWorldEnv(manager=manager, max_instances=1)
@@ -225,6 +229,7 @@ def test_default_step_limit_lets_every_gold_path_finish():
     assert default > max(longest, max(r["steps"] for r in replays))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)  # ~20 s alone; minutes on a loaded machine
 async def test_issue_case_204_step_gold_path_finishes_under_the_default_limit():
     """inclined-plane-friction-unnamed-surfaces:50 has a 204-action gold path; the old default of 200 cut it off."""
@@ -255,6 +260,7 @@ def test_a_jvm_that_cannot_start_is_a_clear_error_and_no_late_exception(monkeypa
     gc.collect()
 
 
+@pytest.mark.slow
 def test_a_closed_sync_env_leaves_no_jvm_past_the_idle_time():
     """A sync env on the default manager (which lives until process exit): after ``close()`` its JVM waits
     idle for the next env, then stops ``max_idle_time`` seconds later (300 by default, 3 here); the manager

@@ -89,6 +89,7 @@ def raw_env():
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task, variation, split, simplification", CASES)
 async def test_same_observations_scores_and_flags_as_the_package(raw_env, task, variation, split, simplification):
     raw = raw_env

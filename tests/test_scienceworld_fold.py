@@ -89,6 +89,7 @@ def _assert_same_plays(folded: list[tuple], other: list[tuple], where: str) -> N
         assert (fa is None) == (ua is None) and (fa is None or _same_actions(fa, ua)), at
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task, variation, simplification", CASES)
 def test_folded_steps_equal_the_unfolded_calls(sim, task, variation, simplification):
     sim.load(task, variation, simplification, gold=True)
@@ -114,6 +115,7 @@ def _class_version(path) -> int:
     return int.from_bytes(data[6:8], "big")
 
 
+@pytest.mark.slow
 def test_the_shipped_class_targets_java_8_and_matches_its_source(sim, tmp_path, monkeypatch):
     """The committed class is Java 8 (the package's jar's release); rebuilt from the source with the
     JDK here (skipped without one), it plays a task exactly as the shipped one.  The rebuilt class runs

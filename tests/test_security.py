@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 import r2e_hacks
 from proctools import host_usage, pids_with, procs_settle
+from waiting import until
 
 from agentfly_gym.errors import ResourceDied
 from agentfly_gym.resources import ContainerSpec, ResourceManager, ResourceStatus
@@ -241,6 +242,7 @@ async def test_disk_limit_holds(backend_spec, manager):
 
 
 
+@pytest.mark.slow
 async def test_docker_disk_inodes_and_log_are_capped_by_the_kernel(docker_client, manager):
     """Docker, as a model would attack it: 2 GB written at full speed against a 256 MB limit, 300,000
     symlinks, and 20 MB into the container's log (``/proc/1/fd/1``).  On the host the writable layer
@@ -257,10 +259,23 @@ async def test_docker_disk_inodes_and_log_are_capped_by_the_kernel(docker_client
         assert box.describe()["limits_enforced"]["disk"] == "volume"
         info = docker_client.api.inspect_container(box.container_id)
         upper, log_path = info["GraphDriver"]["Data"]["UpperDir"], info["LogPath"]
-        r = await box.exec("head -c 20M /dev/zero > /proc/1/fd/1; echo logged", user="root", timeout=60)
+        end = f"log-end-{uuid.uuid4().hex}"
+        r = await box.exec(f"head -c 20M /dev/zero > /proc/1/fd/1; echo; echo {end} > /proc/1/fd/1; echo logged",
+                           user="root", timeout=60)
         assert "logged" in r.output
-        await asyncio.sleep(1.0)  # the engine copies the stream to the log file asynchronously
-        logged = sum(p.stat().st_size for p in Path(log_path).parent.glob(Path(log_path).name + "*"))
+        logs = Path(log_path).parent
+
+        def written() -> bool:  # the engine copies the stream to the log file asynchronously (and rotates it)
+            for p in logs.glob(Path(log_path).name + "*"):
+                try:
+                    if end.encode() in p.read_bytes():
+                        return True
+                except FileNotFoundError:
+                    pass
+            return False
+
+        await until(written, 60, "the log's last line", interval=0.2)
+        logged = sum(p.stat().st_size for p in logs.glob(Path(log_path).name + "*"))
         assert logged <= 2.5 * 1024 * 1024, f"the container log holds {logged} bytes on the host"
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -324,6 +339,7 @@ R2E_TASKS = Path(__file__).parent / "fixtures" / "r2e" / "tasks.jsonl"
 BIG_EDIT = _xml("file_editor", command="create", path="/testbed/big.txt", file_text="é" * 20_000)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_r2e_fifo_episodes_keep_the_thread_pool(sandbox_dir, tmp_path):
     """Eight R2E-Gym episodes in a row each plant FIFOs where the env writes (payload.json, run_tests.sh)
@@ -504,6 +520,7 @@ async def _play_hack(env, hack) -> tuple[float, dict]:
     return r, info
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("hack", list(r2e_hacks.HACKS))
 async def test_reward_hack_scores_zero_with_isolated_grading(hack, r2e_envs, r2e_backend):

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from waiting import until
 
 from agentfly_gym.errors import ConfigError, PolicyError
 from agentfly_gym.rollout.models import smollm2_dir, tiny_qwen_dir
@@ -101,6 +102,7 @@ async def test_greedy_is_deterministic_and_top_k_1_is_greedy(tiny):
     assert a.logprobs == b.logprobs
 
 
+@pytest.mark.slow
 async def test_seeded_sampling_is_reproducible(tiny, tiny_qwen):
     prompt = prompts(tiny, 1)[0]
     s = SamplingParams(max_tokens=10, temperature=1.0, seed=1234)
@@ -138,6 +140,7 @@ async def test_mixed_sampling_params_in_one_batch(tiny):
         assert m.logprobs == pytest.approx(s.logprobs, abs=1e-4)
 
 
+@pytest.mark.slow
 async def test_requests_join_a_running_batch_with_their_solo_results(tiny):
     """Continuous batching: requests that arrive while a long one decodes join it at the next step (their
     KV cache left-padded to the batch's, the batch's cut again when rows leave) and give their solo greedy
@@ -148,8 +151,7 @@ async def test_requests_join_a_running_batch_with_their_solo_results(tiny):
     solo = [await tiny.generate(p, GREEDY) for p in ps[:3]]
     j0, f0 = tiny.num_joined, tiny.num_forward_passes
     long_task = asyncio.create_task(tiny.generate(ps[3], long_s))
-    while tiny.num_forward_passes < f0 + 3:
-        await asyncio.sleep(0.001)
+    await until(lambda: tiny.num_forward_passes >= f0 + 3, 60, "the long request to decode", interval=0.001)
     first = await asyncio.gather(*(tiny.generate(p, GREEDY) for p in ps[:2]))  # shorter and longer prompts
     third = await tiny.generate(ps[2], GREEDY)  # joins after the first two left
     long = await long_task
@@ -163,6 +165,7 @@ async def test_requests_join_a_running_batch_with_their_solo_results(tiny):
         assert g.logprobs == pytest.approx(s.logprobs, abs=1e-4)
 
 
+@pytest.mark.slow
 async def test_a_stream_of_newcomers_cannot_hold_back_running_rows(tiny_qwen):
     """Twelve clients resubmit 1-token requests (done at their prefill) without pause while a 40-token
     request decodes: each round admits at most one prefill and always decodes the running rows, so the long
@@ -178,7 +181,8 @@ async def test_a_stream_of_newcomers_cannot_hold_back_running_rows(tiny_qwen):
 
     clients = [asyncio.create_task(client(i)) for i in range(12)]
     try:
-        await asyncio.sleep(0.3)
+        f_start = p.num_forward_passes
+        await until(lambda: p.num_forward_passes >= f_start + 12, 60, "the clients' stream of requests")
         f0 = p.num_forward_passes
         long_prompt = chat_ids(p, "word " * 300)
         long = await asyncio.wait_for(p.generate(long_prompt, SamplingParams(max_tokens=40, temperature=1.0, seed=3)),
@@ -202,6 +206,7 @@ async def test_stop_token_ends_generation_and_is_included(tiny):
     assert len(g.logprobs) == len(g.token_ids)
 
 
+@pytest.mark.slow
 async def test_smollm2_stops_on_eos_and_batches_match_solo(smol):
     ps = [chat_ids(smol, "What is 2+2? Answer with a number only."),
           chat_ids(smol, "Answer with one word: is the sky blue?")]
@@ -223,7 +228,7 @@ async def test_event_loop_stays_free_while_generating(tiny):
     async def ticker():
         nonlocal ticks
         while True:
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)  # the tick rate is what the test measures
             ticks += 1
 
     t = asyncio.create_task(ticker())
@@ -236,8 +241,9 @@ async def test_event_loop_stays_free_while_generating(tiny):
 
 
 async def test_cancelled_request_leaves_the_policy_working(tiny):
+    f0 = tiny.num_forward_passes
     task = asyncio.create_task(tiny.generate(prompts(tiny, 1)[0], SamplingParams(max_tokens=40)))
-    await asyncio.sleep(0.01)
+    await until(lambda: tiny.num_forward_passes > f0, 60, "the request to run", interval=0.001)  # cancelled midway
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -277,12 +283,12 @@ async def test_close_stops_the_worker_and_refuses_requests(tiny_qwen):
     p.close()  # idempotent
 
 
+@pytest.mark.slow
 async def test_close_fails_queued_requests_and_lets_the_running_batch_finish(tiny_qwen):
     p = TransformersPolicy(tiny_qwen, max_batch_size=2, batch_wait_s=0.0)
     tasks = [asyncio.create_task(p.generate([1, 2, 3 + i], SamplingParams(max_tokens=200, temperature=1.0)))
              for i in range(8)]
-    while p.num_forward_passes < 3:
-        await asyncio.sleep(0.005)
+    await until(lambda: p.num_forward_passes >= 3, 60, "the first batch to run", interval=0.005)
     await p.aclose()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     done = [r for r in results if isinstance(r, Generation)]
@@ -291,6 +297,7 @@ async def test_close_fails_queued_requests_and_lets_the_running_batch_finish(tin
     assert len(failed) == 6 and all("closed" in str(e) for e in failed)  # the queued ones did not run
 
 
+@pytest.mark.slow
 def test_model_folders_are_built_once_under_concurrency(test_data, tmp_path):
     """Four threads ask for the same tiny model in an empty cache: one build, one folder."""
     from concurrent.futures import ThreadPoolExecutor

@@ -17,6 +17,7 @@ from agentfly_gym.errors import ConfigError
 from agentfly_gym.resources import ResourceManager
 from agentfly_gym.vector import AsyncTextVectorEnv
 from proctools import live_processes, mark_tree, wait_gone
+from waiting import until
 
 
 @pytest.fixture(autouse=True)
@@ -92,6 +93,7 @@ async def test_disabled_autoreset_needs_reset_mask():
         await venv.aclose()
 
 
+@pytest.mark.slow
 async def test_send_recv_returns_fast_envs_without_waiting_for_a_slow_one():
     """Three fast puzzle envs and one game vs a Stockfish that thinks 3 s per move."""
     async with ResourceManager() as m:
@@ -134,7 +136,7 @@ async def test_sub_envs_share_one_manager_and_its_caps():
         await venv.areset_env(0, seed=0)
         await venv.areset_env(1, seed=1)
         third = asyncio.ensure_future(venv.areset_env(2, seed=2))
-        await asyncio.sleep(1.5)
+        await until(lambda: any(p.metrics.waiting for p in m.pools.values()), 60, "the third env to queue")
         assert not third.done()  # the third env waits for an engine
         await venv.envs[0].aend_episode()
         await asyncio.wait_for(third, 30)
@@ -150,7 +152,7 @@ async def test_a_dead_engine_truncates_only_its_own_env():
         obs, infos = await venv.areset(seed=0)
         engine = next(iter(venv.envs[0].scope.resources.values())).obj
         os.kill(engine.pid, signal.SIGKILL)
-        await asyncio.sleep(0.2)
+        assert not wait_gone([engine.pid], 10)
         actions = [infos["admissible_actions"][i][0] for i in range(2)]
         obs, rew, term, trunc, infos = await venv.astep(actions)
         assert trunc[0] and infos["error"][0]

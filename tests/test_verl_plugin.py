@@ -277,6 +277,7 @@ async def clean_runtime():
 
 # ---------------------------------------------------------------------- tests
 
+@pytest.mark.slow
 def test_dataset_builder_and_cli(tmp_path, tiny_qwen):
     """build_dataset writes what verl's RLHFDataset reads; the CLI entry writes the same and rejects bad input."""
     from transformers import AutoTokenizer
@@ -302,6 +303,7 @@ def test_dataset_builder_and_cli(tmp_path, tiny_qwen):
     assert not (tmp_path / "bad.parquet").exists()
 
 
+@pytest.mark.slow
 async def test_chess_chain_and_step_with_a_real_model(tmp_path, policy, clean_runtime):
     """Chain and step mode on a Chess puzzle (verl's RLHFDataset rows, the YAML's loops)."""
     tok = policy.tokenizer
@@ -368,6 +370,7 @@ def _rows_n(tmp_path, tokenizer, cfg, env_id, n, **kw):
     return rows
 
 
+@pytest.mark.slow
 async def test_scienceworld_chain_and_step(tmp_path, policy, clean_runtime):
     """ScienceWorld (one pooled JVM shared by the two trajectories of the worker) in both modes."""
     tok = policy.tokenizer

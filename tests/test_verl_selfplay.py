@@ -174,6 +174,7 @@ async def test_fools_mate_rows_carry_each_sides_reward(tmp_path, qwen_tok, clean
             assert [o.prompt_ids for o in black] == [c["prompt_ids"] for c in by_player["black"]]
 
 
+@pytest.mark.slow
 async def test_tiny_model_self_play_exact_ids_and_unpaired_session(tmp_path, tiny_qwen, clean_runtime):
     """A real model on both sides: exact sampled ids; White forfeits (random text), Black never moves and gets a
     row that trains nothing with +1; a third, unpaired session plays its own game without waiting."""

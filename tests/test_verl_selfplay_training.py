@@ -33,6 +33,7 @@ def _prompt(worker, cfg, tmp_path, mode: str) -> dict:
     return row
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["chain", "step"])
 async def test_selfplay_sessions_get_each_sides_reward_and_opposite_advantages(tmp_path, tiny_qwen, store, mode):
     cfg = _config(tiny_qwen, n=2)

@@ -191,6 +191,7 @@ def _train_step(store: KVStore, cfg, estimator: str) -> tuple[KVBatchMeta, dict]
     return batch, metrics
 
 
+@pytest.mark.slow
 async def test_a_failed_session_leaves_no_row_and_no_shifted_group(tmp_path, tiny_qwen, store):
     """Three sessions of one puzzle, two solve it, the third loses its server: no row for it, GRPO
     advantages 0 (not +0.577: a reward-0 row would have joined the group), GAE returns 1, every tag an int."""
@@ -217,6 +218,7 @@ async def test_a_failed_session_leaves_no_row_and_no_shifted_group(tmp_path, tin
         assert metrics["training/off_policy/trajectory_staleness/max"] == 0
 
 
+@pytest.mark.slow
 async def test_a_batch_with_a_failing_prompt_trains(tmp_path, tiny_qwen, store):
     """One prompt whose env fails before any generation (an unknown puzzle id) next to a good one:
     the good one's rows go through verl's V1 metric step (which needs int staleness tags)."""
@@ -234,6 +236,7 @@ async def test_a_batch_with_a_failing_prompt_trains(tmp_path, tiny_qwen, store):
     assert all(torch.all(store.rows[k]["advantages"] == 0.0) for k in batch.keys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["agentfly_chain", "agentfly_step"])
 async def test_the_reward_sits_on_a_sampled_token(tmp_path, tiny_qwen, store, mode):
     """Replies that stop on <|endoftext|> (another eos than the template's <|im_end|>): the closing

@@ -388,6 +388,7 @@ async def _close_default_manager() -> None:
     await default_manager().aclose()
 
 
+@pytest.mark.slow
 async def test_server_in_its_own_process(data_dir):
     """``isolation="process"`` is ``InProcessSpec(isolation="process")``: the same episodes through the
     child; a killed server ends the running episode with the fault observation, and the next reset
@@ -419,6 +420,7 @@ async def test_server_in_its_own_process(data_dir):
     assert not alive(new_pid)  # manager close stopped the child
 
 
+@pytest.mark.slow
 def test_measure_load_time_and_memory(data_dir):
     """Load time and RSS delta of the server for the sample catalog, in a fresh interpreter.
 
@@ -470,6 +472,7 @@ def test_make_vec_sub_envs_have_their_own_sessions(data_dir):
         run_sync(_close_default_manager())
 
 
+@pytest.mark.slow
 def test_process_server_outlives_the_last_env_by_max_idle_time(data_dir):
     """``isolation="process"`` on the default manager (which lives until process exit): an env made while
     another is open, or soon after the last one closed, shares the running server (warm, one child

@@ -253,6 +253,7 @@ def test_synthetic_catalog_is_deterministic_and_plausible(sample, tmp_path):
 
 
 # ---------------------------------------------------------------------- server and benchmark slice
+@pytest.mark.slow
 def test_server_second_start_uses_both_caches(synth, tmp_path):
     from agentfly_gym.envs.webshop import WebShopServer
 
