@@ -22,11 +22,12 @@ through the tokenizer's chat template (``tools=``) and appends the results as ``
 (:class:`~agentfly_gym.rollout.chat.ChatTokenizer`), keeping sampled token ids verbatim.
 """
 
-from .env import DEFAULT_SYSTEM_PROMPT, ToolEnv, ToolPrompt, make_tool_env
-from .formats import FORMATS, ToolCall, ToolCallError, detect_tool_format, hermes_tool_prompt, parse_tool_calls
+from .env import DEFAULT_SYSTEM_PROMPT, ToolEnv, ToolPrompt, make_tool_env, tool_call_id
+from .formats import (FORMATS, ToolCall, ToolCallError, detect_tool_format, format_tool_call, hermes_tool_prompt,
+                      parse_tool_calls)
 from .tasks import load_tasks
 from .tool import DEFAULT_TOOL_TIMEOUT, Tool, check_tools, tool
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "DEFAULT_TOOL_TIMEOUT", "FORMATS", "Tool", "ToolCall", "ToolCallError", "ToolEnv",
-           "ToolPrompt", "check_tools", "detect_tool_format", "hermes_tool_prompt", "load_tasks", "make_tool_env",
-           "parse_tool_calls", "tool"]
+           "ToolPrompt", "check_tools", "detect_tool_format", "format_tool_call", "hermes_tool_prompt", "load_tasks",
+           "make_tool_env", "parse_tool_calls", "tool", "tool_call_id"]

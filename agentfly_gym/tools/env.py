@@ -38,7 +38,7 @@ from .formats import FORMATS, ToolCall, ToolCallError, parse_tool_calls
 from .tasks import load_tasks
 from .tool import Tool, check_tools
 
-__all__ = ["ToolEnv", "ToolPrompt", "make_tool_env", "DEFAULT_SYSTEM_PROMPT"]
+__all__ = ["ToolEnv", "ToolPrompt", "make_tool_env", "tool_call_id", "DEFAULT_SYSTEM_PROMPT"]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _jsonable(value: Any) -> str:
         return str(value)
 
 
-def _call_id(turn: int, index: int) -> str:
+def tool_call_id(turn: int, index: int) -> str:
     """A deterministic 9-character alphanumeric call id (Mistral's templates require exactly that shape)."""
     return f"{turn % 100000:05d}{index % 10000:04d}"
 
@@ -167,7 +167,7 @@ class ToolEnv(AgentFlyEnv):
         try:
             calls = parse_tool_calls(action, self.tool_format)
         except ToolCallError as e:
-            msg = {"role": "tool", "name": "", "tool_call_id": _call_id(self._turn, 0),
+            msg = {"role": "tool", "name": "", "tool_call_id": tool_call_id(self._turn, 0),
                    "content": f"Error: your tool call could not be parsed: {e}"}
             return await self._observe([], [msg], 1, action, last)
         if not calls:
@@ -175,7 +175,7 @@ class ToolEnv(AgentFlyEnv):
         results = await asyncio.gather(*(self._run_call(c) for c in calls))
         messages = []
         for k, (call, (content, _, _)) in enumerate(zip(calls, results)):
-            messages.append({"role": "tool", "name": call.name, "tool_call_id": call.id or _call_id(self._turn, k),
+            messages.append({"role": "tool", "name": call.name, "tool_call_id": call.id or tool_call_id(self._turn, k),
                              "content": content})
         errors = sum(1 for _, ok, _ in results if not ok)
         finished = [(c, value) for c, (_, ok, value) in zip(calls, results) if ok and self.tools[c.name].finish]

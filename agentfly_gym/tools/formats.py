@@ -26,7 +26,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["FORMATS", "ToolCall", "ToolCallError", "parse_tool_calls", "detect_tool_format", "hermes_tool_prompt"]
+__all__ = ["FORMATS", "ToolCall", "ToolCallError", "parse_tool_calls", "format_tool_call", "detect_tool_format",
+           "hermes_tool_prompt"]
 
 FORMATS = ("auto", "hermes", "llama3", "mistral")
 
@@ -210,6 +211,27 @@ def parse_tool_calls(text: str, tool_format: str = "auto") -> list[ToolCall]:
         return _parse_hermes(text)
     calls = _parse_llama3(text, strict=False)
     return calls or _parse_mistral(text, strict=False)
+
+
+def format_tool_call(name: str, arguments: Mapping[str, Any], tool_format: str = "hermes") -> str:
+    """A reply that calls tool ``name`` with ``arguments`` in ``tool_format`` (the inverse of
+    :func:`parse_tool_calls`: it parses back to this one call); for scripted experts and tests.
+
+    Args:
+        name: the tool's name.
+        arguments: its arguments (JSON-serialisable).
+        tool_format: one of :data:`FORMATS` (``"auto"`` writes Hermes).
+
+    Raises:
+        ValueError: an unknown ``tool_format``.
+    """
+    if tool_format not in FORMATS:
+        raise ValueError(f"tool_format={tool_format!r} is not one of {FORMATS}")
+    if tool_format == "llama3":
+        return json.dumps({"name": name, "parameters": dict(arguments)}, ensure_ascii=False)
+    if tool_format == "mistral":
+        return _MISTRAL + json.dumps([{"name": name, "arguments": dict(arguments)}], ensure_ascii=False)
+    return f"{_HERMES_OPEN}\n{json.dumps({'name': name, 'arguments': dict(arguments)}, ensure_ascii=False)}\n{_HERMES_CLOSE}"
 
 
 def detect_tool_format(chat_template: str | None) -> str:

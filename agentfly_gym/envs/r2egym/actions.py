@@ -35,7 +35,7 @@ from typing import Any
 
 from ...errors import AgentFlyError
 
-__all__ = ["FORMAT_HELP", "TOOLS", "ActionParseError", "ToolCall", "parse_action"]
+__all__ = ["FORMAT_HELP", "TOOLS", "ActionParseError", "ToolCall", "check_call", "parse_action"]
 
 
 class ActionParseError(AgentFlyError, ValueError):
@@ -250,10 +250,24 @@ def parse_action(text: str) -> ToolCall:
         parsed = _from_json(text)
     if parsed is None:
         raise ActionParseError(f"no tool call found in the action. {FORMAT_HELP}")
-    name, args = parsed
+    return check_call(*parsed)
+
+
+def check_call(name: str, args: dict[str, Any], *, format_help: str = FORMAT_HELP) -> ToolCall:
+    """The call of tool ``name`` (an alias is resolved) with ``args`` checked and coerced by R2E-Gym's rules:
+    what :func:`parse_action` applies to the call it finds, and the R2E-Gym env to a native tool call.
+
+    Args:
+        name: the tool's name as the model wrote it.
+        args: parameter name -> value.
+        format_help: the text that follows the message of an unknown tool (how to call one).
+
+    Raises:
+        ActionParseError: an unknown tool, an unknown or missing parameter, or a parameter of the wrong type.
+    """
     name = _ALIASES.get(name, name)
     if name not in TOOLS:
-        raise ActionParseError(f"unknown tool {name!r}; valid tools: {sorted(TOOLS)}. {FORMAT_HELP}")
+        raise ActionParseError(f"unknown tool {name!r}; valid tools: {sorted(TOOLS)}. {format_help}")
     required, optional = TOOLS[name]
     unknown = sorted(set(args) - set(required) - set(optional))
     if unknown:

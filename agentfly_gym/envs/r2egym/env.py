@@ -27,7 +27,6 @@ state afterwards.  Upstream rows run in their own ``docker_image`` as in R2E-Gym
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import json
 import logging
@@ -43,14 +42,18 @@ from ...resources.protocol import Manager
 from ...resources.scope import RolloutScope
 from ...resources.spec import ContainerSpec, check_max_idle_time
 from ..base import AgentFlyEnv, StepResult
+from ...tools.env import ToolPrompt, tool_call_id
+from ...tools.formats import FORMATS, ToolCallError, format_tool_call, parse_tool_calls
+from ...tools.tool import Tool
 from ..prompting import AgentPrompt
-from .actions import ActionParseError, ToolCall, find_blocks, parse_action
+from .actions import ActionParseError, ToolCall, check_call, find_blocks, parse_action
 from .grader import GRADING_MODES, R2EGrading
 from .local_tasks import TESTBED, default_tasks_dir
 from .tasks import R2ETask, load_tasks
 from .testbed import GIT, GIT_IDENT, TOOL_SCRIPT, TOOLS_DIR, repo_tar, tool_script
+from .tools import TOOL_NAMES, r2e_tools
 
-__all__ = ["DOCKER_IMAGE", "SYSTEM_PROMPT", "R2EAgentPrompt", "R2EGymEnv"]
+__all__ = ["DOCKER_IMAGE", "NATIVE_SYSTEM_PROMPT", "SYSTEM_PROMPT", "TOOL_FORMATS", "R2EAgentPrompt", "R2EGymEnv"]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +61,6 @@ log = logging.getLogger(__name__)
 DOCKER_IMAGE = "agentfly/r2egym:latest"
 #: PATH of upstream R2E-Gym images (their venv first), as in R2E-Gym's DockerRuntime.
 UPSTREAM_PATH = "/root/.venv/bin:/root/.local/bin:/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_MAX_ARGV_PAYLOAD = 100_000  # bytes of base64 passed on the command line; larger payloads go through a file
 #: A spec variable that keeps grading containers in a pool of their own (same image and limits).
 _GRADING_POOL_ENV = ("AFG_R2E_POOL", "grading")
 
@@ -84,6 +86,24 @@ Format, XML:
 </function>
 or JSON: {"name": "execute_bash", "arguments": {"cmd": "python -m pytest -q"}}
 Do not modify existing test files."""
+
+#: The system prompt of ``tool_format="native"``: the chat template describes the tools (their ``tools=`` schemas).
+NATIVE_SYSTEM_PROMPT = """You are a programming agent working in a repository at /testbed.
+Goal: make minimal changes to non-test files so that the issue described by the user is resolved.
+
+Use the tools you are given: search, file_editor (view, create and edit files), execute_bash (a bash command run in
+/testbed; time-limited, long output is cut) and finish (submits your changes; the hidden tests are then run; call it
+when you are done). Call exactly ONE tool per reply, as the last thing in your reply; only the first call of a
+reply is run.
+Do not modify existing test files."""
+
+#: ``R2EGymEnv(tool_format=...)``: R2E-Gym's XML (the default), or native tool calls in the model family's format
+#: (``"native"``: the family whose markers the reply holds; or one named, as in :data:`agentfly_gym.tools.FORMATS`).
+TOOL_FORMATS = ("xml", "native", "hermes", "llama3", "mistral")
+
+_NATIVE_HELP = ("Call exactly one tool per reply with your model's tool-call format, e.g. "
+                '<tool_call>\n{"name": "execute_bash", "arguments": {"cmd": "ls /testbed"}}\n</tool_call>; '
+                f"the tools are {', '.join(TOOL_NAMES)}.")
 
 INSTANCE_TEMPLATE = """Repository root: /testbed
 
@@ -138,13 +158,25 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
             from pytest's JUnit XML; see :mod:`.isolation`) or ``"in_place"`` (upstream R2E-Gym's: the
             hidden tests run in the episode's container and the text summary is parsed; hackable by the
             policy, for reproducing upstream only).
+        tool_format: how the model calls the tools (:data:`TOOL_FORMATS`).  ``"xml"`` (the default): R2E-Gym's
+            ``<function=...>`` format (or a JSON call), described in :data:`SYSTEM_PROMPT`; the observation goes
+            back as a user message.  ``"native"``: the model family's own tool calls; ``agent_prompt.tools`` holds
+            the tools' schemas (upstream R2E-Gym's function-calling definitions, :mod:`.tools`) for the chat
+            template's ``tools=``, the reply is parsed in the format whose markers it holds (Hermes/Qwen
+            ``<tool_call>``, Llama-3 JSON, Mistral ``[TOOL_CALLS]``; or name one: ``"hermes"``, ``"llama3"``,
+            ``"mistral"``), and the result goes back as a ``role: "tool"`` message (``info["tool_messages"]``).
+            As upstream's agent does with function calling, only the first call of a reply is run, and a reply
+            with no call gets its error as a user message.  The same call gives the same observation and
+            reward in both formats.
         manager, reset_timeout, render_mode: see :class:`~agentfly_gym.envs.base.AgentFlyEnv`.
 
     Reset options: ``{"task_id": str}`` or ``{"task_index": int}``; default a task drawn with
     ``self.np_random``.
 
     Info keys besides the standard ones: ``repo_name``, ``backend``, ``container`` (resource
-    id), ``tool`` (the tool called), ``test_results`` (the parsed ``{test: status}`` map, at
+    id), ``tool`` (the tool called), with native tool calls ``tool_calls`` (the calls parsed from the reply, as
+    dicts) and ``tool_messages`` (the result as a ``role: "tool"`` message; absent when no call was made),
+    ``test_results`` (the parsed ``{test: status}`` map, at
     grading), ``tests_timed_out``.  The step that grades sets ``score`` (= reward) and ``won``, and
     ``grading``: ``{"mode", "kept", "dropped"}`` (isolated: the paths whose changes were applied and
     ``{"path", "reason"}`` of those taken from the task instead, plus ``"log_test_results"``, upstream's
@@ -177,11 +209,13 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
                  max_instances: int = 4, max_idle_time: float | None = 300.0, bash_timeout: float = 90.0,
                  test_timeout: float = 300.0,
                  max_output: int = 10_000, max_episode_steps: int | None = 40, step_timeout: float | None = None,
-                 grading: str = "isolated",
+                 grading: str = "isolated", tool_format: str = "xml",
                  manager: Manager | None = None, reset_timeout: float | None = 900.0,
                  render_mode: str | None = None) -> None:
         if grading not in GRADING_MODES:
             raise ConfigError(f"grading={grading!r} is not one of {', '.join(map(repr, GRADING_MODES))}")
+        if tool_format not in TOOL_FORMATS:
+            raise ConfigError(f"tool_format={tool_format!r} is not one of {', '.join(map(repr, TOOL_FORMATS))}")
         if backend not in ("auto", "docker", "sandbox"):
             raise ConfigError(f"backend={backend!r} is not one of 'auto', 'docker', 'sandbox'")
         for name, v in (("bash_timeout", bash_timeout), ("test_timeout", test_timeout)):
@@ -218,6 +252,16 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         self.max_idle_time = max_idle_time
         self.bash_timeout, self.test_timeout, self.max_output = bash_timeout, test_timeout, max_output
         self.grading = grading
+        self.tool_format = tool_format
+        if tool_format != "xml":  # the class attributes stay R2E-Gym's XML prompt and actions
+            schemas = tuple(t.schema for t in r2e_tools(ContainerSpec(image="host")))
+            self.agent_prompt = ToolPrompt(system=NATIVE_SYSTEM_PROMPT, first_user_template="{observation}",
+                                           tools=schemas)
+            self.random_actions = tuple(self._native_call(name, args) for name, args in (
+                ("file_editor", {"command": "view", "path": TESTBED}), ("execute_bash", {"cmd": f"ls {TESTBED}"}),
+                ("search", {"search_term": "def ", "path": TESTBED}), ("finish", {"command": "submit"})))
+        self._tools: dict[str, Tool] = {}
+        self._toolsets: dict[tuple[str, bool], dict[str, Tool]] = {}
         self._base: str | None = None
         self._task: R2ETask | None = None
         self._box: ContainerResource | None = None
@@ -265,6 +309,7 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         if not isinstance(box, ContainerResource):
             raise EnvError(f"the container spec gave a {type(box).__name__}, not a ContainerResource")
         self._box = box
+        self._tools = self._toolset(spec, task)
         if task.local:
             tar = await asyncio.to_thread(repo_tar, str(task.repo_dir))
             await box.put_files({f"{TOOLS_DIR}/repo.tar": tar, TOOL_SCRIPT: tool_script()})
@@ -309,62 +354,93 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
             return {"PATH": UPSTREAM_PATH}
         return {}
 
+    def _toolset(self, spec: ContainerSpec, task: R2ETask) -> dict[str, Tool]:
+        """R2E-Gym's tools (:func:`.tools.r2e_tools`) on the container of ``spec``, by name (one set per spec)."""
+        key = (spec.key, task.local)
+        tools = self._toolsets.get(key)
+        if tools is None:
+            built = r2e_tools(spec, bash_timeout=self.bash_timeout, max_output=self.max_output, env=self._exec_env())
+            tools = self._toolsets[key] = {t.name: t for t in built}
+        return tools
+
+    def _native_call(self, name: str, arguments: dict[str, Any]) -> str:
+        """A reply calling ``name`` in this env's native format (Hermes for ``"native"``)."""
+        return format_tool_call(name, arguments, "hermes" if self.tool_format == "native" else self.tool_format)
+
+    def _parse_native(self, action: str, info: dict[str, Any]) -> tuple[ToolCall | None, str | None, str | None]:
+        """``(call, call id, error)`` of a reply in native format: the first call (upstream's agent runs only that
+        one), checked by R2E-Gym's rules; ``error`` is the observation when there is no valid call (with a call id
+        when the model did make a call, to be answered by a tool message)."""
+        try:
+            calls = parse_tool_calls(action, "auto" if self.tool_format == "native" else self.tool_format)
+        except ToolCallError as e:
+            return None, None, f"ERROR: could not parse the tool call: {e}. {_NATIVE_HELP}"
+        info["tool_calls"] = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in calls]
+        if not calls:
+            return None, None, f"ERROR: could not parse the tool call: no tool call found in the reply. {_NATIVE_HELP}"
+        first = calls[0]
+        call_id = first.id or tool_call_id(self._steps + 1, 0)
+        if not isinstance(first.arguments, dict):
+            return None, call_id, (f"ERROR: could not parse the tool call: the arguments of {first.name!r} must be a "
+                                   f"JSON object, got {type(first.arguments).__name__}")
+        try:  # JSON's \ud800 escapes decode to lone surrogates, which no command line or file name can hold
+            json.dumps(first.arguments, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return None, call_id, ("ERROR: could not parse the tool call: its arguments contain a lone surrogate, "
+                                   "which is not valid Unicode text; write the character itself or leave it out.")
+        try:
+            return check_call(first.name, first.arguments, format_help=_NATIVE_HELP), call_id, None
+        except ActionParseError as e:
+            return None, call_id, f"ERROR: could not parse the tool call: {e}"
+
     async def _step_episode(self, action: str) -> StepResult:
         box, task = self._box, self._task
         assert box is not None and task is not None
         last = self.max_episode_steps is not None and self._steps + 1 >= self.max_episode_steps
         info: dict[str, Any] = {"repo_name": task.repo_name, "backend": box.backend_name, "container": box.id}
-        try:
-            call = parse_action(action)
-        except ActionParseError as e:
-            obs = f"ERROR: could not parse the tool call: {e}"
+        native = self.tool_format != "xml"
+        call_id: str | None = None
+        if native:
+            call, call_id, obs = self._parse_native(action, info)
             info["tool"] = None
-            call = None
+        else:
+            try:
+                call = parse_action(action)
+            except ActionParseError as e:
+                obs = f"ERROR: could not parse the tool call: {e}"
+                info["tool"] = None
+                call = None
         if call is not None:
             info["tool"] = call.name
             if call.name == "finish":
                 reward, ginfo, summary = await self._grade()
                 info.update(ginfo)
-                return f"Submitted. {summary}", reward, True, False, info
+                return self._answer(f"Submitted. {summary}", call, call_id, info), reward, True, False, info
             obs = await self._run_tool(call)
             if self._expert_plan_cache and action == self._expert_plan_cache[0]:
                 self._gold_applied = True
+        assert obs is not None
         if last:
             reward, ginfo, summary = await self._grade()
             info.update(ginfo)
-            return f"{obs}\n\nStep limit reached; your changes were submitted. {summary}", reward, False, True, info
-        return obs, 0.0, False, False, info
+            obs = f"{obs}\n\nStep limit reached; your changes were submitted. {summary}"
+            return self._answer(obs, call, call_id, info), reward, False, True, info
+        return self._answer(obs, call, call_id, info), 0.0, False, False, info
+
+    def _answer(self, obs: str, call: ToolCall | None, call_id: str | None, info: dict[str, Any]) -> str:
+        """``obs``; with native tool calls, also as the ``role: "tool"`` message answering the call (when the
+        model made one) in ``info["tool_messages"]``."""
+        if call_id is not None:
+            name = call.name if call is not None else str(info["tool_calls"][0]["name"])
+            info["tool_messages"] = [{"role": "tool", "name": name, "tool_call_id": call_id, "content": obs}]
+        return obs
 
     async def _run_tool(self, call: ToolCall) -> str:
-        box = self._box
-        assert box is not None
-        if call.name == "execute_bash":
-            if "\x00" in call.arguments["cmd"]:  # no argv can hold it; both backends would raise deep inside
-                return ("ERROR: the command contains a NUL byte (\\x00), which a shell command line cannot hold; "
-                        "remove it and call execute_bash again.")
-            r = await box.exec(["bash", "-c", call.arguments["cmd"]], timeout=self.bash_timeout, workdir=TESTBED,
-                               env=self._exec_env(), max_output=self.max_output)
-            if r.timed_out:
-                return (f"The command took too long to execute (>{self.bash_timeout:g}s) and was killed.\n"
-                        f"Partial output:\n{r.output}")
-            return f"Exit code: {r.exit_code}\nExecution output of [execute_bash]:\n{r.output}"
-        args = dict(call.arguments)
-        if call.name == "search":
-            args.setdefault("path", TESTBED)
-        payload = json.dumps({"tool": call.name, "args": args}).encode("utf-8")
-        b64 = base64.b64encode(payload).decode("ascii")
-        if len(b64) <= _MAX_ARGV_PAYLOAD:
-            argv = ["python3", TOOL_SCRIPT, b64]
-        else:
-            await box.put_files({f"{TOOLS_DIR}/payload.json": payload})
-            argv = ["python3", TOOL_SCRIPT, "--file", f"{TOOLS_DIR}/payload.json"]
-        r = await box.exec(argv, timeout=max(60.0, self.bash_timeout), workdir=TESTBED, env=self._exec_env(),
-                           max_output=self.max_output + 1000)
-        if r.timed_out:
-            return f"ERROR: the {call.name} tool did not finish within its time limit and was killed."
-        if r.exit_code != 0:
-            return f"ERROR: the {call.name} tool failed (exit {r.exit_code}):\n{r.output}"
-        return f"Execution output of [{call.name}]:\n{r.output}"
+        """The observation of ``call`` (checked; not ``finish``): its tool run with its resources, acquired in the
+        episode's rollout scope (the container of this episode)."""
+        t = self._tools[call.name]
+        resources = {name: await self.scope.acquire(spec) for name, spec in t.resources.items()}
+        return await t(call.arguments, resources)
 
     # ------------------------------------------------------------------ expert
     @property
@@ -373,7 +449,8 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         return self._plan if self._plan_episode == self._episode_id else None
 
     async def expert_action(self) -> str:
-        """The next action of the expert: apply the task's gold patch (``execute_bash``), then ``finish``.
+        """The next action of the expert: apply the task's gold patch (``execute_bash``), then ``finish``, in the
+        env's ``tool_format``.
 
         The plan is computed once per episode.  The patch goes through a here-document and is
         applied with ``git apply`` (falling back to ``patch -p1``).
@@ -395,8 +472,12 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
             cmd = (f"cat > {TOOLS_DIR}/gold.patch <<'{delim}'\n{task.gold_patch.rstrip(chr(10))}\n{delim}\n"
                    f"cd {TESTBED} && (git apply --whitespace=nowarn {TOOLS_DIR}/gold.patch 2>/dev/null "
                    f"|| patch -p1 --forward --batch < {TOOLS_DIR}/gold.patch)")
-            plan = [f"<function=execute_bash>\n<parameter=cmd>\n{cmd}\n</parameter>\n</function>",
-                    "<function=finish>\n<parameter=command>submit</parameter>\n</function>"]
+            if self.tool_format == "xml":
+                plan = [f"<function=execute_bash>\n<parameter=cmd>\n{cmd}\n</parameter>\n</function>",
+                        "<function=finish>\n<parameter=command>submit</parameter>\n</function>"]
+            else:  # the same calls in the native format
+                plan = [self._native_call("execute_bash", {"cmd": cmd}),
+                        self._native_call("finish", {"command": "submit"})]
             self._plan, self._plan_episode = plan, self._episode_id
         return plan[1] if self._gold_applied else plan[0]
 
