@@ -235,6 +235,7 @@ def test_bad_tool_format_is_refused():
         R2EGymEnv(tasks=FIXTURES / "tasks.jsonl", tool_format="json", **SANDBOX)
 
 
+@pytest.mark.slow
 async def test_chain_rollout_renders_the_tools_natively(manager, test_data):
     """A chain on the Qwen3 tokenizer: the prompt renders the four tools through the template (``<tools>``), each
     result is appended as a ``<tool_response>`` (role "tool"), the expert's replies stay its sampled ids."""

@@ -60,6 +60,7 @@ def server(tmp_path):
     return mcp_server_spec(sys.executable, [str(path)], max_instances=2)
 
 
+@pytest.mark.slow
 def test_the_servers_tools_become_tools(server):
     tools = mcp_tools(server)
     assert [t.name for t in tools] == ["add", "count", "explode"]
