@@ -151,7 +151,7 @@ def test_the_tools_are_tools_of_the_layer_with_upstreams_schemas():
     spec = ContainerSpec(image="host", backend="sandbox")
     tools = r2e_tools(spec)
     assert all(isinstance(t, Tool) for t in tools) and tuple(t.name for t in tools) == TOOL_NAMES
-    assert [json.loads(json.dumps(dict(t.schema))) for t in tools] == UPSTREAM
+    assert [json.dumps(t.schema) for t in tools] == [json.dumps(u) for u in UPSTREAM]  # key order too
     for t in tools:  # the container comes as a rollout-scoped resource; finish needs none and ends the episode
         assert (dict(t.resources), t.scope, t.finish) == (({}, "rollout", True) if t.name == "finish" else
                                                            ({"box": spec}, "rollout", False))

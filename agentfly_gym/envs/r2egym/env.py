@@ -41,17 +41,17 @@ from ...resources.containers.api import ContainerResource
 from ...resources.protocol import Manager
 from ...resources.scope import RolloutScope
 from ...resources.spec import ContainerSpec, check_max_idle_time
-from ..base import AgentFlyEnv, StepResult
 from ...tools.env import ToolPrompt, tool_call_id
-from ...tools.formats import FORMATS, ToolCallError, format_tool_call, parse_tool_calls
+from ...tools.formats import ToolCallError, format_tool_call, parse_tool_calls
 from ...tools.tool import Tool
+from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
 from .actions import ActionParseError, ToolCall, check_call, find_blocks, parse_action
 from .grader import GRADING_MODES, R2EGrading
 from .local_tasks import TESTBED, default_tasks_dir
 from .tasks import R2ETask, load_tasks
 from .testbed import GIT, GIT_IDENT, TOOL_SCRIPT, TOOLS_DIR, repo_tar, tool_script
-from .tools import TOOL_NAMES, r2e_tools
+from .tools import SCHEMAS, TOOL_NAMES, r2e_tools
 
 __all__ = ["DOCKER_IMAGE", "NATIVE_SYSTEM_PROMPT", "SYSTEM_PROMPT", "TOOL_FORMATS", "R2EAgentPrompt", "R2EGymEnv"]
 
@@ -254,9 +254,7 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         self.grading = grading
         self.tool_format = tool_format
         if tool_format != "xml":  # the class attributes stay R2E-Gym's XML prompt and actions
-            schemas = tuple(t.schema for t in r2e_tools(ContainerSpec(image="host")))
-            self.agent_prompt = ToolPrompt(system=NATIVE_SYSTEM_PROMPT, first_user_template="{observation}",
-                                           tools=schemas)
+            self.agent_prompt = ToolPrompt(system=NATIVE_SYSTEM_PROMPT, tools=tuple(SCHEMAS[n] for n in TOOL_NAMES))
             self.random_actions = tuple(self._native_call(name, args) for name, args in (
                 ("file_editor", {"command": "view", "path": TESTBED}), ("execute_bash", {"cmd": f"ls {TESTBED}"}),
                 ("search", {"search_term": "def ", "path": TESTBED}), ("finish", {"command": "submit"})))

@@ -6,11 +6,12 @@ same one on every turn).  The R2E-Gym environment runs them in both of its actio
 (``<function=...>``, the default) and the model family's native tool calls (``tool_format="native"``), where the
 chat template renders their schemas (``tools=``) and a result goes back as a ``role: "tool"`` message.
 
-Their schemas are upstream R2E-Gym's function-calling definitions (``r2egym/agenthub/tools/__init__.py``, used
-when its agent runs with ``use_fn_calling=True``): the same names, descriptions, types, enums and required
-arguments, built by ``@tool`` from the typed functions below; only the ``"nullable"`` mark that transformers'
-``get_json_schema`` adds to an optional argument is left out, as upstream's definitions have none (an optional
-argument is one that is not ``required``).  Upstream offers them in this order, which is kept.
+Their schemas (:data:`SCHEMAS`) are upstream R2E-Gym's function-calling definitions verbatim
+(``r2egym/agenthub/tools/__init__.py``, used when its agent runs with ``use_fn_calling=True``; keys in upstream's
+order, so a chat template renders the same text), in upstream's order of the tools.  They are given to
+:class:`~agentfly_gym.tools.Tool` as they are, not rebuilt from the functions' signatures by ``@tool``
+(transformers' ``get_json_schema`` would mark optional arguments ``"nullable"``, which upstream's do not have, and
+importing transformers would slow the first reset of the XML env by seconds).
 
 What a tool returns is what the XML action of the same call observes, byte for byte (``file_editor`` and
 ``search`` run :mod:`.r2e_tools` inside the container; ``execute_bash`` runs ``bash -c``).
@@ -21,16 +22,17 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from ...resources.containers.api import ContainerResource
 from ...resources.spec import ContainerSpec
-from ...tools.tool import Tool, tool
+from ...tools.tool import Tool
 from .actions import ToolCall, check_call
 from .local_tasks import TESTBED
 from .testbed import TOOL_SCRIPT, TOOLS_DIR
 
-__all__ = ["TOOL_NAMES", "r2e_tools", "run_r2e_tool"]
+__all__ = ["SCHEMAS", "TOOL_NAMES", "r2e_tools", "run_r2e_tool"]
 
 #: The tools in upstream's order (``tools = [search_tool, file_editor, bash_execute_tool, finish_tool]``).
 TOOL_NAMES = ("search", "file_editor", "execute_bash", "finish")
@@ -84,6 +86,57 @@ _FINISH_DESCRIPTION = """
 """
 
 
+#: tool name -> upstream's OpenAI function schema, verbatim (key order included)
+SCHEMAS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "search": {"type": "function", "function": {
+        "name": "search", "description": _SEARCH_DESCRIPTION,
+        "parameters": {"type": "object", "properties": {
+            "search_term": {"description": "The term to search for in files.", "type": "string"},
+            "path": {"description": "The file or directory to search in. Defaults to `.` if not specified.",
+                     "type": "string"}},
+            "required": ["search_term"]}}},
+    "file_editor": {"type": "function", "function": {
+        "name": "file_editor", "description": _FILE_EDITOR_DESCRIPTION,
+        "parameters": {"type": "object", "properties": {
+            "command": {"description": "The command to run. Allowed options are: `view`, `create`, `str_replace`, "
+                                       "`insert`, `undo_edit`.",
+                        "enum": ["view", "create", "str_replace", "insert", "undo_edit"], "type": "string"},
+            "path": {"description": "Absolute path to file or directory, e.g. `/testbed/file.py` or `/testbed`.",
+                     "type": "string"},
+            "file_text": {"description": "Required for the `create` command, contains the content of the file to be "
+                                         "created.", "type": "string"},
+            "old_str": {"description": "Required for the `str_replace` command, specifies the string in `path` to "
+                                       "replace.", "type": "string"},
+            "new_str": {"description": "Optional for the `str_replace` command to specify the replacement string. "
+                                       "Required for the `insert` command to specify the string to insert.",
+                        "type": "string"},
+            "insert_line": {"description": "Required for the `insert` command. The `new_str` will be inserted AFTER "
+                                           "the line specified.", "type": "integer"},
+            "view_range": {"description": "Optional for the `view` command when `path` points to a file. Specifies "
+                                          "the line range to view. E.g., [11, 12] shows lines 11 and 12. Indexing "
+                                          "starts at 1. Use [start_line, -1] to show all lines from `start_line` to "
+                                          "the end.", "type": "array", "items": {"type": "integer"}},
+            "concise": {"description": "Optional for the `view` command. If `True`, displays a concise skeletal view "
+                                       "of the file. Very useful for localization tasks. Highly recommended for large "
+                                       "files.", "type": "boolean"}},
+            "required": ["command", "path"]}}},
+    "execute_bash": {"type": "function", "function": {
+        "name": "execute_bash", "description": _BASH_DESCRIPTION,
+        "parameters": {"type": "object", "properties": {
+            "cmd": {"type": "string", "description": "The command (and optional arguments) to execute. For example: "
+                                                     "'python my_script.py'"}},
+            "required": ["cmd"]}}},
+    "finish": {"type": "function", "function": {
+        "name": "finish", "description": _FINISH_DESCRIPTION,
+        "parameters": {"type": "object", "properties": {
+            "command": {"description": "The command to run. Currently only `submit` is supported.", "type": "string",
+                        "enum": ["submit"]},
+            "result": {"description": "Optional. The result text to submit. Defaults to an empty string if not "
+                                      "provided.", "type": "string"}},
+            "required": ["command"]}}},
+})
+
+
 def _given(**kwargs: Any) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if v is not None}
 
@@ -135,15 +188,6 @@ async def run_r2e_tool(box: ContainerResource, call: ToolCall, *, bash_timeout: 
     return f"Execution output of [{call.name}]:\n{r.output}"
 
 
-def _upstream_schema(t: Tool) -> Tool:
-    """``t`` with upstream's optional-argument convention: no ``"nullable"`` marks (see the module docstring)."""
-    schema = json.loads(json.dumps(dict(t.schema)))
-    for prop in schema["function"]["parameters"].get("properties", {}).values():
-        prop.pop("nullable", None)
-    return Tool(fn=t.fn, name=t.name, description=t.description, schema=schema, resources=t.resources,
-                scope=t.scope, timeout=t.timeout, finish=t.finish)
-
-
 def r2e_tools(spec: ContainerSpec, *, bash_timeout: float = 90.0, max_output: int = 10_000,
               env: Mapping[str, str] | None = None) -> list[Tool]:
     """R2E-Gym's four tools, in upstream's order (:data:`TOOL_NAMES`), running in the container of ``spec``.
@@ -161,62 +205,32 @@ def r2e_tools(spec: ContainerSpec, *, bash_timeout: float = 90.0, max_output: in
 
     Returns:
         ``[search, file_editor, execute_bash, finish]`` as :class:`~agentfly_gym.tools.Tool` objects; their
-        ``schema`` is upstream R2E-Gym's function-calling definition.
+        ``schema`` is upstream R2E-Gym's function-calling definition (:data:`SCHEMAS`).
     """
-    box_spec = {"box": spec}
+    box_spec = MappingProxyType({"box": spec})
 
     async def run(name: str, args: dict[str, Any], box: ContainerResource) -> str:
         return await run_r2e_tool(box, check_call(name, args), bash_timeout=bash_timeout, max_output=max_output,
                                   env=env)
 
-    @tool(name="search", description=_SEARCH_DESCRIPTION, resources=box_spec, timeout=None)
     async def search(search_term: str, box: ContainerResource, path: str | None = None) -> str:
-        """Search.
-
-        Args:
-            search_term: The term to search for in files.
-            path: The file or directory to search in. Defaults to `.` if not specified.
-        """
         return await run("search", _given(search_term=search_term, path=path), box)
 
-    @tool(name="file_editor", description=_FILE_EDITOR_DESCRIPTION, resources=box_spec, timeout=None)
     async def file_editor(command: Literal["view", "create", "str_replace", "insert", "undo_edit"], path: str,
                           box: ContainerResource, file_text: str | None = None, old_str: str | None = None,
                           new_str: str | None = None, insert_line: int | None = None,
                           view_range: list[int] | None = None, concise: bool | None = None) -> str:
-        """Edit files.
-
-        Args:
-            command: The command to run. Allowed options are: `view`, `create`, `str_replace`, `insert`, `undo_edit`.
-            path: Absolute path to file or directory, e.g. `/testbed/file.py` or `/testbed`.
-            file_text: Required for the `create` command, contains the content of the file to be created.
-            old_str: Required for the `str_replace` command, specifies the string in `path` to replace.
-            new_str: Optional for the `str_replace` command to specify the replacement string. Required for the `insert` command to specify the string to insert.
-            insert_line: Required for the `insert` command. The `new_str` will be inserted AFTER the line specified.
-            view_range: Optional for the `view` command when `path` points to a file. Specifies the line range to view. E.g., [11, 12] shows lines 11 and 12. Indexing starts at 1. Use [start_line, -1] to show all lines from `start_line` to the end.
-            concise: Optional for the `view` command. If `True`, displays a concise skeletal view of the file. Very useful for localization tasks. Highly recommended for large files.
-        """  # noqa: E501
         return await run("file_editor", _given(command=command, path=path, file_text=file_text, old_str=old_str,
                                                new_str=new_str, insert_line=insert_line, view_range=view_range,
                                                concise=concise), box)
 
-    @tool(name="execute_bash", description=_BASH_DESCRIPTION, resources=box_spec, timeout=None)
     async def execute_bash(cmd: str, box: ContainerResource) -> str:
-        """Run a command.
-
-        Args:
-            cmd: The command (and optional arguments) to execute. For example: 'python my_script.py'
-        """
         return await run("execute_bash", {"cmd": cmd}, box)
 
-    @tool(name="finish", description=_FINISH_DESCRIPTION, timeout=None, finish=True)
-    def finish(command: Literal["submit"], result: str | None = None) -> str | None:
-        """Submit.
+    def finish(command: Literal["submit"] = "submit", result: str | None = None) -> str | None:
+        return result  # what a plain tool env scores; the R2E-Gym env grades instead
 
-        Args:
-            command: The command to run. Currently only `submit` is supported.
-            result: Optional. The result text to submit. Defaults to an empty string if not provided.
-        """
-        return result
-
-    return [_upstream_schema(t) for t in (search, file_editor, execute_bash, finish)]
+    fns = {"search": search, "file_editor": file_editor, "execute_bash": execute_bash, "finish": finish}
+    return [Tool(fn=fns[name], name=name, description=SCHEMAS[name]["function"]["description"],
+                 schema=SCHEMAS[name], resources=MappingProxyType({}) if name == "finish" else box_spec,
+                 scope="rollout", timeout=None, finish=name == "finish") for name in TOOL_NAMES]
