@@ -20,6 +20,9 @@
 The model calls tools in its family's native format (:mod:`.formats`); the rollout layer renders the tools
 through the tokenizer's chat template (``tools=``) and appends the results as ``role: "tool"`` messages
 (:class:`~agentfly_gym.rollout.chat.ChatTokenizer`), keeping sampled token ids verbatim.
+
+Tools from an MCP server: :mod:`agentfly_gym.tools.mcp` (``mcp_tools(mcp_server_spec(...))``; imported on use).
+R2E-Gym's tools: :func:`agentfly_gym.envs.r2egym.tools.r2e_tools`.
 """
 
 from .env import DEFAULT_SYSTEM_PROMPT, ToolEnv, ToolPrompt, make_tool_env, tool_call_id
