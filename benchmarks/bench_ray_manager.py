@@ -252,7 +252,8 @@ def main() -> int:
                                                            os.environ.get("PYTHONPATH")) if x)
     import ray
 
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+    # address="local": a cluster of its own, never one another process on this machine left running
+    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
     res.data["ray"] = ray.__version__
     res.data["results"] = {}
     try:
