@@ -210,7 +210,24 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
     tmp = out.with_name(f".{out.name}.tmp")
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
     os.replace(tmp, out)
+    _warn_siblings(out, exclude)
     return out
+
+
+def _warn_siblings(out: Path, exclude: Sequence[str | os.PathLike]) -> None:
+    """Warn when ``out`` shares tasks with another data set of this tool in its folder (a training and a
+    validation file written side by side from the same split), unless that file was excluded."""
+    skip = {Path(p).expanduser().resolve() for p in exclude} | {out.resolve()}
+    others = [p for p in sorted(out.parent.glob("*.parquet")) if p.resolve() not in skip][:32]
+    for other in others:
+        try:
+            shared = shared_tasks(out, other)["shared"]
+        except ConfigError:
+            continue  # not a data set of this tool
+        if shared:
+            warnings.warn(f"{out} shares {len(shared)} task(s) with {other} (e.g. {[t for _, t in shared[:3]]}): "
+                          "draw a validation or test set from another split (--split validation) or leave the "
+                          f"other file's tasks out (--exclude {other})", stacklevel=3)
 
 
 def _takes(cls: type, name: str) -> bool:
