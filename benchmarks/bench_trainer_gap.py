@@ -98,7 +98,8 @@ def score(model: Any, seqs: list[tuple[list[int], list[int], list[int], list[flo
 async def measure(model: Any, tok: Any, chat: Any, env_id: str, mode: str, *, episodes: int, turns: int,
                   max_tokens: int, seed: int, temperature: float = 1.0) -> dict[str, Any]:
     """Roll out ``episodes`` episodes of ``env_id`` in ``mode`` with ``model`` and score them (see :func:`score`);
-    adds ``trajectories``, ``errors`` and ``rollout_s``."""
+    adds ``trajectories``, ``errors``, ``rollout_s`` and ``records`` (the scored sequences, see :func:`sequences`;
+    :func:`main` drops them from the JSON)."""
     import time
 
     from agentfly_gym.rollout import SamplingParams, TaskRunner
@@ -116,7 +117,7 @@ async def measure(model: Any, tok: Any, chat: Any, env_id: str, mode: str, *, ep
     rollout_s = time.monotonic() - t0
     seqs = [s for t in trajs for s in sequences(t)]
     out = await asyncio.to_thread(score, model, seqs, temperature)
-    out.update(trajectories=len(trajs), errors=[t.error for t in trajs if t.error], rollout_s=rollout_s)
+    out.update(trajectories=len(trajs), errors=[t.error for t in trajs if t.error], rollout_s=rollout_s, records=seqs)
     return out
 
 
@@ -159,6 +160,7 @@ def main() -> int:
                                             max_tokens=max_tokens, seed=args.seed))
                 if guard.failed:
                     continue
+                r.pop("records")
                 res.data["results"][key] = r
                 print(f"[{key}] {r['tokens']} tokens in {r['sequences']} sequences: max gap {r['max_gap']:.2e} nats, "
                       f"mean {r['mean_gap']:.2e}; shifted by one: median {r['shift_gap_median']:.2f} nats", flush=True)
