@@ -163,9 +163,13 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
                           "cannot be checked; give task ids (tasks=, --tasks-file) to make it checkable", stacklevel=2)
         else:
             pool = [t for t in listed if t not in excluded]
+            if not listed:
+                raise ConfigError(f"{env_id} split={split!r} has no task left: the split lists none here (e.g. "
+                                  "WebShop's upstream train/validation goals need the full catalog); pick another "
+                                  "split (--split)")
             if not pool:
-                raise ConfigError(f"{env_id} split={split!r} has no task left ({len(listed)} listed, "
-                                  f"{len(listed) - len(pool)} excluded)")
+                raise ConfigError(f"{env_id} split={split!r} has no task left: all {len(listed)} are in the "
+                                  "excluded data set(s)")
             import numpy as np
 
             order = np.random.default_rng(seed).permutation(len(pool))
