@@ -148,7 +148,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         options_json = json.dumps(dict(reset_options or {}), sort_keys=True)
     except TypeError as e:
         raise ConfigError(f"env_kwargs / reset_options must be JSON-serialisable: {e}") from e
-    excluded = _excluded(exclude, row_env_id)
+    excluded = _excluded(exclude, row_env_id, env_id)
     drawn = False
     if task_list is not None:
         clash = sorted(set(task_list) & excluded)
@@ -291,16 +291,15 @@ def _read_keys(path: str | os.PathLike) -> tuple[set[tuple[str, str]], int]:
     return keys, sum(1 for r in info if not (r and r.get("task_id")))
 
 
-def _excluded(paths: Sequence[str | os.PathLike], env_id: str) -> set[str]:
-    from agentfly_gym.registration import normalize_env_id
-
+def _excluded(paths: Sequence[str | os.PathLike], *env_ids: str) -> set[str]:
+    """The task ids of ``env_ids`` (the row's env id and the registered one) in the data sets ``paths``."""
     out: set[str] = set()
     for p in paths:
         keys, unknown = _read_keys(p)
         if unknown:
             warnings.warn(f"{p}: {unknown} row(s) record no task id (drawn from seeds); they cannot be excluded",
                           stacklevel=3)
-        out |= {t for e, t in keys if e == env_id or normalize_env_id(e) == normalize_env_id(env_id)}
+        out |= {t for e, t in keys if e in env_ids}
     return out
 
 
