@@ -190,7 +190,8 @@ class ChessEnv(BoardView, AgentFlyEnv):
 
     def __init__(self, *, mode: str = "puzzle", data_dir: str | os.PathLike | None = None,
                  puzzles_file: str | os.PathLike | None = None, min_rating: int | None = None,
-                 max_rating: int | None = None, split: str = "all", agent_color: str = "white", skill_level: int | None = 3,
+                 max_rating: int | None = None, split: str = "all", agent_color: str = "white",
+                 skill_level: int | None = 3,
                  engine_depth: int | None = 8, engine_movetime: float | None = None, max_moves: int = 150,
                  expert_depth: int = 12, stockfish_path: str | os.PathLike | None = None, max_instances: int = 4,
                  engine_threads: int = 1, engine_hash_mb: int = 16, show_legal_moves: bool = False,
@@ -370,8 +371,9 @@ class ChessEnv(BoardView, AgentFlyEnv):
                     f" with a rating in [{self.min_rating}, {self.max_rating}]"
                 raise ConfigError(f"task_id={task_id!r} is not a PuzzleId in {puzzles.source}{bounds}")
             if split != "all" and split_of(puzzle.puzzle_id) != split:
-                raise ConfigError(f"task_id={task_id!r} is a {split_of(puzzle.puzzle_id)} puzzle, not in split={split!r}; "
-                                  f"pass split={split_of(puzzle.puzzle_id)!r} or 'all' to use it")
+                home = split_of(puzzle.puzzle_id)
+                raise ConfigError(f"task_id={task_id!r} is a {home} puzzle, not in split={split!r}; "
+                                  f"pass split={home!r} or 'all' to use it")
         elif split == "all":  # the draw as before splits existed: a seed gives the same puzzle
             puzzle = puzzles[int(self.np_random.integers(len(puzzles)))]
         else:
