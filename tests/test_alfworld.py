@@ -98,8 +98,11 @@ def test_split_counts_match_alfworld(alfworld_root, fresh_cache):
     assert train.folder.name == "valid_train"
     assert all(g.game_file.is_file() for g in seen.games)
     assert any(fresh_cache.joinpath("alfworld", "index").glob("*.json"))  # the index is cached on disk
+    # the split names every env shares (issue 27): validation = valid_seen, test = valid_unseen
+    assert [g.task_id for g in load_index(alfworld_root, "validation").games] == [g.task_id for g in seen.games]
+    assert [g.task_id for g in load_index(alfworld_root, "test").games] == [g.task_id for g in unseen.games]
     with pytest.raises(ConfigError, match="valid_seen"):
-        load_index(alfworld_root, "test")
+        load_index(alfworld_root, "dev")
 
 
 def test_upstream_train_layout_and_solvable_filter(alfworld_root, tmp_path, fresh_cache):

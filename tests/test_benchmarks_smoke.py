@@ -37,6 +37,7 @@ SCRIPTS = {
     "bench_memory": ["--envs", "Chess"],
     "bench_grading_hacks": ["--backends", "sandbox", "--hacks", "conftest_pass_all,passed_in_exception"],
     "bench_memory_growth": ["--envs", "ALFWorld", "--sets", "sample"],
+    "bench_trainer_gap": ["--envs", "Chess"],
 }
 
 

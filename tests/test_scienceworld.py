@@ -124,7 +124,10 @@ async def test_bad_actions_and_bad_options_are_handled():
         _, info = await env.areset(options={"task_id": "boil:25", "split": "test"})
         assert info["task_id"] == "boil:25"
         with pytest.raises(ConfigError, match="split"):
-            await env.areset(options={"split": "validation"})
+            await env.areset(options={"split": "valid_seen"})
+        # "validation", every env's name for it (issue 27), is the simulator's dev split
+        _, info = await env.areset(options={"task_id": "boil:15", "split": "validation"})
+        assert info["task_id"] == "boil:15"
         with pytest.raises(ConfigError, match="simplification"):
             await env.areset(options={"simplification": "godMode"})
         with pytest.raises(ConfigError, match="ScienceWorld: unknown reset options"):

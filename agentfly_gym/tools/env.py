@@ -136,6 +136,18 @@ class ToolEnv(AgentFlyEnv):
         self._turn = 0
         self._global_held: set[str] = set()
 
+    async def atask_ids(self, split: str | None = None) -> list[str]:
+        """The ids of the task rows, in row order.  The rows are the split: give train and test as two task
+        files (two envs).
+
+        Raises:
+            ConfigError: a ``split`` other than None.
+        """
+        if split is not None:
+            raise ConfigError(f"{self.env_name} has no split={split!r}: its tasks are the rows it was given; "
+                              "make one env per split from separate task files")
+        return list(self._ids)
+
     # ------------------------------------------------------------------ episode
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         if "task_id" in options and "index" in options:

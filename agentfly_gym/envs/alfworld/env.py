@@ -79,7 +79,8 @@ class ALFWorldEnv(AgentFlyEnv):
             ``$AGENTFLY_GYM_DATA/alfworld`` or ``~/.cache/alfworld``.
         split: ``"train"`` (folder ``train`` or ``valid_train``), ``"valid_seen"`` (140 games),
             ``"valid_unseen"`` (134 games), or ALFWorld's ``"eval_in_distribution"`` /
-            ``"eval_out_of_distribution"``.
+            ``"eval_out_of_distribution"``; the names common to every env work too: ``"validation"``
+            (``valid_seen``) and ``"test"`` (``valid_unseen``).
         task_types: ``None`` for all six, or ids (1-6) / names of
             :data:`~agentfly_gym.envs.alfworld.games.TASK_TYPES`.
         max_instances: most simulators alive at once in the shared pool (~100-200 MB each).
@@ -121,6 +122,7 @@ class ALFWorldEnv(AgentFlyEnv):
             raise ConfigError(f"planner_timeout={planner_timeout!r} must be None or > 0 seconds")
         self.data_root = resolve_alfworld_root(data_dir)
         self.index: GameIndex = load_index(self.data_root, split, task_types)
+        self._task_types = task_types
         rss = parse_bytes(max_rss_growth, field="max_rss_growth")
         self.upgrade_games = bool(upgrade_games)
         if not self.upgrade_games:
@@ -144,6 +146,16 @@ class ALFWorldEnv(AgentFlyEnv):
     def games(self) -> tuple[GameRecord, ...]:
         """The solvable games this env draws from (split and task-type filter applied)."""
         return self.index.games
+
+    async def atask_ids(self, split: str | None = None) -> list[str]:
+        """The task ids of the solvable games of ``split`` (None: the env's split; the env's task-type filter
+        applies), in the index's stable order.  Resetting with one needs an env of that split.
+
+        Raises:
+            ConfigError: an unknown or missing split.
+        """
+        index = self.index if split is None else load_index(self.data_root, split, self._task_types)
+        return [g.task_id for g in index.games]
 
     # ------------------------------------------------------------------ episode
     def episode_resource_specs(self) -> list:

@@ -53,7 +53,8 @@ TASK_TYPES: dict[int, str] = {
 
 #: split name -> folder names tried in order under ``json_2.1.1``.  ``train`` is ``train`` in
 #: upstream's download and ``valid_train`` in the project's shared data; ALFWorld's own
-#: names for the evaluation sets (``eval_in_distribution`` / ``eval_out_of_distribution``) work too.
+#: names for the evaluation sets (``eval_in_distribution`` / ``eval_out_of_distribution``) work too, and so do
+#: the names common to every env: ``validation`` (``valid_seen``) and ``test`` (``valid_unseen``).
 SPLIT_ALIASES: dict[str, tuple[str, ...]] = {
     "train": ("train", "valid_train"),
     "valid_train": ("valid_train", "train"),
@@ -61,6 +62,8 @@ SPLIT_ALIASES: dict[str, tuple[str, ...]] = {
     "eval_in_distribution": ("valid_seen",),
     "valid_unseen": ("valid_unseen",),
     "eval_out_of_distribution": ("valid_unseen",),
+    "validation": ("valid_seen",),
+    "test": ("valid_unseen",),
 }
 
 HOW_TO_GET = ("Download the ALFWorld game files with `agentfly-gym data download alfworld` or "

@@ -17,7 +17,7 @@ from ..base import AgentFlyEnv, StepResult
 from ..prompting import AgentPrompt
 from .engine import EngineProxy, engine_spec, find_stockfish
 from .moves import MoveError, legal_moves_uci, parse_move
-from .puzzles import Puzzle, PuzzleSet, find_puzzles_file, load_puzzles
+from .puzzles import SPLITS, Puzzle, PuzzleSet, find_puzzles_file, load_puzzles, split_of
 
 __all__ = ["ChessEnv", "CHESS_PROMPT", "game_outcome", "render_board"]
 
@@ -34,7 +34,8 @@ CHESS_PROMPT = AgentPrompt(system=(
 
 _PIECE_ORDER = ".PNBRQKpnbrqk"
 #: reset options per mode (AgentFlyEnv.reset_options)
-_PUZZLE_OPTIONS = MappingProxyType({"task_id": "a PuzzleId of the puzzle set"})
+_PUZZLE_OPTIONS = MappingProxyType({"task_id": "a PuzzleId of the puzzle set (of the split, unless split='all')",
+                                    "split": "'all', 'train', 'validation' or 'test' (overrides the constructor's)"})
 _PLAY_OPTIONS = MappingProxyType({"agent_color": "'white', 'black' or 'random'", "fen": "the starting position (FEN)"})
 
 
@@ -154,6 +155,11 @@ class ChessEnv(BoardView, AgentFlyEnv):
             :func:`agentfly_gym.envs.chess.puzzles.find_puzzles_file`).
         puzzles_file: a CSV path (absolute, or relative to the current folder or to the data folder).
         min_rating, max_rating: keep puzzles with ``min_rating <= Rating <= max_rating``.
+        split: the puzzles drawn at reset without a ``task_id`` (puzzle mode): ``"all"`` (the default: every
+            puzzle, uniformly, as before splits existed) or ``"train"`` / ``"validation"`` / ``"test"``, three
+            disjoint parts of the set chosen by a hash of the ``PuzzleId``
+            (:func:`~agentfly_gym.envs.chess.puzzles.split_of`: ~80/10/10%).  A split changes only which
+            puzzles are drawn, never a puzzle's observations or rewards.
         agent_color: ``"white"``, ``"black"`` or ``"random"`` (drawn with ``np_random`` at reset), play mode.
         skill_level: Stockfish ``Skill Level`` 0-20 (20 = full strength), or ``None`` for full strength.
             Below 20 Stockfish randomises its choice with a clock-seeded generator: games are then not
@@ -168,7 +174,8 @@ class ChessEnv(BoardView, AgentFlyEnv):
         show_legal_moves: also list the legal moves in every observation (always in ``info``).
         manager, step_timeout, reset_timeout, max_episode_steps, render_mode: see :class:`AgentFlyEnv`.
 
-    Reset options: ``task_id`` (a Lichess ``PuzzleId``, puzzle mode); ``agent_color`` and ``fen`` (a start
+    Reset options: ``task_id`` (a Lichess ``PuzzleId``, puzzle mode; it must belong to ``split`` unless that is
+    ``"all"``) and ``split``; ``agent_color`` and ``fen`` (a start
     position, default the initial position), play mode.
 
     Raises:
@@ -183,7 +190,8 @@ class ChessEnv(BoardView, AgentFlyEnv):
 
     def __init__(self, *, mode: str = "puzzle", data_dir: str | os.PathLike | None = None,
                  puzzles_file: str | os.PathLike | None = None, min_rating: int | None = None,
-                 max_rating: int | None = None, agent_color: str = "white", skill_level: int | None = 3,
+                 max_rating: int | None = None, split: str = "all", agent_color: str = "white",
+                 skill_level: int | None = 3,
                  engine_depth: int | None = 8, engine_movetime: float | None = None, max_moves: int = 150,
                  expert_depth: int = 12, stockfish_path: str | os.PathLike | None = None, max_instances: int = 4,
                  engine_threads: int = 1, engine_hash_mb: int = 16, show_legal_moves: bool = False,
@@ -202,6 +210,7 @@ class ChessEnv(BoardView, AgentFlyEnv):
         if min_rating is not None and max_rating is not None and min_rating > max_rating:
             raise ConfigError(f"min_rating={min_rating} is above max_rating={max_rating}")
         self._check_color(agent_color, "agent_color")
+        self._check_split(split)
         if skill_level is not None and (not isinstance(skill_level, int) or not 0 <= skill_level <= 20):
             raise ConfigError(f"skill_level={skill_level!r} must be None or an integer in 0..20")
         if engine_depth is not None and (not isinstance(engine_depth, int) or engine_depth < 1):
@@ -215,6 +224,7 @@ class ChessEnv(BoardView, AgentFlyEnv):
         self.mode = mode
         self.reset_options = _PUZZLE_OPTIONS if mode == "puzzle" else _PLAY_OPTIONS
         self.min_rating, self.max_rating = min_rating, max_rating
+        self.split = split
         self.agent_color = agent_color
         self.skill_level, self.engine_depth, self.engine_movetime = skill_level, engine_depth, engine_movetime
         self.max_moves, self.expert_depth = max_moves, expert_depth
@@ -245,6 +255,24 @@ class ChessEnv(BoardView, AgentFlyEnv):
     def _check_color(value: Any, name: str) -> None:
         if value not in ("white", "black", "random"):
             raise ConfigError(f"{name}={value!r} is not one of 'white', 'black', 'random'")
+
+    @staticmethod
+    def _check_split(value: Any) -> str:
+        if value not in SPLITS:
+            raise ConfigError(f"split={value!r} is not one of {list(SPLITS)}")
+        return value
+
+    async def atask_ids(self, split: str | None = None) -> list[str]:
+        """The ``PuzzleId`` s of ``split`` (None: the env's ``split``), in file order (puzzle mode).
+
+        Raises:
+            NotImplementedError: play mode (its games have no task list).
+            ConfigError: an unknown split.
+        """
+        if self.mode != "puzzle":
+            raise NotImplementedError("Chess play mode has no task list; task ids exist in mode='puzzle'")
+        puzzles = await self.puzzles()
+        return puzzles.puzzle_ids(self._check_split(self.split if split is None else split))
 
     def episode_resource_specs(self) -> list:
         """A game (play mode) holds one Stockfish engine; a puzzle holds none."""
@@ -334,6 +362,7 @@ class ChessEnv(BoardView, AgentFlyEnv):
 
     async def _reset_puzzle(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         puzzles = await self.puzzles()
+        split = self._check_split(options.get("split", self.split))
         task_id = options.get("task_id")
         if task_id is not None:
             puzzle = puzzles.get(str(task_id))
@@ -341,8 +370,17 @@ class ChessEnv(BoardView, AgentFlyEnv):
                 bounds = "" if self.min_rating is None and self.max_rating is None else \
                     f" with a rating in [{self.min_rating}, {self.max_rating}]"
                 raise ConfigError(f"task_id={task_id!r} is not a PuzzleId in {puzzles.source}{bounds}")
-        else:
+            if split != "all" and split_of(puzzle.puzzle_id) != split:
+                home = split_of(puzzle.puzzle_id)
+                raise ConfigError(f"task_id={task_id!r} is a {home} puzzle, not in split={split!r}; "
+                                  f"pass split={home!r} or 'all' to use it")
+        elif split == "all":  # the draw as before splits existed: a seed gives the same puzzle
             puzzle = puzzles[int(self.np_random.integers(len(puzzles)))]
+        else:
+            indices = puzzles.split_indices(split)
+            if not indices:
+                raise ConfigError(f"split={split!r} has no puzzle in {puzzles.source}; use split='all'")
+            puzzle = puzzles[indices[int(self.np_random.integers(len(indices)))]]
         board = chess.Board(puzzle.fen)
         if len(puzzle.moves) < 2:
             raise ConfigError(f"puzzle {puzzle.puzzle_id} has fewer than 2 moves: {' '.join(puzzle.moves)!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -26,7 +27,13 @@ __all__ = [
     "SAMPLE_NAME",
     "find_puzzles_file",
     "load_puzzles",
+    "SPLITS",
+    "split_of",
 ]
+
+#: The puzzle splits: ``"all"`` (every puzzle) or one of three disjoint parts chosen by a hash of the
+#: ``PuzzleId`` (see :func:`split_of`): ``"train"`` ~80%, ``"validation"`` ~10%, ``"test"`` ~10%.
+SPLITS = ("all", "train", "validation", "test")
 
 #: The file name of the full Lichess dump once decompressed.
 FULL_DUMP_NAME = "lichess_db_puzzle.csv"
@@ -40,6 +47,17 @@ _HOW_TO_GET = (
     f"with the same columns there as {SAMPLE_NAME}, or pass puzzles_file=<path to a CSV>."
 )
 _COLUMNS = ("PuzzleId", "FEN", "Moves", "Rating", "Themes")
+
+
+def split_of(puzzle_id: str) -> str:
+    """The split of a puzzle: ``"train"``, ``"validation"`` or ``"test"``, from the first 8 bytes of the
+    BLAKE2b hash of its ``PuzzleId`` modulo 100 (0-79 train, 80-89 validation, 90-99 test).
+
+    Deterministic across processes, machines and versions of the puzzle file (a puzzle keeps its split
+    when the dump grows or is filtered by rating), and independent of any seed.
+    """
+    bucket = int.from_bytes(hashlib.blake2b(puzzle_id.encode(), digest_size=8).digest(), "big") % 100
+    return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +101,7 @@ class PuzzleSet:
         self.source = source
         self._ids = table.column("PuzzleId")
         self._index: dict[str, int] | None = None
+        self._splits: dict[str, tuple[int, ...]] | None = None
 
     def __len__(self) -> int:
         return self._table.num_rows
@@ -105,6 +124,37 @@ class PuzzleSet:
             self._index = {pid: i for i, pid in enumerate(self._ids.to_pylist())}
         i = self._index.get(puzzle_id)
         return None if i is None else self[i]
+
+    def split_indices(self, split: str) -> tuple[int, ...]:
+        """Indices (ascending) of the puzzles of ``split`` (one of :data:`SPLITS`; see :func:`split_of`).
+
+        The first call hashes every ``PuzzleId`` (about 1 s per million puzzles); the result is kept.
+
+        Raises:
+            ConfigError: an unknown split.
+        """
+        if split not in SPLITS:
+            raise ConfigError(f"split={split!r} is not one of {list(SPLITS)}")
+        if split == "all":
+            return tuple(range(len(self)))
+        if self._splits is None:
+            parts: dict[str, list[int]] = {"train": [], "validation": [], "test": []}
+            for i, pid in enumerate(self._ids.to_pylist()):
+                parts[split_of(pid)].append(i)
+            self._splits = {k: tuple(v) for k, v in parts.items()}
+        return self._splits[split]
+
+    def puzzle_ids(self, split: str = "all") -> list[str]:
+        """The ``PuzzleId`` s of ``split`` in file order.
+
+        Raises:
+            ConfigError: an unknown split.
+        """
+        indices = self.split_indices(split)
+        if split == "all":
+            return self._ids.to_pylist()
+        ids = self._ids.to_pylist()
+        return [ids[i] for i in indices]
 
     def __repr__(self) -> str:
         return f"<PuzzleSet {len(self)} puzzles from {self.source}>"

@@ -268,6 +268,18 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         self._plan_episode: str | None = None
 
     # ------------------------------------------------------------------ specs
+    async def atask_ids(self, split: str | None = None) -> list[str]:
+        """The ids of the env's tasks, in list order.  The task list is the split (upstream's are separate data
+        sets, e.g. R2E-Gym-Subset to train, SWE-Bench-Verified to test): one env per task file.
+
+        Raises:
+            ConfigError: a ``split`` other than None.
+        """
+        if split is not None:
+            raise ConfigError(f"R2E-Gym has no split={split!r}: its tasks are the list it was given (tasks=); "
+                              "make one env per split from separate task files")
+        return [t.task_id for t in self.tasks]
+
     async def container_spec(self, task: R2ETask) -> ContainerSpec:
         """The container spec of ``task``: one generic spec for all local tasks (``image``, else the
         project's R2E image on Docker and the host's system in the sandbox), the row's image otherwise."""

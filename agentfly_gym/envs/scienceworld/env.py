@@ -50,7 +50,7 @@ _RESET_OPTIONS = MappingProxyType({
     "task_name": "a task name or number (see task_names())",
     "task_id": "'<task name>:<variation>' (instead of task_name and variation)",
     "variation": "the variation (int >= 0) in the split",
-    "split": "'train', 'dev' or 'test'",
+    "split": "'train', 'dev' (or 'validation') or 'test'",
     "simplification": "simplifications string, e.g. 'easy'",
     "with_admissible_actions": "bool: list valid actions in info",
     "expert": "bool: plan the gold path at load",
@@ -88,7 +88,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         task_name: default task (name, task id like ``"1-1"`` or index 0..29); ``None`` draws one
             uniformly with ``self.np_random`` at each reset.
         variation: default variation (int); ``None`` draws one from ``split``.
-        split: ``"train"``, ``"dev"`` or ``"test"``: the simulator's own variation splits
+        split: ``"train"``, ``"dev"`` (also named ``"validation"``) or ``"test"``: the simulator's own variation splits
             (``getVariationsTrain/Dev/Test``) from which variations are drawn; an explicit
             ``variation`` (or ``task_id``) must belong to it (ConfigError otherwise).
         simplification: comma-separated simplifications; default ``"easy"`` (teleport actions,
@@ -246,9 +246,30 @@ class ScienceWorldEnv(AgentFlyEnv):
     # ------------------------------------------------------------------ validation
     @staticmethod
     def _check_split(split: Any) -> str:
+        if split == "validation":
+            return "dev"
         if split not in SPLITS:
-            raise ConfigError(f"split={split!r} is not one of {list(SPLITS)}")
+            raise ConfigError(f"split={split!r} is not one of {list(SPLITS)} (or 'validation', the same as 'dev')")
         return split
+
+    async def atask_ids(self, split: str | None = None) -> list[str]:
+        """The task ids ``"<task_name>:<variation>"`` of ``split`` (None: the env's split) for the env's task
+        (all 30 when it has none), in task then variation order.
+
+        Starts a simulator from the env's pool and loads each task once (0.3-1 s each, then cached per
+        process).
+
+        Raises:
+            ConfigError: an unknown split.
+        """
+        split = self._check_split(self.default_split if split is None else split)
+        names = [self.default_task_name] if self.default_task_name is not None else list(task_names())
+        async with self.manager.scope(f"{self.env_name}-task-ids") as scope:
+            sim = ScienceWorldProxy(await scope.acquire(self.resource_spec))
+            out = []
+            for name in names:
+                out += [format_task_id(name, v) for v in (await sim.split_variations(name))[split]]
+        return out
 
     @staticmethod
     def _check_variation(variation: Any) -> int | None:

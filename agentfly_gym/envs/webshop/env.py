@@ -64,7 +64,7 @@ class WebShopEnv(AgentFlyEnv):
         num_products: keep only the first N product records.
         split: goals to sample at reset when no ``task_id`` is given: ``"all"`` (weighted by goal
             weight, as upstream's ``SimServer``), or upstream's baseline splits ``"test"`` (goals
-            0-499), ``"eval"`` (500-1499), ``"train"`` (1500-) sampled uniformly.
+            0-499), ``"eval"`` (500-1499; also named ``"validation"``), ``"train"`` (1500-) sampled uniformly.
         observation_mode: ``"text"`` (default) or ``"text_rich"``.
         show_attrs: show the Attributes button on item pages.
         price_seed: seed of the catalog's price draws (see :mod:`.catalog`).
@@ -102,7 +102,7 @@ class WebShopEnv(AgentFlyEnv):
     reset_options = MappingProxyType({
         "task_id": "goal index (int, or its decimal string)",
         "instruction": "a goal's instruction text (picks the first goal with that text)",
-        "split": "'all', 'train', 'eval' or 'test' (overrides the constructor's)",
+        "split": "'all', 'train', 'eval' (or 'validation') or 'test' (overrides the constructor's)",
     })
 
     def __init__(self, *, data_dir: str | os.PathLike | None = None, products_file: str | None = None,
@@ -146,7 +146,18 @@ class WebShopEnv(AgentFlyEnv):
     @staticmethod
     def _check_split(split: Any) -> None:
         if split != "all" and split not in SPLITS:
-            raise ConfigError(f"split={split!r} is not one of 'all', 'train', 'eval', 'test'")
+            raise ConfigError(f"split={split!r} is not one of 'all', 'train', 'eval' (or 'validation'), 'test'")
+
+    async def atask_ids(self, split: str | None = None) -> list[str]:
+        """The goal indices (as decimal strings, ascending) of ``split`` (None: the env's ``split``),
+        clipped to the goals of this catalog (see :meth:`WebShopServer.split_indices`).
+
+        Raises:
+            ConfigError: an unknown split.
+        """
+        split = self.split if split is None else split
+        self._check_split(split)
+        return [str(i) for i in await (await self.server()).split_indices(split)]
 
     # ------------------------------------------------------------------ server
     async def server(self) -> WebShopServerProxy:

@@ -51,7 +51,7 @@ __all__ = ["OBSERVATION_MODES", "SERVER_FACTORY", "SPLITS", "WebShopServer", "We
 log = logging.getLogger(__name__)
 
 #: Goal index ranges of upstream's ``baseline_models/env.py`` (used when the whole catalog is loaded).
-SPLITS = {"test": (0, 500), "eval": (500, 1500), "train": (1500, None)}
+SPLITS = {"test": (0, 500), "eval": (500, 1500), "validation": (500, 1500), "train": (1500, None)}
 OBSERVATION_MODES = ("text", "text_rich")
 #: The ``InProcessSpec`` factory of the server.
 SERVER_FACTORY = "agentfly_gym.envs.webshop.server:WebShopServer"
@@ -182,8 +182,8 @@ class WebShopServer:
         return idx
 
     def split_indices(self, split: str) -> list[int]:
-        """Goal indices of ``split``: ``"all"``, or upstream's ``"test"`` (0-499), ``"eval"`` (500-1499),
-        ``"train"`` (1500-end), clipped to the goals that exist.
+        """Goal indices of ``split``: ``"all"``, or upstream's ``"test"`` (0-499), ``"eval"`` (500-1499; also
+        named ``"validation"``), ``"train"`` (1500-end), clipped to the goals that exist.
 
         Raises:
             ConfigError: unknown split.
@@ -192,7 +192,7 @@ class WebShopServer:
         if split == "all":
             return list(range(n))
         if split not in SPLITS:
-            raise ConfigError(f"split={split!r} is not one of 'all', 'train', 'eval', 'test'")
+            raise ConfigError(f"split={split!r} is not one of 'all', 'train', 'eval' (or 'validation'), 'test'")
         lo, hi = SPLITS[split]
         return list(range(min(lo, n), n if hi is None else min(hi, n)))
 

@@ -13,6 +13,14 @@ loop renders it.  ``extra_info`` says what to play (see
 
 ``reset_options`` and ``env_kwargs`` are JSON strings so that rows with different keys share
 one parquet schema (a struct column would give every row every key, set to null).
+
+Splits: without a task list, the rows' tasks are drawn from the env's task list of ``split`` (every env that
+lists its tasks, :meth:`atask_ids`: Chess puzzles, WebShop goals, ALFWorld games, ScienceWorld variations,
+R2E-Gym and tool-env rows), and every row records its concrete ``task_id``.  The split names common to every
+env are ``train`` (the default), ``validation`` and ``test``; they never share a task.  A training and a
+validation file drawn from two splits share nothing; ``exclude=`` (``--exclude train.parquet``) keeps a file's
+tasks out of the draw, and :func:`shared_tasks` (``agentfly-gym dataset check a.parquet b.parquet``) finds the
+tasks two files share.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import argparse
 import inspect
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +37,10 @@ from typing import Any
 from agentfly_gym.errors import ConfigError, DataNotFoundError
 from agentfly_gym.utils.jsonargs import json_object
 
-__all__ = ["build_dataset", "dataset_main", "AGENT_NAMES"]
+__all__ = ["build_dataset", "dataset_main", "dataset_tasks", "shared_tasks", "AGENT_NAMES", "DEFAULT_SPLIT"]
+
+#: The split a data set draws its tasks from when none is given (for envs with a ``split`` argument).
+DEFAULT_SPLIT = "train"
 
 #: agent_name per mode (entries of ``agent_loops.yaml``).
 AGENT_NAMES = {"chain": "agentfly_chain", "step": "agentfly_step"}
@@ -60,21 +72,30 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
                   out_path: str | os.PathLike = "train.parquet", *, mode: str = "chain", split: str | None = None,
                   seed: int = 0, max_turns: int = 10, history: int = 3, env_kwargs: dict[str, Any] | None = None,
                   reset_options: dict[str, Any] | None = None, agent_name: str | None = None,
-                  data_source: str | None = None, check: bool = True) -> Path:
+                  data_source: str | None = None, check: bool = True,
+                  exclude: Sequence[str | os.PathLike] = ()) -> Path:
     """Write a verl parquet data set of ``n`` episodes of ``env_id``.
 
     Args:
         env_id: a registered env (``"Chess"``, ``"ScienceWorld-v0"``, ``"agentfly/ALFWorld-v0"``).
         tasks: task ids, one row each (reset option ``task_id``: a Lichess PuzzleId, a
             ScienceWorld ``"boil:3"``, an ALFWorld game id, a WebShop goal index); with ``n``,
-            the first ``n`` (cycled when ``n`` is larger).  None: the env draws the task from the
-            row's seed.
+            the first ``n`` (cycled when ``n`` is larger).  None: ``n`` tasks drawn from the env's
+            task list of ``split`` (see :func:`dataset_tasks`), each row recording its task id; an env
+            that lists no tasks (Chess play mode, a user's env without ``atask_ids``) draws the task
+            from the row's seed and the row's ``task_id`` stays empty (a warning says so).
         n: rows; required when ``tasks`` is None.
         out_path: the parquet file to write (parent folders are created).
         mode: ``"chain"`` or ``"step"`` (sets ``agent_name`` and ``extra_info["mode"]``).
-        split: the env's task split (constructor argument ``split`` of ScienceWorld, ALFWorld,
-            WebShop); None leaves the env's default.
-        seed: row ``i`` resets with seed ``seed + i``.
+        split: the env's task split (constructor argument ``split`` of Chess, ScienceWorld, ALFWorld,
+            WebShop): ``"train"``, ``"validation"``, ``"test"`` (every env's names), or the env's own
+            (``"dev"``, ``"valid_unseen"``, ``"all"``, ...).  None: :data:`DEFAULT_SPLIT` (``"train"``)
+            for an env with a ``split`` argument when the tasks are drawn, else the env's default.
+        seed: row ``i`` resets with seed ``seed + i``; the draw of tasks is a permutation by ``seed``
+            (without repeats until the split's tasks are used up).
+        exclude: parquet files written by this function whose (env id, task id) pairs the draw leaves out;
+            with a task list, a listed task in one of them is refused.  A file's rows without a task id
+            cannot be excluded (a warning says so).
         max_turns: most policy turns per episode; history: step mode's shown (action, observation) pairs.
         env_kwargs: constructor arguments of the env for every row (checked against its signature).
         reset_options: extra reset options for every row.
@@ -89,7 +110,8 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
 
     Raises:
         ConfigError: an unknown env, bad mode/numbers, constructor arguments the env does not take,
-            or (with ``check``) a task id, split or reset option the env rejects.
+            (with ``check``) a task id, split or reset option the env rejects, a listed task that an
+            ``exclude`` file holds, or a split with no task left after ``exclude``.
         DataNotFoundError: (with ``check``) the env's data is missing.
     """
     from agentfly_gym.registration import normalize_env_id
@@ -115,17 +137,49 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"n={n!r} must be an integer >= 1")
     kwargs = dict(env_kwargs or {})
+    cls = _env_class(env_id)
+    if split is None and task_list is None and "split" not in kwargs and _takes(cls, "split"):
+        split = DEFAULT_SPLIT
     if split is not None:
         kwargs["split"] = split
-    cls = _env_class(env_id)
     _check_kwargs(env_id, cls, kwargs)
     try:
         kwargs_json = json.dumps(kwargs, sort_keys=True)
         options_json = json.dumps(dict(reset_options or {}), sort_keys=True)
     except TypeError as e:
         raise ConfigError(f"env_kwargs / reset_options must be JSON-serialisable: {e}") from e
+    excluded = _excluded(exclude, row_env_id, env_id)
+    drawn = False
+    if task_list is not None:
+        clash = sorted(set(task_list) & excluded)
+        if clash:
+            raise ConfigError(f"{len(clash)} listed task(s) are in the excluded data set(s) "
+                              f"{[str(p) for p in exclude]}: {clash[:5]}")
+    else:
+        listed = dataset_tasks(env_id, kwargs)
+        if listed is None:
+            warnings.warn(f"{env_id} lists no tasks (it has no atask_ids): the rows draw their tasks from seeds "
+                          f"{seed}..{seed + n - 1} and record no task id, so their overlap with another data set "
+                          "cannot be checked; give task ids (tasks=, --tasks-file) to make it checkable", stacklevel=2)
+        else:
+            pool = [t for t in listed if t not in excluded]
+            if not listed:
+                raise ConfigError(f"{env_id} split={split!r} has no task left: the split lists none here (e.g. "
+                                  "WebShop's upstream train/validation goals need the full catalog); pick another "
+                                  "split (--split)")
+            if not pool:
+                raise ConfigError(f"{env_id} split={split!r} has no task left: all {len(listed)} are in the "
+                                  "excluded data set(s)")
+            import numpy as np
+
+            order = np.random.default_rng(seed).permutation(len(pool))
+            task_list = [pool[int(order[i % len(pool)])] for i in range(n)]
+            drawn = True
     if check:
-        _check_resets(env_id, kwargs, dict(reset_options or {}), sorted(set(task_list)) if task_list else None, seed)
+        to_check = sorted(set(task_list)) if task_list else None
+        if drawn and to_check:
+            to_check = to_check[:1]  # drawn from the env's own list: one reset checks kwargs and options
+        _check_resets(env_id, kwargs, dict(reset_options or {}), to_check, seed)
     system = getattr(getattr(cls, "agent_prompt", None), "system", "") or ""
     rows = []
     for i in range(n):
@@ -160,7 +214,132 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
     tmp = out.with_name(f".{out.name}.tmp")
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
     os.replace(tmp, out)
+    _warn_siblings(out, exclude)
     return out
+
+
+def _warn_siblings(out: Path, exclude: Sequence[str | os.PathLike]) -> None:
+    """Warn when ``out`` shares tasks with another data set of this tool in its folder (a training and a
+    validation file written side by side from the same split), unless that file was excluded."""
+    skip = {Path(p).expanduser().resolve() for p in exclude} | {out.resolve()}
+    others = [p for p in sorted(out.parent.glob("*.parquet")) if p.resolve() not in skip][:32]
+    for other in others:
+        try:
+            shared = shared_tasks(out, other)["shared"]
+        except ConfigError:
+            continue  # not a data set of this tool
+        if shared:
+            warnings.warn(f"{out} shares {len(shared)} task(s) with {other} (e.g. {[t for _, t in shared[:3]]}): "
+                          "draw a validation or test set from another split (--split validation) or leave the "
+                          f"other file's tasks out (--exclude {other})", stacklevel=3)
+
+
+def _takes(cls: type, name: str) -> bool:
+    try:
+        return name in inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def dataset_tasks(env_id: str, env_kwargs: dict[str, Any] | None = None) -> list[str] | None:
+    """The task ids an env made with ``env_kwargs`` lists (its ``atask_ids()``, for the split in its kwargs), or
+    None when the env lists none (no ``atask_ids``, or it raises NotImplementedError, e.g. Chess play mode).
+
+    Creates the env once (ScienceWorld loads each of its tasks once: ~15 s for all 30; WebShop starts its server).
+
+    Raises:
+        ConfigError: the env rejects the kwargs.
+        DataNotFoundError: the env's data is missing.
+    """
+    import gymnasium
+
+    from agentfly_gym.registration import normalize_env_id
+    from agentfly_gym.resources import ResourceManager
+    from agentfly_gym.utils.aio import run_sync
+
+    env_id = normalize_env_id(env_id)
+
+    async def run() -> list[str] | None:
+        async with ResourceManager() as manager:
+            try:
+                env = gymnasium.make(env_id, manager=manager, **dict(env_kwargs or {})).unwrapped
+            except TypeError as e:
+                raise ConfigError(f"{env_id}: {e}") from None
+            try:
+                lister = getattr(env, "atask_ids", None)
+                if lister is None:
+                    return None
+                try:
+                    return [str(t) for t in await lister()]
+                except NotImplementedError:  # e.g. Chess play mode
+                    return None
+            finally:
+                await env.aclose()
+
+    return run_sync(run())
+
+
+def _read_keys(path: str | os.PathLike) -> tuple[set[tuple[str, str]], int]:
+    """The (env id, task id) pairs of a data set written by :func:`build_dataset`, and its rows without a task id."""
+    import pyarrow.parquet as pq
+
+    try:
+        info = pq.read_table(Path(path).expanduser(), columns=["extra_info"]).column("extra_info").to_pylist()
+    except (OSError, KeyError, ValueError) as e:
+        raise ConfigError(f"{path} is not a data set written by agentfly-gym dataset: {e}") from e
+    keys = {(str(r.get("env_id") or ""), str(r["task_id"])) for r in info if r and r.get("task_id")}
+    return keys, sum(1 for r in info if not (r and r.get("task_id")))
+
+
+def _excluded(paths: Sequence[str | os.PathLike], *env_ids: str) -> set[str]:
+    """The task ids of ``env_ids`` (the row's env id and the registered one) in the data sets ``paths``."""
+    out: set[str] = set()
+    for p in paths:
+        keys, unknown = _read_keys(p)
+        if unknown:
+            warnings.warn(f"{p}: {unknown} row(s) record no task id (drawn from seeds); they cannot be excluded",
+                          stacklevel=3)
+        out |= {t for e, t in keys if e in env_ids}
+    return out
+
+
+def shared_tasks(a: str | os.PathLike, b: str | os.PathLike) -> dict[str, Any]:
+    """The tasks two data sets share.
+
+    Returns:
+        ``{"shared": [(env id, task id), ...] (sorted), "unknown": (rows of a, rows of b) without a task id}``;
+        rows without a task id (drawn from seeds) are not comparable.
+
+    Raises:
+        ConfigError: a file is not such a data set.
+    """
+    ka, ua = _read_keys(a)
+    kb, ub = _read_keys(b)
+    return {"shared": sorted(ka & kb), "unknown": (ua, ub)}
+
+
+def _check_main(args: Sequence[str]) -> int:
+    import sys
+
+    p = argparse.ArgumentParser(prog="agentfly-gym dataset check",
+                                description="Exit 1 when two or more data sets share a task (env id, task id).")
+    p.add_argument("files", nargs="+", help="parquet files written by agentfly-gym dataset")
+    ns = p.parse_args(args)
+    rc = 0
+    try:
+        for i, a in enumerate(ns.files):
+            for b in ns.files[i + 1:]:
+                res = shared_tasks(a, b)
+                n = len(res["shared"])
+                print(f"{a} & {b}: {n} shared task(s)" + (f", e.g. {[t for _, t in res['shared'][:5]]}" if n else ""))
+                if any(res["unknown"]):
+                    print(f"  warning: rows without a task id (not comparable): {res['unknown'][0]} in {a}, "
+                          f"{res['unknown'][1]} in {b}", file=sys.stderr)
+                rc = 1 if n else rc
+    except ConfigError as e:
+        print(f"agentfly-gym dataset check: error: {e}", file=sys.stderr)
+        return 2
+    return rc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -171,7 +350,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--num", type=int, default=None, help="rows (default: the number of --tasks)")
     p.add_argument("--tasks", default=None, help="comma-separated task ids (reset option task_id)")
     p.add_argument("--tasks-file", default=None, help="file with one task id per line")
-    p.add_argument("--split", default=None, help="the env's task split (ScienceWorld/ALFWorld/WebShop)")
+    p.add_argument("--split", default=None,
+                   help="the env's task split: train (default), validation, test, or the env's own names")
+    p.add_argument("--exclude", action="append", default=[], metavar="PARQUET",
+                   help="leave out the tasks of this data set (repeatable), e.g. --exclude train.parquet")
     p.add_argument("--mode", choices=sorted(AGENT_NAMES), default="chain")
     p.add_argument("--seed", type=int, default=0, help="row i resets with seed+i")
     p.add_argument("--max-turns", type=int, default=10)
@@ -220,9 +402,15 @@ def _check_resets(env_id: str, kwargs: dict[str, Any], options: dict[str, Any], 
 
 def dataset_main(args: Sequence[str] | None = None) -> int:
     """CLI entry (``agentfly-gym dataset ...``): parse ``args`` (None: ``sys.argv[1:]``), write
-    the data set, print its path.  Returns 0, or 2 on a configuration error (message on stderr)."""
+    the data set, print its path.  Returns 0, or 2 on a configuration error (message on stderr).
+
+    ``agentfly-gym dataset check A.parquet B.parquet ...`` prints the tasks each pair shares and returns 1
+    when any pair shares one (0 when none, 2 on an unreadable file)."""
     import sys
 
+    args = list(sys.argv[1:] if args is None else args)
+    if args[:1] == ["check"]:
+        return _check_main(args[1:])
     ns = _parser().parse_args(args)
     try:
         tasks = None
@@ -239,7 +427,7 @@ def dataset_main(args: Sequence[str] | None = None) -> int:
                              max_turns=ns.max_turns, history=ns.history,
                              env_kwargs=obj(ns.env_kwargs, "--env-kwargs"),
                              reset_options=obj(ns.reset_options, "--reset-options"), agent_name=ns.agent_name,
-                             check=not ns.no_check)
+                             check=not ns.no_check, exclude=ns.exclude)
     except (ConfigError, DataNotFoundError, OSError) as e:
         print(f"agentfly-gym dataset: error: {e}", file=sys.stderr)
         return 2
