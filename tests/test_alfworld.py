@@ -84,7 +84,12 @@ SUBSET_COUNTS = {"valid_seen": (7, 1, 2), "valid_unseen": (7, 1, 1), "train": (6
 FULL_COUNTS = {"valid_seen": (140, 47, 64), "valid_unseen": (134, 58, 63), "train": (200, 0, 0)}  # ALFWorld's
 
 
-def test_split_counts_match_alfworld(alfworld_root, fresh_cache):
+def test_split_counts_match_alfworld(alfworld_root, fresh_cache, monkeypatch):
+    from agentfly_gym.envs.alfworld import games
+
+    # an earlier test in this process may have scanned these splits: start from an empty memory cache, so that the
+    # on-disk index is written here whatever the test order
+    monkeypatch.setattr(games, "_memory_cache", {})
     subset = alfworld_root.resolve() == (Path(__file__).resolve().parent / "data" / "alfworld")
     expected = SUBSET_COUNTS if subset else FULL_COUNTS
     seen = load_index(alfworld_root, "valid_seen")
