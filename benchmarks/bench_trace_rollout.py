@@ -23,7 +23,15 @@ Schedules (B slots each; N = 4B and 16B trajectories; order rotated per repeat):
   gym_async  Gymnasium's AsyncVectorEnv (B spawned workers, one env each), a finished worker reset with
              the next trajectory at the next step (``reset_mask``).
   ours       every trajectory its own asyncio task (``run_chain_episode``, chat-template token ids
-             included), at most B in flight, all envs on ONE ResourceManager.
+             included), at most B in flight, all envs on ONE ResourceManager; started in arrival order.
+  ours_predicted    ours, started longest-predicted first (``--orders``): the prediction is a
+             ``RolloutLengths`` that observed an EARLIER EPOCH of the same trace set, modelled as each
+             trajectory's nominal length times lognormal noise of sigma ``--predict-noise`` (the
+             rollout-to-rollout variation of one task); each episode's acquisitions carry its prediction
+             as their priority.  Never the lengths themselves.
+  ours_clairvoyant  ours, started longest first by the true nominal lengths (LPT; needs them in advance).
+  The ``prediction_study`` (simulated, zero overhead) gives the efficiency of longest-predicted-first over
+  ``--order-draws`` trace sets for several noise levels: how the figure depends on prediction quality.
 
 Bounds and breakdown: ``ideal`` = max(longest trajectory, total work / B) from the trace's NOMINAL
 durations (scaled).  ``simulated`` = the same three schedules run as a discrete-event simulation with
@@ -298,6 +306,51 @@ def simulate(traces: list[dict[str, Any]], b: int, scale: float) -> dict[str, fl
             "best_schedule_efficiency_at_most": ideal / best_lb}
 
 
+def list_schedule(totals: list[float], order: list[int], b: int) -> float:
+    """Makespan (s) of whole trajectories of ``totals`` seconds started in ``order`` on b slots (zero overhead)."""
+    slots = [0.0] * b
+    for k in order:
+        i = min(range(b), key=slots.__getitem__)
+        slots[i] += totals[k]
+    return max(slots)
+
+
+def earlier_epoch(nominal: list[float], sigma: float, seed: int) -> list[float]:
+    """An earlier epoch's lengths of the same trajectories: each nominal length times lognormal noise of
+    ``sigma`` (0: the same lengths; large: unrelated)."""
+    rng = np.random.default_rng([seed, 29])
+    return [x * float(math.exp(sigma * z)) for x, z in zip(nominal, rng.standard_normal(len(nominal)))]
+
+
+def predicted_order(nominal: list[float], turns: list[int], sigma: float, seed: int) -> tuple[list[int], list[float | None]]:
+    """The start order and priorities the library's ``RolloutLengths`` gives after observing an earlier epoch."""
+    from agentfly_gym.rollout.ordering import RolloutLengths
+
+    lengths = RolloutLengths()
+    for k, (sec, t) in enumerate(zip(earlier_epoch(nominal, sigma, seed), turns)):
+        lengths.observe(f"trace/{k}", sec, t)
+    return lengths.order([f"trace/{k}" for k in range(len(nominal))])
+
+
+def prediction_study(profile: Profile, b: int, n: int, seed: int, draws: int,
+                     sigmas: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0)) -> dict[str, Any]:
+    """Mean efficiency (ideal / makespan, zero overhead) over ``draws`` trace sets of arrival order, of
+    longest-predicted-first with the prediction from an earlier epoch of noise sigma (each of ``sigmas``),
+    and of clairvoyant longest-first."""
+    rows: dict[str, list[float]] = {"arrival": [], "clairvoyant": [], **{f"sigma_{s:g}": [] for s in sigmas}}
+    for j in range(draws):
+        traces = [profile.trace(seed + 100_000 * (j + 1) + k) for k in range(n)]
+        totals = [sum(g + t for g, t in zip(tr["gen_s"], tr["tool_s"])) for tr in traces]
+        ideal = max(max(totals), sum(totals) / b)
+        rows["arrival"].append(ideal / list_schedule(totals, list(range(n)), b))
+        rows["clairvoyant"].append(ideal / list_schedule(totals, sorted(range(n), key=lambda k: -totals[k]), b))
+        for s in sigmas:
+            order, _ = predicted_order(totals, [tr["turns"] for tr in traces], s, seed + j)
+            rows[f"sigma_{s:g}"].append(ideal / list_schedule(totals, order, b))
+    return {"n": n, "slots": b, "draws": draws, "mean_efficiency": {k: float(np.mean(v)) for k, v in rows.items()},
+            "p10_efficiency": {k: C.pct(v, 0.1) for k, v in rows.items()}}
+
+
 def order_study(profile: Profile, b: int, n: int, seed: int, draws: int) -> dict[str, Any]:
     """Efficiency (ideal / makespan, zero overhead) of arrival order (ours) and of the clairvoyant longest-first
     order over ``draws`` independent trace sets of ``n`` trajectories (set j: keys ``seed + 100_000 * (j + 1) + k``).
@@ -358,18 +411,24 @@ def _spec() -> Any:
 
 
 async def run_ours(kwargs: dict[str, Any], manager: Any, n: int, b: int, policy_for, chat: Any, seed: int,
-                   max_turns: int, nominal: list[float]) -> dict[str, Any]:
+                   max_turns: int, nominal: list[float], *, start: list[int] | None = None,
+                   priorities: list[float | None] | None = None, name: str = "ours") -> dict[str, Any]:
     """Each trajectory its own task (run_chain_episode), at most b in flight, one shared manager; records
-    each trajectory's slot time for the breakdown."""
+    each trajectory's slot time for the breakdown.  ``start``: the order the tasks are started in (as the
+    runners do: created in that order, the semaphore admits them in it); ``priorities``: each episode's
+    acquisition priority."""
     import gymnasium
 
+    from agentfly_gym.resources.priority import acquire_priority
     from agentfly_gym.rollout import run_chain_episode
 
     sem = asyncio.Semaphore(b)
     t_start = time.monotonic()
+    start = list(range(n)) if start is None else start
+    priorities = priorities or [None] * n
 
     async def one(k: int) -> dict[str, Any]:
-        async with sem:
+        async with sem, acquire_priority(priorities[k]):
             t0 = time.monotonic()
             env = gymnasium.make(_spec(), manager=manager, **kwargs).unwrapped
             try:
@@ -382,11 +441,12 @@ async def run_ours(kwargs: dict[str, Any], manager: Any, n: int, b: int, policy_
                 "env": [t.env_s for t in traj.turns], "won": traj.success, "error": traj.error,
                 "slot_s": t1 - t0, "start": t0 - t_start, "end": t1 - t_start}
 
-    work = list(await asyncio.gather(*(one(k) for k in range(n))))
+    by_start = {k: asyncio.ensure_future(one(k)) for k in start}
+    work = list(await asyncio.gather(*(by_start[k] for k in range(n))))
     wall = time.monotonic() - t_start
     from bench_async_rollout import _summ
 
-    out = _summ("ours", wall, work, b)
+    out = _summ(name, wall, work, b)
     gen_nom = [sum(policy_for(k).model.trace(seed + k)["gen_s"]) * policy_for(k).model.scale for k in range(n)]
     tool_nom = [nominal[k] - gen_nom[k] for k in range(n)]
     gen = sum(sum(w["gen"]) for w in work)
@@ -412,7 +472,8 @@ def _run_gym(venv: Any, n: int, policy_for, seed: int, max_turns: int) -> dict[s
 
 
 async def bench_profile(profile: Profile, b: int, ns: list[int], repeats: int, seed: int, time_scale: float,
-                        gym_async: bool) -> dict[str, Any]:
+                        gym_async: bool, orders: tuple[str, ...] = ("arrival",), predict_noise: float = 0.3,
+                        lockstep: bool = True) -> dict[str, Any]:
     from gymnasium.vector import AsyncVectorEnv, AutoresetMode
     from transformers import AutoTokenizer
 
@@ -447,18 +508,36 @@ async def bench_profile(profile: Profile, b: int, ns: list[int], repeats: int, s
                 traces = [profile.trace(seed + k) for k in range(n)]
                 nominal = [sum(g + s for g, s in zip(t["gen_s"], t["tool_s"])) * time_scale for t in traces]
                 sim = simulate(traces, b, time_scale)
-                runs: dict[str, list[dict[str, Any]]] = {"lockstep": [], "gym_async": [], "ours": []}
+                pred_start, pred_prio = predicted_order(nominal, [t["turns"] for t in traces], predict_noise, seed + n)
+                clair_start = sorted(range(n), key=lambda k: -nominal[k])
+                sim["ours_predicted_s"] = list_schedule(nominal, pred_start, b)
+                sim["ours_clairvoyant_s"] = list_schedule(nominal, clair_start, b)
+                runs: dict[str, list[dict[str, Any]]] = {"lockstep": [], "gym_async": [], "ours": [],
+                                                         "ours_predicted": [], "ours_clairvoyant": []}
+                scheds = (["lockstep"] if lockstep else []) + ["gym_async"] + \
+                    [{"arrival": "ours", "predicted": "ours_predicted", "clairvoyant": "ours_clairvoyant"}[o]
+                     for o in orders]
+                print(f"[{profile.name}] N={n} B={b}: simulated efficiency of arrival / predicted (sigma "
+                      f"{predict_noise:g}) / clairvoyant longest-first: {sim['ideal_s'] / sim['ours_s']:.3f} / "
+                      f"{sim['ideal_s'] / sim['ours_predicted_s']:.3f} / {sim['ideal_s'] / sim['ours_clairvoyant_s']:.3f}",
+                      flush=True)
                 print(f"[{profile.name}] N={n} B={b}: simulated zero-overhead ours/lockstep "
                       f"{sim['ours_over_lockstep']:.2f}x, ours efficiency {sim['ours_efficiency']:.3f}", flush=True)
                 for r in range(repeats):
-                    order = ["lockstep", "gym_async", "ours"]
-                    order = order[r % 3:] + order[: r % 3]
+                    order = scheds[r % len(scheds):] + scheds[: r % len(scheds)]
                     for sched in order:
                         if sched == "lockstep":
                             res = await run_lockstep(envs, n, {"options": None, "max_turns": profile.max_turns},
                                                      policy_for, seed)
                         elif sched == "ours":
                             res = await run_ours(kwargs, m, n, b, policy_for, chat, seed, profile.max_turns, nominal)
+                        elif sched == "ours_predicted":
+                            res = await run_ours(kwargs, m, n, b, policy_for, chat, seed, profile.max_turns, nominal,
+                                                 start=pred_start, priorities=pred_prio, name=sched)
+                        elif sched == "ours_clairvoyant":
+                            res = await run_ours(kwargs, m, n, b, policy_for, chat, seed, profile.max_turns, nominal,
+                                                 start=clair_start, priorities=[nominal[k] for k in range(n)],
+                                                 name=sched)
                         elif venv is not None:
                             res = await asyncio.to_thread(_run_gym, venv, n, policy_for, seed, profile.max_turns)
                         else:
@@ -569,6 +648,12 @@ def main() -> int:
     p.add_argument("--order-draws", type=int, default=None,
                    help="trace sets in the simulated arrival-order vs longest-first study "
                         "(default 200; 5 at --scale 0; 0 skips it)")
+    p.add_argument("--orders", default="arrival",
+                   help="start orders of ours: comma-separated of arrival, predicted, clairvoyant (issue 29)")
+    p.add_argument("--predict-noise", type=float, default=0.3,
+                   help="sigma of the lognormal noise between the earlier epoch the prediction learns from and "
+                        "this one (0: the same lengths)")
+    p.add_argument("--no-lockstep", action="store_true", help="skip the lockstep schedule")
     p.add_argument("--suffix", default="", help="appended to the result files' name (e.g. _r2e_scale0.01 for a "
                    "slower run kept next to the standard one)")
     args = p.parse_args()
@@ -593,12 +678,19 @@ def main() -> int:
         if tiny:
             scale = scale / 4
         with C.skip_on_error(res, name):
+            orders = tuple(x.strip() for x in args.orders.split(",") if x.strip())
             r = asyncio.run(bench_profile(prof, b, [k * b for k in per_slot], repeats, args.seed, scale,
-                                          gym_async=not args.no_gym_async))
+                                          gym_async=not args.no_gym_async, orders=orders,
+                                          predict_noise=args.predict_noise, lockstep=not args.no_lockstep))
             r["fit"] = describe(prof)
             draws = args.order_draws if args.order_draws is not None else (5 if tiny else 200)
             r["order_study"] = {str(k * b): order_study(prof, b, k * b, args.seed, draws)
                                 for k in per_slot} if draws > 0 else {}
+            r["prediction_study"] = {str(k * b): prediction_study(prof, b, k * b, args.seed, draws)
+                                     for k in per_slot} if draws > 0 else {}
+            for k, o in r["prediction_study"].items():
+                print(f"[{name}] N={k}: simulated mean efficiency over {draws} trace sets by prediction noise: " +
+                      ", ".join(f"{s} {v:.3f}" for s, v in o["mean_efficiency"].items()), flush=True)
             for k, o in r["order_study"].items():
                 print(f"[{name}] N={k}: simulated efficiency over {draws} trace sets: arrival order mean "
                       f"{o['arrival_order']['mean']:.3f} (>= 0.95 in {o['arrival_order']['share_at_least_0.95']:.0%}),"

@@ -557,3 +557,34 @@ def test_leases_of_a_sigkilled_client_come_back(cluster, tmp_path):
             assert snap["clients"] == 1 and snap["started"] == 1 and snap["timeouts"] == 0
 
     asyncio.run(main())
+
+
+def test_priorities_travel_to_the_cluster_pool_and_larger_is_served_first(cluster, tmp_path):
+    """Issue 29: a scope's acquisition priority (set for the rollout's task) reaches the pool actor, which
+    serves its waiters larger first (FIFO among equal and unknown ones)."""
+    from agentfly_gym.resources.priority import acquire_priority
+
+    spec = counted(tmp_path, 1)
+
+    async def main():
+        async with RayResourceManager(placement=SIM) as m:
+            pool = m.pool(spec)
+            holder = await pool.acquire()
+            order: list[int] = []
+
+            async def rollout(i: int, p: float | None):
+                with acquire_priority(p):
+                    async with m.scope(f"r{i}", acquire_timeout=60) as scope:
+                        await scope.acquire(spec)
+                        order.append(i)
+
+            tasks = []
+            for i, p in enumerate((1.0, None, 10.0, 1.0)):
+                tasks.append(asyncio.create_task(rollout(i, p)))
+                await asyncio.to_thread(wait_for, lambda: ray.get(pool.handle.snapshot.remote())["waiting"] == i + 1,
+                                        30, f"{i + 1} waiters")
+            await pool.release(holder)
+            await asyncio.gather(*tasks)
+            assert order == [2, 0, 3, 1]
+
+    asyncio.run(main())

@@ -10,7 +10,9 @@ is graceful and ``aclose(timeout=0)`` immediate (asyncpg's ``close()`` and ``ter
 Guarantees (pinned by tests/test_pool.py):
 
 * at most ``spec.max_instances`` instances are alive (in use, idle or starting);
-* acquisitions beyond capacity wait in FIFO order and are served as others release;
+* acquisitions beyond capacity wait and are served as others release: in FIFO order, unless they carry
+  a ``priority`` (larger first; one that has waited ``priority_age_bound`` seconds goes first, oldest
+  first, so nothing starves; see :mod:`agentfly_gym.resources.priority`);
 * an instance handed out a second time is always ``reset()`` first, on the acquiring
   side, so no rollout sees the previous one's state;
 * an instance whose ``status()`` is not ``READY`` (or whose reset fails) is released and
@@ -35,6 +37,7 @@ from typing import Any
 
 from ..errors import AgentFlyError, EventLoopMismatch, PoolClosedError, ResourceError, ResourceStartError, ResourceTimeout
 from .base import Resource, ResourceStatus
+from .priority import DEFAULT_AGE_BOUND_S, serve_order
 from .spec import ResourceSpec
 
 __all__ = ["ResourcePool", "PoolMetrics"]
@@ -97,18 +100,19 @@ class PoolMetrics:
 class _AcquireContext:
     """``await pool.acquire()`` or ``async with pool.acquire() as r`` (as asyncpg's PoolAcquireContext)."""
 
-    __slots__ = ("_pool", "_timeout", "_resource")
+    __slots__ = ("_pool", "_timeout", "_priority", "_resource")
 
-    def __init__(self, pool: ResourcePool, timeout: float | None) -> None:
+    def __init__(self, pool: ResourcePool, timeout: float | None, priority: float | None = None) -> None:
         self._pool = pool
         self._timeout = timeout
+        self._priority = priority
         self._resource: Resource | None = None
 
     def __await__(self):
-        return self._pool._acquire(self._timeout).__await__()
+        return self._pool._acquire(self._timeout, self._priority).__await__()
 
     async def __aenter__(self) -> Resource:
-        self._resource = await self._pool._acquire(self._timeout)
+        self._resource = await self._pool._acquire(self._timeout, self._priority)
         return self._resource
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -124,21 +128,26 @@ class ResourcePool:
         spec: what to build; ``spec.max_instances`` is the capacity.
         factory: builds an unstarted :class:`Resource` for the spec (the backend).
         acquire_timeout: default seconds an acquisition may wait; ``None`` waits forever.
+        priority_age_bound: seconds after which a waiting acquisition is served in arrival order before
+            prioritised ones (None: never; see :mod:`agentfly_gym.resources.priority`).
 
     The pool binds to the event loop of its first use and raises
     :class:`~agentfly_gym.errors.EventLoopMismatch` if used from another.
     """
 
-    def __init__(self, spec: ResourceSpec, factory: ResourceFactory, *, acquire_timeout: float | None = None) -> None:
+    def __init__(self, spec: ResourceSpec, factory: ResourceFactory, *, acquire_timeout: float | None = None,
+                 priority_age_bound: float | None = DEFAULT_AGE_BOUND_S) -> None:
         self.spec = spec
         self._factory = factory
         self.acquire_timeout = acquire_timeout
+        self.priority_age_bound = priority_age_bound
         self._idle: collections.deque[Resource] = collections.deque()
         self._in_use: set[Resource] = set()
         self._size = 0  # live instances + capacity slots being (re)filled
         self._starting = 0
         self._warming = 0  # pre-warm starts scheduled and not finished
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._ranks: dict[asyncio.Future, tuple[float | None, float]] = {}  # waiter -> (priority, enqueued at)
         self._background: set[asyncio.Task] = set()
         self._stopping: set[Resource] = set()  # failed or abandoned starts whose release is running
         self._closed = False
@@ -161,18 +170,20 @@ class ResourcePool:
     def closed(self) -> bool:
         return self._closed
 
-    def acquire(self, *, timeout: float | None = None) -> _AcquireContext:
+    def acquire(self, *, timeout: float | None = None, priority: float | None = None) -> _AcquireContext:
         """Acquire a ready instance; ``await`` it or use it as ``async with``.
 
         Args:
             timeout: seconds to wait for capacity; defaults to the pool's ``acquire_timeout``.
+            priority: while the pool is saturated, waiters with a larger priority are served first (e.g. a
+                rollout's predicted seconds); None: FIFO (see :mod:`agentfly_gym.resources.priority`).
 
         Raises:
             ResourceTimeout: no instance became free in time.
             ResourceStartError: a new instance failed to start.
             PoolClosedError: the pool is closed.
         """
-        return _AcquireContext(self, timeout if timeout is not None else self.acquire_timeout)
+        return _AcquireContext(self, timeout if timeout is not None else self.acquire_timeout, priority)
 
     async def release(self, resource: Resource, *, discard: bool = False, retire: bool = False) -> None:
         """Give ``resource`` back.  With ``discard=True`` it is stopped instead of kept (counted as
@@ -290,11 +301,20 @@ class ResourcePool:
             log.warning("destroying %r failed", r, exc_info=True)
 
     def _first_live_waiter(self) -> asyncio.Future | None:
-        while self._waiters:
-            w = self._waiters.popleft()
-            if not w.done():
-                return w
-        return None
+        """The waiter to serve next (removed from the queue), by :func:`~.priority.serve_order`."""
+        while self._waiters and self._waiters[0].done():
+            self._ranks.pop(self._waiters.popleft(), None)
+        if not self._waiters:
+            return None
+        if len(self._waiters) == 1 or not any(p for p, _ in self._ranks.values()):
+            w = self._waiters.popleft()  # FIFO: nothing is prioritised (the common case, O(1))
+        else:
+            live = [w for w in self._waiters if not w.done()]
+            w = serve_order(live, lambda f: self._ranks.get(f, (None, 0.0)), now=time.monotonic(),
+                            age_bound=self.priority_age_bound)[0]
+            self._waiters.remove(w)
+        self._ranks.pop(w, None)
+        return w
 
     def _hand_over(self, r: Resource) -> None:
         """Give a released instance to the first waiter, or keep it idle."""
@@ -325,6 +345,7 @@ class ResourcePool:
         self._sync_counts()
 
     def _fail_waiters(self, exc: BaseException) -> None:
+        self._ranks.clear()
         while self._waiters:
             w = self._waiters.popleft()
             if not w.done():
@@ -445,10 +466,11 @@ class ResourcePool:
             self._idle_timer.cancel()
             self._idle_timer = None
 
-    async def _wait_for_grant(self, timeout: float | None) -> Resource | None:
-        """Queue FIFO until a release grants an instance (or ``None``: a free slot)."""
+    async def _wait_for_grant(self, timeout: float | None, priority: float | None = None) -> Resource | None:
+        """Queue (FIFO, or by ``priority``) until a release grants an instance (or ``None``: a free slot)."""
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
+        self._ranks[fut] = (priority, time.monotonic())
         self._sync_counts()
         try:
             async with asyncio.timeout(timeout):
@@ -458,11 +480,14 @@ class ResourcePool:
                 self._return_grant(fut.result())
             else:
                 fut.cancel()
+                if fut in self._ranks:  # drop it now: a done waiter left in the middle of the queue
+                    self._ranks.pop(fut)
+                    self._waiters.remove(fut)
             raise
         finally:
             self._sync_counts()
 
-    async def _acquire(self, timeout: float | None) -> Resource:
+    async def _acquire(self, timeout: float | None, priority: float | None = None) -> Resource:
         self._check_loop()
         if self._closed:
             raise PoolClosedError(f"pool {self.spec.label} is closed")
@@ -476,7 +501,7 @@ class ResourcePool:
             grant = None
         else:
             try:
-                grant = await self._wait_for_grant(timeout)
+                grant = await self._wait_for_grant(timeout, priority)
             except TimeoutError:
                 self.metrics.timeouts += 1
                 raise ResourceTimeout(

@@ -37,17 +37,20 @@ class Manager(Protocol):
     acquire_timeout: float | None
     scope_class: ClassVar[type[RolloutScope]] = RolloutScope
 
-    def scope(self, scope_id: str | None = None, *, acquire_timeout: float | None = None) -> RolloutScope:
+    def scope(self, scope_id: str | None = None, *, acquire_timeout: float | None = None,
+              priority: float | None = None) -> RolloutScope:
         """A rollout scope: ``async with manager.scope("traj-3") as scope: ...``.
 
         Args:
             scope_id: the scope's id (``"scope-<n>"`` by default).
             acquire_timeout: default seconds an acquisition in the scope may wait (default: the manager's).
+            priority: the scope's acquisitions' priority on saturated pools (larger first; None: the running
+                task's, see :mod:`agentfly_gym.resources.priority`, else FIFO).
 
         Raises:
             PoolClosedError: the manager is closed.
         """
-        return open_scope(self, self.scope_class, scope_id, acquire_timeout=acquire_timeout)
+        return open_scope(self, self.scope_class, scope_id, acquire_timeout=acquire_timeout, priority=priority)
 
     def pool(self, spec: ResourceSpec) -> Any:
         """The pool of ``spec.key``, made on first use (``acquire``, ``release``, ``prewarm``, ``snapshot``).

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PoolClosedError, ResourceError
 from .base import Resource
+from .priority import current_priority
 from .spec import ResourceSpec
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ _scope_ids = itertools.count(1)
 
 
 def open_scope(manager: Any, scope_class: type[RolloutScope], scope_id: str | None = None, *,
-               acquire_timeout: float | None = None) -> RolloutScope:
+               acquire_timeout: float | None = None, priority: float | None = None) -> RolloutScope:
     """A new scope of ``manager`` (what both managers' ``scope()`` return).
 
     Args:
@@ -37,14 +38,18 @@ def open_scope(manager: Any, scope_class: type[RolloutScope], scope_id: str | No
         scope_class: :class:`RolloutScope` or the manager's subclass of it.
         scope_id: the scope's id (``"scope-<n>"`` by default, ``n`` counting scopes in this process).
         acquire_timeout: default seconds an acquisition may wait (default: ``manager.acquire_timeout``).
+        priority: the priority of the scope's acquisitions on saturated pools (see
+            :mod:`agentfly_gym.resources.priority`); None: the running task's (:func:`acquire_priority`), or FIFO.
 
     Raises:
         PoolClosedError: the manager is closed.
     """
     if manager.closed:
         raise PoolClosedError(f"resource manager {manager.id} is closed")
-    return scope_class(manager, scope_id or f"scope-{next(_scope_ids)}",
-                       acquire_timeout=acquire_timeout if acquire_timeout is not None else manager.acquire_timeout)
+    scope = scope_class(manager, scope_id or f"scope-{next(_scope_ids)}",
+                        acquire_timeout=acquire_timeout if acquire_timeout is not None else manager.acquire_timeout)
+    scope.priority = priority
+    return scope
 
 
 class RolloutScope:
@@ -55,7 +60,13 @@ class RolloutScope:
     instances for distinct specs: leases are keyed by (scope id, spec key).
     Concurrent acquisitions of one spec inside a scope are serialised, so parallel tool
     calls of one turn share one instance.
+
+    ``priority`` (None by default) ranks the scope's acquisitions among the waiters of a saturated pool
+    (larger first; see :mod:`agentfly_gym.resources.priority`); when None, the priority set for the running
+    task with :func:`~agentfly_gym.resources.priority.acquire_priority` applies (the rollout runners set it).
     """
+
+    priority: float | None = None
 
     def __init__(self, manager: Manager, scope_id: str, *, acquire_timeout: float | None = None) -> None:
         self.manager = manager
@@ -96,7 +107,9 @@ class RolloutScope:
             lease = self._leases.get(key)
             if lease is None:
                 pool = self.manager.pool(spec)
-                lease = await pool.acquire(timeout=timeout if timeout is not None else self.acquire_timeout)
+                priority = self.priority if self.priority is not None else current_priority()
+                extra = {} if priority is None else {"priority": priority}  # a pool without priorities still works
+                lease = await pool.acquire(timeout=timeout if timeout is not None else self.acquire_timeout, **extra)
                 if self._closed:  # the scope ended while we waited
                     await self._give_back(pool, lease)
                     raise ResourceError(f"scope {self.id!r} ended during acquisition")

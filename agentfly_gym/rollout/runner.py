@@ -20,6 +20,7 @@ import gymnasium
 from ..errors import ConfigError
 from ..registration import normalize_env_id  # also re-exported here: its old home
 from ..resources import teardown
+from ..resources.priority import acquire_priority
 from ..resources.protocol import Manager
 from .episode import MODES, play_episode
 from .policies.base import SamplingParams
@@ -59,6 +60,12 @@ class RolloutConfig:
         reward: an episode reward from configuration (``"judge:..."``, ``"MODULE:FUNCTION"`` or an
             :class:`~agentfly_gym.rewards.configured.EpisodeReward`; see that module), or None: the env's return.
         allow_partial_group: let the last group be smaller than ``group_size``.
+        lengths: predicted rollout lengths, keyed ``"ENV_ID/seed=SEED"`` (a
+            :class:`~agentfly_gym.rollout.ordering.RolloutLengths`, a mapping or callable estimate, or a JSON
+            path); trajectories start longest-predicted first and their acquisitions carry that priority,
+            and every finished trajectory updates the estimate (kept across calls with this config, saved to
+            the estimate's ``path`` if any).  None (default): arrival order, FIFO acquisitions.  Tasks repeat
+            only with a fixed ``seed``.
     """
 
     env_ids: list[str]
@@ -76,6 +83,7 @@ class RolloutConfig:
     reward: Any = None
     if_exists: str = "fail"
     allow_partial_group: bool = False
+    lengths: Any = None
 
     def __post_init__(self) -> None:
         if not self.env_ids:
@@ -102,6 +110,9 @@ class RolloutConfig:
             from ..rewards.configured import parse_reward
 
             self.reward = parse_reward(self.reward)
+        from .ordering import as_lengths
+
+        self.lengths = as_lengths(self.lengths)
         unused = sorted(set(self.env_kwargs) - set(self.env_ids))
         if unused:
             raise ConfigError(f"env_kwargs name environments that are not rolled out: {unused}; env_ids: {self.env_ids}")
@@ -130,6 +141,12 @@ async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: M
     if config.reward is not None:  # a judge / custom reward from configuration (never raises; skips failed ones)
         await config.reward.apply(traj, manager=manager)
     return traj
+
+
+def _length_key(config: RolloutConfig, k: int) -> str:
+    """Trajectory ``k``'s task as a length-prediction key: ``"ENV_ID/seed=SEED"``."""
+    g = k // config.group_size
+    return f"{config.env_ids[g % len(config.env_ids)]}/seed={config.seed + g}"
 
 
 def check_config(config: RolloutConfig) -> None:
@@ -217,10 +234,17 @@ async def _run_locked(config: RolloutConfig, policy: Any, chat: Any, out: RunOut
         # average of the last few updates (which differs widely on short runs)
         bar = tqdm(total=config.num_trajectories, desc="rollout", unit="traj", smoothing=0)
 
+    lengths = config.lengths
+    n = config.num_trajectories
+    keys = [_length_key(config, k) for k in range(n)]
+    start, preds = lengths.order(keys) if lengths is not None else (list(range(n)), [None] * n)
+
     async def guarded(k: int) -> Trajectory:
-        async with sem:
+        async with sem, acquire_priority(preds[k]):
             res = await _one(config, k, policy, chat, manager, out)
         finished[k] = res
+        if lengths is not None:
+            lengths.observe_trajectory(keys[k], res)
         log.info("trajectory %s (%s) finished: %d turns, reward %.3f%s", res.trajectory_id, res.env_id,
                  len(res.turns), res.reward, f", error: {res.error}" if res.error else "")
         if bar is not None:
@@ -228,12 +252,16 @@ async def _run_locked(config: RolloutConfig, policy: Any, chat: Any, out: RunOut
         return res
 
     t0 = time.monotonic()
-    tasks = [asyncio.create_task(guarded(k)) for k in range(config.num_trajectories)]
+    # created longest-predicted first (arrival order without a prediction): the semaphore admits in that order
+    by_start = {k: asyncio.create_task(guarded(k)) for k in start}
+    tasks = [by_start[k] for k in range(n)]
     try:
         # asyncio.wait, not gather: a cancellation reaches this task at once, so the finished trajectories
         # are saved before the running ones are torn down (a second Ctrl-C during that tear-down loses nothing)
         await asyncio.wait(tasks)
         trajectories = [t.result() for t in tasks]
+        if lengths is not None:
+            lengths.save()
         return _finish(config, trajectories, time.monotonic() - t0, manager, out)
     except asyncio.CancelledError:
         if out is not None:

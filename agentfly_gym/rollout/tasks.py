@@ -24,7 +24,9 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..registration import normalize_env_id
+from ..resources.priority import acquire_priority
 from .episode import MODES, play_episode
+from .ordering import RolloutLengths, as_lengths
 from .policies.base import SamplingParams
 from .step import DEFAULT_HISTORY
 from .trajectory import Trajectory
@@ -69,6 +71,12 @@ class TaskRow:
             return cls(*row)
         raise ConfigError(f"a task row is a TaskRow, a mapping or an (env_id, task_id, seed) tuple, got {row!r}")
 
+    def length_key(self) -> str:
+        """The key its rollouts' lengths are predicted by: ``"ENV_ID/TASK_ID"`` (``"ENV_ID/seed=SEED"`` when the
+        row names no task)."""
+        env = normalize_env_id(self.env_id)
+        return f"{env}/{self.task_id}" if self.task_id not in (None, "") else f"{env}/seed={self.seed}"
+
     def reset_options(self) -> dict[str, Any] | None:
         opts = dict(self.options or {})
         if self.task_id not in (None, ""):
@@ -93,6 +101,13 @@ class TaskRunner:
         env_kwargs: per env id, constructor keyword arguments.
         reward: a configured episode reward (``"judge:..."``, ``"MODULE:FUNCTION"``, an ``EpisodeReward``),
             applied to each finished trajectory; None keeps the env's return.
+        lengths: predicted rollout lengths (a :class:`~agentfly_gym.rollout.ordering.RolloutLengths`, a user
+            estimate: a mapping or callable of :meth:`TaskRow.length_key`, or a JSON path to keep them in);
+            None: a fresh :class:`RolloutLengths`.  Each call starts its rows longest-predicted first (rows
+            never seen keep their order) and gives each episode's acquisitions that priority, so the longest
+            rollouts get scarce slots and instances first; every finished trajectory updates the estimate
+            (saved to its ``path`` after each call, when it has one).  ``order="arrival"`` plays rows in
+            their given order with FIFO acquisitions.
 
     Use either the sync API (:meth:`play`, :meth:`close`: on the library's background event loop) or the
     async one (:meth:`aplay`, :meth:`aclose`: in the caller's loop) on one runner, not both: the manager lives
@@ -106,7 +121,7 @@ class TaskRunner:
                  sampling: SamplingParams | None = None, max_turns: int = 10, history: int = DEFAULT_HISTORY,
                  max_context_tokens: int | None = None, max_response_tokens: int | None = None,
                  max_prompt_tokens: int | None = None, env_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-                 reward: Any = None) -> None:
+                 reward: Any = None, lengths: Any = None, order: str = "longest") -> None:
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} is not one of {MODES}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -120,6 +135,11 @@ class TaskRunner:
         self.max_prompt_tokens = max_prompt_tokens
         self.env_kwargs = {normalize_env_id(k): dict(v) for k, v in (env_kwargs or {}).items()}
         self.reward = parse_reward(reward)
+        if order not in ("longest", "arrival"):
+            raise ConfigError(f"order={order!r} is not one of ('longest', 'arrival')")
+        self.order = order
+        given = as_lengths(lengths)
+        self.lengths: RolloutLengths = given if given is not None else RolloutLengths()
         self._manager = manager
         self._own_manager = manager is None
         self._count = 0
@@ -150,8 +170,14 @@ class TaskRunner:
         first, self._count = self._count, self._count + len(rows)
         sampling = sampling or self.sampling
 
+        keys = [r.length_key() for r in rows]
+        if self.order == "longest":
+            start, preds = self.lengths.order(keys)
+        else:
+            start, preds = list(range(len(rows))), [None] * len(rows)
+
         async def one(k: int, row: TaskRow, env_id: str) -> Trajectory:
-            async with sem:
+            async with sem, acquire_priority(preds[k]):
                 traj = await play_episode(
                     env_id, self.policy, self.chat, mode=self.mode, manager=self._manager,
                     env_kwargs=self.env_kwargs.get(env_id),
@@ -160,13 +186,18 @@ class TaskRunner:
                     group_id=row.group_id,
                     max_context_tokens=self.max_context_tokens, max_response_tokens=self.max_response_tokens,
                     max_prompt_tokens=self.max_prompt_tokens)
+                self.lengths.observe_trajectory(keys[k], traj)
                 if self.reward is not None:
                     await self.reward.apply(traj, manager=self._manager)
                 return traj
 
-        tasks = [asyncio.ensure_future(one(k, r, e)) for k, (r, e) in enumerate(zip(rows, envs))]
+        # created longest-predicted first: the semaphore admits its waiters in that order
+        by_start = {k: asyncio.ensure_future(one(k, rows[k], envs[k])) for k in start}
+        tasks = [by_start[k] for k in range(len(rows))]
         try:
-            return list(await asyncio.gather(*tasks))
+            out = list(await asyncio.gather(*tasks))
+            self.lengths.save()
+            return out
         finally:
             for t in tasks:
                 t.cancel()

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ...errors import PoolClosedError, ResourceError, ResourceStartError, ResourceTimeout
+from ..priority import DEFAULT_AGE_BOUND_S, serve_order
 from ..spec import ResourceSpec
 from . import _compat
 from .host import HOST_CLOSE_TIMEOUT, host_actor_class, host_actor_options
@@ -94,7 +95,10 @@ class PoolActor:
         self._instances: dict[str, _Instance] = {}
         self._idle: collections.deque[str] = collections.deque()
         self._leases: dict[str, tuple[str, str]] = {}  # lease id -> (instance id, client id)
-        self._waiters: collections.deque[tuple[str, str | None, asyncio.Future]] = collections.deque()
+        # (lease id, node id, future, priority, enqueued at), in arrival order; served by serve_order
+        self._waiters: collections.deque[tuple[str, str | None, asyncio.Future, float | None, float]] = \
+            collections.deque()
+        self.priority_age_bound = DEFAULT_AGE_BOUND_S
         self._starting = 0
         self._promised = 0  # free slots handed to woken waiters that have not started yet
         self._cancelled: dict[str, float] = {}
@@ -182,8 +186,9 @@ class PoolActor:
         return len(self._instances) + self._starting + self._promised
 
     async def acquire(self, lease_id: str, client_id: str, timeout: float | None = None,
-                      node_id: str | None = None) -> Grant:
-        """Lease one instance (on ``node_id`` when given), waiting FIFO while the pool is full.
+                      node_id: str | None = None, priority: float | None = None) -> Grant:
+        """Lease one instance (on ``node_id`` when given), waiting while the pool is full: FIFO, or larger
+        ``priority`` first (with the age bound of :mod:`agentfly_gym.resources.priority`).
 
         Raises:
             ResourceTimeout: no instance within ``timeout`` seconds.
@@ -223,7 +228,7 @@ class PoolActor:
                     have_slot = False
                     inst = await self._start(node_id, deadline)  # consumes the reservation
                     return self._grant(lease_id, client_id, inst, t0)
-                handed, have_slot = await self._wait(lease_id, node_id, deadline)
+                handed, have_slot = await self._wait(lease_id, node_id, deadline, priority)
         except BaseException:
             if have_slot:
                 self._starting -= 1
@@ -232,9 +237,14 @@ class PoolActor:
                 self._put_back(handed)
             raise
 
-    async def _wait(self, lease_id: str, node_id: str | None, deadline: float | None) -> tuple[str | None, bool]:
+    def _in_serve_order(self) -> list[tuple[str, str | None, asyncio.Future, float | None, float]]:
+        return serve_order(self._waiters, lambda e: (e[3], e[4]), now=time.monotonic(),
+                           age_bound=self.priority_age_bound)
+
+    async def _wait(self, lease_id: str, node_id: str | None, deadline: float | None,
+                    priority: float | None = None) -> tuple[str | None, bool]:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        entry = (lease_id, node_id, fut)
+        entry = (lease_id, node_id, fut, priority, time.monotonic())
         self._waiters.append(entry)
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
@@ -343,8 +353,8 @@ class PoolActor:
         inst = self._instances.get(iid)
         if inst is None:
             return
-        for entry in list(self._waiters):
-            _lid, node, fut = entry
+        for entry in self._in_serve_order():
+            _lid, node, fut = entry[:3]
             if node is None or node == inst.node_id:
                 self._waiters.remove(entry)
                 fut.set_result(("instance", iid))
@@ -386,12 +396,13 @@ class PoolActor:
     def _wake(self) -> None:
         """A slot came free: give it to the first waiter (who starts a new instance), else idle instances stay."""
         while self._waiters and self._live() < self.capacity:
-            _lid, _node, fut = self._waiters.popleft()
+            entry = self._in_serve_order()[0]
+            self._waiters.remove(entry)
             self._promised += 1
-            fut.set_result(("slot", None))
+            entry[2].set_result(("slot", None))
         if self._waiters and self._idle and self._live() >= self.capacity:
             # full of idle instances pinned elsewhere: retire one so a waiter pinned to a node can start
-            first_node = self._waiters[0][1]
+            first_node = self._in_serve_order()[0][1]
             if first_node is not None and not any(self._instances[i].node_id == first_node for i in self._idle):
                 asyncio.get_running_loop().create_task(self._discard(self._idle.popleft()))
 
@@ -491,7 +502,7 @@ class PoolActor:
             self._expiry.cancel()
             self._expiry = None
         while self._waiters:
-            _lid, _node, fut = self._waiters.popleft()
+            fut = self._waiters.popleft()[2]
             if not fut.done():
                 fut.cancel()
         self._leases.clear()

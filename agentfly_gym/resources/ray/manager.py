@@ -263,12 +263,16 @@ class RayPool:
         if pending:
             _ray().wait(pending, num_returns=len(pending), timeout=timeout)
 
-    async def acquire(self, *, timeout: float | None = None, node_id: str | None = None) -> RayResource:
-        """Lease an instance, waiting FIFO (across the cluster) while ``capacity`` instances are taken.
+    async def acquire(self, *, timeout: float | None = None, node_id: str | None = None,
+                      priority: float | None = None) -> RayResource:
+        """Lease an instance, waiting (across the cluster) while ``capacity`` instances are taken: FIFO, or
+        larger ``priority`` first (see :mod:`agentfly_gym.resources.priority`; the cluster pool actor orders
+        its waiters by it).
 
         Args:
             timeout: seconds to wait, None for the manager's default (None = no limit).
             node_id: only an instance on this Ray node.
+            priority: the acquisition's priority while the pool is saturated; None: FIFO.
 
         Raises:
             ResourceTimeout, ResourceStartError, PoolClosedError: from the cluster pool.
@@ -278,7 +282,7 @@ class RayPool:
         await self.attach()
         lease_id = f"{self.manager.id}-{uuid.uuid4().hex[:12]}"
         timeout = timeout if timeout is not None else self.manager.acquire_timeout
-        ref = self.handle.acquire.remote(lease_id, self.manager.id, timeout, node_id)
+        ref = self.handle.acquire.remote(lease_id, self.manager.id, timeout, node_id, priority)
         grant = await self._await_grant(ref, lease_id)
         self._snapshot = grant.snapshot
         res = RayResource(self, grant)

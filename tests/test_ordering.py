@@ -1,0 +1,216 @@
+"""Longest-predicted-first when resources are scarce (issue 29): priorities of waiting acquisitions (with an
+age bound), the prediction of a task's rollout length from its earlier rollouts, and the runners' start order.
+
+Real components: the in-process pool with the test_resources ``Box`` resource (an in-memory resource, as in
+tests/test_resources.py), Chess puzzles played by the random policy through the real TaskRunner and
+run_rollouts.  The Ray path is tested in tests/test_ray_manager.py (on its cluster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+import agentfly_gym  # noqa: F401
+from agentfly_gym.errors import ConfigError, ResourceTimeout
+from agentfly_gym.resources import InProcessSpec, ResourceManager
+from agentfly_gym.resources.pool import ResourcePool
+from agentfly_gym.resources.priority import acquire_priority, current_priority, serve_order
+from agentfly_gym.rollout import RandomPolicy, RolloutConfig, TaskRow, TaskRunner, run_rollouts
+from agentfly_gym.rollout.chat import ChatTokenizer
+from agentfly_gym.rollout.models import smollm2_dir
+from agentfly_gym.rollout.ordering import RolloutLengths, longest_first
+
+from test_resources import Box
+
+
+def box_pool(cap: int = 1, **kw) -> ResourcePool:
+    return ResourcePool(InProcessSpec(factory="test_resources:Counter", max_instances=cap), lambda s: Box(s), **kw)
+
+
+async def _queue(pool: ResourcePool, priorities: list[float | None], order: list[int],
+                 first: int = 0) -> list[asyncio.Task]:
+    """Waiters ``first + i`` with ``priorities[i]``, enqueued in index order; each appends its number to
+    ``order`` when served."""
+    async def waiter(i: int, p: float | None):
+        r = await pool.acquire(priority=p)
+        order.append(i)
+        await asyncio.sleep(0)
+        await pool.release(r)
+
+    tasks = []
+    for i, p in enumerate(priorities):
+        tasks.append(asyncio.create_task(waiter(first + i, p)))
+        await asyncio.sleep(0.01)
+    return tasks
+
+
+# ----------------------------------------------------------------------------- the rule
+def test_serve_order_rule():
+    w = ["a", "b", "c", "d"]
+    ranks = {"a": (None, 0.0), "b": (5.0, 1.0), "c": (9.0, 2.0), "d": (5.0, 3.0)}
+    assert serve_order(w, ranks.__getitem__, now=4.0, age_bound=None) == ["c", "b", "d", "a"]
+    assert serve_order(w, lambda x: (None, 0.0), now=1.0) == w  # nothing known: FIFO
+    # a and b have waited 3 s or more: first, oldest first, then by priority
+    assert serve_order(w, ranks.__getitem__, now=4.0, age_bound=3.0) == ["a", "b", "c", "d"]
+
+
+# ----------------------------------------------------------------------------- the pool
+async def test_saturated_pool_serves_larger_priority_first_and_fifo_without():
+    pool = box_pool(1)
+    held = await pool.acquire()
+    order: list[int] = []
+    tasks = await _queue(pool, [None, 3.0, 10.0, 3.0, None], order)
+    await pool.release(held)
+    await asyncio.gather(*tasks)
+    assert order == [2, 1, 3, 0, 4]  # 10 first, the two 3s FIFO, the unknown ones last in arrival order
+    held = await pool.acquire()
+    order.clear()
+    tasks = await _queue(pool, [None, None, None], order)
+    await pool.release(held)
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 2]
+    await pool.aclose()
+
+
+async def test_age_bound_keeps_a_low_priority_waiter_from_starving():
+    pool = box_pool(1, priority_age_bound=0.2)
+    held = await pool.acquire()
+    order: list[int] = []
+    tasks = await _queue(pool, [1.0], order)
+    await asyncio.sleep(0.25)  # waiter 0 is now past the bound
+    tasks += await _queue(pool, [50.0, 60.0], order, first=1)
+    await pool.release(held)
+    await asyncio.gather(*tasks)
+    assert order == [0, 2, 1]
+    await pool.aclose()
+
+
+async def test_cancelled_or_timed_out_prioritised_waiter_strands_nothing():
+    pool = box_pool(1)
+    held = await pool.acquire()
+    order: list[int] = []
+    low = await _queue(pool, [1.0], order)
+    high = asyncio.ensure_future(pool.acquire(priority=100.0))
+    with pytest.raises(ResourceTimeout):
+        await pool.acquire(timeout=0.05, priority=1000.0)
+    await asyncio.sleep(0.01)
+    await pool.release(held)  # granted to `high`, which is cancelled before it runs: passed on to `low`
+    high.cancel()
+    await asyncio.wait_for(asyncio.gather(*low), 2)
+    assert order == [0] and pool.size == 1 and pool.metrics.in_use == 0 and pool.metrics.waiting == 0
+    assert not pool._ranks
+    await pool.aclose()
+
+
+async def test_priority_travels_through_the_scope():
+    """A scope's acquisitions carry the task's priority (what the runners set) or the scope's own."""
+    async with ResourceManager(backend_factory=lambda s, m: Box(s)) as m:
+        spec = InProcessSpec(factory="test_resources:Counter", max_instances=1)
+        pool = m.pool(spec)
+        held = await pool.acquire()
+        order: list[str] = []
+
+        async def rollout(name: str, p: float | None, own: float | None = None):
+            with acquire_priority(p):
+                assert current_priority() == p
+                async with m.scope(name, priority=own) as scope:
+                    await scope.acquire(spec)
+                    order.append(name)
+
+        tasks = []
+        for name, p, own in (("short", 1.0, None), ("unknown", None, None), ("long", 50.0, None),
+                             ("own", None, 20.0)):
+            tasks.append(asyncio.create_task(rollout(name, p, own)))
+            await asyncio.sleep(0.01)
+        assert current_priority() is None
+        await pool.release(held)
+        await asyncio.gather(*tasks)
+    assert order == ["long", "own", "short", "unknown"]
+
+
+# ----------------------------------------------------------------------------- the prediction
+def test_lengths_learn_persist_and_take_a_user_estimate(tmp_path):
+    path = tmp_path / "run" / "lengths.json"
+    lengths = RolloutLengths(path=path, alpha=0.5)
+    assert lengths.predict("t") is None and longest_first([None, None]) == [0, 1]
+    lengths.observe("t", 10.0, 4)
+    lengths.observe("t", 20.0, 8)
+    lengths.observe("u", 2.0, 1)
+    assert lengths.predict("t") == 15.0 and lengths.predict_turns("t") == 6.0
+    assert lengths.order(["u", "new", "t"]) == ([2, 1, 0], [2.0, 8.5, 15.0])  # unknown: the mean of known ones
+    lengths.save()
+    again = RolloutLengths(path=path)  # a resumed run
+    assert again.predict("t") == 15.0 and len(again) == 2 and json.loads(path.read_text())["version"] == 1
+    own = RolloutLengths({"u": 99.0}, path=path)
+    assert own.predict("u") == 99.0 and own.predict("t") == 15.0  # the user first, what was seen fills in
+    assert RolloutLengths(lambda k: len(k)).predict("abc") == 3.0
+    path.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a saved RolloutLengths"):
+        RolloutLengths(path=path)
+    with pytest.raises(ConfigError):
+        RolloutLengths(alpha=0)
+
+
+# ----------------------------------------------------------------------------- the runners
+@pytest.fixture(scope="module")
+def chat():
+    return ChatTokenizer(AutoTokenizer.from_pretrained(smollm2_dir()))
+
+
+class Recording(RandomPolicy):
+    """The random policy, recording the acquisition priority each episode runs under at its first turn."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.seen: list[float | None] = []
+        self._episodes: set[int] = set()
+
+    async def act(self, observation, info, env):
+        if id(env) not in self._episodes:
+            self._episodes.add(id(env))
+            self.seen.append(current_priority())
+        return await super().act(observation, info, env)
+
+
+async def test_task_runner_starts_longest_predicted_first_and_learns(chat, tmp_path):
+    rows = [TaskRow("Chess-v0", seed=s) for s in range(4)]
+    keys = [r.length_key() for r in rows]
+    assert keys[0] == "agentfly/Chess-v0/seed=0"
+    policy = Recording()
+    path = tmp_path / "lengths.json"
+    async with ResourceManager() as m:
+        runner = TaskRunner(policy, chat, manager=m, max_turns=1, concurrency=1,
+                            lengths=RolloutLengths({keys[1]: 6.0, keys[3]: 9.0, keys[0]: 0.0}, path=path))
+        trajs = await runner.aplay(rows)
+        assert [t.seed for t in trajs] == [0, 1, 2, 3]  # returned in row order
+        assert policy.seen == [9.0, 6.0, 5.0, 0.0]  # started longest first; seed 2 unknown: the mean
+        # a second call (as the next training step) learns from the first: the user's estimate is gone
+        runner.lengths.estimate = None
+        walls = {k: t.timings["wall"] for k, t in zip(keys, trajs)}
+        assert {k: runner.lengths.predict(k) for k in keys} == pytest.approx(walls)
+        policy.seen.clear()
+        await runner.aplay(rows)
+        assert policy.seen == sorted(policy.seen, reverse=True) and len(set(policy.seen)) == 4
+        assert RolloutLengths(path=path).predict(keys[0]) is not None  # saved for a resumed run
+        arrival = TaskRunner(policy, chat, manager=m, max_turns=1, concurrency=1, order="arrival")
+        policy.seen.clear()
+        await arrival.aplay(rows)
+        assert policy.seen == [None] * 4
+    with pytest.raises(ConfigError, match="order="):
+        TaskRunner(policy, chat, order="random")
+
+
+async def test_run_rollouts_starts_longest_predicted_first(chat):
+    policy = Recording()
+    config = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=3, max_turns=1, concurrency=1, seed=7,
+                           lengths={"agentfly/Chess-v0/seed=8": 4.0, "agentfly/Chess-v0/seed=9": 8.0,
+                                    "agentfly/Chess-v0/seed=7": 2.0})
+    async with ResourceManager() as m:
+        result = await run_rollouts(config, policy, chat, manager=m, progress=False)
+    assert [t.seed for t in result.trajectories] == [7, 8, 9]
+    assert policy.seen == [8.0, 4.0, 2.0]
+    assert len(config.lengths) == 3  # learned from the finished trajectories, kept with the config
