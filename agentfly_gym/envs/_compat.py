@@ -22,8 +22,6 @@ and ``tests/test_compat_versions.py`` fails naming the version to re-check.
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import inspect
 import logging
 import threading
@@ -31,6 +29,8 @@ import threading
 import gymnasium
 import gymnasium.envs.registration
 import gymnasium.wrappers
+
+from ..utils.versions import untested_versions as _untested
 
 __all__ = ["TESTED", "enclosing_time_limit", "limit_of_gymnasium_make", "untested_versions"]
 
@@ -45,20 +45,7 @@ _warned = threading.Event()
 def untested_versions() -> dict[str, str]:
     """The installed distributions of :data:`TESTED` whose version was not verified:
     ``{name: installed version or "not installed"}``; empty when all are known."""
-    out = {}
-    for name, versions in TESTED.items():
-        v = _installed(name)
-        if v not in versions:
-            out[name] = v
-    return out
-
-
-@functools.lru_cache(maxsize=4)
-def _installed(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return _untested(TESTED)
 
 
 def _applies() -> bool:

@@ -45,12 +45,11 @@ keeps the state until the next load replaces it), one warning is logged, and
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib.metadata
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+from ...utils.versions import untested_versions as _untested
 
 __all__ = ["TESTED", "answering_engine_calls", "clear_intern_cache", "drop_game_state", "intern_cache_size",
            "untested_versions"]
@@ -67,18 +66,7 @@ _warned = threading.Event()
 def untested_versions() -> dict[str, str]:
     """The installed distributions of :data:`TESTED` whose version was not verified:
     ``{name: installed version or "not installed"}``; empty when all are known."""
-    return {name: v for name, v in _installed(tuple(TESTED)).items() if v not in TESTED[name]}
-
-
-@functools.lru_cache(maxsize=4)
-def _installed(names: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for name in names:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
+    return _untested(TESTED)
 
 
 def _applies() -> bool:

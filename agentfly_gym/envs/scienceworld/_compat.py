@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.metadata
 import logging
 import socket
 import subprocess
@@ -39,6 +38,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
+from ...utils.versions import untested_versions as _untested
 
 __all__ = ["TESTED", "can_pipeline", "defer_object_frees", "forget_package_env", "jvm_in_own_process_group",
            "mark_disconnected", "package_gateway", "pipelined_call", "send_freed_objects", "untested_versions"]
@@ -54,20 +54,7 @@ _warned = threading.Event()
 def untested_versions() -> dict[str, str]:
     """The installed distributions of :data:`TESTED` whose version was not verified:
     ``{name: installed version or "not installed"}``; empty when all are known."""
-    out = {}
-    for name, versions in TESTED.items():
-        v = _installed(name)
-        if v not in versions:
-            out[name] = v
-    return out
-
-
-@functools.lru_cache(maxsize=8)
-def _installed(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return _untested(TESTED)
 
 
 def _applies() -> bool:
