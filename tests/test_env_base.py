@@ -39,12 +39,12 @@ async def test_unknown_reset_option_is_refused_before_any_resource_is_taken():
     async with ResourceManager() as m:
         play = ChessEnv(manager=m, mode="play", skill_level=0, engine_depth=1)
         puzzle = ChessEnv(manager=m)
-        assert set(play.reset_options) == {"agent_color", "fen"} and set(puzzle.reset_options) == {"task_id"}
+        assert set(play.reset_options) == {"agent_color", "fen"} and set(puzzle.reset_options) == {"split", "task_id"}
         with pytest.raises(ConfigError) as ei:
             await play.areset(options={"task_id": "tewjc", "colour": "white"})
         assert str(ei.value) == "Chess: unknown reset options ['colour', 'task_id']; valid: ['agent_color', 'fen']"
         assert not play.scope_is_open and not m.pools  # no engine was started for a refused reset
-        with pytest.raises(ConfigError, match=r"unknown reset options \['fen'\]; valid: \['task_id'\]"):
+        with pytest.raises(ConfigError, match=r"unknown reset options \['fen'\]; valid: \['split', 'task_id'\]"):
             await puzzle.areset(options={"fen": "8/8/8/8/8/8/8/8 w - - 0 1"})
         _, info = await puzzle.areset(options={"task_id": "mJDcO"})  # a declared option is accepted
         assert info["task_id"] == "mJDcO"

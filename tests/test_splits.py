@@ -87,7 +87,7 @@ def test_readme_example_train_and_validation_share_no_task(tmp_path):
     assert len(set(t)) == 256  # a permutation: no repeat while the split has tasks left
     assert all(split_of(x) == "train" for x in t) and all(split_of(x) == "validation" for x in v)
     assert not set(t) & set(v)
-    assert shared_tasks(train, val)["shared"] == []
+    assert shared_tasks(train, val)["common"] == []
     assert dataset_main(["check", str(train), str(val)]) == 0
     test = tmp_path / "test.parquet"
     assert dataset_main(["Chess", "-o", str(test), "-n", "8", "--split", "test"]) == 0
@@ -102,7 +102,7 @@ def test_overlap_is_refused_excluded_or_reported(tmp_path):
     a = build_dataset("Chess", None, 64, tmp_path / "a.parquet")
     with pytest.warns(UserWarning, match="shares 16 task"):
         b = build_dataset("Chess", None, 16, tmp_path / "b.parquet")
-    assert len(shared_tasks(a, b)["shared"]) == 16
+    assert len(shared_tasks(a, b)["common"]) == 16
     assert dataset_main(["check", str(a), str(b)]) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")

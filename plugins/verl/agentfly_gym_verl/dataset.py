@@ -225,7 +225,7 @@ def _warn_siblings(out: Path, exclude: Sequence[str | os.PathLike]) -> None:
     others = [p for p in sorted(out.parent.glob("*.parquet")) if p.resolve() not in skip][:32]
     for other in others:
         try:
-            shared = shared_tasks(out, other)["shared"]
+            shared = shared_tasks(out, other)["common"]
         except ConfigError:
             continue  # not a data set of this tool
         if shared:
@@ -307,7 +307,7 @@ def shared_tasks(a: str | os.PathLike, b: str | os.PathLike) -> dict[str, Any]:
     """The tasks two data sets share.
 
     Returns:
-        ``{"shared": [(env id, task id), ...] (sorted), "unknown": (rows of a, rows of b) without a task id}``;
+        ``{"common": [(env id, task id), ...] (sorted), "unknown": (rows of a, rows of b) without a task id}``;
         rows without a task id (drawn from seeds) are not comparable.
 
     Raises:
@@ -315,7 +315,7 @@ def shared_tasks(a: str | os.PathLike, b: str | os.PathLike) -> dict[str, Any]:
     """
     ka, ua = _read_keys(a)
     kb, ub = _read_keys(b)
-    return {"shared": sorted(ka & kb), "unknown": (ua, ub)}
+    return {"common": sorted(ka & kb), "unknown": (ua, ub)}
 
 
 def _check_main(args: Sequence[str]) -> int:
@@ -330,8 +330,8 @@ def _check_main(args: Sequence[str]) -> int:
         for i, a in enumerate(ns.files):
             for b in ns.files[i + 1:]:
                 res = shared_tasks(a, b)
-                n = len(res["shared"])
-                print(f"{a} & {b}: {n} shared task(s)" + (f", e.g. {[t for _, t in res['shared'][:5]]}" if n else ""))
+                n = len(res["common"])
+                print(f"{a} & {b}: {n} shared task(s)" + (f", e.g. {[t for _, t in res['common'][:5]]}" if n else ""))
                 if any(res["unknown"]):
                     print(f"  warning: rows without a task id (not comparable): {res['unknown'][0]} in {a}, "
                           f"{res['unknown'][1]} in {b}", file=sys.stderr)
