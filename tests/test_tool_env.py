@@ -439,3 +439,77 @@ def test_vector_env_and_env_checker():
     obs, rewards, terminated, truncated, infos = venv.step([CALL_ADD, "5"])
     assert obs[0] == "5" and list(terminated) == [False, True]
     venv.close()
+
+
+def test_an_integer_past_pythons_digit_limit_is_a_malformed_call_not_an_error():
+    """Model output: a JSON number of 4301 digits makes ``json.loads`` raise a plain ValueError (Python's int-digit
+    limit); it is a malformed call the model is told about, and the episode goes on."""
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first number
+            b: the second number
+        """
+        return a + b
+
+    for reply in ('<tool_call>{"name":"add","arguments":{"a":%s,"b":1}}</tool_call>' % ("9" * 4301),
+                  '{"name":"add","parameters":{"a":%s,"b":1}}' % ("9" * 4301)):
+        with pytest.raises(ToolCallError, match="cannot be read"):
+            parse_tool_calls(reply)
+    env = gymnasium.make(make_tool_env("test/BigInt-v0", tasks=[{"prompt": "p", "answer": "5"}], tools=[add],
+                                       reward=lambda completion, answer, **row: float(answer in completion)))
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(
+        '<tool_call>{"name":"add","arguments":{"a":%s,"b":1}}</tool_call>' % ("9" * 4301))
+    assert "cannot be read" in obs and not terminated and not truncated and not info.get("error")
+    obs, *_ = env.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')
+    assert obs.strip() == "5"
+    env.close()
+
+
+def test_stuck_sync_tools_neither_starve_later_calls_nor_keep_the_process_alive(tmp_path):
+    """Forty calls of a sync tool that never returns, in one reply, each time out; the next call of another sync tool
+    answers at once (they ran on daemon threads of their own, not the loop's few executor workers), and the process
+    exits as soon as the script ends (the interpreter does not wait for the abandoned threads)."""
+    script = tmp_path / "stuck.py"
+    script.write_text('''
+import time, gymnasium
+from agentfly_gym.tools import tool, make_tool_env
+
+@tool(timeout=1)
+def stuck(x: str) -> str:
+    """Never returns.
+
+    Args:
+        x: anything
+    """
+    time.sleep(10**6)
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return a + b
+
+env = gymnasium.make(make_tool_env("x/Stuck-v0", tasks=[{"prompt": "p"}], tools=[stuck, add],
+                                   reward=lambda completion, **row: 1.0, step_timeout=20))
+env.reset(seed=0)
+obs, *_ = env.step("".join('<tool_call>{"name": "stuck", "arguments": {"x": "a"}}</tool_call>' for _ in range(40)))
+assert obs.count("did not finish within its timeout") == 40, obs[:300]
+t = time.monotonic()
+obs, reward, terminated, truncated, info = env.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')
+assert obs.strip() == "5" and not info.get("error") and time.monotonic() - t < 10, (obs, info)
+env.close()
+print("done")
+''')
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "done" in r.stdout, r.stderr[-2000:]

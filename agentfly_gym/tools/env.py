@@ -37,6 +37,7 @@ from ..resources.scope import RolloutScope
 from .formats import FORMATS, ToolCall, ToolCallError, parse_tool_calls
 from .tasks import load_tasks
 from .tool import Tool, check_tools
+from .threads import run_in_daemon_thread
 
 __all__ = ["ToolEnv", "ToolPrompt", "make_tool_env", "tool_call_id", "DEFAULT_SYSTEM_PROMPT"]
 
@@ -279,7 +280,7 @@ class ToolEnv(AgentFlyEnv):
         elif inspect.iscoroutinefunction(target):
             value = await fn(**kwargs)
         else:
-            value = await asyncio.to_thread(functools.partial(fn, **kwargs))
+            value = await run_in_daemon_thread(fn, **kwargs)  # not the loop's executor: see tools/threads.py
             if inspect.isawaitable(value):
                 value = await value
         if isinstance(value, bool):

@@ -63,6 +63,8 @@ def _loads(text: str, what: str) -> Any:
         raise ToolCallError(f"{what} is not valid JSON ({e.msg} at character {e.pos}): {text[:200]!r}") from None
     except RecursionError:  # hostile nesting ("[[[[..."): a malformed call, not a crash
         raise ToolCallError(f"{what} is nested too deeply to read") from None
+    except ValueError as e:  # e.g. an integer past Python's digit limit (sys.set_int_max_str_digits)
+        raise ToolCallError(f"{what} cannot be read: {e}") from None
 
 
 def _call(obj: Any, what: str, args_keys: Sequence[str]) -> ToolCall:
@@ -94,7 +96,7 @@ def _parse_hermes(text: str) -> list[ToolCall]:
             try:
                 calls.append(_call(json.loads(body), f"tool call {len(calls) + 1}", ("arguments", "parameters")))
                 break
-            except (json.JSONDecodeError, RecursionError, ToolCallError):
+            except (ValueError, RecursionError):  # JSONDecodeError and ToolCallError are ValueErrors
                 raise ToolCallError(f"tool call {len(calls) + 1} opens {_HERMES_OPEN} but never closes it with "
                                     f"{_HERMES_CLOSE}") from None
         body = text[i + len(_HERMES_OPEN):j].strip()
@@ -112,6 +114,8 @@ def _json_objects(text: str) -> list[Any]:
         pass
     except RecursionError:
         raise ToolCallError("the tool call is nested too deeply to read") from None
+    except ValueError as e:  # e.g. an integer past Python's digit limit
+        raise ToolCallError(f"the tool call cannot be read: {e}") from None
     dec = json.JSONDecoder()
     out, pos = [], 0
     while pos < len(text):
@@ -121,6 +125,8 @@ def _json_objects(text: str) -> list[Any]:
             raise ToolCallError("the tool call is nested too deeply to read") from None
         except json.JSONDecodeError as e:
             raise ToolCallError(f"the tool call is not valid JSON ({e.msg} at character {e.pos}): {text[:200]!r}") from None
+        except ValueError as e:  # e.g. an integer past Python's digit limit
+            raise ToolCallError(f"the tool call cannot be read: {e}") from None
         out.append(obj)
         pos = end
         while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
@@ -158,7 +164,7 @@ def _parse_mistral(text: str, *, strict: bool) -> list[ToolCall]:
         if body.startswith("[") and not strict:
             try:
                 values = json.loads(body)
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):  # not a call list (JSONDecodeError is a ValueError)
                 return []
             if isinstance(values, list) and values and all(isinstance(v, dict) and "name" in v for v in values):
                 return [_call(v, f"tool call {k + 1}", ("arguments", "parameters")) for k, v in enumerate(values)]

@@ -34,9 +34,7 @@ everyone (:meth:`~agentfly_gym.resources.ResourceManager.acquire_global`).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import functools
 import inspect
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +43,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..resources.spec import ResourceSpec
+from .threads import run_in_daemon_thread
 
 __all__ = ["Tool", "tool", "check_tools", "DEFAULT_TOOL_TIMEOUT"]
 
@@ -134,7 +133,7 @@ class Tool:
         kwargs = {**arguments, **(resources or {})}
         if self.is_async:
             return await self.fn(**kwargs)
-        return await asyncio.to_thread(functools.partial(self.fn, **kwargs))
+        return await run_in_daemon_thread(self.fn, **kwargs)  # not the loop's executor: see tools/threads.py
 
 
 def _schema(fn: Callable[..., Any], name: str, description: str | None, hidden: set[str]) -> dict[str, Any]:
