@@ -513,3 +513,23 @@ print("done")
 
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "done" in r.stdout, r.stderr[-2000:]
+
+
+def test_numpy_scalar_rewards_are_numbers():
+    """A reward computed with numpy (np.float32, np.int64, np.bool_, a 0-d array) is its number; an array of several
+    values is still refused as an error on the trajectory."""
+    import numpy as np
+
+    for i, value in enumerate([np.float32(1.0), np.int64(1), np.bool_(True), np.array(1.0)]):
+        env = gymnasium.make(make_tool_env(f"test/NumpyReward{i}-v0", tasks=[{"prompt": "p"}], tools=[],
+                                           reward=lambda completion, value=value, **row: value))
+        env.reset(seed=0)
+        _, reward, terminated, _, info = env.step("my answer")
+        assert (reward, terminated, info.get("error")) == (1.0, True, None), (type(value), info)
+        env.close()
+    env = gymnasium.make(make_tool_env("test/NumpyRewardBad-v0", tasks=[{"prompt": "p"}], tools=[],
+                                       reward=lambda completion, **row: np.array([1.0, 2.0])))
+    env.reset(seed=0)
+    _, reward, _, _, info = env.step("my answer")
+    assert "must return a finite number" in info["error"]
+    env.close()

@@ -283,10 +283,12 @@ class ToolEnv(AgentFlyEnv):
             value = await run_in_daemon_thread(fn, **kwargs)  # not the loop's executor: see tools/threads.py
             if inspect.isawaitable(value):
                 value = await value
+        if not isinstance(value, (int, float)) and hasattr(value, "item") and getattr(value, "shape", ()) == ():
+            value = value.item()  # a numpy (or torch) scalar or 0-d array: its Python number
         if isinstance(value, bool):
             value = float(value)
         if not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-            raise TypeError(f"the reward function returned {value!r}; it must return a finite number")
+            raise TypeError(f"the reward function returned {value!r}; it must return a finite number (a float)")
         return float(value)
 
     async def _end_of_episode(self) -> None:
