@@ -181,3 +181,15 @@ def test_scienceworld_validation_is_dev_and_splits_are_disjoint():
     assert all(t.startswith("boil:") for v in ids.values() for t in v)
     assert not set(ids["train"]) & set(ids["dev"]) and not set(ids["train"]) & set(ids["test"])
     assert not set(ids["dev"]) & set(ids["test"])
+
+
+def test_exclude_refuses_a_missing_file_and_its_own_output(tmp_path):
+    """``--exclude`` of a file that does not exist says so, and an output that is also an exclude file is refused
+    before anything is written (it would replace the data set whose tasks are to be left out)."""
+    with pytest.raises(ConfigError, match="no such data set file"):
+        build_dataset("Chess", None, 4, tmp_path / "a.parquet", exclude=[tmp_path / "missing.parquet"])
+    a = build_dataset("Chess", None, 4, tmp_path / "a.parquet")
+    before = a.read_bytes()
+    with pytest.raises(ConfigError, match="both the output and an --exclude file"):
+        build_dataset("Chess", None, 4, a, exclude=[a])
+    assert a.read_bytes() == before

@@ -12,7 +12,9 @@ containers, judge servers kept warm) across thousands of steps.  :class:`TaskRun
 
 Each row becomes one :class:`~agentfly_gym.rollout.trajectory.Trajectory` (returned in the order of the
 rows), played by :func:`~agentfly_gym.rollout.episode.play_episode` with its own env instance; a
-failing row is returned with ``error`` set, never raised.
+row that fails while it plays (an unknown task id, a dead resource, model output) is returned with ``error`` set,
+never raised; rows naming an env id that is not registered are refused up front (``ConfigError``), before any
+row plays.
 """
 
 from __future__ import annotations

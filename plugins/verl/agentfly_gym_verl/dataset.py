@@ -111,7 +111,8 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
     Raises:
         ConfigError: an unknown env, bad mode/numbers, constructor arguments the env does not take,
             (with ``check``) a task id, split or reset option the env rejects, a listed task that an
-            ``exclude`` file holds, or a split with no task left after ``exclude``.
+            ``exclude`` file holds, a split with no task left after ``exclude``, an ``exclude`` file that does not
+            exist, or ``out_path`` that is also an ``exclude`` file.
         DataNotFoundError: (with ``check``) the env's data is missing.
     """
     from agentfly_gym.registration import normalize_env_id
@@ -148,6 +149,9 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         options_json = json.dumps(dict(reset_options or {}), sort_keys=True)
     except TypeError as e:
         raise ConfigError(f"env_kwargs / reset_options must be JSON-serialisable: {e}") from e
+    if Path(out_path).expanduser().resolve() in {Path(x).expanduser().resolve() for x in exclude}:
+        raise ConfigError(f"{out_path} is both the output and an --exclude file: writing it would replace the data "
+                          "set whose tasks are to be left out; write to another file")
     excluded = _excluded(exclude, row_env_id, env_id)
     drawn = False
     if task_list is not None:
@@ -283,6 +287,8 @@ def _read_keys(path: str | os.PathLike) -> tuple[set[tuple[str, str]], int]:
     """The (env id, task id) pairs of a data set written by :func:`build_dataset`, and its rows without a task id."""
     import pyarrow.parquet as pq
 
+    if not Path(path).expanduser().is_file():
+        raise ConfigError(f"{path}: no such data set file")
     try:
         info = pq.read_table(Path(path).expanduser(), columns=["extra_info"]).column("extra_info").to_pylist()
     except (OSError, KeyError, ValueError) as e:
