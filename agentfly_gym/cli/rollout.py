@@ -170,6 +170,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     try:
         result = asyncio.run(run())
     except (KeyboardInterrupt, asyncio.CancelledError):
+        _answer_repeated_ctrl_c()
         print(f"agentfly-gym: interrupted; finished trajectories (if any) were saved in {config.output_dir} (in "
               f"its interrupted/ when it held a complete run, which is kept)", file=sys.stderr)
         return _signal_status(received[0] if received else signal.SIGINT)
@@ -188,6 +189,16 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         print(f"agentfly-gym: every trajectory failed; the first error: {first}", file=sys.stderr)
         return 1
     return 0
+
+
+def _answer_repeated_ctrl_c() -> None:
+    """Once the run has stopped, a further Ctrl-C (while the process ends: its threads are joined at interpreter
+    exit) is answered with a line, not a ``KeyboardInterrupt`` traceback from the interpreter's shutdown."""
+    def answer(signum: int, frame: Any) -> None:
+        print("agentfly-gym: already stopping (releasing resources)", file=sys.stderr)
+
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, answer)
 
 
 def _signal_status(signum: int) -> int:
