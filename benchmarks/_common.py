@@ -196,14 +196,10 @@ def skip_on_error(res: "Result", what: str, *, trace: bool = True, prefix: str =
 
 
 def setup_env_vars() -> None:
-    """Default ``AGENTFLY_GYM_DATA`` to ``../shared/data`` beside the repository when it exists and
-    the variable is unset (the layout of the project's machines, whose full data sets the committed results
-    were measured on); an explicit setting wins.  Without either, the library's resolution order applies
-    (down to the package's samples).  The tests set the variable to ``tests/data`` before any script runs."""
-    if "AGENTFLY_GYM_DATA" not in os.environ:
-        cand = Path(__file__).resolve().parents[2] / "shared" / "data"
-        if cand.is_dir():
-            os.environ["AGENTFLY_GYM_DATA"] = str(cand)
+    """Put the repository on ``sys.path``.  Data comes from ``AGENTFLY_GYM_DATA`` when it is set (a folder with the
+    full data sets, e.g. what the committed results were measured on), else from the library's resolution order (down
+    to the package's samples); nothing outside the repository is read by default.  The tests set the variable to
+    ``tests/data`` before any script runs."""
     repo = str(Path(__file__).resolve().parents[1])
     if repo not in sys.path:
         sys.path.insert(0, repo)
