@@ -214,3 +214,112 @@ async def test_run_rollouts_starts_longest_predicted_first(chat):
     assert [t.seed for t in result.trajectories] == [7, 8, 9]
     assert policy.seen == [8.0, 4.0, 2.0]
     assert len(config.lengths) == 3  # learned from the finished trajectories, kept with the config
+
+
+# ----------------------------------------------------------------------------- kept beside a run's outputs
+async def test_run_rollouts_keeps_lengths_json_for_a_resumed_run(chat, tmp_path):
+    """Ordering by prediction (the default), a run with an output folder keeps the estimate there as
+    lengths.json; a resumed (appended) run in a new process, a new config, starts longest-predicted first from
+    it and updates it."""
+    from agentfly_gym.rollout.runner import LENGTHS_NAME
+
+    out = tmp_path / "run"
+    keys = [f"agentfly/Chess-v0/seed={s}" for s in (7, 8, 9)]
+    async with ResourceManager() as m:
+        first = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=3, max_turns=1, concurrency=1, seed=7,
+                              output_dir=out)
+        policy = Recording()
+        await run_rollouts(first, policy, chat, manager=m, progress=False)
+        assert policy.seen == [None] * 3  # nothing known yet: arrival order, FIFO acquisitions
+        saved = json.loads((out / LENGTHS_NAME).read_text())
+        assert sorted(saved["tasks"]) == keys and all(v["n"] == 1 for v in saved["tasks"].values())
+        walls = {k: v["seconds"] for k, v in saved["tasks"].items()}
+        assert not list(out.glob(".*.json*")), "no temporary file left"
+
+        resumed = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=3, max_turns=1, concurrency=1, seed=7,
+                                output_dir=out, if_exists="append")
+        policy = Recording()
+        result = await run_rollouts(resumed, policy, chat, manager=m, progress=False)
+        assert policy.seen == sorted(walls.values(), reverse=True)  # longest predicted first, from the file
+        assert [t.trajectory_id for t in result.trajectories] == ["traj-00003", "traj-00004", "traj-00005"]
+        again = json.loads((out / LENGTHS_NAME).read_text())["tasks"]
+        assert all(again[k]["n"] == 2 for k in keys)
+
+        arrival = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=3, max_turns=1, concurrency=1, seed=7,
+                                output_dir=out, if_exists="append", order="arrival")
+        policy = Recording()
+        await run_rollouts(arrival, policy, chat, manager=m, progress=False)
+        assert policy.seen == [None] * 3 and arrival.lengths is None
+        assert json.loads((out / LENGTHS_NAME).read_text())["tasks"] == again  # not ordering: not touched
+    with pytest.raises(ConfigError, match="order="):
+        RolloutConfig(env_ids=["Chess-v0"], order="shortest")
+
+
+@pytest.mark.parametrize("content", ["{\"version\": 1, \"tasks\": {\"a\": {\"seconds\"", "[1, 2]",
+                                     "{\"version\": 99, \"tasks\": {}}", "a,b\n1,2\n"])
+async def test_a_corrupt_or_foreign_lengths_json_is_refused_before_the_run(chat, tmp_path, content):
+    """A lengths.json in the output folder that is not a saved estimate (cut off, another program's file, a
+    later version) is a clear ConfigError before anything runs, and is left as it was."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "lengths.json").write_text(content)
+    config = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=1, max_turns=1, seed=0, output_dir=out)
+    policy = Recording()
+    with pytest.raises(ConfigError, match="lengths.json is not a saved RolloutLengths"):
+        await run_rollouts(config, policy, chat, progress=False)
+    assert policy.seen == [] and (out / "lengths.json").read_text() == content
+    assert not (out / "summary.json").exists()
+
+
+async def test_a_lengths_file_that_cannot_be_written_loses_nothing_of_the_run(chat, tmp_path, caplog):
+    """Saving the estimate fails (its folder is a file here): a warning, after the run's trajectories are saved;
+    never an error that loses the run."""
+    (tmp_path / "not-a-folder").write_text("")
+    config = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=2, max_turns=1, seed=0, output_dir=tmp_path / "run",
+                           lengths=RolloutLengths(path=tmp_path / "not-a-folder" / "lengths.json"))
+    async with ResourceManager() as m:
+        result = await run_rollouts(config, RandomPolicy(seed=0), chat, manager=m, progress=False)
+    assert len(result.trajectories) == 2 and (tmp_path / "run" / "summary.json").exists()
+    assert "could not save the predicted rollout lengths" in caplog.text
+
+
+def test_saves_are_atomic_merges_that_survive_a_file_gone_bad(tmp_path, caplog):
+    """Two processes (verl's agent-loop workers) keeping one file: each save merges (keys observed since the
+    last save win, the others' keys stay); a file that went bad is replaced with a warning, not raised."""
+    path = tmp_path / "lengths.json"
+    a, b = RolloutLengths(path=path), RolloutLengths(path=path)
+    a.observe("x", 10.0, 2)
+    a.save()
+    b.observe("y", 4.0, 1)
+    b.save()
+    assert b.predict("x") == 10.0  # b took in a's key
+    a.observe("x", 20.0, 2)
+    a.save()
+    assert json.loads(path.read_text())["tasks"].keys() == {"x", "y"} and RolloutLengths(path=path).predict("x") == 15.0
+    path.write_text("{not json")
+    a.observe("z", 1.0, 1)
+    a.save()
+    assert "not a saved RolloutLengths" in caplog.text and RolloutLengths(path=path).predict("z") == 1.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lengths.json"]
+    fresh = RolloutLengths().load(path)
+    assert fresh.predict("x") == 15.0 and RolloutLengths().load(tmp_path / "absent.json").predict("x") is None
+
+
+def test_cli_rollout_keeps_lengths_json_and_refuses_a_foreign_one(tmp_path, capsys):
+    """``agentfly-gym rollout`` orders by prediction by default: its output folder gets lengths.json; a run into a
+    folder whose lengths.json is not a saved estimate is refused (exit 2, a one-line reason, no traceback)."""
+    from agentfly_gym.cli import main
+
+    out = tmp_path / "run"
+    argv = ["rollout", "--env", "Chess-v0", "--policy", "random", "-n", "2", "--max-turns", "1", "--no-progress",
+            "--output-dir", str(out)]
+    assert main(argv) == 0
+    assert sorted(json.loads((out / "lengths.json").read_text())["tasks"]) == [
+        "agentfly/Chess-v0/seed=0", "agentfly/Chess-v0/seed=1"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "lengths.json").write_text("[\"someone else's\"]")
+    assert main(argv[:-1] + [str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "lengths.json is not a saved RolloutLengths" in err and "Traceback" not in err
+    assert main(argv + ["--append", "--order", "arrival"]) == 0

@@ -55,6 +55,10 @@ def add_rollout_parser(sub: Any) -> argparse.ArgumentParser:
                            "replaces a complete one: it goes to --output-dir/interrupted)")
     onto.add_argument("--append", action="store_true",
                       help="add this run's trajectories to the run in --output-dir (ids continue after its ids)")
+    r.add_argument("--order", choices=("longest", "arrival"), default="longest",
+                   help="longest (default): start the trajectories predicted to run longest first, from the lengths "
+                        "earlier runs into --output-dir kept in its lengths.json (updated by this run; nothing known: "
+                        "arrival order); arrival: start them in order")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_rollout)
     return r
@@ -141,7 +145,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode, history=args.history,
         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p),
         max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir,
-        reward=args.reward, if_exists=_if_exists(args))
+        reward=args.reward, if_exists=_if_exists(args), order=args.order)
     config.output_dir = _output_dir(args)  # once the arguments are known to be good
     check_config(config)  # fail on a typo before the model is loaded
     policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)

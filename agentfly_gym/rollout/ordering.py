@@ -12,21 +12,36 @@ next ones.  :class:`RolloutLengths` keeps that prediction::
 
 A user's own estimate can stand in: ``RolloutLengths(estimate={"task-a": 120.0})`` or a callable of the
 task key; it is asked first, and what was observed fills in where it returns None.
+
+Where rollouts are not started by one loop that sees them all (verl calls its agent loop once per trajectory,
+all of a batch at once), :class:`StartGate` gives the same order: every rollout that arrives within one turn of
+the event loop waits, and they are let in longest-predicted first (at most ``limit`` at a time, when given).
+
+A saved estimate (:meth:`RolloutLengths.save`) is JSON, written atomically (a temporary file renamed), and merged
+with what is in the file under a lock, so several processes (verl's agent-loop workers) can keep one file.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import json
+import logging
 import math
 import os
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..resources.priority import DEFAULT_AGE_BOUND_S, serve_order
+from ..utils.files import atomic_path
 
-__all__ = ["RolloutLengths", "longest_first", "as_lengths"]
+__all__ = ["RolloutLengths", "StartGate", "longest_first", "as_lengths", "length_key"]
+
+log = logging.getLogger(__name__)
 
 Estimate = Callable[[str], "float | None"] | Mapping[str, float]
 
@@ -58,8 +73,9 @@ class RolloutLengths:
         self.alpha = alpha
         self.path = Path(path) if path is not None else None
         self._seen: dict[str, dict[str, float]] = {}  # key -> {"seconds", "turns", "n"}
+        self._dirty: set[str] = set()  # keys observed since the last load or save (they win a merge)
         if self.path is not None and self.path.exists():
-            self._load(self.path)
+            self._seen = _read(self.path)
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -68,6 +84,7 @@ class RolloutLengths:
         """Record a finished rollout of ``key`` that took ``seconds`` (wall) and ``turns`` turns."""
         if not math.isfinite(seconds) or seconds < 0:
             return
+        self._dirty.add(key)
         old = self._seen.get(key)
         if old is None:
             self._seen[key] = {"seconds": float(seconds), "turns": float(turns or 0), "n": 1}
@@ -96,6 +113,15 @@ class RolloutLengths:
         seen = self._seen.get(key)
         return seen["seconds"] if seen is not None else None
 
+    def priority(self, key: str | None) -> float | None:
+        """The acquisition priority of a rollout of ``key`` (None: no key): :meth:`predict`, else the mean
+        of the observed seconds of every key (so a task never seen is not served after every known one),
+        else None (nothing known: FIFO)."""
+        got = self.predict(key) if key is not None else None
+        if got is not None or key is None or not self._seen:
+            return got
+        return sum(v["seconds"] for v in self._seen.values()) / len(self._seen)
+
     def predict_turns(self, key: str) -> float | None:
         """Running mean of the turns of ``key``'s rollouts (None: none seen)."""
         seen = self._seen.get(key)
@@ -104,31 +130,47 @@ class RolloutLengths:
     def as_dict(self) -> dict[str, Any]:
         return {"version": self.VERSION, "alpha": self.alpha, "tasks": {k: dict(v) for k, v in self._seen.items()}}
 
+    def load(self, path: str | Path) -> RolloutLengths:
+        """Take in what the saved estimate at ``path`` holds (when it exists), e.g. a resumed run's; what this
+        object observed since its last load or save wins.  Returns self.
+
+        Raises:
+            ConfigError: ``path`` holds something else than a saved estimate (nothing is changed then).
+        """
+        path = Path(path)
+        if path.exists():
+            self._seen = {**_read(path), **{k: self._seen[k] for k in self._dirty}}
+        return self
+
     def save(self, path: str | Path | None = None) -> Path | None:
-        """Write the observed estimates as JSON to ``path`` (default: the constructor's; None: nothing),
-        atomically (a temporary file renamed)."""
+        """Write the observed estimates as JSON to ``path`` (default: the constructor's; None: nothing).
+
+        The file is written atomically (a temporary file beside it, flushed, renamed) under an exclusive lock
+        of its folder, merged with what it holds: keys observed here since the last load or save take this
+        object's values, the others keep the file's (written there by another process), and this object
+        takes the merged view.  A file that cannot be read back is replaced, with a warning.
+
+        Raises:
+            OSError: the file cannot be written (the previous file is untouched).
+        """
         path = Path(path) if path is not None else self.path
         if path is None:
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".lengths-", suffix=".json", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.as_dict(), f, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with _locked(path.parent):
+            merged = dict(self._seen)
+            if path.exists():
+                try:
+                    theirs = _read(path)
+                except ConfigError as e:
+                    log.warning("%s; replacing it with this run's estimate", e)
+                else:
+                    merged = {**theirs, **{k: v for k, v in self._seen.items() if k in self._dirty or k not in theirs}}
+            data = {"version": self.VERSION, "alpha": self.alpha, "tasks": {k: dict(v) for k, v in merged.items()}}
+            with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+                json.dump(data, f, sort_keys=True)
+        self._seen, self._dirty = merged, set()
         return path
-
-    def _load(self, path: Path) -> None:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            tasks = data["tasks"]
-            self._seen = {str(k): {"seconds": float(v["seconds"]), "turns": float(v["turns"]), "n": int(v["n"])}
-                          for k, v in tasks.items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ConfigError(f"{path} is not a saved RolloutLengths ({type(e).__name__}: {e})") from None
 
     def order(self, keys: Sequence[str]) -> tuple[list[int], list[float | None]]:
         """The start order of rollouts of ``keys`` (see :func:`longest_first`) and each one's priority: its
@@ -137,6 +179,130 @@ class RolloutLengths:
         known = [p for p in preds if p is not None]
         mean = sum(known) / len(known) if known else None
         return longest_first(preds), [mean if p is None else p for p in preds]
+
+
+def _read(path: Path) -> dict[str, dict[str, float]]:
+    """The per-key estimates a saved file holds.
+
+    Raises:
+        ConfigError: the file is not a saved :class:`RolloutLengths` of this version (not JSON, another
+            format, a number that is not finite).
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or data.get("version") != RolloutLengths.VERSION:
+            raise ValueError(f"version {data.get('version') if isinstance(data, dict) else None!r}, "
+                             f"expected {RolloutLengths.VERSION}")
+        seen = {str(k): {"seconds": float(v["seconds"]), "turns": float(v["turns"]), "n": int(v["n"])}
+                for k, v in data["tasks"].items()}
+        if not all(math.isfinite(v["seconds"]) and math.isfinite(v["turns"]) for v in seen.values()):
+            raise ValueError("a number that is not finite")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{path} is not a saved RolloutLengths ({type(e).__name__}: {e}); remove or move "
+                          f"it, or keep the estimate elsewhere") from None
+    return seen
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` of ``folder`` (its directory descriptor) for the block: one writer of a saved
+    estimate at a time, across processes (no lock file is left behind)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def length_key(env_id: str, task_id: Any = None, seed: int | None = None) -> str | None:
+    """The key a rollout's length is predicted by: ``"ENV_ID/TASK_ID"``, ``"ENV_ID/seed=SEED"`` when there is
+    no task id, None when there is neither (a task drawn at random: nothing to predict from)."""
+    if task_id not in (None, ""):
+        return f"{env_id}/{task_id}"
+    return f"{env_id}/seed={seed}" if seed is not None else None
+
+
+class StartGate:
+    """Lets concurrently started rollouts begin longest-predicted first.
+
+    A rollout waits in :meth:`admit`; the rollouts waiting are let in on the event loop's next turn (so every
+    rollout started in one turn, as verl starts a batch, is ranked together), larger ``priority`` first (ties
+    and None in arrival order; one that has waited ``age_bound`` seconds goes first), and at most ``limit`` of
+    them are inside at once (None: no limit: the order of the start is all it gives; the priority then also
+    ranks the rollouts' waiting acquisitions, see :mod:`agentfly_gym.resources.priority`).  It belongs to the
+    event loop of its first use.
+
+    Args:
+        limit: most rollouts inside at once (None: no limit).
+        age_bound: seconds after which a waiting rollout is let in in arrival order before prioritised ones.
+        on_idle: called (no arguments) when the last rollout inside leaves and none waits: the end of a batch.
+
+    Raises:
+        ConfigError: ``limit`` not None nor an integer >= 1.
+    """
+
+    def __init__(self, limit: int | None = None, *, age_bound: float | None = DEFAULT_AGE_BOUND_S,
+                 on_idle: Callable[[], Any] | None = None) -> None:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ConfigError(f"limit={limit!r} must be None or an integer >= 1")
+        self.limit, self.age_bound, self.on_idle = limit, age_bound, on_idle
+        self.inside = 0
+        self._waiters: list[tuple[asyncio.Future, float | None, float]] = []
+        self._scheduled = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @contextlib.asynccontextmanager
+    async def admit(self, priority: float | None = None) -> AsyncIterator[None]:
+        """``async with gate.admit(p):`` waits for this rollout's turn, and holds its place while inside.
+
+        Raises:
+            asyncio.CancelledError: cancelled while waiting (its place, if granted, passes on).
+        """
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        entry = (fut, None if priority is None else float(priority), time.monotonic())
+        self._waiters.append(entry)
+        self._schedule(loop)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            elif fut.done() and not fut.cancelled():  # let in just as it was cancelled: pass its place on
+                self._leave(loop)
+            raise
+        try:
+            yield
+        finally:
+            self._leave(loop)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._scheduled = False
+        while self._waiters and (self.limit is None or self.inside < self.limit):
+            entry = serve_order(self._waiters, lambda e: (e[1], e[2]), now=time.monotonic(),
+                                age_bound=self.age_bound)[0]
+            self._waiters.remove(entry)
+            self.inside += 1
+            entry[0].set_result(None)  # resumed in this order: the loop runs callbacks first in, first out
+
+    def _leave(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.inside -= 1
+        if self._waiters:
+            self._schedule(loop)
+        elif self.inside == 0 and self.on_idle is not None:
+            try:
+                self.on_idle()
+            except Exception:  # noqa: BLE001 - a failed save must not fail the rollout that left last
+                log.warning("the start gate's on_idle callback failed", exc_info=True)
 
 
 def longest_first(predictions: Sequence[float | None]) -> list[int]:

@@ -28,9 +28,15 @@ from .outputs import IF_EXISTS, RunOutput, check_output_dir, run_output
 from .summary import summarize
 from .trajectory import Trajectory
 
-__all__ = ["RolloutConfig", "RolloutResult", "check_config", "run_rollouts", "normalize_env_id"]
+__all__ = ["RolloutConfig", "RolloutResult", "check_config", "run_rollouts", "normalize_env_id", "LENGTHS_NAME",
+           "ORDERS"]
 
 log = logging.getLogger(__name__)
+
+#: The file in a run's output folder that keeps the predicted rollout lengths (``order="longest"``).
+LENGTHS_NAME = "lengths.json"
+#: The start orders of :class:`RolloutConfig`.
+ORDERS = ("longest", "arrival")
 
 
 @dataclasses.dataclass
@@ -62,10 +68,13 @@ class RolloutConfig:
         allow_partial_group: let the last group be smaller than ``group_size``.
         lengths: predicted rollout lengths, keyed ``"ENV_ID/seed=SEED"`` (a
             :class:`~agentfly_gym.rollout.ordering.RolloutLengths`, a mapping or callable estimate, or a JSON
-            path); trajectories start longest-predicted first and their acquisitions carry that priority,
-            and every finished trajectory updates the estimate (kept across calls with this config, saved to
-            the estimate's ``path`` if any).  None (default): arrival order, FIFO acquisitions.  Tasks repeat
-            only with a fixed ``seed``.
+            path); every finished trajectory updates it (kept across calls with this config).  None: a fresh
+            one when ``order="longest"``.  Tasks repeat only with a fixed ``seed``.
+        order: ``"longest"`` (default): trajectories start longest-predicted first and their acquisitions carry
+            that priority (nothing known: arrival order, FIFO acquisitions); with ``output_dir`` set and an
+            estimate without a ``path`` of its own, the estimate is kept as :data:`LENGTHS_NAME` in the folder
+            (read at the start, so a resumed or appended run keeps it; written atomically once the run's files
+            are saved, also when interrupted).  ``"arrival"``: arrival order and FIFO acquisitions.
     """
 
     env_ids: list[str]
@@ -84,6 +93,7 @@ class RolloutConfig:
     if_exists: str = "fail"
     allow_partial_group: bool = False
     lengths: Any = None
+    order: str = "longest"
 
     def __post_init__(self) -> None:
         if not self.env_ids:
@@ -110,9 +120,13 @@ class RolloutConfig:
             from ..rewards.configured import parse_reward
 
             self.reward = parse_reward(self.reward)
-        from .ordering import as_lengths
+        from .ordering import RolloutLengths, as_lengths
 
+        if self.order not in ORDERS:
+            raise ConfigError(f"order={self.order!r} is not one of {ORDERS}")
         self.lengths = as_lengths(self.lengths)
+        if self.lengths is None and self.order == "longest":
+            self.lengths = RolloutLengths()
         unused = sorted(set(self.env_kwargs) - set(self.env_ids))
         if unused:
             raise ConfigError(f"env_kwargs name environments that are not rolled out: {unused}; env_ids: {self.env_ids}")
@@ -169,6 +183,37 @@ def check_config(config: RolloutConfig) -> None:
         env.unwrapped._closed = True  # nothing was acquired: closing needs no event loop
     if config.output_dir is not None:
         check_output_dir(config.output_dir, config.if_exists, mode=config.mode)
+        path = _lengths_path(config)
+        if path is not None and path.exists():
+            from .ordering import RolloutLengths
+
+            RolloutLengths(path=path)  # a file that is not a saved estimate is refused before anything runs
+
+
+def _lengths_path(config: RolloutConfig) -> Path | None:
+    """Where the run keeps its predicted lengths: the estimate's own ``path``, else :data:`LENGTHS_NAME` in the
+    output folder when ordering by prediction; None: not kept."""
+    lengths = config.lengths
+    if lengths is None:
+        return None
+    if lengths.path is not None:
+        return lengths.path
+    if config.order == "longest" and config.output_dir is not None:
+        return Path(config.output_dir) / LENGTHS_NAME
+    return None
+
+
+def _save_lengths(config: RolloutConfig) -> None:
+    """Write the run's predicted lengths (see :func:`_lengths_path`); a failure is a warning, never an error:
+    the run's trajectories are saved already."""
+    path = _lengths_path(config)
+    if path is None or not len(config.lengths):
+        return
+    try:
+        config.lengths.save(path)
+    except Exception as e:  # noqa: BLE001 - a full disk, a removed folder: the estimate is only an optimisation
+        log.warning("could not save the predicted rollout lengths to %s (%s: %s); the next run starts without them",
+                    path, type(e).__name__, e)
 
 
 def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, manager: Manager,
@@ -208,7 +253,8 @@ async def run_rollouts(config: RolloutConfig, policy: Any, chat: Any, *, manager
         files and ``result.summary`` hold every run's trajectories; ``result.trajectories`` this run's).
 
     Raises:
-        OutputExistsError, OutputBusyError, ConfigError: see :func:`check_config`.
+        OutputExistsError, OutputBusyError, ConfigError: see :func:`check_config` (also: the output folder's
+            :data:`LENGTHS_NAME` is not a saved estimate).
     """
     check_config(config)
     if config.seed is None:  # a fresh seed per call: a training loop calling again plays new tasks
@@ -237,7 +283,11 @@ async def _run_locked(config: RolloutConfig, policy: Any, chat: Any, out: RunOut
     lengths = config.lengths
     n = config.num_trajectories
     keys = [_length_key(config, k) for k in range(n)]
-    start, preds = lengths.order(keys) if lengths is not None else (list(range(n)), [None] * n)
+    kept = _lengths_path(config)
+    if kept is not None and lengths.path is None:
+        lengths.load(kept)  # a resumed run's estimate (checked readable by check_config)
+    ordered = lengths is not None and config.order == "longest"
+    start, preds = lengths.order(keys) if ordered else (list(range(n)), [None] * n)
 
     async def guarded(k: int) -> Trajectory:
         async with sem, acquire_priority(preds[k]):
@@ -260,9 +310,9 @@ async def _run_locked(config: RolloutConfig, policy: Any, chat: Any, out: RunOut
         # are saved before the running ones are torn down (a second Ctrl-C during that tear-down loses nothing)
         await asyncio.wait(tasks)
         trajectories = [t.result() for t in tasks]
-        if lengths is not None:
-            lengths.save()
-        return _finish(config, trajectories, time.monotonic() - t0, manager, out)
+        result = _finish(config, trajectories, time.monotonic() - t0, manager, out)
+        _save_lengths(config)  # after the trajectories: a failure here loses nothing of the run
+        return result
     except asyncio.CancelledError:
         if out is not None:
             partial = [finished[k] for k in sorted(finished)]
@@ -271,6 +321,7 @@ async def _run_locked(config: RolloutConfig, policy: Any, chat: Any, out: RunOut
             saved = _finish(config, partial, time.monotonic() - t0, manager, out, interrupted=True)
             where = saved.paths["summary"].parent if saved.paths else config.output_dir
             log.warning("rollout interrupted: saved %d finished trajectories to %s", len(partial), where)
+        _save_lengths(config)
         raise
     finally:
         for t in tasks:
