@@ -42,6 +42,16 @@ oldest history pairs are dropped first, then (if needed) the tokens right after 
 staleness, as ints) are the versions the server reported, else the ``global_steps`` verl passes
 to ``run`` with the row: V1 builds an int array from them.
 
+Start order: the rollouts a worker plays at once start longest-predicted first.  The worker keeps (across
+training steps, :meth:`agentfly_gym_verl.runtime.WorkerRuntime.ordering`) a
+:class:`~agentfly_gym.rollout.ordering.RolloutLengths` per task (``"ENV_ID/TASK_ID"``, or ``"ENV_ID/seed=SEED"``),
+updated from every trajectory it finishes; the rollouts of a batch (verl starts them all at once) pass a
+:class:`~agentfly_gym.rollout.ordering.StartGate` that lets them in by that prediction (at most
+``max_concurrent`` at a time, when set), and every acquisition of a rollout carries its prediction as a
+priority, so a saturated pool (local or a Ray cluster pool) serves the longest first.  ``lengths_path`` keeps
+the estimate in a file (shared by the workers, written at the end of each batch), so a resumed training keeps
+it.  ``order: arrival`` turns the ordering off (FIFO).
+
 ``extra_fields`` has the SAME keys and value types in every row of both modes and every env
 (:data:`EXTRA_FIELD_DEFAULTS`), so verl can stack rows of mixed loops (verl issues #5301, #7491).
 
@@ -71,15 +81,17 @@ from typing import Any
 
 from agentfly_gym.errors import ConfigError, EnvError, ResourceError
 from agentfly_gym.registration import normalize_env_id
+from agentfly_gym.resources.priority import acquire_priority
 from agentfly_gym.rewards.configured import parse_reward
 from agentfly_gym.rollout.episode import MODES, play_episode
+from agentfly_gym.rollout.ordering import length_key
 from agentfly_gym.rollout.policies.base import SamplingParams
 from agentfly_gym.rollout.step import DEFAULT_HISTORY
 from agentfly_gym.rollout.trajectory import Trajectory, episode_status
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from .policy import VerlServerPolicy
-from .runtime import chat_tokenizer, get_manager, record_failure
+from .runtime import chat_tokenizer, get_manager, get_runtime, record_failure
 
 __all__ = ["AgentFlyAgentLoop", "EXTRA_FIELD_DEFAULTS", "MODES", "parse_row"]
 
@@ -215,15 +227,23 @@ class AgentFlyAgentLoop(AgentLoopBase):
         reward: an episode reward from configuration (``"judge:..."`` or ``"MODULE:FUNCTION"``, see
             :mod:`agentfly_gym.rewards.configured`) that replaces or adds to the env return; a judge that
             fails after its retries makes the trajectory an error row.
+        order: ``"longest"`` (default): the worker's rollouts start longest-predicted first and their
+            acquisitions carry that priority (nothing known yet: arrival order); ``"arrival"``: FIFO.
+        lengths_path: a JSON file that keeps the predicted lengths across runs (read when the worker starts,
+            written at the end of each batch, merged with the other workers'); None: kept in memory, for the
+            life of the worker.
+        max_concurrent: most rollouts a worker plays at once, let in longest-predicted first (None: no limit;
+            the pools' capacities are the limit then).
         (all other arguments: see verl's ``AgentLoopBase``.)
 
     Raises:
         ConfigError: (from :meth:`run`) step mode with the legacy trainer (``trainer.use_v1=false``),
-            which accepts one output per trajectory only.
+            which accepts one output per trajectory only; a bad ``order`` or ``max_concurrent``.
     """
 
     def __init__(self, *args: Any, mode: str | None = None, max_turns: int = 10, history: int = DEFAULT_HISTORY,
                  max_tokens_per_turn: int | None = None, env_kwargs: Any = None, reward: str | None = None,
+                 order: str = "longest", lengths_path: str | None = None, max_concurrent: int | None = None,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if mode is not None and mode not in MODES:
@@ -238,6 +258,13 @@ class AgentFlyAgentLoop(AgentLoopBase):
         self.max_tokens_per_turn = max_tokens_per_turn or self.response_length
         self.default_env_kwargs = _as_dict(env_kwargs, "env_kwargs")
         self.reward = parse_reward(reward)
+        if order not in ("longest", "arrival"):
+            raise ConfigError(f"agent loop order={order!r} is not one of ('longest', 'arrival')")
+        if max_concurrent is not None and (isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int)
+                                           or max_concurrent < 1):
+            raise ConfigError(f"max_concurrent={max_concurrent!r} must be None or an integer >= 1")
+        self.order, self.max_concurrent = order, max_concurrent
+        self.lengths_path = str(lengths_path) if lengths_path else None
 
     # ------------------------------------------------------------------ verl entry point
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
@@ -267,12 +294,11 @@ class AgentFlyAgentLoop(AgentLoopBase):
         policy = self._policy(traj_id, sampling_params, mode, kwargs)
         sampling = SamplingParams(max_tokens=self.max_tokens_per_turn)
         try:
-            traj = await play_episode(row["env_id"], policy, chat, mode=mode, manager=get_manager(),
-                                      env_kwargs=row["env_kwargs"], sampling=sampling, max_turns=row["max_turns"],
-                                      history=row["history"], seed=row["seed"], options=row["options"],
-                                      trajectory_id=traj_id, group_id=group_id,
-                                      max_response_tokens=self.response_length, max_prompt_tokens=self.prompt_length,
-                                      on_error="raise")
+            traj = await self._play_in_order(row, lambda: play_episode(
+                row["env_id"], policy, chat, mode=mode, manager=get_manager(), env_kwargs=row["env_kwargs"],
+                sampling=sampling, max_turns=row["max_turns"], history=row["history"], seed=row["seed"],
+                options=row["options"], trajectory_id=traj_id, group_id=group_id,
+                max_response_tokens=self.response_length, max_prompt_tokens=self.prompt_length, on_error="raise"))
             if mode == "step" and not traj.steps:
                 raise ConfigError(f"the episode ended without a step (max_turns={row['max_turns']})")
             await self._apply_reward(traj)
@@ -292,6 +318,20 @@ class AgentFlyAgentLoop(AgentLoopBase):
             log.warning("agentfly trajectory %s (%s, task %r) failed: %s: %s", traj_id, row["env_id"],
                         row["task_id"], type(e).__name__, e, exc_info=not isinstance(e, ConfigError))
             return self._failed(e, kwargs, want_logprobs, traj_id, group_id, mode, row, policy, use_v1)
+
+    async def _play_in_order(self, row: dict[str, Any], play: Callable[[], Any]) -> Trajectory:
+        """Await ``play()`` (the episode) once the worker's start gate lets this rollout in (longest-predicted
+        first), with its prediction as the priority of its acquisitions; a trajectory that finishes without
+        an error updates the prediction of its task."""
+        key = length_key(row["env_id"], row.get("task_id"), row.get("seed"))
+        lengths, gate = get_runtime().ordering(self.lengths_path, self.max_concurrent)
+        priority = lengths.priority(key) if self.order == "longest" else None
+        async with gate.admit(priority):
+            with acquire_priority(priority):
+                traj = await play()
+            if key is not None:
+                lengths.observe_trajectory(key, traj)  # before leaving: the last one out saves the batch's
+        return traj
 
     def _start(self, sampling_params: dict[str, Any], kwargs: dict[str, Any],
                parse: Callable[..., dict[str, Any]], *, what: str, step_rows: str,

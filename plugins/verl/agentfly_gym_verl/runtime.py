@@ -4,7 +4,9 @@ verl builds a new agent-loop object for every trajectory, so what trajectories s
 that object.  It lives on a :class:`WorkerRuntime`: the worker's
 :class:`~agentfly_gym.resources.ResourceManager` (so simulators, engines and containers are reused
 across all trajectories of a worker) and the self-play games in flight (the pairing of two sessions
-into one game, :mod:`agentfly_gym_verl.selfplay`).  :func:`get_runtime` makes it lazily inside the
+into one game, :mod:`agentfly_gym_verl.selfplay`), and the predicted rollout lengths with the start gate that
+orders the worker's rollouts by them (kept across training steps; see :meth:`WorkerRuntime.ordering`).
+:func:`get_runtime` makes it lazily inside the
 running event loop (a manager belongs to one loop); :func:`close` / :func:`aclose` close it and
 everything it holds (the manager also tears its instances down at interpreter exit as a last resort).
 With ``AGENTFLY_GYM_MANAGER=ray`` (or ``auto``: Ray when running inside a Ray job, as verl's workers do)
@@ -18,9 +20,12 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
+from agentfly_gym.errors import ConfigError
 from agentfly_gym.resources.protocol import Manager
+from agentfly_gym.rollout.ordering import RolloutLengths, StartGate
 from agentfly_gym.resources.select import manager_from_environment
 
 __all__ = ["WorkerRuntime", "get_runtime", "get_manager", "close", "aclose", "chat_tokenizer",
@@ -42,12 +47,55 @@ class WorkerRuntime:
         manager: the resource manager (of the kind ``AGENTFLY_GYM_MANAGER`` names).
         selfplay: the self-play games in flight (:class:`agentfly_gym_verl.selfplay.SelfPlayGames`), made by
             the self-play loop on first use; None until then.
+        lengths: per file (None: kept in memory only), the predicted rollout lengths of this worker, learned
+            from every trajectory it finished (see :meth:`ordering`).
+        gate: the start gate of this worker's rollouts (None until the first rollout).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.manager: Manager = manager_from_environment()  # ray: one set of pools for the whole cluster
         self.selfplay: Any = None
+        self.lengths: dict[str | None, RolloutLengths] = {}
+        self.gate: StartGate | None = None
+
+    def ordering(self, path: str | None = None, limit: int | None = None) -> tuple[RolloutLengths, StartGate]:
+        """The predicted lengths kept in ``path`` (None: in memory only) and the worker's start gate.
+
+        The lengths are read from ``path`` on first use (a file that is not a saved estimate is logged and
+        replaced by a fresh estimate, never an error of the rollouts) and written there (merged with what other
+        workers wrote, atomically) whenever the worker's last rollout in flight finishes: the end of a
+        training step's batch, and when the runtime closes.  The gate lets at most ``limit`` rollouts play at
+        once (None: no limit), longest-predicted first; the first call fixes it.
+        """
+        lengths = self.lengths.get(path)
+        if lengths is None:
+            try:
+                lengths = RolloutLengths(path=path)
+            except ConfigError as e:
+                log.warning("agentfly_gym_verl: %s; starting from a fresh estimate (the file is replaced at the end "
+                            "of the batch)", e)
+                lengths = RolloutLengths()
+                lengths.path = Path(path) if path is not None else None
+            self.lengths[path] = lengths
+        if self.gate is None:
+            self.gate = StartGate(limit, on_idle=self.save_lengths)
+        elif limit != self.gate.limit and not getattr(self, "_limit_warned", False):
+            self._limit_warned = True
+            log.warning("agentfly_gym_verl: max_concurrent=%r ignored: this worker's start gate has limit %r (the "
+                        "first agent loop's)", limit, self.gate.limit)
+        return lengths, self.gate
+
+    def save_lengths(self) -> None:
+        """Write every estimate that has a file (a failure is logged: the estimate only orders rollouts)."""
+        for lengths in self.lengths.values():
+            if lengths.path is None or not len(lengths):
+                continue
+            try:
+                lengths.save()
+            except Exception as e:  # noqa: BLE001 - a full disk must not fail training
+                log.warning("agentfly_gym_verl: could not save the predicted lengths to %s (%s: %s)", lengths.path,
+                            type(e).__name__, e)
 
     def _forget_games(self) -> None:
         games, self.selfplay = self.selfplay, None
@@ -55,8 +103,9 @@ class WorkerRuntime:
             games.close()
 
     async def aclose(self) -> None:
-        """Drop the games in flight and close the manager (from :attr:`loop`; from another loop it closes
-        synchronously)."""
+        """Save the predicted lengths, drop the games in flight and close the manager (from :attr:`loop`; from
+        another loop it closes synchronously)."""
+        self.save_lengths()
         self._forget_games()
         if self.manager.closed:
             return
@@ -68,6 +117,7 @@ class WorkerRuntime:
     def close(self, timeout: float = 120.0) -> None:
         """Synchronous :meth:`aclose`, from outside :attr:`loop` (waits ``timeout`` seconds for an orderly close
         on that loop when it runs in another thread)."""
+        self.save_lengths()
         self._forget_games()
         if not self.manager.closed:
             _close_from_outside(self.manager, self.loop, timeout)
