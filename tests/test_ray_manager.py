@@ -559,6 +559,70 @@ def test_leases_of_a_sigkilled_client_come_back(cluster, tmp_path):
     asyncio.run(main())
 
 
+async def _until_async(cond, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not await cond():
+        assert time.monotonic() < end, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def test_cluster_pool_serves_larger_priority_first_and_its_age_bound_keeps_the_rest_from_starving(cluster, tmp_path):
+    """Issue 29: capacity 1.  A waiter of priority 1 is overtaken by a stream of priority-100 acquisitions (three
+    acquirers, each holding the instance 0.2 s and queueing again): with no age bound it is never served while
+    the stream lasts (2 s); with an age bound of 1 s it is served once it has waited 1 s, before the stream ends."""
+    spec = counted(tmp_path, 1)
+
+    async def main():
+        async with RayResourceManager(placement=SIM) as m:
+            pool = m.pool(spec)
+            served: list[tuple[str, float]] = []
+            stop = asyncio.Event()
+
+            async def waiting(n: int) -> bool:
+                return (await pool.fetch_snapshot())["waiting"] >= n
+
+            async def low(name: str) -> None:
+                res = await pool.acquire(priority=1.0, timeout=60)
+                served.append((name, time.monotonic()))
+                await pool.release(res)
+
+            async def high() -> None:
+                while not stop.is_set():
+                    res = await pool.acquire(priority=100.0, timeout=60)
+                    served.append(("high", time.monotonic()))
+                    await asyncio.sleep(0.2)
+                    await pool.release(res)
+
+            async def trial(name: str, bound: float | None, run_for: float) -> float | None:
+                """Seconds the low waiter waited, if it was served while the stream ran for ``run_for`` s."""
+                await pool.set_priority_age_bound(bound)
+                served.clear()
+                stop.clear()
+                holder = await pool.acquire()
+                t0 = time.monotonic()
+                waiter = asyncio.create_task(low(name))
+                await _until_async(lambda: waiting(1))
+                stream = [asyncio.create_task(high()) for _ in range(3)]
+                await _until_async(lambda: waiting(4))
+                await pool.release(holder)
+                t_release = time.monotonic()
+                await asyncio.sleep(run_for)
+                stop.set()
+                await asyncio.gather(waiter, *stream)
+                names = [n for n, _ in served]
+                assert names.index(name) > 0, "priority: the stream overtook the older low-priority waiter"
+                t_low = dict(served)[name]
+                return t_low - t0 if t_low < t_release + run_for else None
+
+            assert await trial("starved", None, 2.0) is None  # without the bound: starved while the stream lasts
+            waited = await trial("aged", 1.0, 3.0)
+            assert waited is not None and waited >= 1.0, waited
+            snap = await pool.fetch_snapshot()
+            assert snap["timeouts"] == 0 and snap["waiting"] == 0 and snap["peak_live"] == 1
+
+    asyncio.run(main())
+
+
 def test_priorities_travel_to_the_cluster_pool_and_larger_is_served_first(cluster, tmp_path):
     """Issue 29: a scope's acquisition priority (set for the rollout's task) reaches the pool actor, which
     serves its waiters larger first (FIFO among equal and unknown ones)."""

@@ -241,6 +241,10 @@ class PoolActor:
         return serve_order(self._waiters, lambda e: (e[3], e[4]), now=time.monotonic(),
                            age_bound=self.priority_age_bound)
 
+    def set_priority_age_bound(self, seconds: float | None) -> None:
+        """Seconds after which a waiter is served in arrival order before prioritised ones (None: never)."""
+        self.priority_age_bound = None if seconds is None else float(seconds)
+
     async def _wait(self, lease_id: str, node_id: str | None, deadline: float | None,
                     priority: float | None = None) -> tuple[str | None, bool]:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()

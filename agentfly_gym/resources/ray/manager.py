@@ -263,6 +263,13 @@ class RayPool:
         if pending:
             _ray().wait(pending, num_returns=len(pending), timeout=timeout)
 
+    async def set_priority_age_bound(self, seconds: float | None) -> None:
+        """Set the cluster pool's age bound, for every process using it: a waiting acquisition that has waited
+        ``seconds`` is served in arrival order before prioritised ones (None: never; default
+        :data:`~agentfly_gym.resources.priority.DEFAULT_AGE_BOUND_S`), as ``ResourcePool.priority_age_bound``."""
+        await self.attach()
+        await self.handle.set_priority_age_bound.remote(seconds)
+
     async def acquire(self, *, timeout: float | None = None, node_id: str | None = None,
                       priority: float | None = None) -> RayResource:
         """Lease an instance, waiting (across the cluster) while ``capacity`` instances are taken: FIFO, or
