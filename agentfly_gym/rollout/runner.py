@@ -260,9 +260,13 @@ async def _run_locked(config: RolloutConfig, policy: Any, chat: Any, out: RunOut
         # are saved before the running ones are torn down (a second Ctrl-C during that tear-down loses nothing)
         await asyncio.wait(tasks)
         trajectories = [t.result() for t in tasks]
+        result = _finish(config, trajectories, time.monotonic() - t0, manager, out)  # the trajectories first
         if lengths is not None:
-            lengths.save()
-        return _finish(config, trajectories, time.monotonic() - t0, manager, out)
+            try:
+                lengths.save()
+            except OSError as e:  # an estimate is not worth the run's trajectories (saved above): warn only
+                log.warning("could not save the rollout-length estimate (%s); the trajectories were saved", e)
+        return result
     except asyncio.CancelledError:
         if out is not None:
             partial = [finished[k] for k in sorted(finished)]
