@@ -221,8 +221,8 @@ def _check_readable(folder: Path) -> None:
                     jsonl = " (its trajectories.jsonl does not load either)"
             raise UnreadableRunError(
                 f"output folder {str(folder)!r}: {name} is not a readable run output ({type(e).__name__}: {e}), so "
-                f"this run cannot be appended to it{jsonl}; nothing was run.  Move the folder's files away (or "
-                f"restore them) and --append again, pass --overwrite to replace that run once this one is complete, "
+                f"this run cannot be appended to it{jsonl}; nothing was run.  Restore the file (or move the folder's "
+                f"files away) and run again, pass --overwrite to replace that run once this one is complete, "
                 f"or choose another --output-dir") from None
 
 

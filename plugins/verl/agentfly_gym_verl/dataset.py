@@ -73,7 +73,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
                   seed: int = 0, max_turns: int = 10, history: int = 3, env_kwargs: dict[str, Any] | None = None,
                   reset_options: dict[str, Any] | None = None, agent_name: str | None = None,
                   data_source: str | None = None, check: bool = True,
-                  exclude: Sequence[str | os.PathLike] = ()) -> Path:
+                  exclude: Sequence[str | os.PathLike] = (), overwrite: bool = False) -> Path:
     """Write a verl parquet data set of ``n`` episodes of ``env_id``.
 
     Args:
@@ -104,6 +104,9 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         check: reset the env once per distinct task (once with a seed when there is no task list)
             with these kwargs and options, so a bad task id, split or option fails here rather than
             during training.  Costs one episode start per distinct task (e.g. ~1 s per ScienceWorld task).
+        overwrite: replace ``out_path`` when it exists (CLI ``--overwrite``); without it an existing file is
+            refused before anything runs, as ``agentfly-gym rollout`` refuses a folder that holds a run.  The
+            file is written under a temporary name and renamed when complete (a reader never sees a part).
 
     Returns:
         The written path.
@@ -112,8 +115,9 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         ConfigError: an unknown env, bad mode/numbers, constructor arguments the env does not take,
             (with ``check``) a task id, split or reset option the env rejects, a listed task that an
             ``exclude`` file holds, a split with no task left after ``exclude``, an ``exclude`` file that does not
-            exist, or ``out_path`` that is also an ``exclude`` file.
+            exist, ``out_path`` that is also an ``exclude`` file, or (without ``overwrite``) ``out_path`` that exists.
         DataNotFoundError: (with ``check``) the env's data is missing.
+        OSError: the file cannot be written (a full disk); the message names it, and no part of it is left.
     """
     from agentfly_gym.registration import normalize_env_id
 
@@ -152,6 +156,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
     if Path(out_path).expanduser().resolve() in {Path(x).expanduser().resolve() for x in exclude}:
         raise ConfigError(f"{out_path} is both the output and an --exclude file: writing it would replace the data "
                           "set whose tasks are to be left out; write to another file")
+    _check_out(Path(out_path).expanduser(), overwrite)
     excluded = _excluded(exclude, row_env_id, env_id)
     drawn = False
     if task_list is not None:
@@ -213,13 +218,28 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
                                   ("env_kwargs", pa.string()), ("mode", pa.string()), ("max_turns", pa.int64()),
                                   ("history", pa.int64())])),
     ])
+    from agentfly_gym.utils.files import atomic_path
+
     out = Path(out_path).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
-    os.replace(tmp, out)
+    _check_out(out, overwrite)  # again: the checks above take a while
+    try:
+        with atomic_path(out) as tmp:  # a unique temporary name, flushed to disk, then renamed: never a part
+            pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
+    except OSError as e:  # a full disk: name the file, and say that nothing half-written was left
+        state = "left as it was" if out.exists() else "not created"
+        raise OSError(e.errno, f"could not write {out} ({e.strerror or e}); it was {state}") from e
     _warn_siblings(out, exclude)
     return out
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an existing ``out`` unless ``overwrite``; a folder is refused always."""
+    if out.is_dir():
+        raise ConfigError(f"{out} is a folder; -o/--out names the parquet file to write")
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} already exists; pass --overwrite to replace it (in code: overwrite=True), or "
+                          "choose another -o/--out")
 
 
 def _warn_siblings(out: Path, exclude: Sequence[str | os.PathLike]) -> None:
@@ -352,7 +372,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentfly-gym dataset",
                                 description="Write a verl parquet data set of agentfly-gym episodes.")
     p.add_argument("env", help="environment id, e.g. Chess, ScienceWorld-v0, agentfly/ALFWorld-v0")
-    p.add_argument("-o", "--out", required=True, help="parquet file to write")
+    p.add_argument("-o", "--out", required=True, help="parquet file to write (an existing file is refused unless "
+                                                      "--overwrite is given)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("-n", "--num", type=int, default=None, help="rows (default: the number of --tasks)")
     p.add_argument("--tasks", default=None, help="comma-separated task ids (reset option task_id)")
     p.add_argument("--tasks-file", default=None, help="file with one task id per line")
@@ -433,7 +455,7 @@ def dataset_main(args: Sequence[str] | None = None) -> int:
                              max_turns=ns.max_turns, history=ns.history,
                              env_kwargs=obj(ns.env_kwargs, "--env-kwargs"),
                              reset_options=obj(ns.reset_options, "--reset-options"), agent_name=ns.agent_name,
-                             check=not ns.no_check, exclude=ns.exclude)
+                             check=not ns.no_check, exclude=ns.exclude, overwrite=ns.overwrite)
     except (ConfigError, DataNotFoundError, OSError) as e:
         print(f"agentfly-gym dataset: error: {e}", file=sys.stderr)
         return 2
