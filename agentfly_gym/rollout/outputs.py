@@ -170,7 +170,7 @@ def _unlock(fd: int, *, record: bool) -> None:
         os.close(fd)  # releases the flock
 
 
-def _check_policy(folder: Path, if_exists: str, mode: str | None) -> None:
+def _check_policy(folder: Path, if_exists: str, mode: str | None, *, read: bool = True) -> None:
     if if_exists not in IF_EXISTS:
         raise ConfigError(f"if_exists={if_exists!r} is not one of {IF_EXISTS}")
     if not holds_run(folder):
@@ -190,7 +190,8 @@ def _check_policy(folder: Path, if_exists: str, mode: str | None) -> None:
         if old_mode != mode:
             raise OutputExistsError(f"output folder {str(folder)!r} holds a {old_mode}-mode run; a {mode}-mode run "
                                     f"cannot be appended to it")
-        _check_readable(folder)
+        if read:
+            _check_readable(folder)
 
 
 def _check_readable(folder: Path) -> None:
@@ -233,9 +234,14 @@ def check_output_dir(folder: str | Path, if_exists: str = "fail", *, mode: str |
     Raises:
         ConfigError: ``if_exists`` is not one of :data:`IF_EXISTS`, or the folder cannot be written.
         OutputExistsError: the folder holds a run and ``if_exists="fail"`` (or it cannot be appended to).
+        UnreadableRunError: ``if_exists="append"`` and the folder's run does not load (a corrupt file).
         OutputBusyError: another process is writing it.
     """
-    out = Path(folder)
+    return _check_output_dir(Path(folder), if_exists, mode, read=True)
+
+
+def _check_output_dir(out: Path, if_exists: str, mode: str | None, *, read: bool) -> Path:
+    """:func:`check_output_dir`; ``read=False`` leaves reading an appended-to run to the caller (under the lock)."""
     if_exists = if_exists or "fail"
     if if_exists not in IF_EXISTS:
         raise ConfigError(f"if_exists={if_exists!r} is not one of {IF_EXISTS}")
@@ -247,7 +253,7 @@ def check_output_dir(folder: str | Path, if_exists: str = "fail", *, mode: str |
     except OSError as e:
         raise ConfigError(f"output_dir={str(out)!r} cannot be written: {e}") from None
     _unlock(_lock(out, record=False), record=False)
-    _check_policy(out, if_exists, mode)
+    _check_policy(out, if_exists, mode, read=read)
     return out
 
 
@@ -273,7 +279,7 @@ class RunOutput:
         next_index, next_group: the first trajectory and group numbers this run should use (0 unless appending).
 
     Raises (on entry):
-        OutputBusyError, OutputExistsError, ConfigError: see :func:`check_output_dir`.
+        OutputBusyError, OutputExistsError (UnreadableRunError), ConfigError: see :func:`check_output_dir`.
     """
 
     folder: Path
@@ -288,7 +294,7 @@ class RunOutput:
         self.if_exists = self.if_exists or "fail"
 
     def __enter__(self) -> RunOutput:
-        check_output_dir(self.folder, self.if_exists, mode=self.mode)
+        _check_output_dir(self.folder, self.if_exists, self.mode, read=False)  # the run is read under the lock
         self._fd = _lock(self.folder, record=True)
         try:
             for stale in (*self.folder.glob(f"{_STAGING_PREFIX}*"),
