@@ -144,6 +144,32 @@ def test_a_run_that_cannot_save_does_not_stop_other_runs(tmp_path, test_data):
     assert len(load_trajectories(tmp_path / "small" / "trajectories.parquet")) == 1
 
 
+def test_a_length_estimate_that_cannot_be_saved_costs_no_trajectories(tmp_path):
+    """The rollout-length estimate (``lengths=`` a JSON path) was saved before the run's trajectories, and a
+    ``TaskRunner`` saved it before returning its batch: a full disk there (a 64-byte file size limit here) lost
+    every trajectory of the call with an ``OSError``.  Now the trajectories come back (and a run saves them), and
+    the estimate's failure is a warning."""
+    script = textwrap.dedent(f"""
+        import asyncio, json
+        from agentfly_gym.rollout.policies.factory import make_policy
+        from agentfly_gym.rollout.runner import RolloutConfig, run_rollouts
+        from agentfly_gym.rollout.tasks import TaskRunner, TaskRow
+
+        policy, chat = make_policy("random", tokenizer="qwen3", seed=0)
+        with TaskRunner(policy, chat, max_turns=1, lengths={str(tmp_path / "tasks.json")!r}) as runner:
+            played = runner.play([TaskRow("Chess-v0", seed=0), TaskRow("Chess-v0", seed=1)])
+        config = RolloutConfig(["Chess-v0"], num_trajectories=2, max_turns=1, seed=0,
+                               lengths={str(tmp_path / "run.json")!r})
+        result = asyncio.run(run_rollouts(config, policy, chat, progress=False))
+        print(json.dumps([len(played), len(result.trajectories)]))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ), preexec_fn=_file_size_limit(64))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [2, 2]
+    assert r.stderr.count("could not save the rollout-length estimate") == 2, r.stderr
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_append_onto_an_unreadable_run_is_refused_before_anything_runs(tmp_path, damage):
     """A truncated or overwritten ``trajectories.parquet`` used to surface as pyarrow's ``ArrowInvalid`` traceback

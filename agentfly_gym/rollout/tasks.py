@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,8 @@ from .step import DEFAULT_HISTORY
 from .trajectory import Trajectory
 
 __all__ = ["TaskRow", "TaskRunner"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +201,10 @@ class TaskRunner:
         tasks = [by_start[k] for k in range(len(rows))]
         try:
             out = list(await asyncio.gather(*tasks))
-            self.lengths.save()
+            try:
+                self.lengths.save()
+            except OSError as e:  # a full disk must not cost the trainer this call's trajectories
+                log.warning("could not save the rollout-length estimate (%s); the trajectories are returned", e)
             return out
         finally:
             for t in tasks:
