@@ -8,11 +8,12 @@ can a blocking one be told from a well-behaved one before it runs.  So :func:`wa
 tool's coroutine step by step (a step: the code it runs between two ``await``\\s, all of it on the loop) and times
 each step:
 
-* a watchdog timer thread wakes at the call's deadline; when the tool still holds the loop then, it logs a WARNING
-  naming the tool, the line it is blocked at and the fix (the loop cannot log anything while it is held);
-* a step that ends past the deadline ends the call: the coroutine is closed and :class:`ToolBlockedLoop` (a
-  ``TimeoutError``) raised, so the model gets a timeout error and the late result is dropped, as if the timeout
-  had held (every other rollout on the loop was still stalled meanwhile);
+* a watchdog thread (one per tool, :class:`StallWatch`) wakes at the call's deadline; when the tool still holds the
+  loop then, it logs a WARNING naming the tool, the line it is blocked at and the fix (the loop cannot log anything
+  while it is held);
+* a step that holds the loop across the deadline ends the call: the coroutine is closed and
+  :class:`ToolBlockedLoop` (a ``TimeoutError``) raised, so the model gets a timeout error and the late result is
+  dropped, as if the timeout had held (every other rollout on the loop was still stalled meanwhile);
 * a step that holds the loop over :data:`STALL_WARN_S` but ends in time is logged once per tool (WARNING).
 
 The fix is the tool's own: write it as a plain ``def`` (it then runs on a daemon thread of its own, see
@@ -23,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
+import time
 import types
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-__all__ = ["STALL_WARN_S", "ToolBlockedLoop", "watch_loop_stalls"]
+__all__ = ["STALL_WARN_S", "StallWatch", "ToolBlockedLoop", "watch_loop_stalls"]
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +70,12 @@ def _where(coro: Any) -> str:
 
 
 class _Watch:
-    """One call's state, shared with its watchdog thread: when the running step began (None between steps)."""
+    """One call's state, shared with the watchdog thread: when the running step began (None between steps)."""
 
-    __slots__ = ("name", "coro", "timeout", "step_start", "done")
+    __slots__ = ("name", "coro", "timeout", "wake", "step_start", "done")
 
-    def __init__(self, name: str, coro: Any, timeout: float | None) -> None:
-        self.name, self.coro, self.timeout = name, coro, timeout
+    def __init__(self, name: str, coro: Any, timeout: float | None, wake: float) -> None:
+        self.name, self.coro, self.timeout, self.wake = name, coro, timeout, wake
         self.step_start: float | None = None
         self.done = False
 
@@ -85,9 +88,59 @@ class _Watch:
                     _where(self.coro), _FIX)
 
 
+class StallWatch:
+    """What one tool keeps about its stalls: whether a stall within the timeout was logged yet, and the watchdog,
+    a daemon thread (started on the first call with a deadline, gone after :attr:`IDLE_S` without one) that wakes
+    at the deadline of each running call; one per tool, so a call costs a lock and no thread start."""
+
+    IDLE_S = 10.0
+
+    def __init__(self) -> None:
+        self.warned = False
+        self._cond = threading.Condition()
+        self._watches: set[_Watch] = set()
+        self._thread: threading.Thread | None = None
+        self._sleep_until = math.inf
+
+    def __reduce__(self) -> tuple[type, tuple]:  # a copy (a pickled tool) starts with no thread and no stall seen
+        return StallWatch, ()
+
+    def add(self, watch: _Watch) -> None:
+        with self._cond:
+            self._watches.add(watch)
+            if self._thread is None or not self._thread.is_alive():  # first use, idle exit, or a forked child
+                self._thread = threading.Thread(target=self._run, name=f"afg-stall-watch-{watch.name}", daemon=True)
+                self._sleep_until = -math.inf
+                self._thread.start()
+            elif watch.wake < self._sleep_until:
+                self._cond.notify()
+
+    def remove(self, watch: _Watch) -> None:
+        with self._cond:
+            self._watches.discard(watch)
+
+    def _run(self) -> None:
+        clock = time.monotonic
+        with self._cond:
+            while True:
+                now = clock()
+                for w in [w for w in self._watches if w.wake <= now]:
+                    self._watches.discard(w)
+                    w.at_deadline(clock)
+                if self._watches:
+                    self._sleep_until = min(w.wake for w in self._watches)
+                    self._cond.wait(self._sleep_until - now)
+                    continue
+                self._sleep_until = now + self.IDLE_S
+                if not self._cond.wait(self.IDLE_S) and not self._watches:
+                    self._thread = None
+                    self._sleep_until = math.inf
+                    return
+
+
 @types.coroutine
 def _drive(coro: Coroutine[Any, Any, Any], watch: _Watch, clock: Callable[[], float], deadline: float | None,
-           warned: set[str]) -> Any:
+           stalls: StallWatch) -> Any:
     """``yield from coro``, timing each step (see the module docstring)."""
     value: Any = None
     error: BaseException | None = None
@@ -113,12 +166,15 @@ def _drive(coro: Coroutine[Any, Any, Any], watch: _Watch, clock: Callable[[], fl
         held = end - start
         if deadline is not None and start < deadline < end:  # it held the loop across its deadline
             if not finished:
-                coro.close()
+                try:
+                    coro.close()
+                except RuntimeError:  # it awaited again while closing ("ignored GeneratorExit"): dropped anyway
+                    pass
             log.warning("tool %r blocked the event loop for %.1f s, past its timeout of %s s: its result is dropped; "
                         "%s", watch.name, held, watch.timeout, _FIX)
             raise ToolBlockedLoop(watch.name, held, watch.timeout)
-        if held > STALL_WARN_S and "stall" not in warned:
-            warned.add("stall")
+        if held > STALL_WARN_S and not stalls.warned:
+            stalls.warned = True
             log.warning("tool %r held the event loop for %.1f s in one step (logged once per tool): every rollout on "
                         "this loop waited; %s", watch.name, held, _FIX)
         if finished:
@@ -133,7 +189,7 @@ def _drive(coro: Coroutine[Any, Any, Any], watch: _Watch, clock: Callable[[], fl
 
 
 async def watch_loop_stalls(coro: Coroutine[Any, Any, Any], *, name: str, timeout: float | None,
-                            deadline: float | None, warned: set[str]) -> Any:
+                            deadline: float | None, stalls: StallWatch) -> Any:
     """``await coro`` (an async tool's call), watching for steps that block the event loop.
 
     Args:
@@ -142,25 +198,22 @@ async def watch_loop_stalls(coro: Coroutine[Any, Any, Any], *, name: str, timeou
         timeout: the tool's timeout in seconds (for messages).
         deadline: the call's deadline in the loop's clock (``loop.time()``; e.g. ``asyncio.timeout(...).when()``),
             or None (no deadline: stalls are still logged).
-        warned: a set kept with the tool (``"stall"`` once its first sub-deadline stall was logged).
+        stalls: the tool's :class:`StallWatch`.
 
     Returns:
         What ``coro`` returns; raises what it raises.
 
     Raises:
-        ToolBlockedLoop: a step of ``coro`` ended past ``deadline`` (the coroutine is closed).
+        ToolBlockedLoop: a step of ``coro`` held the loop across ``deadline`` (the coroutine is closed).
     """
     loop = asyncio.get_running_loop()
-    watch = _Watch(name, coro, timeout)
-    timer = None
+    watch = None
     if deadline is not None:
-        timer = threading.Timer(max(0.0, deadline - loop.time()) + 0.05, watch.at_deadline, args=(loop.time,))
-        timer.daemon = True
-        timer.name = f"afg-stall-watch-{name}"
-        timer.start()
+        watch = _Watch(name, coro, timeout, time.monotonic() + max(0.0, deadline - loop.time()) + 0.05)
+        stalls.add(watch)
     try:
-        return await _drive(coro, watch, loop.time, deadline, warned)
+        return await _drive(coro, watch or _Watch(name, coro, timeout, math.inf), loop.time, deadline, stalls)
     finally:
-        watch.done = True
-        if timer is not None:
-            timer.cancel()
+        if watch is not None:
+            watch.done = True
+            stalls.remove(watch)

@@ -56,7 +56,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..resources.spec import ResourceSpec
-from .stalls import watch_loop_stalls
+from .stalls import StallWatch, watch_loop_stalls
 from .threads import run_in_daemon_thread
 
 __all__ = ["Tool", "tool", "check_tools", "DEFAULT_TOOL_TIMEOUT"]
@@ -97,7 +97,7 @@ class Tool:
     scope: str = "rollout"
     timeout: float | None = DEFAULT_TOOL_TIMEOUT
     finish: bool = False
-    _warned: set[str] = dataclasses.field(default_factory=set, init=False, repr=False)  # stalls logged once per tool
+    _stalls: StallWatch = dataclasses.field(default_factory=StallWatch, init=False, repr=False)  # see tools/stalls.py
 
     def __deepcopy__(self, memo: dict) -> Tool:  # immutable: Gymnasium deep-copies env specs (make_vec)
         return self
@@ -164,7 +164,7 @@ class Tool:
         kwargs = {**self.coerce_arguments(arguments), **(resources or {})}
         if self.is_async:
             return await watch_loop_stalls(self.fn(**kwargs), name=self.name, timeout=self.timeout, deadline=deadline,
-                                           warned=self._warned)
+                                           stalls=self._stalls)
         return await run_in_daemon_thread(self.fn, **kwargs)  # not the loop's executor: see tools/threads.py
 
 
