@@ -38,8 +38,8 @@ from ..envs.prompting import AgentPrompt
 from ..errors import ConfigError, ResetNeeded, ResourceError
 from ..resources.scope import RolloutScope
 from .formats import FORMATS, ToolCall, ToolCallError, parse_tool_calls
-from .tasks import load_tasks
 from .stalls import ToolBlockedLoop
+from .tasks import load_tasks
 from .tool import Tool, check_tools
 from .threads import run_in_daemon_thread
 
