@@ -50,6 +50,8 @@ class TaskRow:
         seed: the reset seed (None: unseeded).
         group_id: trajectories with the same group id share a task (GRPO groups); "" leaves it empty.
         options: more reset options of the env.
+        env_kwargs: constructor arguments of this row's env (e.g. ``{"split": "validation"}``), over the
+            runner's ``env_kwargs`` for its env id.
     """
 
     env_id: str
@@ -57,6 +59,7 @@ class TaskRow:
     seed: int | None = None
     group_id: str = ""
     options: Mapping[str, Any] | None = None
+    env_kwargs: Mapping[str, Any] | None = None
 
     @classmethod
     def coerce(cls, row: TaskRow | Mapping[str, Any] | Sequence[Any]) -> TaskRow:
@@ -185,7 +188,7 @@ class TaskRunner:
             async with sem, acquire_priority(preds[k]):
                 traj = await play_episode(
                     env_id, self.policy, self.chat, mode=self.mode, manager=self._manager,
-                    env_kwargs=self.env_kwargs.get(env_id),
+                    env_kwargs={**self.env_kwargs.get(env_id, {}), **dict(row.env_kwargs or {})} or None,
                     sampling=sampling, max_turns=self.max_turns, history=self.history, seed=row.seed,
                     options=row.reset_options(), trajectory_id=f"task-{first + k:06d}",
                     group_id=row.group_id,
