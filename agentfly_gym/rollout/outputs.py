@@ -57,7 +57,8 @@ from ..errors import AgentFlyError, ConfigError
 from ..utils.files import atomic_path, fsync_dir
 
 __all__ = ["RUN_FILES", "IF_EXISTS", "LOCK_NAME", "INTERRUPTED_DIR", "OutputExistsError", "OutputBusyError",
-           "OutputWriteError", "UnreadableRunError", "RunOutput", "check_output_dir", "holds_run", "fresh_run_dir", "run_output"]
+           "OutputWriteError", "UnreadableRunError", "RunOutput", "check_output_dir", "holds_run", "fresh_run_dir",
+           "run_output"]
 
 log = logging.getLogger(__name__)
 
