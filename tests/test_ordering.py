@@ -280,7 +280,7 @@ async def test_a_lengths_file_that_cannot_be_written_loses_nothing_of_the_run(ch
     async with ResourceManager() as m:
         result = await run_rollouts(config, RandomPolicy(seed=0), chat, manager=m, progress=False)
     assert len(result.trajectories) == 2 and (tmp_path / "run" / "summary.json").exists()
-    assert "could not save the predicted rollout lengths" in caplog.text
+    assert "could not save the rollout-length estimate" in caplog.text
 
 
 def test_saves_are_atomic_merges_that_survive_a_file_gone_bad(tmp_path, caplog):

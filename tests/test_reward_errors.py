@@ -72,6 +72,6 @@ def test_cli_warns_when_most_judgements_fail(judge_url, tmp_path, capsys):
                "--no-progress", "-n", "2", "--output-dir", str(tmp_path / "run"),
                "--reward", f"judge:base_url={judge_url},model=m"])
     err = capsys.readouterr().err
-    assert rc == 0 and "WARNING: the configured reward gave no score for 2 of 2 trajectories" in err
+    assert rc == 0 and "WARNING: the reward function gave no score for 2 of 2 trajectories" in err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["reward_errors"] == 2 and summary["warnings"]

@@ -223,7 +223,7 @@ def _call(name: str, **args) -> str:
 async def _env(**kw):
     tools = kw.pop("tools", [add, nap, broken, submit])
     env_id = make_tool_env("test/Tools-v0", tasks=kw.pop("tasks", [{"prompt": "What is 2+3?", "answer": "5"}]),
-                           tools=tools, reward=kw.pop("reward", exact), **kw)
+                           tools=tools, reward=kw.pop("reward", exact), replace=True, **kw)
     return gymnasium.make(env_id).unwrapped
 
 

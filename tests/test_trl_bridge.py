@@ -21,7 +21,7 @@ from agentfly_gym.rollout.models import smollm2_dir
 
 def test_task_dataset_round_trips_through_the_prompt():
     ds = task_dataset("Chess", ["tewjc", "HKIFI"], n=3, seed=7)
-    assert ds.column_names == ["prompt", "env_id", "task_id", "seed"] and len(ds) == 3
+    assert ds.column_names == ["prompt", "env_id", "task_id", "seed", "split"] and len(ds) == 3
     assert ds["task_id"] == ["tewjc", "HKIFI", "tewjc"] and ds["seed"] == [7, 8, 9]
     rows = [parse_task_prompt(p) for p in ds["prompt"]]
     assert rows[1] == TaskRow("agentfly/Chess-v0", task_id="HKIFI", seed=8)
@@ -32,6 +32,46 @@ def test_task_dataset_round_trips_through_the_prompt():
         task_dataset("Checkers-v0", n=2)
     assert env_return([None] * 2, env_return=[1, 0.5]) == [1.0, 0.5]
     assert env_success([None] * 2, env_success=[True, False]) == [1.0, 0.0]
+
+
+def test_task_dataset_draws_from_a_split_and_leaves_out_another_set():
+    """Without a task list the rows draw distinct puzzles of a split (as the verl data sets do), record each task
+    id and carry the split to the rollout's env; validation never shares a task with training, and ``exclude``
+    keeps a set's tasks out of a draw from the same split."""
+    train = task_dataset("Chess-v0", n=12, seed=0)
+    val = task_dataset("Chess-v0", n=6, seed=0, split="validation")
+    assert set(train["split"]) == {"train"} and set(val["split"]) == {"validation"}
+    assert all(train["task_id"]) and len(set(train["task_id"])) == 12
+    assert not set(train["task_id"]) & set(val["task_id"])
+    row = parse_task_prompt(val["prompt"][0])
+    assert row.env_kwargs == {"split": "validation"} and row.task_id == val["task_id"][0]
+    more = task_dataset("Chess-v0", n=12, seed=1, exclude=train)
+    assert not set(more["task_id"]) & set(train["task_id"])
+    assert not set(task_dataset("Chess-v0", n=4, seed=0, exclude=train["task_id"][:4])["task_id"]) & set(
+        train["task_id"][:4])
+    with pytest.raises(ConfigError, match="listed task"):
+        task_dataset("Chess-v0", [train["task_id"][0]], exclude=train)
+    with pytest.raises(ConfigError, match="not one string"):
+        task_dataset("Chess-v0", n=2, exclude="tewjc")
+    with pytest.raises(ConfigError, match="takes no constructor argument"):
+        task_dataset("Chess-v0", n=2, env_kwargs={"colour": "white"})
+    with pytest.raises(ConfigError, match="does not parse"):
+        parse_task_prompt('agentfly-gym task {"env_id": "agentfly/Chess-v0", "env_kwargs": [1]}')
+
+
+def test_a_rows_split_reaches_its_env():
+    """A row drawn from the validation split is played by an env of that split, over the runner's own
+    ``env_kwargs`` (here ``split="train"``, whose env would refuse a validation puzzle)."""
+    from agentfly_gym.rollout.policies.baselines import RandomPolicy
+
+    val = task_dataset("Chess-v0", n=1, seed=3, split="validation")
+    row = parse_task_prompt(val["prompt"][0])
+    chat = ChatTokenizer(AutoTokenizer.from_pretrained(smollm2_dir()))
+    with TaskRunner(RandomPolicy(seed=0), chat, max_turns=1, env_kwargs={"Chess-v0": {"split": "train"}}) as runner:
+        (traj,) = runner.play([row])
+        (refused,) = runner.play([TaskRow(row.env_id, row.task_id, row.seed)])
+    assert traj.error is None and traj.task_id == row.task_id and traj.num_turns == 1
+    assert refused.error and "not in split='train'" in refused.error
 
 
 async def test_rollout_dict_is_the_sampled_tokens_and_a_cut_reply_ends_on_it(tiny_qwen):

@@ -58,11 +58,15 @@ __all__ = ["AgentFlyRollout", "env_return", "env_success", "task_dataset", "task
 TASK_PROMPT_PREFIX = "agentfly-gym task "
 
 
-def task_prompt(env_id: str, task_id: str | None = None, seed: int | None = None) -> list[dict[str, str]]:
+def task_prompt(env_id: str, task_id: str | None = None, seed: int | None = None,
+                env_kwargs: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
     """The conversational prompt of one task, as :func:`task_dataset` writes it and :class:`AgentFlyRollout`
-    reads it: one user message ``agentfly-gym task {"env_id": ..., "task_id": ..., "seed": ...}``.  The model
+    reads it: one user message ``agentfly-gym task {"env_id": ..., "task_id": ..., "seed": ...}`` (and
+    ``"env_kwargs"``, the env's constructor arguments such as its ``split``, when there are any).  The model
     never sees it: the env renders the real first prompt at reset."""
-    key = {"env_id": normalize_env_id(env_id), "task_id": task_id or "", "seed": seed}
+    key: dict[str, Any] = {"env_id": normalize_env_id(env_id), "task_id": task_id or "", "seed": seed}
+    if env_kwargs:
+        key["env_kwargs"] = dict(env_kwargs)
     return [{"role": "user", "content": TASK_PROMPT_PREFIX + json.dumps(key, sort_keys=True)}]
 
 
@@ -79,48 +83,63 @@ def parse_task_prompt(prompt: str | Sequence[Mapping[str, Any]]) -> TaskRow:
         raise ConfigError(f"not an agentfly-gym task prompt (make the data set with task_dataset()): {str(text)[:120]!r}")
     try:
         key = json.loads(text[text.index(TASK_PROMPT_PREFIX) + len(TASK_PROMPT_PREFIX):])
-        return TaskRow(env_id=key["env_id"], task_id=key.get("task_id") or None, seed=key.get("seed"))
-    except (ValueError, KeyError, TypeError) as e:
+        kwargs = key.get("env_kwargs") or None
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"env_kwargs is a {type(kwargs).__name__}, not an object")
+        return TaskRow(env_id=key["env_id"], task_id=key.get("task_id") or None, seed=key.get("seed"),
+                       env_kwargs=kwargs)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"task prompt {text[:120]!r} does not parse: {e}") from None
 
 
-def task_dataset(env_id: str, tasks: Iterable[str] | None = None, *, n: int | None = None, seed: int = 0) -> Any:
-    """A :class:`datasets.Dataset` of ``env_id``'s tasks for ``GRPOTrainer(train_dataset=...)``.
+def task_dataset(env_id: str, tasks: Iterable[str] | None = None, *, n: int | None = None, seed: int = 0,
+                 split: str | None = None, env_kwargs: Mapping[str, Any] | None = None,
+                 exclude: Any = ()) -> Any:
+    """A :class:`datasets.Dataset` of ``env_id``'s tasks for ``GRPOTrainer(train_dataset=...)``, drawn as the verl
+    plugin's data sets are (:func:`agentfly_gym.data.task_draw.draw_tasks`): without ``tasks``, ``n`` task ids of
+    the env's ``split`` (``"train"`` by default for an env with splits; ``"validation"`` / ``"test"`` never share
+    a task with it), a permutation by ``seed``; an env that lists no tasks draws each row's task from its seed.
 
-    Columns: ``prompt`` (:func:`task_prompt`), ``env_id``, ``task_id`` ("" when drawn from the seed),
-    ``seed`` (row ``i``: ``seed + i``).
+    Columns: ``prompt`` (:func:`task_prompt`, carrying the env's constructor arguments, ``split`` included, so the
+    rollout plays the row in the split it was drawn from), ``env_id``, ``task_id`` ("" when drawn from the seed),
+    ``seed`` (row ``i``: ``seed + i``), ``split`` ("" for the env's default).
 
     Args:
         env_id: a registered env id (short names accepted).
-        tasks: task ids, one row each (cycled up to ``n``); None: the env draws each row's task from its seed.
+        tasks: task ids, one row each (cycled up to ``n``); None: drawn from the env's ``split``.
         n: rows (default: ``len(tasks)``; required without ``tasks``).
-        seed: the first row's seed.
+        seed: the first row's seed, and the draw's permutation.
+        split: the env's task split (its constructor argument ``split``).
+        env_kwargs: constructor arguments of the env for every row (checked against its signature).
+        exclude: task ids to leave out of the draw (e.g. a validation set's), or a data set made by this
+            function (its rows of ``env_id`` with a task id); a listed task among them is refused.
 
     Raises:
-        ConfigError: an unknown env, no ``n`` and no tasks, an empty task list.
+        ConfigError: an unknown env, no ``n`` and no tasks, an empty task list, constructor arguments the env
+            does not take, a listed task in ``exclude``, a split with no task left.
+        DataNotFoundError: the env's data is missing.
     """
     import datasets
-    import gymnasium
+
+    from ..data.task_draw import draw_tasks
 
     env_id = normalize_env_id(env_id)
-    try:
-        gymnasium.spec(env_id)
-    except gymnasium.error.Error as e:
-        raise ConfigError(f"unknown env {env_id!r}: {e}") from None
-    task_list = [str(t) for t in tasks] if tasks is not None else None
-    if task_list is not None and not task_list:
-        raise ConfigError("tasks is empty; give task ids or None (tasks drawn from seeds)")
-    if n is None:
-        if task_list is None:
-            raise ConfigError("give n (rows) or a task list")
-        n = len(task_list)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"n={n!r} must be an integer >= 1")
+    if hasattr(exclude, "column_names"):  # a data set made by task_dataset
+        if not {"env_id", "task_id"} <= set(exclude.column_names):
+            raise ConfigError(f"exclude: a data set made by task_dataset has env_id and task_id columns; "
+                              f"got {exclude.column_names}")
+        excluded = {t for e, t in zip(exclude["env_id"], exclude["task_id"]) if e == env_id and t}
+    elif isinstance(exclude, (str, bytes)):
+        raise ConfigError("exclude: give task ids as a list (or a data set made by task_dataset), not one string")
+    else:
+        excluded = {str(t) for t in exclude}
+    draw = draw_tasks(env_id, None if tasks is None else list(tasks), n, split=split, seed=seed,
+                      env_kwargs=dict(env_kwargs or {}), excluded=excluded, excluded_from="exclude")
     rows = []
-    for i in range(n):
-        task = task_list[i % len(task_list)] if task_list else ""
-        rows.append({"prompt": task_prompt(env_id, task, seed + i), "env_id": env_id, "task_id": task,
-                     "seed": seed + i})
+    for i in range(draw.n):
+        task = draw.task(i)
+        rows.append({"prompt": task_prompt(env_id, task, seed + i, draw.env_kwargs), "env_id": env_id,
+                     "task_id": task, "seed": seed + i, "split": draw.split or ""})
     return datasets.Dataset.from_list(rows)
 
 

@@ -72,6 +72,9 @@ def drift_main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
                   f"turns {r['turns_drifted']}/{r['turns']} ({r['turn_changed']}/{r['sampled_tokens']} tokens)")
     out = getattr(args, "json_out", None)
     if out:
+        from ..utils.files import atomic_path
+
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(res, indent=2))
+        with atomic_path(out) as tmp:  # a reader (or a crash) never leaves half a report
+            tmp.write_text(json.dumps(res, indent=2))
     return 0

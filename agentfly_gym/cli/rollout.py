@@ -150,6 +150,32 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     check_config(config)  # fail on a typo before the model is loaded
     policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
 
+    try:
+        result = _run_interruptible(lambda: run_rollouts(config, policy, chat, progress=not args.no_progress),
+                                    config.output_dir)
+    finally:
+        close = getattr(policy, "close", None)
+        if callable(close):
+            close()
+    if isinstance(result, int):
+        return result
+    _print_summary(result.summary)
+    for kind, path in result.paths.items():
+        print(f"{kind}: {path}")
+    s = result.summary
+    for warning in s.get("warnings", []):
+        print(f"agentfly-gym: WARNING: {warning}", file=sys.stderr)
+    if s["trajectories"] and s["errors"] == s["trajectories"]:
+        first = next(t.error for t in result.trajectories if t.error)
+        print(f"agentfly-gym: every trajectory failed; the first error: {first}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_interruptible(make_run: Any, output_dir: Any) -> Any:
+    """``asyncio.run(make_run())``, where the first Ctrl-C or SIGTERM cancels the run (which saves the finished
+    trajectories, then releases its resources) and a repeated one is answered with a line.  Returns the run's
+    result, or the exit status (128 + the signal) of an interrupted run."""
     received: list[int] = []
 
     async def run() -> Any:
@@ -169,30 +195,15 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGTERM, interrupt, signal.SIGTERM)
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             loop.add_signal_handler(signal.SIGINT, interrupt, signal.SIGINT)
-        return await run_rollouts(config, policy, chat, progress=not args.no_progress)
+        return await make_run()
 
     try:
-        result = asyncio.run(run())
+        return asyncio.run(run())
     except (KeyboardInterrupt, asyncio.CancelledError):
         _answer_repeated_ctrl_c()
-        print(f"agentfly-gym: interrupted; finished trajectories (if any) were saved in {config.output_dir} (in "
+        print(f"agentfly-gym: interrupted; finished trajectories (if any) were saved in {output_dir} (in "
               f"its interrupted/ when it held a complete run, which is kept)", file=sys.stderr)
         return _signal_status(received[0] if received else signal.SIGINT)
-    finally:
-        close = getattr(policy, "close", None)
-        if callable(close):
-            close()
-    _print_summary(result.summary)
-    for kind, path in result.paths.items():
-        print(f"{kind}: {path}")
-    s = result.summary
-    for warning in s.get("warnings", []):
-        print(f"agentfly-gym: WARNING: {warning}", file=sys.stderr)
-    if s["trajectories"] and s["errors"] == s["trajectories"]:
-        first = next(t.error for t in result.trajectories if t.error)
-        print(f"agentfly-gym: every trajectory failed; the first error: {first}", file=sys.stderr)
-        return 1
-    return 0
 
 
 def _answer_repeated_ctrl_c() -> None:
@@ -268,19 +279,21 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
     if args.opponent:
         opponent, opp_chat = make_policy(args.opponent, tokenizer=args.tokenizer, seed=args.seed + 1,
                                          max_batch_size=args.batch_size)
+    output_dir = _output_dir(args)
     try:
-        result = asyncio.run(run_multiagent_rollouts(
+        # the same Ctrl-C / SIGTERM handling as single-agent runs: the finished games are saved
+        result = _run_interruptible(lambda: run_multiagent_rollouts(
             env_id, policy, chat, opponent=opponent, opponent_chat=opp_chat, num_games=args.num_trajectories,
             concurrency=args.concurrency, mode=args.mode, sampling=sampling, max_turns=args.max_turns,
             max_context_tokens=args.max_context_tokens, history=args.history, seed=args.seed, env_kwargs=kwargs,
-            output_dir=_output_dir(args), if_exists=_if_exists(args), progress=not args.no_progress))
-    except KeyboardInterrupt:
-        return 130
+            output_dir=output_dir, if_exists=_if_exists(args), progress=not args.no_progress), output_dir)
     finally:
         for p in (policy, opponent):
             close = getattr(p, "close", None)
             if callable(close):
                 close()
+    if isinstance(result, int):
+        return result
     g = result.summary["games"]
     t = Table(title=f"{env_id} ({args.mode} mode, {'self-play' if opponent is None else 'vs ' + args.opponent})")
     t.add_column("metric")

@@ -30,7 +30,7 @@ import gymnasium
 import gymnasium.envs.registration
 import gymnasium.wrappers
 
-from ..utils.versions import untested_versions as _untested
+from ..utils.versions import untested_versions as _untested, verified as _verified
 
 __all__ = ["TESTED", "enclosing_time_limit", "limit_of_gymnasium_make", "untested_versions"]
 
@@ -49,12 +49,10 @@ def untested_versions() -> dict[str, str]:
 
 
 def _applies() -> bool:
-    bad = untested_versions()
-    if bad and not _warned.is_set():
-        _warned.set()
-        log.warning("agentfly-gym envs do not read gymnasium.make's max_episode_steps: verified with %s, installed %s; "
-                    "pass max_episode_steps to the env itself", TESTED, bad)
-    return not bad
+    """True where the installed versions are the verified ones; else False (one warning per process)."""
+    return _verified(TESTED, _warned, log,
+                     "agentfly-gym envs do not read gymnasium.make's max_episode_steps: verified with %s, installed %s; "
+                     "pass max_episode_steps to the env itself")
 
 
 def _valid(n: object) -> int | None:

@@ -325,11 +325,17 @@ async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, oppone
         the usual counts; written to ``output_dir`` (trajectories.parquet/jsonl, steps.parquet in step
         mode, summary.json) when given, under the folder's lock, each file renamed into place when complete
         (:mod:`agentfly_gym.rollout.outputs`; ``if_exists``: ``"fail"`` or ``"replace"`` a run already there).
+        If the run is cancelled (Ctrl-C under ``asyncio.run``, SIGTERM in ``agentfly-gym rollout``), the games
+        finished so far are saved (``summary["interrupted"] = True``; in ``interrupted/`` when the folder holds
+        a complete run) before the cancellation propagates, as :func:`~agentfly_gym.rollout.runner.run_rollouts`
+        does; a SIGTERM the application does not handle tears the resources down
+        (:func:`agentfly_gym.resources.teardown.sigterm_teardown`).
 
     Raises:
         ConfigError: an unknown env id, bad numbers or env kwargs, or ``if_exists="append"`` (games are
             not appended to another run's).
         OutputExistsError, OutputBusyError: the output folder holds a run / is being written by another process.
+        OutputWriteError: a file could not be written (a full disk); nothing half-written is published.
     """
     from ..errors import ConfigError
     from ..registration import make_multiagent
@@ -348,7 +354,9 @@ async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, oppone
     probe._closed = True
     if output_dir is not None:
         check_output_dir(output_dir, if_exists, mode=mode)
-    with run_output(output_dir, if_exists, mode=mode) as out:
+    from ..resources import teardown
+
+    with teardown.sigterm_teardown(), run_output(output_dir, if_exists, mode=mode) as out:
         return await _run_games(env_id, policy, chat, opponent=opponent, opponent_chat=opponent_chat,
                                 num_games=num_games, concurrency=concurrency, mode=mode, sampling=sampling,
                                 max_turns=max_turns, max_context_tokens=max_context_tokens, history=history,
@@ -402,22 +410,48 @@ async def _run_games(env_id: str, policy: Any, chat: Any, *, opponent: Any, oppo
                 if bar is not None:
                     bar.update(1)
 
+    finished: dict[int, list[PlayerTrajectory]] = {}
+
+    async def guarded(g: int) -> list[PlayerTrajectory]:
+        game = await one(g)
+        finished[g] = game
+        log.info("game %s finished: %s (%s)", game[0].game_id or f"game-{g:05d}", game[0].result,
+                 game[0].termination or "no termination")
+        return game
+
+    def finish(games: list[list[PlayerTrajectory]], *, interrupted: bool = False) -> RolloutResult:
+        trajectories = [t for game in games for t in game]
+        summary = summarize(trajectories, time.monotonic() - t0, manager)
+        summary["mode"] = mode
+        summary["interrupted"] = interrupted
+        summary["games"] = summarize_games(trajectories)
+        summary["config"] = {"env_id": full_id, "num_games": num_games, "concurrency": concurrency,
+                             "max_turns": max_turns, "seed": seed, "self_play": opponent is None,
+                             "sampling": (sampling or SamplingParams()).to_dict()}
+        result = RolloutResult(trajectories=trajectories, summary=summary)
+        if out is not None:
+            result.paths = out.save(trajectories, summary, interrupted=interrupted)
+        return result
+
     t0 = time.monotonic()
+    tasks = [asyncio.create_task(guarded(g)) for g in range(num_games)]
     try:
-        results = await asyncio.gather(*(one(g) for g in range(num_games)))
+        # asyncio.wait, not gather: a cancellation (Ctrl-C, SIGTERM in the CLI) reaches this task at once, so the
+        # finished games are saved before the running ones are torn down, as run_rollouts does
+        await asyncio.wait(tasks)
+        return finish([t.result() for t in tasks])
+    except asyncio.CancelledError:
+        if out is not None:
+            saved = finish([finished[g] for g in sorted(finished)], interrupted=True)
+            where = saved.paths["summary"].parent if saved.paths else out.folder
+            log.warning("rollout interrupted: saved %d finished games (%d trajectories) to %s", len(finished),
+                        len(saved.trajectories), where)
+        raise
     finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if bar is not None:
             bar.close()
-    trajectories = [t for game in results for t in game]
-    summary = summarize(trajectories, time.monotonic() - t0, manager)
-    if own:
-        await manager.aclose()
-    summary["mode"] = mode
-    summary["games"] = summarize_games(trajectories)
-    summary["config"] = {"env_id": full_id, "num_games": num_games, "concurrency": concurrency,
-                         "max_turns": max_turns, "seed": seed, "self_play": opponent is None,
-                         "sampling": (sampling or SamplingParams()).to_dict()}
-    result = RolloutResult(trajectories=trajectories, summary=summary)
-    if out is not None:
-        result.paths = out.save(trajectories, summary)
-    return result
+        if own:
+            await manager.aclose()

@@ -26,6 +26,13 @@ An interrupted run (Ctrl-C, SIGTERM) never replaces a complete run: when the fol
 trajectories the interrupted run finished are saved in the sub-folder ``interrupted/`` instead (one such
 run is kept there, the latest); when the folder holds nothing or only an earlier interrupted run, they are
 saved in the folder itself (``"interrupted": true`` in ``summary.json``).
+
+A file that cannot be written (a full disk, a file size limit) raises :class:`OutputWriteError`, which names
+the file and says what the folder still holds: nothing is published half-written, the folder's earlier files
+stay as they were (so a later ``--append`` can read them), and the run's trajectories stay in memory on the
+error (``.trajectories``) for a caller to save elsewhere.  A folder whose run cannot be read back (a corrupt
+or truncated ``trajectories.parquet``) is refused for ``"append"`` before anything runs
+(:class:`UnreadableRunError`).
 """
 
 from __future__ import annotations
@@ -46,11 +53,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import AgentFlyError, ConfigError
 from ..utils.files import atomic_path, fsync_dir
 
 __all__ = ["RUN_FILES", "IF_EXISTS", "LOCK_NAME", "INTERRUPTED_DIR", "OutputExistsError", "OutputBusyError",
-           "RunOutput", "check_output_dir", "holds_run", "fresh_run_dir", "run_output"]
+           "OutputWriteError", "UnreadableRunError", "RunOutput", "check_output_dir", "holds_run", "fresh_run_dir",
+           "run_output"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +79,24 @@ class OutputExistsError(ConfigError):
 
 class OutputBusyError(ConfigError):
     """Another process is writing the output folder (it holds the folder's lock)."""
+
+
+class UnreadableRunError(OutputExistsError):
+    """The output folder's run cannot be read back (a corrupt or truncated file): it cannot be appended to."""
+
+
+class OutputWriteError(AgentFlyError, OSError):
+    """A run's files could not be written (a full disk, a file size limit, an I/O error).
+
+    Nothing half-written was published and the folder's earlier files are unchanged (the message says what
+    it holds).  Attributes: ``path`` (the file that could not be written), ``folder``, ``trajectories`` and
+    ``summary`` (what was to be saved: this run's trajectories, kept for a caller to save elsewhere).
+    """
+
+    def __init__(self, message: str, *, path: Path, folder: Path, trajectories: Sequence[Any],
+                 summary: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.path, self.folder, self.trajectories, self.summary = path, folder, list(trajectories), summary
 
 
 def holds_run(folder: str | Path) -> bool:
@@ -145,7 +171,7 @@ def _unlock(fd: int, *, record: bool) -> None:
         os.close(fd)  # releases the flock
 
 
-def _check_policy(folder: Path, if_exists: str, mode: str | None) -> None:
+def _check_policy(folder: Path, if_exists: str, mode: str | None, *, read: bool = True) -> None:
     if if_exists not in IF_EXISTS:
         raise ConfigError(f"if_exists={if_exists!r} is not one of {IF_EXISTS}")
     if not holds_run(folder):
@@ -165,6 +191,41 @@ def _check_policy(folder: Path, if_exists: str, mode: str | None) -> None:
         if old_mode != mode:
             raise OutputExistsError(f"output folder {str(folder)!r} holds a {old_mode}-mode run; a {mode}-mode run "
                                     f"cannot be appended to it")
+        if read:
+            _check_readable(folder)
+
+
+def _check_readable(folder: Path) -> None:
+    """Read the folder's trajectory (and step) rows back as an append will, so that a corrupt file is refused
+    before anything runs rather than after the run, when the merged files are written.
+
+    Raises:
+        UnreadableRunError: a file does not load (truncated, not Parquet, malformed rows).
+    """
+    from .step import load_step_rows
+    from .trajectory import SchemaVersionError, load_trajectories
+
+    for name, load in (("trajectories.parquet", load_trajectories), ("steps.parquet", load_step_rows)):
+        path = folder / name
+        if not path.exists():
+            continue
+        try:
+            load(path)
+        except SchemaVersionError:
+            raise
+        except Exception as e:  # pyarrow's ArrowInvalid, OSError, a malformed row's ValueError / KeyError...
+            jsonl = ""
+            if name == "trajectories.parquet" and (folder / "trajectories.jsonl").exists():
+                try:
+                    n = len(load_trajectories(folder / "trajectories.jsonl"))
+                    jsonl = f" (its trajectories.jsonl still loads: {n} trajectories)"
+                except Exception:
+                    jsonl = " (its trajectories.jsonl does not load either)"
+            raise UnreadableRunError(
+                f"output folder {str(folder)!r}: {name} is not a readable run output ({type(e).__name__}: {e}), so "
+                f"this run cannot be appended to it{jsonl}; nothing was run.  Restore the file (or move the folder's "
+                f"files away) and run again, pass --overwrite to replace that run once this one is complete, "
+                f"or choose another --output-dir") from None
 
 
 def check_output_dir(folder: str | Path, if_exists: str = "fail", *, mode: str | None = None) -> Path:
@@ -174,9 +235,14 @@ def check_output_dir(folder: str | Path, if_exists: str = "fail", *, mode: str |
     Raises:
         ConfigError: ``if_exists`` is not one of :data:`IF_EXISTS`, or the folder cannot be written.
         OutputExistsError: the folder holds a run and ``if_exists="fail"`` (or it cannot be appended to).
+        UnreadableRunError: ``if_exists="append"`` and the folder's run does not load (a corrupt file).
         OutputBusyError: another process is writing it.
     """
-    out = Path(folder)
+    return _check_output_dir(Path(folder), if_exists, mode, read=True)
+
+
+def _check_output_dir(out: Path, if_exists: str, mode: str | None, *, read: bool) -> Path:
+    """:func:`check_output_dir`; ``read=False`` leaves reading an appended-to run to the caller (under the lock)."""
     if_exists = if_exists or "fail"
     if if_exists not in IF_EXISTS:
         raise ConfigError(f"if_exists={if_exists!r} is not one of {IF_EXISTS}")
@@ -188,7 +254,7 @@ def check_output_dir(folder: str | Path, if_exists: str = "fail", *, mode: str |
     except OSError as e:
         raise ConfigError(f"output_dir={str(out)!r} cannot be written: {e}") from None
     _unlock(_lock(out, record=False), record=False)
-    _check_policy(out, if_exists, mode)
+    _check_policy(out, if_exists, mode, read=read)
     return out
 
 
@@ -214,7 +280,7 @@ class RunOutput:
         next_index, next_group: the first trajectory and group numbers this run should use (0 unless appending).
 
     Raises (on entry):
-        OutputBusyError, OutputExistsError, ConfigError: see :func:`check_output_dir`.
+        OutputBusyError, OutputExistsError (UnreadableRunError), ConfigError: see :func:`check_output_dir`.
     """
 
     folder: Path
@@ -229,7 +295,7 @@ class RunOutput:
         self.if_exists = self.if_exists or "fail"
 
     def __enter__(self) -> RunOutput:
-        check_output_dir(self.folder, self.if_exists, mode=self.mode)
+        _check_output_dir(self.folder, self.if_exists, self.mode, read=False)  # the run is read under the lock
         self._fd = _lock(self.folder, record=True)
         try:
             for stale in (*self.folder.glob(f"{_STAGING_PREFIX}*"),
@@ -258,43 +324,84 @@ class RunOutput:
         ``summary``).
 
         Raises:
-            OSError: a file cannot be written (disk full...); the files already in the folder are untouched.
+            OutputWriteError: a file cannot be written (a full disk...); nothing half-written is published, the
+                files already in the folder are untouched, and the error names the file and what the folder holds.
         """
         if self._fd is None:
             raise RuntimeError("RunOutput.save outside its `with` block")
-        from .trajectory import save_trajectories
-
         dest = self.folder
         append = self.if_exists == "append"
         if interrupted and _holds_complete_run(self.folder):
             dest, append = self.folder / INTERRUPTED_DIR, False
             log.warning("the run was interrupted and %s holds a complete run: the finished trajectories go to %s",
                         self.folder, dest)
-        dest.mkdir(parents=True, exist_ok=True)
-        if append and holds_run(dest):
-            trajectories, summary = _merged(dest, list(trajectories), summary)
-        stage = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=dest))
+        own, own_summary = list(trajectories), summary
+        stage: Path | None = None
         try:
-            staged = save_trajectories(trajectories, stage)
-            if self.mode == "step":
-                from .step import save_step_rows
-
-                staged.update(save_step_rows(trajectories, stage))
-            staged["summary"] = stage / "summary.json"
-            with atomic_path(staged["summary"]) as tmp, open(tmp, "w") as f:  # each staged file is fsynced
-                json.dump(summary, f, indent=2, default=str)
-            order = {name: i for i, name in enumerate(RUN_FILES)}
-            paths: dict[str, Path] = {}
-            for kind, path in sorted(staged.items(), key=lambda kv: order[kv[1].name]):
-                os.replace(path, dest / path.name)
-                paths[kind] = dest / path.name
-            for name in RUN_FILES:  # files of the replaced run this run does not write (steps.parquet of a step run)
-                if name not in {p.name for p in paths.values()}:
-                    (dest / name).unlink(missing_ok=True)
-            fsync_dir(dest)
+            dest.mkdir(parents=True, exist_ok=True)
+            if append and holds_run(dest):
+                trajectories, summary = _merged(dest, own, summary)
+            stage = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=dest))
+            return self._publish(trajectories, summary, stage, dest)
+        except OSError as e:
+            raise _write_error(e, stage, dest, own, own_summary, self.mode) from e
         finally:
-            shutil.rmtree(stage, ignore_errors=True)
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
+
+    def _publish(self, trajectories: Sequence[Any], summary: dict[str, Any], stage: Path, dest: Path) -> dict[str, Path]:
+        """Write the files into ``stage``, then rename them into ``dest`` (``summary.json`` last)."""
+        from .trajectory import save_trajectories
+
+        staged = save_trajectories(trajectories, stage)
+        if self.mode == "step":
+            from .step import save_step_rows
+
+            staged.update(save_step_rows(trajectories, stage))
+        staged["summary"] = stage / "summary.json"
+        with atomic_path(staged["summary"]) as tmp, open(tmp, "w") as f:  # each staged file is fsynced
+            json.dump(summary, f, indent=2, default=str)
+        order = {name: i for i, name in enumerate(RUN_FILES)}
+        paths: dict[str, Path] = {}
+        for kind, path in sorted(staged.items(), key=lambda kv: order[kv[1].name]):
+            os.replace(path, dest / path.name)
+            paths[kind] = dest / path.name
+        for name in RUN_FILES:  # files of the replaced run this run does not write (steps.parquet of a step run)
+            if name not in {p.name for p in paths.values()}:
+                (dest / name).unlink(missing_ok=True)
+        fsync_dir(dest)
         return paths
+
+
+def _folder_holds(folder: Path) -> str:
+    """What ``folder`` holds, in words, for an error message."""
+    if not holds_run(folder):
+        return f"{folder} holds no run files (nothing half-written was left there)"
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        n = f"{int(summary['trajectories'])} trajectories"
+        state = ", interrupted" if summary.get("interrupted") is True else ""
+    except (OSError, ValueError, KeyError, TypeError):
+        n, state = "files without a readable summary.json", ""
+    return f"{folder} still holds its earlier run ({n}{state}), unchanged"
+
+
+def _write_error(e: OSError, stage: Path | None, dest: Path, own: list[Any], summary: dict[str, Any],
+                 mode: str | None) -> OutputWriteError:
+    """An :class:`OutputWriteError` for ``e``, naming the file that failed: the first of the run's files, in the
+    order they are written, that the staging folder does not hold complete (or the folder itself)."""
+    names = ["trajectories.parquet", "trajectories.jsonl"] + (["steps.parquet"] if mode == "step" else []) + \
+        ["summary.json"]
+    failed = dest
+    if stage is not None and stage.is_dir():
+        missing = [n for n in names if not (stage / n).exists()]
+        failed = dest / missing[0] if missing else dest / "summary.json"
+    reason = e.strerror or str(e)
+    errno_text = f"[Errno {e.errno}] " if e.errno else ""
+    return OutputWriteError(
+        f"could not write {failed} ({errno_text}{reason}): {len(own)} trajectories of this run were not saved.  "
+        f"Nothing half-written was published: {_folder_holds(dest)}.  Free space (or choose another --output-dir) "
+        f"and run again", path=failed, folder=dest, trajectories=own, summary=summary)
 
 
 def _merged(folder: Path, new: list[Any], summary: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:

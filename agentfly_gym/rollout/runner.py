@@ -212,8 +212,8 @@ def _save_lengths(config: RolloutConfig) -> None:
     try:
         config.lengths.save(path)
     except Exception as e:  # noqa: BLE001 - a full disk, a removed folder: the estimate is only an optimisation
-        log.warning("could not save the predicted rollout lengths to %s (%s: %s); the next run starts without them",
-                    path, type(e).__name__, e)
+        log.warning("could not save the rollout-length estimate to %s (%s: %s); the trajectories were saved, the "
+                    "next run starts without it", path, type(e).__name__, e)
 
 
 def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, manager: Manager,

@@ -20,7 +20,8 @@ REWARD_ERROR_WARN_SHARE = 0.5
 def summarize(trajectories: list[Trajectory], wall_s: float, manager: Manager | None = None) -> dict[str, Any]:
     """Counts, success, mean reward, turns, tokens, wall time, trajectories/s, and per-pool resource metrics.
 
-    Also ``reward_errors`` (trajectories whose configured reward gave no score: ``reward_error`` set),
+    Also ``reward_errors`` (trajectories whose reward function gave no score: ``reward_error`` set; a configured
+    reward such as an LLM judge, or a tool env's ``reward``),
     ``reply_truncated`` (trajectories whose last reply was cut at ``max_tokens``) and ``warnings`` (a list
     of sentences; one when more than :data:`REWARD_ERROR_WARN_SHARE` of the trajectories have a
     ``reward_error``: their rewards are defaults, not judgements; it is logged at WARNING too).
@@ -62,7 +63,7 @@ def summarize(trajectories: list[Trajectory], wall_s: float, manager: Manager | 
     }
     if n and summary["reward_errors"] > REWARD_ERROR_WARN_SHARE * n:
         first = next(t.reward_error for t in trajectories if getattr(t, "reward_error", None))
-        msg = (f"the configured reward gave no score for {summary['reward_errors']} of {n} trajectories: their rewards "
+        msg = (f"the reward function gave no score for {summary['reward_errors']} of {n} trajectories: their rewards "
                f"are defaults, not judgements (first: {first})")
         summary["warnings"].append(msg)
         log.warning("%s", msg)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,8 @@ from .trajectory import Trajectory
 
 __all__ = ["TaskRow", "TaskRunner"]
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True)
 class TaskRow:
@@ -47,6 +50,8 @@ class TaskRow:
         seed: the reset seed (None: unseeded).
         group_id: trajectories with the same group id share a task (GRPO groups); "" leaves it empty.
         options: more reset options of the env.
+        env_kwargs: constructor arguments of this row's env (e.g. ``{"split": "validation"}``), over the
+            runner's ``env_kwargs`` for its env id.
     """
 
     env_id: str
@@ -54,6 +59,7 @@ class TaskRow:
     seed: int | None = None
     group_id: str = ""
     options: Mapping[str, Any] | None = None
+    env_kwargs: Mapping[str, Any] | None = None
 
     @classmethod
     def coerce(cls, row: TaskRow | Mapping[str, Any] | Sequence[Any]) -> TaskRow:
@@ -182,7 +188,7 @@ class TaskRunner:
             async with sem, acquire_priority(preds[k]):
                 traj = await play_episode(
                     env_id, self.policy, self.chat, mode=self.mode, manager=self._manager,
-                    env_kwargs=self.env_kwargs.get(env_id),
+                    env_kwargs={**self.env_kwargs.get(env_id, {}), **dict(row.env_kwargs or {})} or None,
                     sampling=sampling, max_turns=self.max_turns, history=self.history, seed=row.seed,
                     options=row.reset_options(), trajectory_id=f"task-{first + k:06d}",
                     group_id=row.group_id,
@@ -198,7 +204,10 @@ class TaskRunner:
         tasks = [by_start[k] for k in range(len(rows))]
         try:
             out = list(await asyncio.gather(*tasks))
-            self.lengths.save()
+            try:
+                self.lengths.save()
+            except OSError as e:  # a full disk must not cost the trainer this call's trajectories
+                log.warning("could not save the rollout-length estimate (%s); the trajectories are returned", e)
             return out
         finally:
             for t in tasks:

@@ -41,7 +41,8 @@ async def act_and_record(env: AgentFlyEnv, traj: Trajectory, reply: str, sampled
                          gen_s: float) -> tuple[str, str, float, bool, bool, dict[str, Any]]:
     """Parse the action in ``reply``, step ``env`` with it, and record the turn in ``traj`` (shared by
     chain and step mode): the reward is added to the return, a :class:`Turn` with the timings is
-    appended, and a handled fault is kept as ``traj.error``.
+    appended, and a handled fault is kept as ``traj.error`` (a failed reward function, ``info["reward_error"]``,
+    also as ``traj.reward_error``).
 
     Returns:
         ``(action, observation, reward, terminated, truncated, info)``.
@@ -56,6 +57,8 @@ async def act_and_record(env: AgentFlyEnv, traj: Trajectory, reply: str, sampled
                            generate_s=gen_s, env_s=env_s, info=info_summary(info)))
     if info.get("error"):
         traj.error = str(info["error"])
+    if info.get("reward_error"):  # the env's reward function gave no score (e.g. a make_tool_env reward that raised)
+        traj.reward_error = str(info["reward_error"])
     return action, obs, reward, terminated, truncated, info
 
 

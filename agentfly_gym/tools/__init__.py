@@ -28,9 +28,10 @@ R2E-Gym's tools: :func:`agentfly_gym.envs.r2egym.tools.r2e_tools`.
 from .env import DEFAULT_SYSTEM_PROMPT, ToolEnv, ToolPrompt, make_tool_env, tool_call_id
 from .formats import (FORMATS, ToolCall, ToolCallError, detect_tool_format, format_tool_call, hermes_tool_prompt,
                       parse_tool_calls)
+from .stalls import ToolBlockedLoop
 from .tasks import load_tasks
 from .tool import DEFAULT_TOOL_TIMEOUT, Tool, check_tools, tool
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "DEFAULT_TOOL_TIMEOUT", "FORMATS", "Tool", "ToolCall", "ToolCallError", "ToolEnv",
-           "ToolPrompt", "check_tools", "detect_tool_format", "format_tool_call", "hermes_tool_prompt", "load_tasks",
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "DEFAULT_TOOL_TIMEOUT", "FORMATS", "Tool", "ToolBlockedLoop", "ToolCall",
+           "ToolCallError", "ToolEnv", "ToolPrompt", "check_tools", "detect_tool_format", "format_tool_call", "hermes_tool_prompt", "load_tasks",
            "make_tool_env", "parse_tool_calls", "tool", "tool_call_id"]

@@ -10,10 +10,13 @@ call order; the observation text joins their contents).  The episode ends when
 * it calls a finishing tool (``@tool(finish=True)``; terminated; the completion is what that tool returned), or
 * the ``max_turns``-th reply is still a tool call (truncated; the reward function still scores the reply).
 
-Faults: a malformed call, an unknown tool, bad arguments, a tool that raises or exceeds its timeout are all
-observations (an error message in the tool message) and the episode goes on; a reward function that raises ends
-the episode with reward 0, ``info["error"]`` set and truncated, so the trajectory is recorded as an error
-(``status="error"``), never as a scored 0.
+Faults: a malformed call, an unknown tool, bad arguments, a tool that raises or exceeds its timeout (an async tool
+that blocks the event loop past it included, see :mod:`.stalls`) are all observations (an error message in the tool
+message) and the episode goes on.  A reply longer than ``max_action_length`` (65,536 characters) is cut there: the
+observation says so (a call it cut off is reported as cut, not as malformed) and ``info["reply_cut"]`` holds how many
+characters were dropped.  A reward function that raises or returns no finite number ends the episode with reward 0,
+truncated, ``info["error"]`` and ``info["reward_error"]`` set and ``info["score"]`` None (no score, not a score of 0),
+so the trajectory is recorded as an error (``status="error"``, ``reward_error`` set), never as a scored 0.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ..envs.prompting import AgentPrompt
 from ..errors import ConfigError, ResetNeeded, ResourceError
 from ..resources.scope import RolloutScope
 from .formats import FORMATS, ToolCall, ToolCallError, parse_tool_calls
+from .stalls import ToolBlockedLoop
 from .tasks import load_tasks
 from .tool import Tool, check_tools
 from .threads import run_in_daemon_thread
@@ -101,7 +105,9 @@ class ToolEnv(AgentFlyEnv):
 
     Info keys (besides the base's): on reset ``tools`` (the tool names); on a step ``tool_calls`` (the parsed
     calls, as dicts), ``tool_messages`` (the results, as ``role: "tool"`` messages with ``name``, ``tool_call_id``
-    and ``content``), ``tool_errors`` (how many calls failed), ``turn``.
+    and ``content``), ``tool_errors`` (how many calls failed), ``turn``, ``reply_cut`` (characters dropped from a
+    reply over ``max_action_length``; 0 when none were); when a reward function fails, ``reward_error`` (the same
+    text as ``error``) and ``score`` None.
     """
 
     reset_options = MappingProxyType({"task_id": "the id of a task row (its id field)",
@@ -135,6 +141,7 @@ class ToolEnv(AgentFlyEnv):
         self._row: dict[str, Any] = {}
         self._messages: list[dict[str, Any]] = []
         self._turn = 0
+        self._reply_length = 0
         self._global_held: set[str] = set()
 
     async def atask_ids(self, split: str | None = None) -> list[str]:
@@ -173,23 +180,35 @@ class ToolEnv(AgentFlyEnv):
         self._turn = 0
         return prompt, {"tools": list(self.tools)}
 
+    async def astep(self, action: str) -> StepResult:
+        """As :meth:`AgentFlyEnv.astep <agentfly_gym.envs.base.AgentFlyEnv.astep>`; a reply over
+        ``max_action_length`` characters is cut there, and the observation and ``info["reply_cut"]`` say so."""
+        self._reply_length = len(action) if isinstance(action, str) else 0  # the base cuts it before _step_episode
+        return await super().astep(action)
+
     async def _step_episode(self, action: str) -> StepResult:
         self._turn += 1
         self._messages.append({"role": "assistant", "content": action})
         last = self._turn >= self.max_turns
+        cut = max(0, self._reply_length - self.max_action_length)
+        self._reply_length = 0
+        said = (f"your reply was cut at {self.max_action_length:,} characters (it had {cut + self.max_action_length:,}; "
+                f"the rest was dropped)") if cut else ""
         try:
             calls = parse_tool_calls(action, self.tool_format)
         except ToolCallError as e:
-            msg = {"role": "tool", "name": "", "tool_call_id": tool_call_id(self._turn, 0),
-                   "content": f"Error: your tool call could not be parsed: {e}"}
-            return await self._observe([], [msg], 1, action, last)
+            why = f"{said}, so its tool call could not be read whole" if cut else "your tool call could not be parsed"
+            msg = {"role": "tool", "name": "", "tool_call_id": tool_call_id(self._turn, 0), "content": f"Error: {why}: {e}"}
+            return await self._observe([], [msg], 1, action, last, cut)
         if not calls:
-            return await self._end(action, terminated=True, info={"turn": self._turn, "tool_calls": []})
+            return await self._end(action, terminated=True, info={"turn": self._turn, "tool_calls": [], "reply_cut": cut})
         results = await asyncio.gather(*(self._run_call(c) for c in calls))
         messages = []
         for k, (call, (content, _, _)) in enumerate(zip(calls, results)):
             messages.append({"role": "tool", "name": call.name, "tool_call_id": call.id or tool_call_id(self._turn, k),
                              "content": content})
+        if cut:  # the calls before the cut ran; the model still learns that the rest of its reply was lost
+            messages[0]["content"] = f"Note: {said}.\n{messages[0]['content']}"
         errors = sum(1 for _, ok, _ in results if not ok)
         finished = [(c, value) for c, (_, ok, value) in zip(calls, results) if ok and self.tools[c.name].finish]
         if finished:
@@ -197,20 +216,21 @@ class ToolEnv(AgentFlyEnv):
             value = finished[0][1]
             completion = action if value is None else _jsonable(value)
             return await self._end(completion, terminated=True,
-                                   info=self._step_info(calls, messages, errors), observation=_join(messages))
-        return await self._observe(calls, messages, errors, action, last)
+                                   info=self._step_info(calls, messages, errors, cut), observation=_join(messages))
+        return await self._observe(calls, messages, errors, action, last, cut)
 
     async def _observe(self, calls: list[ToolCall], messages: list[dict[str, Any]], errors: int, action: str,
-                       last: bool) -> StepResult:
+                       last: bool, cut: int) -> StepResult:
         self._messages.extend(messages)
-        info = self._step_info(calls, messages, errors)
+        info = self._step_info(calls, messages, errors, cut)
         if last:  # max_turns replies: the episode is cut, the reward still scores the last reply
             return await self._end(action, terminated=False, info=info, observation=_join(messages))
         return _join(messages), 0.0, False, False, info
 
-    def _step_info(self, calls: list[ToolCall], messages: list[dict[str, Any]], errors: int) -> dict[str, Any]:
+    def _step_info(self, calls: list[ToolCall], messages: list[dict[str, Any]], errors: int, cut: int
+                   ) -> dict[str, Any]:
         return {"turn": self._turn, "tool_calls": [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in calls],
-                "tool_messages": messages, "tool_errors": errors}
+                "tool_messages": messages, "tool_errors": errors, "reply_cut": cut}
 
     async def _run_call(self, call: ToolCall) -> tuple[str, bool, Any]:
         """``(content for the model, ok, returned value)`` of one call; every fault is a message, never raised
@@ -222,9 +242,11 @@ class ToolEnv(AgentFlyEnv):
         if problem:
             return f"Error: {problem}", False, None
         try:
-            async with asyncio.timeout(t.timeout):
+            async with asyncio.timeout(t.timeout) as deadline:
                 resources = await self._resources(t)
-                value = await t(call.arguments, resources)
+                value = await t(call.arguments, resources, deadline=deadline.when())
+        except ToolBlockedLoop as e:  # an async tool that blocked the loop past its timeout: its late result is dropped
+            return f"Error: {e}", False, None
         except TimeoutError:
             return f"Error: the tool {t.name!r} did not finish within its timeout of {t.timeout} s", False, None
         except asyncio.CancelledError:
@@ -259,8 +281,10 @@ class ToolEnv(AgentFlyEnv):
         except Exception as e:  # noqa: BLE001  (recorded as the trajectory's error, never as a score of 0)
             message = f"the reward function failed: {fault_message(e)}"
             log.warning("%s episode %s: %s", self.env_name, self.episode_id, message)
+            # no score (None, not 0.0): the trajectory records reward_error, and its status is "error"
             return (f"Error: {message}. The episode has ended.", 0.0, False, True,
-                    {**info, "error": message, "completion": completion})
+                    {**info, "error": message, "reward_error": message, "score": None, "won": False,
+                     "completion": completion})
         info = {**info, "score": reward, "won": reward > 0, "completion": completion}
         return observation, reward, terminated, not terminated, info
 
@@ -354,14 +378,43 @@ def _make_vector(factory: Callable[..., ToolEnv], num_envs: int = 1, *, autorese
                               autoreset_mode=autoreset_mode or AutoresetMode.NEXT_STEP)
 
 
+def _definition(value: Any) -> Any:
+    """A comparable stand-in for ``value`` (a :class:`ToolEnv` argument) that two imports of one module agree on:
+    a function by where its code is (file, line, qualified name), not by its identity; plain data by value; any
+    other object by identity."""
+    if isinstance(value, Tool):
+        return ("tool", value.name, _definition(dict(value.schema)), _definition(value.fn),
+                tuple(sorted((k, repr(v)) for k, v in value.resources.items())), value.scope, value.timeout, value.finish)
+    if isinstance(value, functools.partial):
+        return ("partial", _definition(value.func), _definition(list(value.args)), _definition(dict(value.keywords)))
+    if isinstance(value, (str, int, bool, type(None))):
+        return value
+    if isinstance(value, float):
+        return ("float", repr(value))  # NaN equals itself here
+    if isinstance(value, Mapping):
+        return ("dict", tuple((str(k), _definition(v)) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))))
+    if isinstance(value, (list, tuple)):
+        return ("list", tuple(_definition(v) for v in value))
+    fn = inspect.unwrap(value) if callable(value) else value
+    fn = getattr(fn, "__func__", fn)  # a bound method: its function
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return ("code", code.co_filename, code.co_firstlineno, getattr(fn, "__qualname__", ""))
+    return ("object", id(value))
+
+
 def make_tool_env(env_id: str, *, tasks: Any, tools: Sequence[Tool | Callable[..., Any]], reward: Callable[..., Any],
-                  system_prompt: str | None = None, max_turns: int = 10, **env_kwargs: Any) -> str:
+                  system_prompt: str | None = None, max_turns: int = 10, replace: bool = False,
+                  **env_kwargs: Any) -> str:
     """Register a Gymnasium environment of a tool-calling task and return its id.
 
     The environment (a :class:`ToolEnv`) works with ``gymnasium.make(env_id)``, ``gymnasium.make_vec(env_id,
     num_envs=...)``, the rollout runner, ``agentfly-gym rollout --env module:function`` and the verl plugin.
-    Everything is checked here, so a bad task, tool or reward fails at this call.  Registering an id again
-    replaces the earlier registration.
+    Everything is checked here, so a bad task, tool or reward fails at this call.
+
+    An id already registered is refused unless ``replace=True``, with one exception: the same definition again
+    (the same tasks and options, tools and reward defined by the same code, e.g. a module imported twice, once as
+    ``__main__`` and once by name, or a ``make_env`` called twice) registers it again quietly.
 
     Args:
         env_id: the Gymnasium id, ``"namespace/Name-vN"`` (e.g. ``"my/Add-v0"``).
@@ -371,6 +424,8 @@ def make_tool_env(env_id: str, *, tasks: Any, tools: Sequence[Tool | Callable[..
         reward: ``reward(completion, **row) -> float`` (see :class:`ToolEnv`).
         system_prompt: the system message.
         max_turns: replies per episode.
+        replace: replace a different environment already registered under ``env_id`` (e.g. after editing a
+            tool in a notebook).
         env_kwargs: further :class:`ToolEnv` arguments (``tool_format``, ``prompt_key``, ``expert``,
             ``step_timeout``, ...), defaults of every env made from the id (``gymnasium.make(env_id, **kw)``
             overrides them).
@@ -379,7 +434,8 @@ def make_tool_env(env_id: str, *, tasks: Any, tools: Sequence[Tool | Callable[..
         ``env_id``.
 
     Raises:
-        ConfigError: a bad id, task rows, tool (no type hints or docstring, two with one name) or reward.
+        ConfigError: a bad id, task rows, tool (no type hints or docstring, two with one name) or reward; an id
+            already registered to another environment (without ``replace=True``).
     """
     if not isinstance(env_id, str) or not env_id:
         raise ConfigError(f"env_id must be a non-empty str such as 'my/Task-v0', got {env_id!r}")
@@ -389,6 +445,16 @@ def make_tool_env(env_id: str, *, tasks: Any, tools: Sequence[Tool | Callable[..
                   env_name=env_kwargs.pop("env_name", env_id.rsplit("/", 1)[-1]), **env_kwargs)
     ToolEnv(**config)  # every argument checked now, not at the first make
     factory = functools.partial(ToolEnv, **config)
+    old = gymnasium.registry.get(env_id)
+    if old is not None and not replace:
+        entry = old.entry_point
+        same = (isinstance(entry, functools.partial) and entry.func is ToolEnv
+                and _definition(entry.keywords) == _definition(config))
+        if not same:
+            what = ("another tool environment (other tasks, tools, reward or options)"
+                    if isinstance(entry, functools.partial) and entry.func is ToolEnv else f"{entry!r}")
+            raise ConfigError(f"env_id={env_id!r} is already registered, to {what}; choose another id, or pass "
+                              "replace=True to make_tool_env to replace it")
     try:
         if env_id in gymnasium.registry:
             del gymnasium.registry[env_id]

@@ -30,6 +30,19 @@ A tool declares the resources it needs and receives them live; it holds no acqui
 ``box`` is left out of the schema; the environment acquires the spec under the episode's rollout scope (the same
 container on every turn of the rollout, released when the episode ends) or, with ``scope="global"``, once for
 everyone (:meth:`~agentfly_gym.resources.ResourceManager.acquire_global`).
+
+What a timeout can stop: a sync tool runs on a daemon thread of its own (:mod:`.threads`); at its timeout the model
+gets an error and the call is abandoned (the thread runs on until the function returns; its result is dropped).  An
+async tool runs on the event loop, and its timeout stops it at an ``await`` only: one that blocks the loop
+(``time.sleep`` or a blocking client inside ``async def``) stalls every rollout on that loop until it returns, and
+no timeout can stop it.  Such a call is detected and reported (:mod:`.stalls`): a WARNING while it holds the loop
+past its timeout, then a timeout error to the model with its late result dropped.  Write blocking code as a plain
+``def``, or ``await asyncio.to_thread(...)`` its blocking part.
+
+Arguments are checked against the schema (:meth:`Tool.check_arguments`).  JSON has one number type, and JSON Schema
+counts ``2.0`` as an integer, so an ``int`` argument written ``2.0`` is accepted and the function gets ``2``
+(:meth:`Tool.coerce_arguments`, as pydantic's lax mode behind MCP's and OpenAI's Python tool servers does);
+``2.5`` (or ``true``) for an ``int`` is refused with an error message to the model.
 """
 
 from __future__ import annotations
@@ -43,6 +56,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..resources.spec import ResourceSpec
+from .stalls import StallWatch, watch_loop_stalls
 from .threads import run_in_daemon_thread
 
 __all__ = ["Tool", "tool", "check_tools", "DEFAULT_TOOL_TIMEOUT"]
@@ -69,7 +83,9 @@ class Tool:
         scope: ``"rollout"`` (acquired in the episode's rollout scope: the same instance every turn, released
             when the episode ends) or ``"global"`` (one shared instance, ``acquire_global``).
         timeout: seconds one call may take (None: no limit); past it the model gets an error message.
-            A sync function runs in a worker thread, which a timeout cannot stop: the call is abandoned.
+            A sync function runs on a daemon thread of its own, which a timeout cannot stop: the call is
+            abandoned.  An async function is stopped at an ``await``; one that blocks the event loop cannot be
+            stopped (it is reported, and its late result dropped: see the module docstring).
         finish: calling this tool ends the episode (the reward is computed then).
     """
 
@@ -81,6 +97,7 @@ class Tool:
     scope: str = "rollout"
     timeout: float | None = DEFAULT_TOOL_TIMEOUT
     finish: bool = False
+    _stalls: StallWatch = dataclasses.field(default_factory=StallWatch, init=False, repr=False)  # see tools/stalls.py
 
     def __deepcopy__(self, memo: dict) -> Tool:  # immutable: Gymnasium deep-copies env specs (make_vec)
         return self
@@ -101,7 +118,8 @@ class Tool:
         """What is wrong with ``arguments`` for this tool (a message for the model), or None when they fit.
 
         Checks that they are a JSON object, that no argument is unknown (or names a resource), that every
-        required one is there, and their types against the schema (``jsonschema``).
+        required one is there, and their types against the schema (``jsonschema``; as JSON Schema has it,
+        ``2.0`` is an integer and ``2.5`` is not: :meth:`coerce_arguments` makes the former ``2``).
         """
         if not isinstance(arguments, dict):
             return f"the arguments of {self.name!r} must be a JSON object, got {type(arguments).__name__}"
@@ -128,12 +146,54 @@ class Tool:
             return f"the arguments of {self.name!r} are nested too deeply"
         return None
 
-    async def __call__(self, arguments: Mapping[str, Any], resources: Mapping[str, Any] | None = None) -> Any:
-        """Call the tool with ``arguments`` (already checked) and the live ``resources``; no timeout here."""
-        kwargs = {**arguments, **(resources or {})}
+    def coerce_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """``arguments`` (already checked) with every integral float where the schema wants an integer (and not
+        a number) made an ``int``: ``{"a": 2.0}`` -> ``{"a": 2}`` for ``a: int``, also inside lists, tuples,
+        dicts and optional or union types.  JSON Schema counts ``2.0`` as an integer; the function should get
+        the ``int`` its type hint names (pydantic's lax mode, which MCP's and OpenAI's Python tool servers use,
+        does the same)."""
+        props = self.parameters.get("properties", {})
+        return {k: _coerce_integers(v, props.get(k)) for k, v in arguments.items()}
+
+    async def __call__(self, arguments: Mapping[str, Any], resources: Mapping[str, Any] | None = None, *,
+                       deadline: float | None = None) -> Any:
+        """Call the tool with ``arguments`` (already checked; :meth:`coerce_arguments` is applied) and the live
+        ``resources``.  No timeout here (the caller's ``asyncio.timeout``); ``deadline`` (the loop's clock, e.g.
+        that timeout's ``when()``) lets an async tool that blocks the event loop past it be reported and its late
+        result dropped (:class:`~agentfly_gym.tools.stalls.ToolBlockedLoop`)."""
+        kwargs = {**self.coerce_arguments(arguments), **(resources or {})}
         if self.is_async:
-            return await self.fn(**kwargs)
+            return await watch_loop_stalls(self.fn(**kwargs), name=self.name, timeout=self.timeout, deadline=deadline,
+                                           stalls=self._stalls)
         return await run_in_daemon_thread(self.fn, **kwargs)  # not the loop's executor: see tools/threads.py
+
+
+def _coerce_integers(value: Any, schema: Any) -> Any:
+    """``value`` with each integral float made an int where ``schema`` (an argument's JSON schema) wants an integer
+    and not a number; follows ``items``/``prefixItems``, ``properties``/``additionalProperties``, ``anyOf``/``oneOf``."""
+    if not isinstance(schema, Mapping):
+        return value
+    branches = [schema] + [b for key in ("anyOf", "oneOf", "allOf") for b in (schema.get(key) or ())
+                           if isinstance(b, Mapping)]
+    types: set[str] = set()
+    for b in branches:
+        t = b.get("type")
+        types.update([t] if isinstance(t, str) else [x for x in (t or ()) if isinstance(x, str)])
+    if isinstance(value, float):
+        return int(value) if "integer" in types and "number" not in types and value.is_integer() else value
+    if isinstance(value, list):
+        for b in branches:
+            if "items" in b or "prefixItems" in b:
+                prefix = b.get("prefixItems") or []
+                return [_coerce_integers(v, prefix[i] if i < len(prefix) else b.get("items")) for i, v in enumerate(value)]
+        return value
+    if isinstance(value, dict):
+        for b in branches:
+            props, extra = b.get("properties") or {}, b.get("additionalProperties")
+            if props or isinstance(extra, Mapping):
+                return {k: _coerce_integers(v, props.get(k, extra)) for k, v in value.items()}
+        return value
+    return value
 
 
 def _schema(fn: Callable[..., Any], name: str, description: str | None, hidden: set[str]) -> dict[str, Any]:
@@ -205,7 +265,13 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
         resources: keyword name -> :class:`~agentfly_gym.resources.spec.ResourceSpec`; the function must have a
             keyword parameter of each name, which receives the live resource (and is left out of the schema).
         scope: ``"rollout"`` (default: one instance per episode, the same on every turn) or ``"global"``.
-        timeout: seconds a call may take (default 60; None: no limit).
+        timeout: seconds a call may take (default 60; None: no limit); past it the model gets an error message
+            and the episode goes on.  It holds for a sync function (run on a daemon thread of its own; the call
+            is abandoned, the thread runs on until the function returns) and for an async one at an ``await``.
+            It cannot stop an async function that blocks the event loop (``time.sleep`` or a blocking client
+            inside ``async def``): that stalls every rollout on the loop until it returns; it is logged (WARNING,
+            naming the line) and its late result dropped (the model gets a timeout error).  Write such a tool as a
+            plain ``def`` or ``await asyncio.to_thread(...)`` its blocking part.
         finish: a call to this tool ends the episode.
 
     Returns:

@@ -49,7 +49,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
-from ...utils.versions import untested_versions as _untested
+from ...utils.versions import untested_versions as _untested, verified as _verified
 
 __all__ = ["TESTED", "answering_engine_calls", "clear_intern_cache", "drop_game_state", "intern_cache_size",
            "untested_versions"]
@@ -71,13 +71,10 @@ def untested_versions() -> dict[str, str]:
 
 def _applies() -> bool:
     """True where the installed versions are the verified ones; else False (one warning per process)."""
-    bad = untested_versions()
-    if bad and not _warned.is_set():
-        _warned.set()
-        log.warning("ALFWorld: the engine cache, the state drop and the intern cache clear are off (every load "
-                    "computes everything; TextWorld's intern cache is left unbounded): they were verified with %s, "
-                    "installed %s", {k: v for k, v in TESTED.items() if k in bad}, bad)
-    return not bad
+    return _verified(TESTED, _warned, log,
+                     "ALFWorld: the engine cache, the state drop and the intern cache clear are off (every load "
+                     "computes everything; TextWorld's intern cache is left unbounded): they were verified with %s, "
+                     "installed %s")
 
 
 #: ``answer_logic(domain, grammar, compute)`` -> a ``GameLogic``; ``compute()`` calls the real one

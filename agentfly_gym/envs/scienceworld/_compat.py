@@ -38,7 +38,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
-from ...utils.versions import untested_versions as _untested
+from ...utils.versions import untested_versions as _untested, verified as _verified
 
 __all__ = ["TESTED", "can_pipeline", "defer_object_frees", "forget_package_env", "jvm_in_own_process_group",
            "mark_disconnected", "package_gateway", "pipelined_call", "send_freed_objects", "untested_versions"]
@@ -58,12 +58,10 @@ def untested_versions() -> dict[str, str]:
 
 
 def _applies() -> bool:
-    bad = untested_versions()
-    if bad and not _warned.is_set():
-        _warned.set()
-        log.warning("ScienceWorld: the py4j workarounds (own process group, pipelined calls, deferred object frees) "
-                    "are off: verified with %s, installed %s", TESTED, bad)
-    return not bad
+    """True where the installed versions are the verified ones; else False (one warning per process)."""
+    return _verified(TESTED, _warned, log,
+                     "ScienceWorld: the py4j workarounds (own process group, pipelined calls, deferred object frees) "
+                     "are off: verified with %s, installed %s")
 
 
 def _noop() -> None:

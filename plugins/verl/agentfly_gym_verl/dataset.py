@@ -26,7 +26,6 @@ tasks two files share.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import warnings
@@ -34,38 +33,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentfly_gym.data.task_draw import DEFAULT_SPLIT, draw_tasks, env_class
 from agentfly_gym.errors import ConfigError, DataNotFoundError
 from agentfly_gym.utils.jsonargs import json_object
 
-__all__ = ["build_dataset", "dataset_main", "dataset_tasks", "shared_tasks", "AGENT_NAMES", "DEFAULT_SPLIT"]
-
-#: The split a data set draws its tasks from when none is given (for envs with a ``split`` argument).
-DEFAULT_SPLIT = "train"
+__all__ = ["build_dataset", "dataset_main", "shared_tasks", "AGENT_NAMES", "DEFAULT_SPLIT"]
 
 #: agent_name per mode (entries of ``agent_loops.yaml``).
 AGENT_NAMES = {"chain": "agentfly_chain", "step": "agentfly_step"}
-
-
-def _env_class(env_id: str) -> type:
-    import gymnasium
-    from gymnasium.envs.registration import load_env_creator
-
-    spec = gymnasium.spec(env_id)
-    ep = spec.entry_point
-    return load_env_creator(ep) if isinstance(ep, str) else ep
-
-
-def _check_kwargs(env_id: str, cls: type, kwargs: dict[str, Any]) -> None:
-    try:
-        params = inspect.signature(cls.__init__).parameters
-    except (TypeError, ValueError):
-        return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    unknown = sorted(set(kwargs) - set(params))
-    if unknown:
-        valid = sorted(k for k, p in params.items() if k != "self" and p.kind is p.KEYWORD_ONLY)
-        raise ConfigError(f"{env_id} takes no constructor argument(s) {unknown}; valid: {valid}")
 
 
 def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int | None = None,
@@ -73,7 +48,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
                   seed: int = 0, max_turns: int = 10, history: int = 3, env_kwargs: dict[str, Any] | None = None,
                   reset_options: dict[str, Any] | None = None, agent_name: str | None = None,
                   data_source: str | None = None, check: bool = True,
-                  exclude: Sequence[str | os.PathLike] = ()) -> Path:
+                  exclude: Sequence[str | os.PathLike] = (), overwrite: bool = False) -> Path:
     """Write a verl parquet data set of ``n`` episodes of ``env_id``.
 
     Args:
@@ -81,7 +56,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         tasks: task ids, one row each (reset option ``task_id``: a Lichess PuzzleId, a
             ScienceWorld ``"boil:3"``, an ALFWorld game id, a WebShop goal index); with ``n``,
             the first ``n`` (cycled when ``n`` is larger).  None: ``n`` tasks drawn from the env's
-            task list of ``split`` (see :func:`dataset_tasks`), each row recording its task id; an env
+            task list of ``split`` (see :func:`agentfly_gym.data.task_draw.list_tasks`), each row recording its task id; an env
             that lists no tasks (Chess play mode, a user's env without ``atask_ids``) draws the task
             from the row's seed and the row's ``task_id`` stays empty (a warning says so).
         n: rows; required when ``tasks`` is None.
@@ -104,6 +79,9 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         check: reset the env once per distinct task (once with a seed when there is no task list)
             with these kwargs and options, so a bad task id, split or option fails here rather than
             during training.  Costs one episode start per distinct task (e.g. ~1 s per ScienceWorld task).
+        overwrite: replace ``out_path`` when it exists (CLI ``--overwrite``); without it an existing file is
+            refused before anything runs, as ``agentfly-gym rollout`` refuses a folder that holds a run.  The
+            file is written under a temporary name and renamed when complete (a reader never sees a part).
 
     Returns:
         The written path.
@@ -112,8 +90,9 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         ConfigError: an unknown env, bad mode/numbers, constructor arguments the env does not take,
             (with ``check``) a task id, split or reset option the env rejects, a listed task that an
             ``exclude`` file holds, a split with no task left after ``exclude``, an ``exclude`` file that does not
-            exist, or ``out_path`` that is also an ``exclude`` file.
+            exist, ``out_path`` that is also an ``exclude`` file, or (without ``overwrite``) ``out_path`` that exists.
         DataNotFoundError: (with ``check``) the env's data is missing.
+        OSError: the file cannot be written (a full disk); the message names it, and no part of it is left.
     """
     from agentfly_gym.registration import normalize_env_id
 
@@ -126,68 +105,32 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
     for name, v, lo in (("max_turns", max_turns, 1), ("history", history, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r} must be an integer >= {lo}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed={seed!r} must be an integer >= 0")
-    task_list = [str(t) for t in tasks] if tasks is not None else None
-    if task_list is not None and not task_list:
-        raise ConfigError("tasks is empty; give task ids or None (tasks drawn from seeds)")
-    if n is None:
-        if task_list is None:
-            raise ConfigError("give n (rows) or a task list")
-        n = len(task_list)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"n={n!r} must be an integer >= 1")
-    kwargs = dict(env_kwargs or {})
-    cls = _env_class(env_id)
-    if split is None and task_list is None and "split" not in kwargs and _takes(cls, "split"):
-        split = DEFAULT_SPLIT
-    if split is not None:
-        kwargs["split"] = split
-    _check_kwargs(env_id, cls, kwargs)
+    if Path(out_path).expanduser().resolve() in {Path(x).expanduser().resolve() for x in exclude}:
+        raise ConfigError(f"{out_path} is both the output and an --exclude file: writing it would replace the data "
+                          "set whose tasks are to be left out; write to another file")
+    _check_out(Path(out_path).expanduser(), overwrite)  # before the draw, which may start the env
+    try:
+        json.dumps([env_kwargs or {}, reset_options or {}])  # before the draw, which may start the env
+    except TypeError as e:
+        raise ConfigError(f"env_kwargs / reset_options must be JSON-serialisable: {e}") from e
+    draw = draw_tasks(env_id, tasks, n, split=split, seed=seed, env_kwargs=env_kwargs,
+                      excluded=_excluded(exclude, row_env_id, env_id),
+                      excluded_from=f"the excluded data set(s) {[str(p) for p in exclude]}")
+    n, split, kwargs, task_list, drawn = draw.n, draw.split, draw.env_kwargs, draw.task_ids, draw.drawn
     try:
         kwargs_json = json.dumps(kwargs, sort_keys=True)
         options_json = json.dumps(dict(reset_options or {}), sort_keys=True)
     except TypeError as e:
         raise ConfigError(f"env_kwargs / reset_options must be JSON-serialisable: {e}") from e
-    if Path(out_path).expanduser().resolve() in {Path(x).expanduser().resolve() for x in exclude}:
-        raise ConfigError(f"{out_path} is both the output and an --exclude file: writing it would replace the data "
-                          "set whose tasks are to be left out; write to another file")
-    excluded = _excluded(exclude, row_env_id, env_id)
-    drawn = False
-    if task_list is not None:
-        clash = sorted(set(task_list) & excluded)
-        if clash:
-            raise ConfigError(f"{len(clash)} listed task(s) are in the excluded data set(s) "
-                              f"{[str(p) for p in exclude]}: {clash[:5]}")
-    else:
-        listed = dataset_tasks(env_id, kwargs)
-        if listed is None:
-            warnings.warn(f"{env_id} lists no tasks (it has no atask_ids): the rows draw their tasks from seeds "
-                          f"{seed}..{seed + n - 1} and record no task id, so their overlap with another data set "
-                          "cannot be checked; give task ids (tasks=, --tasks-file) to make it checkable", stacklevel=2)
-        else:
-            pool = [t for t in listed if t not in excluded]
-            if not listed:
-                raise ConfigError(f"{env_id} split={split!r} has no task left: the split lists none here (e.g. "
-                                  "WebShop's upstream train/validation goals need the full catalog); pick another "
-                                  "split (--split)")
-            if not pool:
-                raise ConfigError(f"{env_id} split={split!r} has no task left: all {len(listed)} are in the "
-                                  "excluded data set(s)")
-            import numpy as np
-
-            order = np.random.default_rng(seed).permutation(len(pool))
-            task_list = [pool[int(order[i % len(pool)])] for i in range(n)]
-            drawn = True
     if check:
         to_check = sorted(set(task_list)) if task_list else None
         if drawn and to_check:
             to_check = to_check[:1]  # drawn from the env's own list: one reset checks kwargs and options
         _check_resets(env_id, kwargs, dict(reset_options or {}), to_check, seed)
-    system = getattr(getattr(cls, "agent_prompt", None), "system", "") or ""
+    system = getattr(getattr(env_class(env_id), "agent_prompt", None), "system", "") or ""
     rows = []
     for i in range(n):
-        task = task_list[i % len(task_list)] if task_list is not None else ""
+        task = draw.task(i)
         what = f"task {task}" if task else f"the task drawn with seed {seed + i}"
         rows.append({
             "data_source": data_source or env_id,
@@ -213,13 +156,28 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
                                   ("env_kwargs", pa.string()), ("mode", pa.string()), ("max_turns", pa.int64()),
                                   ("history", pa.int64())])),
     ])
+    from agentfly_gym.utils.files import atomic_path
+
     out = Path(out_path).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
-    os.replace(tmp, out)
+    _check_out(out, overwrite)  # again: the checks above take a while
+    try:
+        with atomic_path(out) as tmp:  # a unique temporary name, flushed to disk, then renamed: never a part
+            pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
+    except OSError as e:  # a full disk: name the file, and say that nothing half-written was left
+        state = "left as it was" if out.exists() else "not created"
+        raise OSError(e.errno, f"could not write {out} ({e.strerror or e}); it was {state}") from e
     _warn_siblings(out, exclude)
     return out
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an existing ``out`` unless ``overwrite``; a folder is refused always."""
+    if out.is_dir():
+        raise ConfigError(f"{out} is a folder; -o/--out names the parquet file to write")
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} already exists; pass --overwrite to replace it (in code: overwrite=True), or "
+                          "choose another -o/--out")
 
 
 def _warn_siblings(out: Path, exclude: Sequence[str | os.PathLike]) -> None:
@@ -236,51 +194,6 @@ def _warn_siblings(out: Path, exclude: Sequence[str | os.PathLike]) -> None:
             warnings.warn(f"{out} shares {len(shared)} task(s) with {other} (e.g. {[t for _, t in shared[:3]]}): "
                           "draw a validation or test set from another split (--split validation) or leave the "
                           f"other file's tasks out (--exclude {other})", stacklevel=3)
-
-
-def _takes(cls: type, name: str) -> bool:
-    try:
-        return name in inspect.signature(cls.__init__).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def dataset_tasks(env_id: str, env_kwargs: dict[str, Any] | None = None) -> list[str] | None:
-    """The task ids an env made with ``env_kwargs`` lists (its ``atask_ids()``, for the split in its kwargs), or
-    None when the env lists none (no ``atask_ids``, or it raises NotImplementedError, e.g. Chess play mode).
-
-    Creates the env once (ScienceWorld loads each of its tasks once: ~15 s for all 30; WebShop starts its server).
-
-    Raises:
-        ConfigError: the env rejects the kwargs.
-        DataNotFoundError: the env's data is missing.
-    """
-    import gymnasium
-
-    from agentfly_gym.registration import normalize_env_id
-    from agentfly_gym.resources import ResourceManager
-    from agentfly_gym.utils.aio import run_sync
-
-    env_id = normalize_env_id(env_id)
-
-    async def run() -> list[str] | None:
-        async with ResourceManager() as manager:
-            try:
-                env = gymnasium.make(env_id, manager=manager, **dict(env_kwargs or {})).unwrapped
-            except TypeError as e:
-                raise ConfigError(f"{env_id}: {e}") from None
-            try:
-                lister = getattr(env, "atask_ids", None)
-                if lister is None:
-                    return None
-                try:
-                    return [str(t) for t in await lister()]
-                except NotImplementedError:  # e.g. Chess play mode
-                    return None
-            finally:
-                await env.aclose()
-
-    return run_sync(run())
 
 
 def _read_keys(path: str | os.PathLike) -> tuple[set[tuple[str, str]], int]:
@@ -352,7 +265,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentfly-gym dataset",
                                 description="Write a verl parquet data set of agentfly-gym episodes.")
     p.add_argument("env", help="environment id, e.g. Chess, ScienceWorld-v0, agentfly/ALFWorld-v0")
-    p.add_argument("-o", "--out", required=True, help="parquet file to write")
+    p.add_argument("-o", "--out", required=True, help="parquet file to write (an existing file is refused unless "
+                                                      "--overwrite is given)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("-n", "--num", type=int, default=None, help="rows (default: the number of --tasks)")
     p.add_argument("--tasks", default=None, help="comma-separated task ids (reset option task_id)")
     p.add_argument("--tasks-file", default=None, help="file with one task id per line")
@@ -433,7 +348,7 @@ def dataset_main(args: Sequence[str] | None = None) -> int:
                              max_turns=ns.max_turns, history=ns.history,
                              env_kwargs=obj(ns.env_kwargs, "--env-kwargs"),
                              reset_options=obj(ns.reset_options, "--reset-options"), agent_name=ns.agent_name,
-                             check=not ns.no_check, exclude=ns.exclude)
+                             check=not ns.no_check, exclude=ns.exclude, overwrite=ns.overwrite)
     except (ConfigError, DataNotFoundError, OSError) as e:
         print(f"agentfly-gym dataset: error: {e}", file=sys.stderr)
         return 2
