@@ -26,6 +26,9 @@ model's code.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
+import json
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
@@ -36,7 +39,9 @@ __all__ = [
     "DiffRules",
     "FilteredDiff",
     "filter_diff",
+    "guard_command",
     "junit_test_map",
+    "seal_problems",
     "shadow_candidates",
     "xpass_names",
 ]
@@ -432,3 +437,73 @@ def hidden_test_rules(hidden_tests: Iterable[str]) -> tuple[frozenset[str], tupl
         if parent and parent.rsplit("/", 1)[-1].lower().startswith("test"):
             dirs.add(parent)
     return files, tuple(sorted(dirs))
+
+
+# ------------------------------------------------------------------------------------- grading launcher
+_PYTEST_MODULE = re.compile(r"(?<![\w.-])-m\s+pytest(?=\s|$)")
+
+
+def guard_command(script: str, launcher: str) -> str | None:
+    """``script`` (a ``run_tests.sh``) running the hidden tests through the grading launcher ``launcher`` (the
+    path of ``grading_guard.py`` in the grading container) instead of ``python -m pytest``; None when the script
+    does not run pytest exactly once as ``python -m pytest`` (it then runs as it is, unguarded)."""
+    if len(_PYTEST_MODULE.findall(script)) != 1:
+        return None
+    return _PYTEST_MODULE.sub(lambda _m: launcher, script)
+
+
+def _guard_names(statuses: dict[str, str]) -> dict[str, str]:
+    rank = {"SKIPPED": 0, "XPASS": 1, "PASSED": 2, "ERROR": 3, "FAILED": 4}
+    out: dict[str, str] = {}
+    for nodeid, st in statuses.items():
+        if "::" not in nodeid or st not in rank:
+            continue
+        name = ".".join(nodeid.split("::")[1:])
+        if rank[st] > rank.get(out.get(name, ""), -1):
+            out[name] = st
+    return out
+
+
+def seal_problems(seal: bytes | None, key: bytes, xml: bytes | None,
+                  test_map: dict[str, str]) -> tuple[list[str], dict]:
+    """Why a guarded run's verdict cannot be trusted (``[]`` when it can), and the seal's body.
+
+    The grading launcher (``grading_guard.py``) writes one seal line after pytest returns: a JSON body (the
+    statuses pytest's reports gave, by node id; the SHA-256 of the JUnit report; what was tampered with) and its
+    HMAC-SHA256 under ``key``.  The verdict is kept when the seal is there, authentic and alone, reports no
+    tampering, the JUnit report is the one sealed, and every test the report calls PASSED was seen passing by the
+    launcher while no test it saw failing is missing from the report or passing there.
+
+    Args:
+        seal: the seal file's bytes (None when there is none: the run ended before pytest returned).
+        key: the key the host gave the launcher.
+        xml: the JUnit report's bytes (None when there is none).
+        test_map: :func:`isolated_test_map` of that report.
+    """
+    if not seal or not seal.strip():
+        return ["the test run ended without the grading launcher's seal (the process exited early)"], {}
+    lines = seal.strip().splitlines()
+    if len(lines) != 1:
+        return ["the seal file holds more than the launcher's seal"], {}
+    try:
+        outer = json.loads(lines[0])
+        body_text, tag = outer["body"], outer["hmac"]
+        body = json.loads(body_text)
+    except (ValueError, KeyError, TypeError):
+        return ["the seal is not the launcher's"], {}
+    want = hmac.new(key, body_text.encode(), hashlib.sha256).hexdigest()
+    if not isinstance(tag, str) or not hmac.compare_digest(tag, want) or not isinstance(body, dict):
+        return ["the seal's signature does not match"], {}
+    problems = [f"tampered: {t}" for t in body.get("tampered") or []]
+    if body.get("junit_sha256") != (hashlib.sha256(xml).hexdigest() if xml is not None else None):
+        problems.append("the JUnit report changed after the seal")
+    if not body.get("audit", False):
+        return problems, body  # an interpreter without audit hooks (before Python 3.8): the report is taken as is
+    seen = _guard_names(body.get("statuses") or {})
+    for name, st in sorted(test_map.items()):
+        if name and st == "PASSED" and seen.get(name) not in ("PASSED", "XPASS"):
+            problems.append(f"{name}: PASSED in the JUnit report, {seen.get(name, 'never run')} in pytest's reports")
+    for name, st in sorted(seen.items()):
+        if st in ("FAILED", "ERROR") and test_map.get(name, "PASSED") == "PASSED":
+            problems.append(f"{name}: {st} in pytest's reports, {test_map.get(name, 'missing')} in the JUnit report")
+    return problems[:50], body
