@@ -14,13 +14,27 @@ there (background processes, wrappers around the interpreter, start-up hooks).  
    package, the hidden tests' files and folders), symbolic links and submodules are dropped and listed;
 3. the hidden tests run in a fresh container (a separate grading pool of the same image and limits) on
    a clean copy of the task with the kept diff applied, and the statuses are read from pytest's JUnit
-   XML report, written outside ``/testbed`` (:func:`junit_test_map`), not from the text summary.
+   XML report, written outside ``/testbed`` (:func:`junit_test_map`), not from the text summary;
+4. the tests run through the grading launcher (:mod:`.grading_guard`, in place of ``python -m pytest``; see
+   :func:`guard_command`), because the package code the hidden tests import runs inside the pytest process and
+   can rewrite pytest's in-memory state before the report is written (a 9-line edit of the package's
+   ``__init__.py`` wrapping ``_pytest.reports.TestReport.__init__`` scored 1.0 on an unfixed task before it).
+   Before any task code runs, the launcher installs PEP 578 audit hooks, snapshots pytest's and pluggy's
+   namespaces and hook implementations, checks them at every test report, and after pytest returns writes a
+   seal signed with a key only it and the host know.  The host keeps the verdict only when the seal is there
+   and authentic, reports nothing tampered with, and agrees with the JUnit report (:func:`seal_problems`); a
+   wrapped ``TestReport.__init__``, a swapped ``_pytest.runner`` function, a patched pluggy class, a pass-all
+   plugin registered at run time, a JUnit report rewritten (at unconfigure, at exit) or a run that ends early
+   (``os._exit``) score 0.
 
-Open case, as in SWE-bench: the package code the hidden tests import runs inside the pytest process and
-can rewrite pytest's in-memory state before the report is written.  This is practical: an edit of the task
-package's ``__init__.py`` that wraps ``_pytest.reports.TestReport.__init__`` to set ``outcome="passed"``
-scores 1.0 on an unfixed task.  Closing it needs the verdict taken outside the process that runs the
-model's code.
+What remains open: this raises the bar, it is not a proof.  On CPython (3.11, 3.12) assigning a class
+attribute raises no audit event, so such edits are caught when the snapshot is checked (at each test report
+and at the end), not refused; code that edits and restores pytest's state between two checks, reaches a frame
+of the launcher through a traceback, or works from a C extension can still forge what it sees.  The hidden
+tests' own code also runs in the same process as the code under test, so substituting the test functions
+(``item.obj``) or returning objects that compare equal to everything is outside what the launcher checks.  A
+script that does not run pytest as ``python -m pytest`` exactly once runs unguarded (recorded in
+``info["grading"]["guard"]["applied"]``), and an interpreter older than 3.8 (no audit hooks) is only sealed.
 """
 
 from __future__ import annotations
