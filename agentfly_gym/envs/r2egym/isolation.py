@@ -262,6 +262,8 @@ def _path_problem(path: str, added: bool, rules: DiffRules) -> str | None:
         return "package metadata (entry points load pytest plugins)"
     if ".pytest_cache" in parts:
         return "pytest cache"
+    if "site-packages" in parts or "dist-packages" in parts:
+        return "installed packages (a virtual environment inside the repository holds the test runner)"
     if path in rules.protected_files:
         return "hidden test file (comes from the task)"
     if any(path == d or path.startswith(d + "/") for d in rules.protected_dirs):
