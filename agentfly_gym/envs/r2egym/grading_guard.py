@@ -43,10 +43,24 @@ _PREFIXES = ("pytest", "_pytest", "pluggy")
 _CLASS_ADDED_OK = frozenset({"__slotnames__", "__abstractmethods__", "_abc_impl"})
 _SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "site-packages", "dist-packages", "__pycache__",
                         ".tox", ".nox", ".eggs", "build"})
+_RANK = {"SKIPPED": 0, "XPASS": 1, "PASSED": 2, "ERROR": 3, "FAILED": 4}
+#: audit events refused outright: they reach any object or frame (gc's graph, other threads' frames, tracing)
+_DENIED = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+                     "sys.settrace", "sys.setprofile", "sys.monitoring.register_callback", "ctypes.cdata"})
+#: audit events whose first two arguments are paths, refused inside the grading folder
+_PATH_EVENTS = frozenset({"os.rename", "os.link", "os.remove", "os.rmdir", "os.truncate", "os.chmod", "os.chown",
+                          "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"})
 _PROC_MEM = re.compile(r"^/proc/[^/]+/(task/[^/]+/)?mem$")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-_CRITICAL = ("_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.junitxml", "_pytest.skipping",
-             "_pytest.outcomes", "_pytest.main", "pluggy._callers", "pluggy._hooks", "pluggy._manager", "__main__")
+#: the modules (and their classes) checked at every test report: what makes and delivers a report (all
+#: modules at the end)
+_CRITICAL = ("_pytest.runner", "_pytest.reports", "_pytest.skipping", "pluggy._callers", "pluggy._hooks", "__main__")
+
+
+#: the hooks whose implementations are checked at every test report (all of them at the end)
+_RUNTEST_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
+                  "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_pyfunc_call",
+                  "pytest_report_teststatus", "pytest_runtestloop", "pytest_fixture_setup")
 
 
 def _ours(name):
@@ -80,26 +94,33 @@ def _snapshot():
     return modules, classes, funcs
 
 
-def _code_like(v):
-    """Whether a class attribute is behaviour (a function, a descriptor, a class) rather than data."""
-    return isinstance(v, (types.FunctionType, staticmethod, classmethod, property, type)) or \
-        hasattr(type(v), "__get__")
+def _code_like(v, type=type, issubclass=issubclass, mro=type.__dict__["__mro__"].__get__,
+               tdict=type.__dict__["__dict__"].__get__):
+    """Whether a class attribute is behaviour (a function, a descriptor, a class) rather than data (looks only at
+    types through ``type``'s own descriptors, never at the value's or its metaclass's attributes)."""
+    t = type(v)
+    if issubclass(t, type):
+        return True
+    for c in mro(t):
+        if "__get__" in tdict(c):
+            return True
+    return False
 
 
 def _codes(funcs):
-    """Ids of the code objects of ``funcs`` and of the functions nested in them, but not of pytest's helpers
+    """The code objects of ``funcs`` and of the functions nested in them, but not of pytest's helpers
     that set attributes for a caller (``monkeypatch``, ``pytester``): the code allowed to set attributes on the
     test runner's classes (pytest keeps a little state on them, ``pytestPDB._config``)."""
-    out, stack = set(), []
+    out, stack = {}, []
     for f in funcs.values():
         if not (getattr(f, "__module__", "") or "").startswith(("_pytest.monkeypatch", "_pytest.pytester")):
             stack.append(f.__code__)
     while stack:
         c = stack.pop()
         if id(c) not in out:
-            out.add(id(c))
+            out[id(c)] = c
             stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return frozenset(out)
+    return list(out.values())
 
 
 def _conftests(root):
@@ -113,16 +134,12 @@ def _conftests(root):
     return out
 
 
-def _sha(path):
+def _sha(path, open=open, sha256=hashlib.sha256, err=OSError):
     try:
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
+            return sha256(f.read()).hexdigest()
+    except err:
         return None
-
-
-def _paths(args):
-    return [os.path.realpath(os.fsdecode(a)) for a in args if isinstance(a, (str, bytes, os.PathLike))]
 
 
 def _merge(now, before):
@@ -140,13 +157,19 @@ def _merge(now, before):
 
 
 def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
-    """Install the two audit hooks; nothing returned holds the key."""
+    """Install the two audit hooks; nothing returned holds the key.
+
+    The hooks and what they call look up no global name (task code can rebind this launcher's globals, and reach
+    a frame's ``f_globals`` and, from Python 3.13, write its locals through a traceback): everything they use is a
+    default argument, copied into each call's own frame, or a closure of functions only the state hook calls."""
     modules, classes, funcs = _snapshot()
     modules = _merge([(n, vars(m), ns) for n, m, ns in modules], before[0])
     classes = _merge(classes, before[1])
-    guarded = frozenset(id(c) for c, _, _ in classes) | frozenset(funcs)
-    runner_codes = _codes(funcs)
-    guarded_classes = frozenset(id(c) for c, _, _ in classes)
+    oid = object.__hash__  # unique for live objects like id(), without id()'s audit event on every call
+    fkeys = frozenset(oid(f) for f in funcs.values())
+    guarded_classes = frozenset(oid(c) for c, _, _ in classes)
+    guarded = guarded_classes | fkeys
+    runner_codes = frozenset(oid(c) for c in _codes(funcs))
     root = os.path.realpath(os.getcwd())
     conftests = _conftests(root)
     report_code = type(plugin).pytest_runtest_logreport.__code__
@@ -154,144 +177,195 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
     report_class = getattr(sys.modules.get("_pytest.reports"), "TestReport", None)
     grade_dir = os.path.realpath(grade_dir) + os.sep
     junit = os.path.realpath(junit)
-    boot_impls = set()
-    for hc in vars(pm.hook).values():
-        if hasattr(hc, "get_hookimpls"):
-            boot_impls.update(id(getattr(i.function, "__func__", i.function)) for i in hc.get_hookimpls())
-    boot_impls = frozenset(boot_impls)
-    crit = [(n, m, ns) for n, m, ns in modules if n in _CRITICAL]
+    relay = pm.hook
+    callers = {k: v for k, v in vars(relay).items() if hasattr(v, "get_hookimpls")}
+    caller_types = frozenset(oid(type(v)) for v in callers.values())
+    boot_impls = frozenset(oid(getattr(i.function, "__func__", i.function))
+                           for hc in callers.values() for i in hc.get_hookimpls())
+    impl_types = frozenset(oid(type(i)) for hc in callers.values() for i in hc.get_hookimpls())
+    crit = [(n, d, ns) for n, d, ns in modules if n in _CRITICAL]
     crit_classes = [(c, d, ns) for c, d, ns in classes if getattr(c, "__module__", "") in _CRITICAL]
+    main_dict = vars(sys.modules["__main__"])
 
-    def veto(event, args):
+    def veto(event, args, guarded=guarded, guarded_classes=guarded_classes, runner_codes=runner_codes,
+             oid=oid, getframe=sys._getframe, type=type, isinstance=isinstance, int=int, str=str, bytes=bytes,
+             realpath=os.path.realpath, fsdecode=os.fsdecode, proc_mem=_PROC_MEM.match, write_flags=_WRITE_FLAGS,
+             sep=os.sep, grade_dir=grade_dir, junit=junit, root=root, added_ok=_CLASS_ADDED_OK,
+             pathlike=os.PathLike, denied=_DENIED, path_events=_PATH_EVENTS, err=PermissionError):
         if event in ("object.__setattr__", "object.__delattr__"):
             obj, name = args[0], args[1]
-            if ((id(obj) in guarded and name not in _CLASS_ADDED_OK) or (
-                    name == "__class__" and id(type(obj)) in guarded_classes)) and \
-                    id(sys._getframe(1).f_code) not in runner_codes:
-                raise PermissionError(f"grading: {event} {name!r} on the test runner is not allowed")
+            if ((oid(obj) in guarded and name not in added_ok) or (
+                    name == "__class__" and oid(type(obj)) in guarded_classes)) and \
+                    oid(getframe(1).f_code) not in runner_codes:
+                raise err("grading: changing the test runner is not allowed")
         elif event == "open":
-            path, mode, flags = args
-            if isinstance(path, int):
+            path, mode, flags = args[0], args[1], args[2]
+            if not isinstance(path, (str, bytes, pathlike)):
                 return
-            p = os.path.realpath(os.fsdecode(path))
-            if _PROC_MEM.match(p):
-                raise PermissionError("grading: /proc/*/mem is not allowed")
-            writing = bool((flags or 0) & _WRITE_FLAGS) or any(c in (mode or "") for c in "wax+")
-            if writing and ((p + os.sep).startswith(grade_dir) and p != junit or
-                            os.path.basename(p) == "conftest.py" and p.startswith(root + os.sep)):
-                raise PermissionError(f"grading: writing {p} is not allowed")
-        elif event in ("os.rename", "os.link", "os.remove", "os.rmdir", "os.truncate", "os.chmod", "os.chown",
-                       "os.utime", "shutil.rmtree"):
-            if any((p + os.sep).startswith(grade_dir) for p in _paths(args[:2])):
-                raise PermissionError(f"grading: {event} in the grading folder is not allowed")
+            p = realpath(fsdecode(path))
+            if proc_mem(p):
+                raise err("grading: /proc/*/mem is not allowed")
+            writing = bool((flags if type(flags) is int else 0) & write_flags) or (
+                type(mode) is str and ("w" in mode or "a" in mode or "x" in mode or "+" in mode))
+            if writing and (((p + sep).startswith(grade_dir) and p != junit) or
+                            (p.endswith(sep + "conftest.py") and p.startswith(root + sep))):
+                raise err("grading: writing this file is not allowed")
+        elif event in path_events:
+            for a in args[:2]:
+                if isinstance(a, (str, bytes, pathlike)) and (realpath(fsdecode(a)) + sep).startswith(grade_dir):
+                    raise err("grading: changing the grading folder is not allowed")
         elif event == "os.symlink":
-            if any("proc" in os.fsdecode(a) for a in args[:1] if isinstance(a, (str, bytes, os.PathLike))):
-                raise PermissionError("grading: links into /proc are not allowed")
-        elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
-                       "sys.settrace", "sys.setprofile", "sys.monitoring.register_callback", "ctypes.cdata"):
-            raise PermissionError(f"grading: {event} is not allowed")
+            a = args[0]
+            if isinstance(a, (str, bytes, pathlike)) and "proc" in fsdecode(a):
+                raise err("grading: links into /proc are not allowed")
+        elif event in denied:
+            raise err("grading: this introspection is not allowed")
         elif event == "ctypes.dlsym":
             name = args[1] if len(args) > 1 else ""
-            if isinstance(name, str) and name.startswith(("Py", "_Py")):
-                raise PermissionError("grading: CPython's C API through ctypes is not allowed")
+            if type(name) is str and name.startswith(("Py", "_Py")):
+                raise err("grading: CPython's C API through ctypes is not allowed")
 
-    outcomes = {}  # nodeid -> worst status
-    tampered = []
-    seals = []
-    known_impls = {}
+    outcomes, tampered, seals, known = {}, [], [], {}
 
-    def note(reason):
+    def note(reason, tampered=tampered, len=len):
         if len(tampered) < 50 and reason not in tampered:
             tampered.append(reason)
 
-    def check(full):
-        for name, d, ns in (modules if full else crit):
-            if name != "__main__" and vars(sys.modules.get(name, plugin)) is not d:
-                note(f"sys.modules[{name!r}] replaced")
-            for k, (v, v0) in ns.items():
-                cur = d.get(k, _MISSING)
-                if cur is not v and cur is not v0:
-                    note(f"{name}.{k} replaced")
+    def namespaces(full, sysmods=sys.modules, plugin=plugin, vars=vars):
+        for name, d, ns in (modules_all if full else crit):
+            if name != "__main__" and vars(sysmods.get(name, plugin)) is not d:
+                note("sys.modules[%r] replaced" % (name,))
+            _compare(name, d, ns, False)
         for cls, d, ns in (classes if full else crit_classes):
-            for k, (v, v0) in ns.items():
-                cur = d.get(k, _MISSING)
-                if cur is not v and cur is not v0:
-                    note(f"{cls.__module__}.{cls.__qualname__}.{k} replaced")
-            if len(d) != len(ns):
-                extra = [k for k in set(d) - set(ns) - _CLASS_ADDED_OK if _code_like(d.get(k))]
-                if extra:
-                    note(f"{cls.__module__}.{cls.__qualname__} gained {sorted(extra)[:5]}")
-        for hname, hc in list(vars(pm.hook).items()):
-            if not hasattr(hc, "get_hookimpls"):
+            _compare(cls.__module__ + "." + cls.__qualname__, d, ns, True)
+
+    def _compare(where, d, ns, is_class, missing=_MISSING, list=list, type=type, str=str, len=len,
+                 code_like=_code_like, added_ok=_CLASS_ADDED_OK):
+        seen = 0
+        for k, cur in list(d.items()):
+            if type(k) is not str:
+                if is_class:
+                    note(where + " gained a key that is not a name")
+                continue
+            pair = ns.get(k)
+            if pair is None:
+                if is_class and k not in added_ok and code_like(cur):
+                    note(where + " gained " + k)
+                continue
+            seen += 1
+            if cur is not pair[0] and cur is not pair[1]:
+                note(where + "." + k + " replaced")
+        if seen != len(ns):
+            for k, pair in ns.items():
+                if pair[0] is not missing and pair[1] is not missing and k not in d:
+                    note(where + "." + k + " removed")
+
+    def hooks(full, type=type, list=list, vars=vars, oid=oid, method=types.MethodType, function=types.FunctionType,
+              module=types.ModuleType, runtest=_RUNTEST_HOOKS, trusted_impl=_trusted_impl):
+        items = list(vars(relay).items()) if full else [(h, vars(relay).get(h)) for h in runtest]
+        for hname, hc in items:
+            if hc is None:
+                continue
+            if oid(type(hc)) not in caller_types:
+                note("the hook relay holds a foreign object at " + str(hname))
                 continue
             for impl in hc.get_hookimpls():
-                f = getattr(impl.function, "__func__", impl.function)
-                if id(f) in boot_impls or id(f) in funcs:
+                if oid(type(impl)) not in impl_types:
+                    note(str(hname) + " holds a foreign hook implementation")
                     continue
-                key = (hname, id(impl.plugin))
-                if key in known_impls:
-                    if known_impls[key] is not f:
-                        note(f"hook implementation of {hname} replaced")
+                f = impl.function
+                if type(f) is method:
+                    f = f.__func__
+                if type(f) is not function:
+                    note(str(hname) + " implemented by something that is not a function")
                     continue
-                known_impls[key] = f
-                if not _trusted_impl(f, impl.plugin, root, conftests):
-                    note(f"{hname} implemented by a plugin registered at run time: "
-                         f"{getattr(impl.plugin, '__name__', type(impl.plugin).__name__)}")
+                k = oid(f)
+                if k in boot_impls or k in fkeys:
+                    continue
+                pkey = (hname, oid(impl.plugin))
+                if pkey in known:
+                    if known[pkey] is not f:
+                        note("hook implementation of " + str(hname) + " replaced")
+                    continue
+                known[pkey] = f
+                plug = impl.plugin
+                pfile = vars(plug).get("__file__") if type(plug) is module else None
+                if not trusted_impl(f.__code__.co_filename, pfile, root, conftests):
+                    note(str(hname) + " implemented by a plugin registered at run time")
 
-    def state(event, args):
-        if not event.startswith("afg."):
+    modules_all = modules
+
+    def state(event, args, getframe=sys._getframe, type=type, str=str, bool=bool, int=int, vars=vars,
+              report_code=report_code, makereport_code=makereport_code, seal_code=seal_code,
+              report_class=report_class, dumps=json.dumps, hmac_new=hmac.new, sha256=hashlib.sha256,
+              write=os.write, close=os.close, sha=_sha, junit=junit, key=key, seal_fd=seal_fd,
+              outcomes=outcomes, tampered=tampered, seals=seals, rank=_RANK, err=OSError):
+        if type(event) is not str or not event.startswith("afg."):
             return
-        caller = sys._getframe(1).f_code
+        caller = getframe(1).f_code
         if event == "afg.report" and caller is report_code:
             nodeid, when, outcome, xfail = args
+            if not (type(nodeid) is type(when) is type(outcome) is str):
+                note("a report with fields that are not strings")
+                return
             status = ("FAILED" if when == "call" else "ERROR") if outcome == "failed" else (
-                "XPASS" if xfail and outcome == "passed" else "PASSED" if outcome == "passed" else "SKIPPED")
-            _worst(outcomes, nodeid, status)
-            check(False)
+                "XPASS" if xfail is True and outcome == "passed" else "PASSED" if outcome == "passed" else
+                "SKIPPED")
+            if rank[status] > rank.get(outcomes.get(nodeid), -1):
+                outcomes[nodeid] = status
+            namespaces(False)
+            hooks(False)
         elif event == "afg.makereport" and caller is makereport_code:
             report, raised = args
             if type(report) is not report_class:
-                note(f"a test report of class {type(report).__name__}")
-            elif raised and report.outcome == "passed":
-                note(f"{report.nodeid}: passed although its {report.when} phase raised")
+                note("a test report of another class")
+                return
+            outcome = vars(report).get("outcome")
+            if type(outcome) is not str:
+                note("a test report whose outcome is not a string")
+            elif raised is True and outcome == "passed":
+                nodeid = vars(report).get("nodeid")
+                note((nodeid if type(nodeid) is str else "a test") + ": passed although its phase raised")
         elif event == "afg.seal" and caller is seal_code:
             if seals:
                 note("a second seal")
+                return
             seals.append(1)
-            check(True)
-            body = json.dumps({"statuses": outcomes, "tampered": tampered, "junit_sha256": _sha(junit),
-                               "rc": args[0], "audit": True}, sort_keys=True)
-            tag = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+            namespaces(True)
+            hooks(True)
+            if main_dict.get("sys") is not sys_module:
+                note("the launcher's names replaced")
+            body = dumps({"statuses": outcomes, "tampered": tampered, "junit_sha256": sha(junit),
+                          "rc": args[0] if type(args[0]) is int else -1, "audit": True}, sort_keys=True)
+            tag = hmac_new(key, body.encode(), sha256).hexdigest()
             try:
-                os.write(seal_fd, (json.dumps({"body": body, "hmac": tag}) + "\n").encode())
-                os.close(seal_fd)
-            except OSError:
+                write(seal_fd, (dumps({"body": body, "hmac": tag}) + "\n").encode())
+                close(seal_fd)
+            except err:
                 pass
         else:
-            note(f"forged event {event}")
+            note("forged event " + event)
 
+    sys_module = sys
     sys.addaudithook(state)
     sys.addaudithook(veto)
 
 
-def _worst(outcomes, nodeid, status):
-    rank = {"SKIPPED": 0, "XPASS": 1, "PASSED": 2, "ERROR": 3, "FAILED": 4}
-    if rank[status] > rank.get(outcomes.get(nodeid), -1):
-        outcomes[nodeid] = status
-
-
-def _trusted_impl(f, plugin, root, conftests):
-    """A hook implementation registered after start-up: from a ``conftest.py`` of the repository as it was at
+def _trusted_impl(filename, plugin_file, root, conftests, realpath=os.path.realpath, basename=os.path.basename,
+                  isfile=os.path.isfile, sep=os.sep, skip=_SKIP_DIRS, any=any, str=str, type=type):
+    """A hook implementation registered after start-up (its function's file ``filename``; ``plugin_file`` the
+    ``__file__`` of its plugin when that is a module): from a ``conftest.py`` of the repository as it was at
     start-up, or from code outside the repository (an installed pytest plugin)."""
-    code = getattr(f, "__code__", None)
-    if code is None:
+    if type(filename) is not str:
         return False
-    path = os.path.realpath(code.co_filename)
-    if isinstance(plugin, types.ModuleType) and os.path.basename(path) == "conftest.py":
-        return conftests.get(path) is not None and conftests.get(path) == _sha(path) and \
-            os.path.realpath(getattr(plugin, "__file__", "") or "") == path
-    inside = path.startswith(root + os.sep) and not any(p in _SKIP_DIRS for p in path[len(root):].split(os.sep))
-    return not inside and os.path.isfile(path)
+    path = realpath(filename)
+    if basename(path) == "conftest.py":
+        if type(plugin_file) is not str or realpath(plugin_file) != path:
+            return False
+        want = conftests.get(path)
+        return want is not None and want == _sha(path)
+    inside = path.startswith(root + sep) and not any(p in skip for p in path[len(root):].split(sep))
+    return not inside and isfile(path)
 
 
 class GuardPlugin:
