@@ -172,3 +172,32 @@ def test_guard_command_replaces_exactly_one_python_m_pytest():
     assert guard_command("pytest -rA tests", "/g") is None  # not through python -m: run unguarded
     assert guard_command("python -m pytest a; python -m pytest b", "/g") is None
     assert guard_command("python -m pytest_cov x", "/g") is None
+
+
+VETOED = '''import gc, sys, pytest
+import _pytest.runner as runner
+def test_vetoes():
+    with pytest.raises(PermissionError):
+        runner.call_and_report.__code__ = (lambda item, when, log=True, **kw: None).__code__
+    with pytest.raises(PermissionError):
+        gc.get_referents(runner.CallInfo.__dict__)
+    with pytest.raises(PermissionError):
+        open("/proc/self/mem", "rb")
+    with pytest.raises(PermissionError):
+        sys.settrace(lambda *a: None)
+    with pytest.raises(PermissionError):
+        open(sys.argv[0].rsplit("/", 1)[0] + "/../grade/seal.json", "w")
+'''
+
+
+def test_audit_hooks_refuse_what_reaches_past_pytest(tmp_path):
+    """What the audit hooks refuse raises PermissionError in the test (the same test fails under plain pytest)."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_v.py").write_text(VETOED.replace(
+        'sys.argv[0].rsplit("/", 1)[0] + "/../grade/seal.json"', repr(str(tmp_path / "grade" / "seal.json"))))
+    log, xml, _ = _run(tmp_path, "tests/test_v.py", guarded=False)
+    assert isolated_test_map(xml, log) == {"test_vetoes": "FAILED"}, log[-2000:]
+    log, xml, seal = _run(tmp_path, "tests/test_v.py", guarded=True)
+    m = isolated_test_map(xml, log)
+    assert m == {"test_vetoes": "PASSED"}, log[-3000:]
+    assert seal_problems(seal, KEY, xml, m)[0] == []

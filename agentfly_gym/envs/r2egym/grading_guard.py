@@ -6,10 +6,10 @@ pytest unguarded and say so in the seal).  The code under test runs inside the p
 pytest's in-memory state; before pytest's plugins or any task code are imported this launcher:
 
 * reads a random key that the host wrote next to this file, and deletes the file;
-* installs two PEP 578 audit hooks (which Python cannot remove).  The first vetoes, for the rest of the process:
-  attribute writes and deletes on the classes and functions of pytest, pluggy and this launcher
-  (``TestReport.__init__ = f``, ``f.__code__ = c``, ``report.__class__ = C``), writes to this folder other than
-  the JUnit report, ``/proc/*/mem``, symbolic links into ``/proc``, ``ctypes``' raw memory access
+* installs two PEP 578 audit hooks (which Python cannot remove).  The first vetoes, for the rest of the process,
+  the attribute writes that raise an audit event on the functions and objects of pytest, pluggy and this
+  launcher (``f.__code__ = c``, ``report.__class__ = C``; CPython raises none for ``TestReport.__init__ = f``,
+  which the snapshot below catches instead), writes to this folder other than the JUnit report, ``/proc/*/mem``, symbolic links into ``/proc``, ``ctypes``' raw memory access
   (``from_address``, CPython's C API through ``pythonapi``), ``gc``'s object graph walks, ``sys.settrace``,
   ``sys.setprofile``, ``sys._current_frames`` and ``sys.monitoring`` callbacks.  The second keeps the key and
   the statuses out of reach of Python objects (it is referenced only by the interpreter);
@@ -429,10 +429,12 @@ def main(argv):
 
     sys.argv = [os.path.join(os.path.dirname(pytest.__file__), "__main__.py"), *argv]
     audit = key is not None and hasattr(sys, "addaudithook")
-    pytest.hookimpl(trylast=True)(GuardPlugin.pytest_load_initial_conftests)
-    pytest.hookimpl(hookwrapper=True, tryfirst=True)(GuardPlugin.pytest_runtest_makereport)
-    plugin = GuardPlugin(grade_dir, key if audit else None, seal_fd, _seal.__code__)
-    rc = pytest.main(list(argv), plugins=[plugin])
+    plugins = []
+    if audit:
+        pytest.hookimpl(trylast=True)(GuardPlugin.pytest_load_initial_conftests)
+        pytest.hookimpl(hookwrapper=True, tryfirst=True)(GuardPlugin.pytest_runtest_makereport)
+        plugins.append(GuardPlugin(grade_dir, key, seal_fd, _seal.__code__))
+    rc = pytest.main(list(argv), plugins=plugins)
     if audit:
         _seal(rc)
     elif key is not None:
