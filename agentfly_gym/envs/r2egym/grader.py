@@ -197,7 +197,10 @@ class R2EGrading:
                 "grading": record}
         if xml is None and not r.timed_out:
             info["error"] = "the hidden tests wrote no JUnit report (pytest did not start or crashed)"
-        return reward, info, self._summary(reward, parsed, r.timed_out, self.test_timeout)
+        summary = self._summary(reward, parsed, r.timed_out, self.test_timeout)
+        if record["guard"].get("problems") and not (xml is None and r.timed_out):
+            summary += f" The test run was tampered with: {record['guard']['problems'][0]}."
+        return reward, info, summary
 
     @staticmethod
     def _test_command(task: R2ETask, local_script: str, *, guarded: bool = False) -> str | list[str]:
