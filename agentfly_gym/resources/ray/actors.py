@@ -56,7 +56,9 @@ def dead_owners(owners: dict[str, dict[str, Any]]) -> list[str]:
 @dataclasses.dataclass
 class Grant:
     """What :meth:`PoolActor.acquire` hands a client: the lease id, the instance's id and its host actor (every
-    call on the host names the instance by ``instance_id``)."""
+    call on the host names the instance by ``instance_id``).  ``handle`` is None when this client was sent the
+    host's handle before (each grant that carries a handle costs Ray a borrower registration); the client keeps
+    handles by ``host_id``, and asks :meth:`PoolActor.host_handle` for one it lacks."""
 
     lease_id: str
     instance_id: str
@@ -66,6 +68,7 @@ class Grant:
     uses: int
     waited: float
     snapshot: dict[str, Any]
+    host_id: str = ""
 
 
 @dataclasses.dataclass
@@ -119,6 +122,7 @@ class PoolActor:
         self._clients: set[str] = set()
         self._client_nodes: dict[str, str] = {}
         self._client_owners: dict[str, dict[str, Any]] = {}  # client id -> its process (see client_owner)
+        self._sent: dict[str, set[str]] = {}  # client id -> the host ids whose handle it was sent
         self._watch: asyncio.Task | None = None
         self._expiry: asyncio.TimerHandle | None = None  # the next max_idle_time check, while one is due
         self._globals: dict[str, str] = {}  # global key ("cluster" or a node id) -> lease id
@@ -184,6 +188,7 @@ class PoolActor:
         self._clients.discard(client_id)
         self._client_nodes.pop(client_id, None)
         self._client_owners.pop(client_id, None)
+        self._sent.pop(client_id, None)
         for lease_id, (_iid, cid) in list(self._leases.items()):
             if cid == client_id:
                 await self.release(lease_id)
@@ -356,7 +361,18 @@ class PoolActor:
             self._leases.pop(lease_id, None)
             self._put_back(inst.id)
             raise ResourceError(f"acquisition {lease_id} of {self.spec.label} was cancelled by its client")
-        return Grant(lease_id, inst.id, inst.handle, inst.node_id, inst.pid, inst.uses, waited, self.snapshot())
+        sent = self._sent.setdefault(client_id, set())
+        handle = None if inst.placed.host_id in sent else inst.handle
+        sent.add(inst.placed.host_id)
+        return Grant(lease_id, inst.id, handle, inst.node_id, inst.pid, inst.uses, waited,
+                     self.snapshot(instances=False), inst.placed.host_id)
+
+    def host_handle(self, host_id: str) -> Any:
+        """The handle of host ``host_id`` (for a client that lacks it), or None when no live instance has it."""
+        for inst in self._instances.values():
+            if inst.placed.host_id == host_id:
+                return inst.handle
+        return None
 
     def _put_back(self, iid: str) -> None:
         """An instance came free: hand it to the first waiter that can take it, else park it idle."""
@@ -475,9 +491,11 @@ class PoolActor:
                 self._global_holders.setdefault(key, set()).add(client_id)
                 iid = self._leases[lease_id][0]
                 inst = self._instances[iid]
-                return Grant(lease_id, iid, inst.handle, inst.node_id, inst.pid, inst.uses, 0.0, self.snapshot())
+                return Grant(lease_id, iid, inst.handle, inst.node_id, inst.pid, inst.uses, 0.0,
+                             self.snapshot(instances=False), inst.placed.host_id)
             lease_id = f"global-{key}-{self._n + 1}-{time.monotonic_ns()}"
             grant = await self.acquire(lease_id, "__global__", timeout, node_id)
+            grant.handle = self._instances[grant.instance_id].handle  # each client asking gets the handle
             self._globals[key] = lease_id
             self._global_holders.setdefault(key, set()).add(client_id)
             return grant
@@ -491,10 +509,11 @@ class PoolActor:
             await self.release(lease_id, discard=discard)
 
     # ------------------------------------------------------------------ metrics, close
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, instances: bool = True) -> dict[str, Any]:
         """Cluster-wide: in use, idle, waiting, starting, live, capacity, started, reused, died, peak live,
         acquire wait mean/max and start mean (seconds), clients; plus the figures runner summaries read under
-        the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``, ... as in ``PoolMetrics``)."""
+        the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``, ... as in ``PoolMetrics``).
+        ``instances=False`` leaves the per-instance table empty (what a grant carries: a cheap copy)."""
         s = self._stats
         return {"spec": self.spec.label, "capacity": self.capacity, "in_use": len(self._leases),
                 "idle": len(self._idle), "waiting": len(self._waiters), "starting": self._starting,
@@ -509,7 +528,7 @@ class PoolActor:
                 "acquired": s["acquires"], "acquire_wait_total": s["wait_total"], "acquire_wait_max": s["wait_max"],
                 "start_time_total": s["start_total"],
                 "instances": {i.id: {"node_id": i.node_id, "pid": i.pid, "uses": i.uses}
-                              for i in self._instances.values()}}
+                              for i in self._instances.values()} if instances else {}}
 
     async def aclose(self) -> None:
         """Stop every instance and fail every waiter; the pool accepts nothing afterwards."""

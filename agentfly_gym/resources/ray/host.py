@@ -62,10 +62,13 @@ class ResourceHost:
         self._slots: dict[str, _Slot] = {}
 
     def info(self) -> dict[str, Any]:
-        """``{"node_id", "pid", "instances"}``: where this host runs and how many instances it holds."""
+        """``{"node_id", "pid", "host_id", "instances"}``: where this host runs (``host_id``: its Ray actor id) and
+        how many instances it holds."""
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "instances": len(self._slots)}
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "pid": os.getpid(), "host_id": ctx.get_actor_id(),
+                "instances": len(self._slots)}
 
     async def start(self, iid: str) -> dict[str, Any]:
         """Start instance ``iid`` here.  Returns ``{"node_id", "pid", "resource_id"}``.

@@ -46,6 +46,7 @@ class Placed:
     handle: Any
     node_id: str
     pid: int
+    host_id: str = ""
     reservation: Any = None
 
 
@@ -97,7 +98,7 @@ class InstanceHosting:
             self._hosts.discard(handle)
             _ray().kill(handle, no_restart=True)
             raise
-        return Placed(handle, info["node_id"], info["pid"])
+        return Placed(handle, info["node_id"], info["pid"], info["host_id"])
 
     async def stop(self, iid: str, placed: Placed) -> None:
         self._hosts.discard(placed.handle)
@@ -120,7 +121,7 @@ class NodeHosting:
     def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str) -> None:
         self.spec, self.placement, self.manager_id = spec, placement, manager_id
         self._hosts: dict[str, Any] = {}  # node id -> the host actor there
-        self._count: dict[str, int] = {}  # node id -> instances started there and not stopped
+        self._count: dict[str, int] = {}  # node id -> instances there or starting there (SPREAD's measure)
         bundle: dict[str, float] = {"CPU": placement.num_cpus, "GPU": placement.num_gpus,
                                     "memory": placement.memory or 0, **dict(placement.resources)}
         self.bundle = {k: float(v) for k, v in bundle.items() if v}
@@ -148,15 +149,25 @@ class NodeHosting:
         nodes = await asyncio.to_thread(_ray().nodes)
         return [n for n in nodes if n.get("Alive")]
 
+    def _move(self, src: str | None, dst: str | None) -> None:
+        """One instance less on ``src``, one more on ``dst`` (either None: none)."""
+        if src:
+            self._count[src] = max(0, self._count.get(src, 0) - 1)
+        if dst:
+            self._count[dst] = self._count.get(dst, 0) + 1
+
     async def _least_used(self) -> str | None:
-        """The live node with the fewest of this pool's instances that has (in total) what the bundle asks."""
+        """The live node with the fewest of this pool's instances (counting those starting) that has (in total)
+        what the bundle asks; counted at once as one more there, so concurrent starts spread."""
         nodes = [n for n in await self._live_nodes()
                  if all(n.get("Resources", {}).get(k, 0) >= v for k, v in self.bundle.items())]
         if not nodes:
             return None
-        return min(nodes, key=lambda n: (self._count.get(n["NodeID"], 0), n["NodeID"]))["NodeID"]
+        node = min(nodes, key=lambda n: (self._count.get(n["NodeID"], 0), n["NodeID"]))["NodeID"]
+        self._move(None, node)
+        return node
 
-    async def _reserve(self, node_id: str | None) -> tuple[Any, str]:
+    async def _reserve(self, node_id: str | None, claimed: list[str]) -> tuple[Any, str]:
         """A placement group holding the bundle (on ``node_id`` if given); waits until Ray has placed it.  With
         SPREAD and no ``node_id``, the least-used node is tried first for :data:`SPREAD_TRY_S` seconds."""
         from ray.util.placement_group import placement_group, placement_group_table
@@ -169,6 +180,7 @@ class NodeHosting:
         if node_id is None and self.placement.scheduling_strategy == "SPREAD":
             target = await self._least_used()
             if target is not None:
+                claimed.append(target)
                 pg = make(target)
                 ready = asyncio.ensure_future(_await(pg.ready()))
                 done, _ = await asyncio.wait([ready], timeout=SPREAD_TRY_S)
@@ -190,17 +202,18 @@ class NodeHosting:
     async def start(self, iid: str, node_id: str | None) -> Placed:
         """Reserve the instance's resources, then start it in the host of the node Ray reserved them on."""
         ray = _ray()
-        pg = None
-        if self.bundle:
-            pg, node = await self._reserve(node_id)
-        elif node_id is not None:
-            node = node_id
-        elif self.placement.scheduling_strategy == "SPREAD":
-            node = await self._least_used() or ray.get_runtime_context().get_node_id()
-        else:
-            node = ray.get_runtime_context().get_node_id()
-        handle = None
+        pg = handle = None
+        claimed: list[str] = []  # the node SPREAD counted this instance on, if any
         try:
+            if self.bundle:
+                pg, node = await self._reserve(node_id, claimed)
+            elif node_id is not None:
+                node = node_id
+            elif self.placement.scheduling_strategy == "SPREAD" and (least := await self._least_used()):
+                node = least
+                claimed.append(node)
+            else:
+                node = ray.get_runtime_context().get_node_id()
             for attempt in (0, 1):
                 handle = self._host(node)
                 try:
@@ -212,13 +225,14 @@ class NodeHosting:
                         raise ResourceStartError(f"{self.spec.label}: the host actor on node {node[:12]} died "
                                                  "while starting an instance") from None
         except BaseException:
+            self._move(claimed[0] if claimed else None, None)
             if handle is not None:
                 _stop_instance(handle, iid)  # one that is still starting is stopped when its start ends
             if pg is not None:
                 await asyncio.to_thread(_remove, pg)
             raise
-        self._count[node] = self._count.get(node, 0) + 1
-        return Placed(handle, info["node_id"], info["pid"], pg)
+        self._move(claimed[0] if claimed else None, info["node_id"])
+        return Placed(handle, info["node_id"], info["pid"], info["host_id"], pg)
 
     async def stop(self, iid: str, placed: Placed) -> None:
         """Stop one instance in its host (the host stays for the others), then free its reservation."""
@@ -229,7 +243,7 @@ class NodeHosting:
                 self.lost(placed.handle)
             else:
                 log.warning("%s: stopping instance %s failed (%s)", self.spec.label, iid, type(e).__name__)
-        self._count[placed.node_id] = max(0, self._count.get(placed.node_id, 0) - 1)
+        self._move(placed.node_id, None)
         if placed.reservation is not None:
             await asyncio.to_thread(_remove, placed.reservation)
 

@@ -116,7 +116,9 @@ class RayResource(Resource):
         self._global_key = "cluster"  # of a global instance: the key the pool granted it under (see acquire_global)
         self.lease_id = grant.lease_id
         self.instance_id = grant.instance_id
-        self.handle = grant.handle
+        self.handle = grant.handle if grant.handle is not None else pool.manager._host_handles.get(grant.host_id)
+        if grant.handle is not None:
+            pool.manager._host_handles[grant.host_id] = grant.handle
         self.node_id = grant.node_id
         self.pid = grant.pid
         self.uses = grant.uses
@@ -183,11 +185,9 @@ class RayResource(Resource):
         where it lives: each is ``(method, args, kwargs)``, ``(method, args)`` or ``(method,)``; a name runs as
         :meth:`call`, a function as :meth:`invoke`.  Returns the results in order.  Raises ResourceDied when its
         host or node is gone; else the first call that raises stops the batch and its error is raised."""
-        wire = []
-        for c in calls:
-            what, args, kwargs = (tuple(c) + ((), {}))[:3]
-            wire.append(("invoke_fn" if callable(what) else "call", what, tuple(args), dict(kwargs)))
-        return await self._remote("batch", wire)
+        wire = [(tuple(c) + ((), {}))[:3] for c in calls]
+        return await self._remote("batch", [("invoke_fn" if callable(w) else "call", w, tuple(a), dict(k))
+                                            for w, a, k in wire])
 
     async def exec(self, *args: Any, **kwargs: Any) -> Any:
         """A container's ``exec``, run on the node of the container; returns its ``ExecResult``."""
@@ -298,6 +298,8 @@ class RayPool:
         ref = self.handle.acquire.remote(lease_id, self.manager.id, timeout, node_id, priority)
         grant = await self._await_grant(ref, lease_id)
         self._snapshot = grant.snapshot
+        if grant.handle is None and grant.host_id not in self.manager._host_handles:  # its first grant is late
+            grant.handle = await self.handle.host_handle.remote(grant.host_id)
         res = RayResource(self, grant)
         self._leases[lease_id] = res
         return res
@@ -400,9 +402,8 @@ class RayResourceManager(Manager):
         acquire_timeout: default seconds an acquisition may wait, None for no limit.
         manager_id: labels this client and the resources it starts; random by default.
         address: passed to ``ray.init`` when Ray is not initialised in this process yet.
-        hosting: ``"node"`` (one host actor per node and pool holds all its instances there; each instance's
-            placement is reserved by a placement group) or ``"instance"`` (a host actor, a Ray worker process of
-            about 100 MB, per instance: the earlier design).  A pool of either is a separate named actor.
+        hosting: ``"node"`` (one host actor per node and pool holds its instances there, see :mod:`.hosting`) or
+            ``"instance"`` (one host actor, a ~100 MB process, per instance).  Each has its own named pools.
 
     Raises:
         ConfigError: a bad ``global_scope`` or placement.
@@ -431,6 +432,7 @@ class RayResourceManager(Manager):
         self.acquire_timeout = acquire_timeout
         self._pools: dict[str, RayPool] = {}
         self._globals: dict[str, RayResource] = {}
+        self._host_handles: dict[str, Any] = {}  # host actor id -> handle (grants carry each one once)
         self._global_locks: dict[str, asyncio.Lock] = {}
         self._closed = False
         # one teardown owner (resources/teardown.py): this manager detaches at exit and on SIGTERM (Ray's
