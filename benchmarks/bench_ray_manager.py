@@ -333,7 +333,8 @@ async def measure_memory(sizes: list[int], instance_max: int) -> dict[str, Any]:
                 print(f"[memory] {hosting:8s} {n:4d} instances: {procs} worker processes, {row['hosts']} hosts on "
                       f"{row['nodes']} nodes, {total / 2**20:.0f} MiB PSS, {row['pss_per_instance_bytes'] / 2**20:.2f} "
                       f"MiB/instance ({row['added_per_instance_bytes'] / 2**20:.2f} over the empty cluster, "
-                      f"{(marginal or 0) / 2**20:.2f} per further instance), started in {took:.1f} s",
+                      + (f"{marginal / 2**20:.2f} per further instance" if marginal is not None else "first size")
+                      + f"), started in {took:.1f} s",
                       flush=True)
             for r in held:
                 await pool.release(r)
