@@ -28,7 +28,8 @@ all the pool's instances there) and ``hosting="instance"`` (one host actor, a Ra
   and the growth over the cluster with the pool attached but empty, per instance (``added_per_instance``); and,
   for reference, what one such instance costs inside a local pool in this process (the instance itself).  Goal:
   under 5 MB per instance beyond the instance itself.  The per-instance design stops at ``--instance-max``
-  instances (default 64): 256 of its ~100 MB processes do not fit this machine's memory.
+  instances (default 32, measured as a size of its own): 64 or 256 of its ~75-100 MB processes (6-23 GB, minutes
+  of starts) do not fit a shared 2-core machine.
 - acquisition throughput (``--parts throughput``): 4 driver processes (``--drivers``) connected to the cluster,
   each with ``--concurrency`` tasks that acquire (a reused instance: the pool resets it on its host first) and
   release in a loop against one pool for ``--seconds``; acquires per second over all drivers.  Goal: >= 500/s.
@@ -314,7 +315,8 @@ async def measure_memory(sizes: list[int], instance_max: int) -> dict[str, Any]:
             for n in todo:
                 if hosting == "instance" and n > instance_max:
                     rows.append({"instances": n, "skipped": f"over --instance-max {instance_max}: {n} Ray worker "
-                                                           "processes of ~100 MB do not fit this machine"})
+                                                           f"processes of ~75-100 MB (~{n * 0.09:.0f} GB) and minutes "
+                                                           "of starts do not fit a shared 2-core machine"})
                     continue
                 t = time.perf_counter()
                 held += await asyncio.gather(*(pool.acquire(timeout=600) for _ in range(n - len(held))))
