@@ -492,7 +492,8 @@ def main() -> int:
         if "overhead" in parts:
             res.data["results"]["overhead"] = asyncio.run(measure_overhead(steps))
             o = res.data["results"]["overhead"]
-            print(f"[overhead] Ray actor call floor {o['ray_actor_call_floor_s'] * 1e3:.2f} ms; step median local {o['median_s']['step_local'] * 1e3:.2f} ms, ray "
+            print(f"[overhead] Ray actor call floor {o['ray_actor_call_floor_s'] * 1e3:.2f} ms (one Ray call per step, "
+                  f"several calls batched into it with RayResource.batch, is the floor of a Ray-hosted step); step median local {o['median_s']['step_local'] * 1e3:.2f} ms, ray "
                   f"{o['median_s']['step_ray'] * 1e3:.2f} ms, added {o['added_per_step_s'] * 1e3:.2f} ms "
                   f"(goal < {GOAL_ADDED_PER_STEP_S * 1e3:.0f} ms: {'met' if o['goal_met'] else 'NOT met'})", flush=True)
         if "acquire" in parts:
