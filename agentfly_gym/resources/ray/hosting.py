@@ -11,7 +11,9 @@
   the placement's resources itself (about 100 MB of Ray worker process per instance).
 
 A host's death loses every instance it holds: their leases' next calls raise
-:class:`~agentfly_gym.errors.ResourceDied`, the pool discards them, and the next start makes a new host.
+:class:`~agentfly_gym.errors.ResourceDied`, the pool discards them, and the next start makes a new host.  Hosts are
+per pool (spec), so one kind's crash never takes another kind's instances; an in-process object that can crash
+its process is better run with ``isolation="process"`` (a child process per object) or ``hosting="instance"``.
 """
 
 from __future__ import annotations
