@@ -2,16 +2,19 @@
 
 Every hack of ``tests/r2e_hacks.py`` (a pass-all ``conftest.py``, a ``pytest.py`` shadowing pytest, a
 ``sitecustomize.py`` setting ``PYTEST_PLUGINS``, a ``.pth`` in the user site folder, an exception message
-containing ``PASSED``, and on Docker a wrapper at ``/usr/local/bin/python3`` and a background process that
-plants ``conftest.py`` when pytest starts) is played through ``R2EGym-v0`` actions on the unfixed fixture
-task, ``--repeats`` times, under ``grading="isolated"`` (the default) and ``grading="in_place"``
-(upstream's), on each backend.  Counted per mode: episodes, rewards bought (1.0 on an unfixed task),
-handled errors, unhandled exceptions.  The honest gold patch is played too (it must score 1.0 in both).
+containing ``PASSED``, on Docker a wrapper at ``/usr/local/bin/python3`` and a background process that
+plants ``conftest.py`` when pytest starts, and the in-process family: the task package's ``__init__.py``
+wrapping ``TestReport.__init__``, swapping ``_pytest.runner.call_and_report``, patching pluggy's
+``HookCaller.__call__``, registering a pass-all plugin, rewriting the JUnit report at unconfigure, at exit, or
+before an ``os._exit(0)``) is played through ``R2EGym-v0`` actions on the unfixed fixture task, ``--repeats``
+times, under ``grading="isolated"`` (the default, with the grading launcher), ``"unguarded"`` (isolated without
+the launcher: the grading before it) and ``grading="in_place"`` (upstream's), on each backend.  Counted per mode: episodes, rewards bought (1.0 on an unfixed task),
+handled errors, unhandled exceptions.  The honest gold patch is played too (it must score 1.0 in every mode).
 
 Timing: the ``finish`` step after the gold patch (the end of an episode: in place, the hidden tests in the
 episode's container; isolated, the diff export, a grading container of the warm pool, the clean copy, the
-tests and the JUnit report) and the reset (isolated grading records the task's base with git), medians
-over ``--repeats``.
+tests through the launcher, the JUnit report and the seal) and the reset (isolated grading records the task's
+base with git), medians over ``--repeats``; ``guard_adds_s``: what the launcher adds to isolated grading.
 
 Run: ``python benchmarks/bench_grading_hacks.py [--backends sandbox,docker] [--repeats 3]`` (about a
 minute per backend and repeat on 2 cores); writes ``results/bench_grading_hacks.{json,png}``.
@@ -31,7 +34,11 @@ import _common as C
 
 REPO = Path(__file__).resolve().parents[1]
 R2E_TASKS = REPO / "tests" / "fixtures" / "r2e" / "tasks.jsonl"
-MODES = ("isolated", "in_place")
+MODES = ("isolated", "unguarded", "in_place")
+#: env keyword arguments of each mode: "unguarded" is isolated grading without the grading launcher (the grading
+#: before it, kept to show what the launcher closes and what it costs)
+MODE_KW = {"isolated": {"grading": "isolated"}, "unguarded": {"grading": "isolated", "grading_guard": False},
+           "in_place": {"grading": "in_place"}}
 
 
 def _hacks():
@@ -88,8 +95,8 @@ async def run_backend(backend: str, args, res: C.Result) -> dict[str, Any]:
                                                    for m in MODES},
                            "honest": {m: [] for m in MODES}, "timing_s": {}}
     async with ResourceManager() as manager:
-        envs = {m: R2EGymEnv(tasks=R2E_TASKS, manager=manager, grading=m, max_instances=1, bash_timeout=30.0,
-                             test_timeout=60.0, **kw) for m in MODES}
+        envs = {m: R2EGymEnv(tasks=R2E_TASKS, manager=manager, max_instances=1, bash_timeout=30.0,
+                             test_timeout=60.0, **MODE_KW[m], **kw) for m in MODES}
         gold = (await _gold_actions(envs["in_place"], h))
         # hacks
         for name in names:
@@ -132,6 +139,8 @@ async def run_backend(backend: str, args, res: C.Result) -> dict[str, Any]:
             out["timing_s"][m] = {k: {"median": C.median(v), "all": v} for k, v in times[m].items()}
         out["isolated_adds_s"] = {k: out["timing_s"]["isolated"][k]["median"] - out["timing_s"]["in_place"][k]["median"]
                                   for k in ("reset", "finish")}
+        out["guard_adds_s"] = {k: out["timing_s"]["isolated"][k]["median"] - out["timing_s"]["unguarded"][k]["median"]
+                               for k in ("reset", "finish")}
         for env in envs.values():
             await env.aclose()
     return out
@@ -148,14 +157,14 @@ def plot(res: C.Result) -> None:
     r = res.data.get("results", {})
     fig, axes = C.subplots(1, 2, figsize=(11, 4))
     backends = list(r)
-    width = 0.38
+    width = 0.8 / len(MODES)
     for j, m in enumerate(MODES):
         axes[0].bar([i + j * width for i in range(len(backends))],
                     [r[b]["counts"][m]["bought"] for b in backends], width, label=f"{m}: rewards bought")
         axes[1].bar([i + j * width for i in range(len(backends))],
                     [r[b]["timing_s"][m]["finish"]["median"] for b in backends], width, label=f"{m}: finish step")
     for ax, title in zip(axes, ("hacks that bought reward 1.0 on an unfixed task", "end of episode (s, median)")):
-        ax.set_xticks([i + width / 2 for i in range(len(backends))])
+        ax.set_xticks([i + width * (len(MODES) - 1) / 2 for i in range(len(backends))])
         ax.set_xticklabels(backends)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
@@ -180,8 +189,8 @@ def main() -> int:
         with C.skip_on_error(res, backend):
             results[backend] = asyncio.run(run_backend(backend, args, res))
     res.data["results"] = results
-    summary = {b: {"counts": v["counts"], "honest": v["honest"], "isolated_adds_s": v["isolated_adds_s"]}
-               for b, v in results.items()}
+    summary = {b: {"counts": v["counts"], "honest": v["honest"], "isolated_adds_s": v["isolated_adds_s"],
+                   "guard_adds_s": v["guard_adds_s"]} for b, v in results.items()}
     print(json.dumps(summary, indent=2), flush=True)
     return C.finish(res, plot)
 

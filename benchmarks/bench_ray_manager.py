@@ -17,11 +17,32 @@ the network" is across processes over Ray's RPC, the floor of what a real networ
   shared server (``RayResourceManager``, ``global_scope="cluster"``).  Memory is the PSS (proportional set
   size, ``/proc/<pid>/smaps_rollup``: shared pages split between the processes that map them) summed over
   the worker processes and the server's host process, minus the workers' PSS before the episode.
+
+Two more, on a local 3-node ``ray.cluster_utils.Cluster`` (a head and two workers, each offering a ``slot``
+resource), for both designs in the same run (issue 28): ``hosting="node"`` (one host actor per node and pool holds
+all the pool's instances there) and ``hosting="instance"`` (one host actor, a Ray worker process, per instance):
+
+- memory per hosted instance (``--parts memory``): a pool of a cheap in-process kind (``builtins:dict``), instances
+  spread over the nodes (``SPREAD``) and all held at once, at 8, 64 and 256 instances (``--sizes``).  Reported:
+  the PSS of every Ray worker process of the cluster (the pool actor, the hosts, Ray's idle workers) per instance,
+  and the growth over the cluster with the pool attached but empty, per instance (``added_per_instance``); and,
+  for reference, what one such instance costs inside a local pool in this process (the instance itself).  Goal:
+  under 5 MB per instance beyond the instance itself.  The per-instance design stops at ``--instance-max``
+  instances (default 32, measured as a size of its own): 64 or 256 of its ~75-100 MB processes (6-23 GB, minutes
+  of starts) do not fit a shared 2-core machine.
+- acquisition throughput (``--parts throughput``): 4 driver processes (``--drivers``) connected to the cluster,
+  each with ``--concurrency`` tasks that acquire (a reused instance: the pool resets it on its host first) and
+  release in a loop against one pool for ``--seconds``; acquires per second over all drivers.  Goal: >= 500/s.
+
+A step that needs several calls on one instance can send them in one round trip (``RayResource.batch``); one Ray
+actor call per step (about 1.8 ms for an empty call on this machine, ``ray_actor_call_floor_s``) is the floor of
+any Ray-hosted step, whatever the hosting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -233,18 +254,225 @@ async def measure_webshop(workers: int) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------------- issue 28: hosting designs on 3 nodes
+HOSTINGS = ("node", "instance")
+GOAL_MB_PER_INSTANCE = 5.0
+GOAL_ACQUIRES_PER_S = 500.0
+
+
+def ray_worker_pids() -> list[int]:
+    """The Ray worker processes (actors', tasks', idle ones) under this process: the local cluster's."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if cmd.startswith("ray::") or "default_worker.py" in cmd:
+            out.append(p.pid)
+    return out
+
+
+def workers_pss() -> tuple[int, int]:
+    """(summed PSS in bytes, number) of the cluster's Ray worker processes."""
+    pids = ray_worker_pids()
+    return sum(pss(p) for p in pids), len(pids)
+
+
+async def _settle_pss(seconds: float = 3.0) -> tuple[int, int]:
+    await asyncio.sleep(seconds)  # started workers finish importing; idle ones Ray prestarts come up
+    return workers_pss()
+
+
+async def measure_memory(sizes: list[int], instance_max: int) -> dict[str, Any]:
+    from agentfly_gym.resources import InProcessSpec, ResourceManager
+    from agentfly_gym.resources.ray import RayResourceManager
+
+    cap = max(sizes)
+    placement = {"*": {"resources": {"slot": 1}, "scheduling_strategy": "SPREAD"}}
+    out: dict[str, Any] = {"sizes": sizes, "instance_max": instance_max, "goal_mb_per_instance": GOAL_MB_PER_INSTANCE}
+    # the instance itself: the same kind in a local pool in this process
+    spec = InProcessSpec(factory="builtins:dict", max_instances=cap, name="bench-mem-local")
+    async with ResourceManager() as local:
+        before = pss(os.getpid())
+        held = await asyncio.gather(*(local.pool(spec).acquire() for _ in range(cap)))
+        await asyncio.sleep(0.5)
+        out["local_bytes_per_instance"] = (pss(os.getpid()) - before) / cap
+        for r in held:
+            await local.pool(spec).release(r)
+    for hosting in HOSTINGS:
+        spec = InProcessSpec(factory="builtins:dict", max_instances=cap, name=f"bench-mem-{hosting}")
+        rows = []
+        async with RayResourceManager(placement=placement, hosting=hosting) as m:
+            pool = m.pool(spec)
+            await pool.attach()
+            base, nbase = await _settle_pss()
+            held: list[Any] = []
+            todo = sizes if hosting == "node" else sorted({n for n in sizes if n < instance_max} | {instance_max}
+                                                          | {n for n in sizes if n > instance_max})
+            for n in todo:
+                if hosting == "instance" and n > instance_max:
+                    rows.append({"instances": n, "skipped": f"over --instance-max {instance_max}: {n} Ray worker "
+                                                           f"processes of ~75-100 MB (~{n * 0.09:.0f} GB) and minutes "
+                                                           "of starts do not fit a shared 2-core machine"})
+                    continue
+                t = time.perf_counter()
+                held += await asyncio.gather(*(pool.acquire(timeout=600) for _ in range(n - len(held))))
+                took = time.perf_counter() - t
+                await asyncio.gather(*(r.call("get", "k") for r in held))
+                total, procs = await _settle_pss()
+                snap = await pool.fetch_snapshot()
+                prev = next((r for r in reversed(rows) if "skipped" not in r), None)
+                marginal = (total - prev["workers_pss_bytes"]) / (n - prev["instances"]) if prev else None
+                row = {"instances": n, "workers_pss_bytes": total, "worker_processes": procs, "hosts": snap["hosts"],
+                       "marginal_per_instance_bytes": marginal,
+                       "nodes": len({i["node_id"] for i in snap["instances"].values()}),
+                       "pss_per_instance_bytes": total / n, "added_per_instance_bytes": (total - base) / n,
+                       "start_s": took}
+                rows.append(row)
+                print(f"[memory] {hosting:8s} {n:4d} instances: {procs} worker processes, {row['hosts']} hosts on "
+                      f"{row['nodes']} nodes, {total / 2**20:.0f} MiB PSS, {row['pss_per_instance_bytes'] / 2**20:.2f} "
+                      f"MiB/instance ({row['added_per_instance_bytes'] / 2**20:.2f} over the empty cluster, "
+                      + (f"{marginal / 2**20:.2f} per further instance" if marginal is not None else "first size")
+                      + f"), started in {took:.1f} s",
+                      flush=True)
+            for r in held:
+                await pool.release(r)
+        out[hosting] = {"baseline_pss_bytes": base, "baseline_processes": nbase, "rows": rows}
+        await asyncio.sleep(2.0)  # the pool and its hosts end before the next design is measured
+    node_rows = [r for r in out["node"]["rows"] if "skipped" not in r]
+    # the goal, at the largest size: the workers' growth per instance, less what the instance itself costs
+    out["goal_met"] = bool(node_rows) and (node_rows[-1]["added_per_instance_bytes"]
+                                           - out["local_bytes_per_instance"] < GOAL_MB_PER_INSTANCE * 2**20)
+    return out
+
+
+DRIVER = """
+import asyncio, json, sys, time, ray
+from agentfly_gym.resources import InProcessSpec
+from agentfly_gym.resources.ray import RayResourceManager
+address, hosting, cap, conc, start_at, seconds, out = sys.argv[1:8]
+ray.init(address=address, namespace="afg-bench", log_to_driver=False)
+spec = InProcessSpec(factory="builtins:dict", max_instances=int(cap), name=f"bench-tp-{hosting}")
+async def main():
+    async with RayResourceManager(placement={"*": {"resources": {"slot": 1}}}, hosting=hosting) as m:
+        pool = m.pool(spec)
+        await pool.attach()
+        r = await pool.acquire(timeout=120)
+        await pool.release(r)
+        await asyncio.sleep(max(0.0, float(start_at) - time.time()))
+        end = time.time() + float(seconds)
+        lat, done = [], []
+        async def loop():
+            while time.time() < end:
+                t = time.perf_counter()
+                r = await pool.acquire(timeout=120)
+                lat.append(time.perf_counter() - t)
+                done.append(time.time())
+                await pool.release(r)
+        began = time.time()
+        await asyncio.gather(*(loop() for _ in range(int(conc))))
+        return lat, done, began
+lat, done, began = asyncio.run(main())
+json.dump({"latencies": lat, "done_at": done, "began": began}, open(out, "w"))
+"""
+
+
+async def measure_throughput(address: str, drivers: int, conc: int, seconds: float, tmp: Path) -> dict[str, Any]:
+    import subprocess
+
+    from agentfly_gym.resources import InProcessSpec
+    from agentfly_gym.resources.ray import RayResourceManager
+
+    cap = drivers * conc
+    out: dict[str, Any] = {"drivers": drivers, "concurrency": conc, "seconds": seconds, "cap": cap,
+                           "goal_acquires_per_s": GOAL_ACQUIRES_PER_S}
+    for hosting in HOSTINGS:
+        spec = InProcessSpec(factory="builtins:dict", max_instances=cap, name=f"bench-tp-{hosting}")
+        async with RayResourceManager(placement={"*": {"resources": {"slot": 1}}}, hosting=hosting) as owner:
+            pool = owner.pool(spec)
+            await pool.attach()  # this process owns the pool for the whole measurement
+            await pool.prewarm(cap)  # every acquisition below reuses an instance (reset on its host)
+            start_at = time.time() + 30.0  # the drivers connect to Ray meanwhile (seconds each on 2 cores)
+            procs = []
+            for i in range(drivers):
+                f = tmp / f"{hosting}-{i}.json"
+                procs.append((subprocess.Popen([sys.executable, "-c", DRIVER, address, hosting, str(cap), str(conc),
+                                                str(start_at), str(seconds), str(f)],
+                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), f))
+            results = []
+            for proc, f in procs:
+                log, _ = await asyncio.to_thread(proc.communicate, timeout=300)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"a driver failed: {log[-2000:]}")
+                results.append(json.loads(f.read_text()))
+            snap = await pool.fetch_snapshot()
+        lat = [x for r in results for x in r["latencies"]]
+        # counted over the window all drivers were running (a driver that connected late starts late)
+        lo = max(r["began"] for r in results)
+        hi = min(max(r["done_at"], default=lo) for r in results)
+        window = max(hi - lo, 1e-9)
+        n = sum(1 for r in results for t in r["done_at"] if lo <= t <= hi)
+        out[hosting] = {"acquires": n, "window_s": window, "acquires_per_s": n / window,
+                        "acquires_total": len(lat), "latency_median_s": statistics.median(lat),
+                        "latency_p95_s": C.pct(lat, 0.95), "hosts": snap["hosts"], "started": snap["started"],
+                        "drivers_start_spread_s": lo - min(r["began"] for r in results)}
+        print(f"[throughput] {hosting:8s}: {n / window:.0f} acquires/s from {drivers} drivers x {conc} "
+              f"(median {statistics.median(lat) * 1e3:.1f} ms, p95 {C.pct(lat, 0.95) * 1e3:.1f} ms; goal >= "
+              f"{GOAL_ACQUIRES_PER_S:.0f}/s)", flush=True)
+    out["goal_met"] = out["node"]["acquires_per_s"] >= GOAL_ACQUIRES_PER_S
+    return out
+
+
+def run_cluster_parts(parts: set[str], args: Any, res: C.Result) -> None:
+    """The issue-28 parts, on a local 3-node cluster of their own."""
+    import tempfile
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    slots = max(max(args.sizes), args.drivers * args.concurrency)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                      "resources": {"slot": slots}})
+    for _ in range(2):
+        c.add_node(num_cpus=1, resources={"slot": slots})
+    c.wait_for_nodes()
+    ray.init(address=c.address, namespace="afg-bench", log_to_driver=False)
+    try:
+        if "memory" in parts:
+            res.data["results"]["memory"] = asyncio.run(measure_memory(args.sizes, args.instance_max))
+        if "throughput" in parts:
+            with tempfile.TemporaryDirectory() as tmp:
+                res.data["results"]["throughput"] = asyncio.run(
+                    measure_throughput(c.address, args.drivers, args.concurrency, args.seconds, Path(tmp)))
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
 # ---------------------------------------------------------------------- main
 def main() -> int:
     C.setup_env_vars()
     p = C.base_parser(__doc__.splitlines()[0])
-    p.add_argument("--parts", default="overhead,acquire,webshop", help="comma-separated: overhead, acquire, webshop")
+    p.add_argument("--parts", default="overhead,acquire,webshop,memory,throughput",
+                   help="comma-separated: overhead, acquire, webshop (one local node); memory, throughput (3 nodes)")
     p.add_argument("--steps", type=int, default=None, help="steps (and calls) per side; default 300 x scale, >= 30")
     p.add_argument("--webshop-workers", type=int, default=4)
+    p.add_argument("--sizes", default="8,64,256", help="memory: instances held at once, growing")
+    p.add_argument("--instance-max", type=int, default=32,
+                   help="memory: the most instances of hosting='instance' (measured there too); default 32")
+    p.add_argument("--drivers", type=int, default=4, help="throughput: driver processes")
+    p.add_argument("--concurrency", type=int, default=8, help="throughput: acquire loops per driver")
+    p.add_argument("--seconds", type=float, default=None, help="throughput: seconds measured; default 8 x scale, >= 3")
     args = p.parse_args()
     parts = {s.strip() for s in args.parts.split(",") if s.strip()}
-    unknown = parts - {"overhead", "acquire", "webshop"}
-    if unknown:
-        p.error(f"unknown part(s) {sorted(unknown)}; valid: overhead, acquire, webshop")
+    valid = {"overhead", "acquire", "webshop", "memory", "throughput"}
+    if parts - valid:
+        p.error(f"unknown part(s) {sorted(parts - valid)}; valid: {', '.join(sorted(valid))}")
+    args.sizes = sorted(int(x) for x in args.sizes.split(",") if x.strip())
+    args.seconds = args.seconds or max(3.0, 8.0 * args.scale)
     steps = args.steps or C.scaled(300, args.scale, 30)
     res = C.Result("bench_ray_manager", args)
     repo = str(Path(__file__).resolve().parents[1])
@@ -252,15 +480,20 @@ def main() -> int:
                                                            os.environ.get("PYTHONPATH")) if x)
     import ray
 
-    # address="local": a cluster of its own, never one another process on this machine left running
-    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
     res.data["ray"] = ray.__version__
     res.data["results"] = {}
+    if parts & {"memory", "throughput"}:
+        run_cluster_parts(parts, args, res)
+    if not parts & {"overhead", "acquire", "webshop"}:
+        return C.finish(res, plot)
+    # address="local": a cluster of its own, never one another process on this machine left running
+    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
     try:
         if "overhead" in parts:
             res.data["results"]["overhead"] = asyncio.run(measure_overhead(steps))
             o = res.data["results"]["overhead"]
-            print(f"[overhead] Ray actor call floor {o['ray_actor_call_floor_s'] * 1e3:.2f} ms; step median local {o['median_s']['step_local'] * 1e3:.2f} ms, ray "
+            print(f"[overhead] Ray actor call floor {o['ray_actor_call_floor_s'] * 1e3:.2f} ms (one Ray call per step, "
+                  f"several calls batched into it with RayResource.batch, is the floor of a Ray-hosted step); step median local {o['median_s']['step_local'] * 1e3:.2f} ms, ray "
                   f"{o['median_s']['step_ray'] * 1e3:.2f} ms, added {o['added_per_step_s'] * 1e3:.2f} ms "
                   f"(goal < {GOAL_ADDED_PER_STEP_S * 1e3:.0f} ms: {'met' if o['goal_met'] else 'NOT met'})", flush=True)
         if "acquire" in parts:
@@ -277,7 +510,7 @@ def main() -> int:
 
 def plot(res: C.Result) -> None:
     d = res.data["results"]
-    panels = [k for k in ("overhead", "acquire", "webshop") if k in d]
+    panels = [k for k in ("overhead", "acquire", "webshop", "memory", "throughput") if k in d]
     fig, axes = C.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.8), squeeze=False)
     for ax, k in zip(axes[0], panels):
         if k == "overhead":
@@ -296,6 +529,26 @@ def plot(res: C.Result) -> None:
             ax.axvline(d[k]["local_reuse_median_s"] * 1e3, color="#4c72b0", label="local median")
             ax.set_xlabel("acquire of a reused instance (ms)")
             ax.set_title(f"median {d[k]['ray_reuse_median_s'] * 1e3:.1f} ms")
+            ax.legend(fontsize=8)
+        elif k == "memory":
+            for hosting, color in zip(HOSTINGS, ("#dd8452", "#4c72b0")):
+                rows = [r for r in d[k][hosting]["rows"] if "skipped" not in r]
+                ax.plot([r["instances"] for r in rows], [r["pss_per_instance_bytes"] / 2**20 for r in rows], "o-",
+                        color=color, label=f"hosting={hosting}")
+            ax.axhline(GOAL_MB_PER_INSTANCE, color="gray", ls="--", label="goal (5 MB)")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("in-process instances held (3 nodes)")
+            ax.set_ylabel("Ray workers' PSS per instance (MiB)")
+            ax.set_title("memory per hosted instance")
+            ax.legend(fontsize=8)
+        elif k == "throughput":
+            t = d[k]
+            ax.bar([f"hosting={h}" for h in HOSTINGS], [t[h]["acquires_per_s"] for h in HOSTINGS],
+                   color=["#dd8452", "#4c72b0"])
+            ax.axhline(GOAL_ACQUIRES_PER_S, color="gray", ls="--", label="goal (500/s)")
+            ax.set_ylabel("acquires per second")
+            ax.set_title(f"{t['drivers']} drivers x {t['concurrency']}, one pool")
             ax.legend(fontsize=8)
         else:
             w = d[k]

@@ -35,7 +35,7 @@ SCRIPTS = {
     "bench_sim_costs": [],
     "bench_trace_rollout": ["--profiles", "r2e"],
     "bench_memory": ["--envs", "Chess"],
-    "bench_grading_hacks": ["--backends", "sandbox", "--hacks", "conftest_pass_all,passed_in_exception"],
+    "bench_grading_hacks": ["--backends", "sandbox", "--hacks", "conftest_pass_all,passed_in_exception,testreport_wrap"],
     "bench_memory_growth": ["--envs", "ALFWorld", "--sets", "sample"],
     "bench_trainer_gap": ["--envs", "Chess"],
 }
@@ -231,9 +231,11 @@ def test_memory_merge_keeps_rows_not_measured_again():
 
 @pytest.mark.slow
 def test_grading_hack_campaign_counts(runs):
-    """The hacks buy reward in place (upstream's grading) and nothing isolated; the gold patch scores 1.0 in both."""
+    """The hacks buy reward in place (upstream's grading) and nothing isolated; the in-process one (the package
+    wrapping ``TestReport.__init__``) only without the grading launcher; the gold patch scores 1.0 in every mode."""
     data = _finished(runs, "bench_grading_hacks")
     counts = data["results"]["sandbox"]["counts"]
-    assert counts["in_place"]["bought"] == counts["in_place"]["episodes"] == 2, counts
+    assert counts["in_place"]["bought"] == counts["in_place"]["episodes"] == 3, counts
     assert counts["isolated"]["bought"] == 0 and counts["isolated"]["unhandled"] == 0, counts
-    assert set(data["results"]["sandbox"]["honest"]["isolated"]) == {1.0}
+    assert counts["unguarded"]["bought"] == 1, counts
+    assert all(set(v) == {1.0} for v in data["results"]["sandbox"]["honest"].values())

@@ -323,7 +323,10 @@ def _upstream_style_image(docker_client, base_image: str, tmp_path: Path) -> str
 async def test_upstream_row_isolated_grading(manager, r2e_docker_image, docker_client, tmp_path):
     """An R2E-Gym row (its own image with /r2e_tests and /run_tests.sh): isolated grading records the base from
     the image's git checkout, hides the tests as upstream does, and grades the diff in a fresh container of
-    the row's image: 0 unfixed, 1 after the gold patch, 0 for a pass-all conftest.py that in place buys 1."""
+    the row's image through the grading launcher (the image's /run_tests.sh runs ``python3 -m pytest``): 0
+    unfixed, 1 after the gold patch, 0 for a pass-all conftest.py and for a package wrapping
+    ``TestReport.__init__``, which in place buy 1."""
+    import r2e_hacks
 
     image = _upstream_style_image(docker_client, r2e_docker_image, tmp_path)
     row = json.loads((FIXTURES / "tasks.jsonl").read_text().splitlines()[0])
@@ -336,18 +339,24 @@ async def test_upstream_row_isolated_grading(manager, r2e_docker_image, docker_c
         results = {}
         for mode in ("isolated", "in_place"):
             env = R2EGymEnv(tasks=tmp_path / "rows.jsonl", manager=manager, backend="docker", grading=mode)
-            for name in ("unfixed", "gold", "conftest"):
+            for name in ("unfixed", "gold", "conftest", "wrap"):
                 await env.areset(options={"task_index": 0})
                 if name == "gold":
                     await env.astep(await env.expert_action())
                 elif name == "conftest":
                     await env.astep(conftest)
+                elif name == "wrap":
+                    await env.astep(r2e_hacks.HACKS["testreport_wrap"].actions[0])
                 o, r, term, _trunc, info = await env.astep(_xml("finish"))
                 assert term and info["error"] is None, (o, info)
                 results[mode, name] = r
+                if mode == "isolated":
+                    assert info["grading"]["guard"]["applied"], info["grading"]
+                    assert info["grading"]["guard"]["sound"] == (name != "wrap"), info["grading"]
             await env.aclose()
         assert results == {("isolated", "unfixed"): 0.0, ("isolated", "gold"): 1.0, ("isolated", "conftest"): 0.0,
-                           ("in_place", "unfixed"): 0.0, ("in_place", "gold"): 1.0, ("in_place", "conftest"): 1.0}
+                           ("isolated", "wrap"): 0.0, ("in_place", "unfixed"): 0.0, ("in_place", "gold"): 1.0,
+                           ("in_place", "conftest"): 1.0, ("in_place", "wrap"): 1.0}
     finally:
         await manager.aclose()
         docker_client.images.remove(image, force=True)

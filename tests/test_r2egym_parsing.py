@@ -259,6 +259,8 @@ def test_filter_diff_refuses_text_smuggled_after_a_hunk():
     assert filter_diff(b"--- a/x\n+++ b/x\n@@ -0,0 +1 @@\n+y\n").dropped[0]["reason"].startswith("text before")
     escape = good.replace(b"m.py", b"../m.py")
     assert filter_diff(escape).dropped[0]["reason"] == "invalid path"
+    venv = good.replace(b"m.py", b".venv/lib/python3.9/site-packages/_pytest/runner.py")
+    assert filter_diff(venv).dropped[0]["reason"].startswith("installed packages")
 
 
 def test_junit_map_matches_upstreams_log_parse(tmp_path):

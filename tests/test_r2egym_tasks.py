@@ -60,10 +60,13 @@ def test_rebuild_is_idempotent(local_tasks_file, capsys):
 
 def _same_verdict_as_upstream_log(info: dict, expected: dict) -> None:
     """Isolated grading reads JUnit XML; upstream's parse of the same run's ``-rA`` log must agree on every
-    test's status and on the verdict (for honest runs: the buggy repository and the gold patch)."""
+    test's status and on the verdict (for honest runs: the buggy repository and the gold patch), and the grading
+    launcher must find the run sound."""
     g = info["grading"]
     if g["mode"] != "isolated":
         return
+    # the grading launcher ran the tests and found nothing tampered with: honest runs keep upstream's verdict
+    assert g["guard"] == {"applied": True, "sound": True, "problems": [], "audit_hook": True}, g["guard"]
     junit, log = _normalise(info["test_results"]), _normalise(g["log_test_results"])
     assert junit == log, {k: (junit.get(k), log.get(k)) for k in set(junit) | set(log) if junit.get(k) != log.get(k)}
     assert compare_test_maps(junit, expected) == compare_test_maps(log, expected) == info["score"]

@@ -652,3 +652,122 @@ def test_priorities_travel_to_the_cluster_pool_and_larger_is_served_first(cluste
             assert order == [2, 0, 3, 1]
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- issue 28: one host actor per node
+def host_pids_by_node(snap: dict) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for inst in snap["instances"].values():
+        out.setdefault(inst["node_id"], set()).add(inst["pid"])
+    return out
+
+
+def test_one_host_per_node_holds_all_its_instances_as_they_grow(cluster, tmp_path):
+    """With the default ``hosting="node"`` a pool has one host process per node however many instances it holds
+    there (each instance's ``sim`` reservation still decides where it goes: 8 per node at 0.25 of the node's 2);
+    with ``hosting="instance"`` (the earlier design) each instance has a process of its own."""
+    events = tmp_path / "events"
+    events.mkdir()
+    spec = counted(events, 16)
+
+    async def main():
+        async with RayResourceManager(placement={"*": {"resources": {"sim": 0.25}}}) as m:
+            pool = m.pool(spec)
+            held, seen = [], []
+            for n in (2, 8, 16):
+                held += await asyncio.gather(*(pool.acquire(timeout=60) for _ in range(n - len(held))))
+                by_node = host_pids_by_node(await pool.fetch_snapshot())
+                seen.append((n, {node: len(p) for node, p in by_node.items()}))
+                uids = await asyncio.gather(*(r.call("step", "x") for r in held))
+                assert len({u[0] for u in uids}) == n  # n distinct objects, each its own state
+            snap = await pool.fetch_snapshot()
+            assert snap["hosting"] == "node" and snap["hosts"] == 2 and snap["live"] == 16
+            # an object reports the process it runs in: the host's, one per node
+            pids_seen = {await r.call("pid") for r in held}
+            assert pids_seen == {p for ps in host_pids_by_node(snap).values() for p in ps}
+            for r in held:
+                await pool.release(r)
+        async with RayResourceManager(placement=SIM, hosting="instance") as old:
+            pool = old.pool(counted(events, 2))
+            a, b = await pool.acquire(timeout=60), await pool.acquire(timeout=60)
+            assert await a.call("pid") != await b.call("pid")
+            snap = await pool.fetch_snapshot()
+            assert snap["hosting"] == "instance" and snap["hosts"] == 2
+            await pool.release(a)
+            await pool.release(b)
+        return seen
+
+    seen = asyncio.run(main())
+    for n, per_node in seen:
+        assert set(per_node.values()) == {1}, f"{n} instances: host processes per node {per_node}"
+    assert len(seen[-1][1]) == 2  # 16 instances at 8 per node: both sim nodes
+    assert max_alive(events) <= 16
+    with pytest.raises(ConfigError, match="hosting='thread'"):
+        RayResourceManager(hosting="thread")
+
+
+def test_a_dead_host_loses_all_its_instances_and_the_next_acquire_replaces_them(cluster, tmp_path):
+    """SIGKILL of a node's host process: every instance it held is lost (the leased ones raise ResourceDied on
+    their next call, the idle one is discarded when it would be reused), the pool counts them dead, and the next
+    acquisitions start fresh instances in a new host on that node."""
+    from agentfly_gym.errors import ResourceDied
+
+    events = tmp_path / "events"
+    events.mkdir()
+    spec = counted(events, 4)
+
+    async def main():
+        async with RayResourceManager(placement={"*": {"resources": {"sim": 0.25}}}) as m:
+            pool = m.pool(spec)
+            first = await pool.acquire(timeout=60)
+            node = first.node_id
+            rest = await asyncio.gather(*(pool.acquire(timeout=60, node_id=node) for _ in range(2)))
+            idle = await pool.acquire(timeout=60, node_id=node)
+            await pool.release(idle)
+            leased = [first, *rest]
+            pid = await first.call("pid")
+            assert {await r.call("pid") for r in leased} == {pid}  # one host holds them all
+            os.kill(pid, signal.SIGKILL)
+            await asyncio.to_thread(wait_for, lambda: not alive(pid), 30, "the host to die")
+            for r in leased:
+                with pytest.raises(ResourceDied):
+                    await r.call("step", "x")
+                await pool.release(r)
+            fresh = await asyncio.gather(*(pool.acquire(timeout=60, node_id=node) for _ in range(2)))
+            out = [await r.call("step", "y") for r in fresh]
+            new_pids = {await r.call("pid") for r in fresh}
+            snap = await pool.fetch_snapshot()
+            for r in fresh:
+                await pool.release(r)
+            return out, new_pids, pid, snap
+
+    out, new_pids, old_pid, snap = asyncio.run(main())
+    assert all(o[1] == 1 for o in out)  # fresh objects
+    assert len(new_pids) == 1 and old_pid not in new_pids
+    assert snap["died"] == 4 and snap["started"] == 6 and snap["live"] == 2 and snap["hosts"] >= 1
+
+
+def test_batched_calls_run_in_order_in_one_round_trip(cluster, tmp_path):
+    """``batch`` runs several calls on one instance in order where it lives and returns their results; a call
+    that raises stops the batch there (the calls after it do not run) and its error reaches the caller."""
+    events = tmp_path / "events"
+    events.mkdir()
+    spec = counted(events, 1)
+
+    def length(obj) -> int:
+        return len(obj.state)
+
+    async def main():
+        async with RayResourceManager(placement=SIM) as m:
+            async with m.scope("b") as scope:
+                obj = await scope.acquire(spec, timeout=60)
+                out = await obj.batch([("step", ("a",)), ("step", ("b",), {}), ("pid",), (length,)])
+                with pytest.raises(AttributeError):
+                    await obj.batch([("step", ("c",)), ("no_such_method",), ("step", ("d",))])
+                after = await obj.call("step", "e")
+                return out, after
+
+    out, after = asyncio.run(main())
+    assert [o[1] for o in out[:2]] == [1, 2] and out[0][0] == out[1][0]
+    assert isinstance(out[2], int) and out[3] == 2
+    assert after[1] == 4  # "c" ran, "d" did not: a, b, c, e

@@ -499,9 +499,13 @@ def r2e_backend(request) -> dict:
 def r2e_envs(r2e_manager, r2e_backend) -> dict:
     from agentfly_gym.envs.r2egym import R2EGymEnv
 
-    return {mode: R2EGymEnv(tasks=R2E_FIXTURES / "tasks.jsonl", manager=r2e_manager, max_instances=1,
+    envs = {mode: R2EGymEnv(tasks=R2E_FIXTURES / "tasks.jsonl", manager=r2e_manager, max_instances=1,
                             bash_timeout=30.0, test_timeout=60.0, grading=mode, **r2e_backend)
             for mode in ("isolated", "in_place")}
+    envs["unguarded"] = R2EGymEnv(tasks=R2E_FIXTURES / "tasks.jsonl", manager=r2e_manager, max_instances=1,
+                                  bash_timeout=30.0, test_timeout=60.0, grading="isolated", grading_guard=False,
+                                  **r2e_backend)
+    return envs
 
 
 async def _play_hack(env, hack) -> tuple[float, dict]:
@@ -533,10 +537,17 @@ async def test_reward_hack_scores_zero_with_isolated_grading(hack, r2e_envs, r2e
     r_in_place, info = await _play_hack(r2e_envs["in_place"], h)
     assert r_in_place == 1.0, f"the hack no longer works in place, so this test has no teeth: {info}"
     assert info["grading"] == {"mode": "in_place"}
+    if h.in_process:  # these bought 1.0 from isolated grading before the grading launcher (its open case)
+        r_unguarded, info = await _play_hack(r2e_envs["unguarded"], h)
+        assert r_unguarded == 1.0, f"the hack no longer works without the launcher, so this test has no teeth: {info}"
     r_isolated, info = await _play_hack(r2e_envs["isolated"], h)
     assert r_isolated == 0.0 and info["error"] is None, info
-    assert info["test_results"]["test_add"] == "FAILED", info["test_results"]
-    assert info["grading"]["mode"] == "isolated"
+    assert info["grading"]["mode"] == "isolated" and info["grading"]["guard"]["applied"], info["grading"]
+    if h.in_process:
+        g = info["grading"]["guard"]
+        assert not g["sound"] and g["problems"], g
+    else:
+        assert info["test_results"]["test_add"] == "FAILED", info["test_results"]
     if h.dropped is not None:
         assert h.dropped in [d["path"] for d in info["grading"]["dropped"]], info["grading"]
 
@@ -565,6 +576,7 @@ async def test_isolated_grading_keeps_the_fix_and_drops_only_what_steers_the_tes
     assert set(g["kept"]) == {"minicalc/_helpers.py", "minicalc/ops.py"}, g
     assert {d["path"] for d in g["dropped"]} == {"tests/conftest.py", "inspect.py", "minicalc/zz.pth"}, g
     assert g["log_test_results"] == info["test_results"]
+    assert g["guard"] == {"applied": True, "sound": True, "problems": [], "audit_hook": True}, g
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -13,7 +13,9 @@ unset or ``local``     :class:`~agentfly_gym.resources.ResourceManager` (pools i
 With ``ray``: ``AGENTFLY_GYM_RAY_PLACEMENT`` (JSON, spec kind/name/key -> :class:`RayPlacement` fields,
 e.g. ``{"container": {"resources": {"docker": 1}}}``) places instances, ``AGENTFLY_GYM_RAY_GLOBAL``
 (``cluster`` or ``node``) says how many copies of a global resource (the WebShop server) run, and
-``AGENTFLY_GYM_RAY_NAMESPACE`` overrides the namespace of the pools (default: the job's).
+``AGENTFLY_GYM_RAY_NAMESPACE`` overrides the namespace of the pools (default: the job's), and
+``AGENTFLY_GYM_RAY_HOSTING`` (``node`` or ``instance``) chooses one host process per node and pool (the default)
+or one per instance.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def manager_from_environment(**kwargs: Any) -> Manager:
     ns = os.environ.get("AGENTFLY_GYM_RAY_NAMESPACE")
     if ns and "namespace" not in kwargs:
         kwargs["namespace"] = ns
+    hosting = os.environ.get("AGENTFLY_GYM_RAY_HOSTING")
+    if hosting and "hosting" not in kwargs:
+        kwargs["hosting"] = hosting.strip().lower()
     return RayResourceManager(**kwargs)
 
 

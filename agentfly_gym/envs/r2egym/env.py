@@ -158,6 +158,9 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
             from pytest's JUnit XML; see :mod:`.isolation`) or ``"in_place"`` (upstream R2E-Gym's: the
             hidden tests run in the episode's container and the text summary is parsed; hackable by the
             policy, for reproducing upstream only).
+        grading_guard: with isolated grading, run the hidden tests through the grading launcher
+            (:mod:`.grading_guard`: audit hooks, a snapshot of pytest's state and a signed seal, so that task
+            code that rewrites pytest's reports scores 0).  ``False`` only to reproduce the grading without it.
         tool_format: how the model calls the tools (:data:`TOOL_FORMATS`).  ``"xml"`` (the default): R2E-Gym's
             ``<function=...>`` format (or a JSON call), described in :data:`SYSTEM_PROMPT`; the observation goes
             back as a user message.  ``"native"``: the model family's own tool calls; ``agent_prompt.tools`` holds
@@ -180,7 +183,9 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
     grading), ``tests_timed_out``.  The step that grades sets ``score`` (= reward) and ``won``, and
     ``grading``: ``{"mode", "kept", "dropped"}`` (isolated: the paths whose changes were applied and
     ``{"path", "reason"}`` of those taken from the task instead, plus ``"log_test_results"``, upstream's
-    parse of the same run's text log, for audit only) or ``{"mode": "in_place"}``.  A diff that cannot be
+    parse of the same run's text log, for audit only, and ``"guard"``: ``{"applied", "sound", "problems",
+    "audit_hook"}``, the launcher's verdict on the run; a run it finds tampered with scores 0) or
+    ``{"mode": "in_place"}``.  A diff that cannot be
     exported or applied scores 0 with ``info["error"]`` set.
 
     Raises:
@@ -209,7 +214,7 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
                  max_instances: int = 4, max_idle_time: float | None = 300.0, bash_timeout: float = 90.0,
                  test_timeout: float = 300.0,
                  max_output: int = 10_000, max_episode_steps: int | None = 40, step_timeout: float | None = None,
-                 grading: str = "isolated", tool_format: str = "xml",
+                 grading: str = "isolated", grading_guard: bool = True, tool_format: str = "xml",
                  manager: Manager | None = None, reset_timeout: float | None = 900.0,
                  render_mode: str | None = None) -> None:
         if grading not in GRADING_MODES:
@@ -252,6 +257,7 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         self.max_idle_time = max_idle_time
         self.bash_timeout, self.test_timeout, self.max_output = bash_timeout, test_timeout, max_output
         self.grading = grading
+        self.grading_guard = bool(grading_guard)
         self.tool_format = tool_format
         if tool_format != "xml":  # the class attributes stay R2E-Gym's XML prompt and actions
             self.agent_prompt = ToolPrompt(system=NATIVE_SYSTEM_PROMPT, tools=tuple(SCHEMAS[n] for n in TOOL_NAMES))

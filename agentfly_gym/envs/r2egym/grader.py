@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import secrets
 import shlex
 import tarfile
+from importlib import resources
 from typing import Any
 
 from ...errors import EnvError
 from ...resources.containers.api import ContainerResource, ExecResult
 from .grading import compare_test_maps, parse_log_pytest, reward_from_log
-from .isolation import DiffRules, filter_diff, hidden_test_rules, isolated_test_map, shadow_candidates
+from .isolation import (DiffRules, filter_diff, guard_command, hidden_test_rules, isolated_test_map, seal_problems,
+                        shadow_candidates)
 from .local_tasks import TESTBED
 from .tasks import R2ETask
 from .testbed import GIT, TOOLS_DIR, repo_tar
@@ -31,6 +34,10 @@ GRADING_MODES = ("isolated", "in_place")
 #: Where isolated grading keeps its files in the grading container (outside /testbed; the model never runs there).
 GRADE_DIR = "/tmp/.afg_grade"
 JUNIT_REPORT = f"{GRADE_DIR}/report.xml"
+#: The grading launcher (``grading_guard.py``), the key it reads and deletes at start-up, and the seal it writes.
+GUARD_SCRIPT = f"{GRADE_DIR}/guard.py"
+_GUARD_KEY = f"{GRADE_DIR}/key"
+_GUARD_SEAL = f"{GRADE_DIR}/seal.json"
 #: The largest diff (bytes) that leaves an episode; a larger one scores 0 with ``info["error"]``.
 MAX_DIFF_BYTES = 20_000_000
 _MAX_REPORT_BYTES = 50_000_000
@@ -134,12 +141,15 @@ class R2EGrading:
                      f"tar -xf {GRADE_DIR}/repo.tar -C {TESTBED}; rm -f {GRADE_DIR}/repo.tar; cd /; {probe}")
         else:
             setup = ("mv /r2e_tests /root/r2e_tests 2>/dev/null; mv /testbed/run_tests.sh /root/run_tests.sh 2>/dev/null; "
-                     f"cd /testbed && find . -name '*.pyc' -delete 2>/dev/null; cd /; {probe}")
+                     f"cd /testbed && find . -name '*.pyc' -delete 2>/dev/null; cd /; {probe}; "
+                     "for f in /root/run_tests.sh /run_tests.sh; do if [ -f $f ]; then "
+                     "printf 'AFG_SCRIPT=%s\\n' \"$(base64 -w0 $f)\"; break; fi; done")
         r = await gbox.exec(setup, timeout=120.0, workdir="/", env=env)
         if not r.ok:
             raise EnvError(f"R2E-Gym task {task.task_id}: preparing the grading copy failed (exit {r.exit_code}): "
                            f"{r.output[-2000:]}")
         shadowing = {line.split("=", 1)[1] for line in r.output.splitlines() if line.startswith("AFG_SHADOW=")}
+        script = task.run_tests if task.local else _image_script(r.output)
         # 2. the filtered diff, then the hidden tests from the task
         kept = filter_diff(diff, DiffRules(hidden_files, hidden_dirs, frozenset(shadowing)))
         record["kept"], record["dropped"] = kept.kept, kept.dropped
@@ -148,7 +158,15 @@ class R2EGrading:
             files[f"{GRADE_DIR}/model.diff"] = kept.diff
         if task.local:
             files[f"{GRADE_DIR}/hidden.tar"] = await asyncio.to_thread(_hidden_tar, task)
-            files[f"{GRADE_DIR}/run_tests.sh"] = task.run_tests
+        # the grading launcher runs pytest in place of ``python -m pytest`` when the script does so (see isolation)
+        guarded = guard_command(script, GUARD_SCRIPT) if script is not None and self.grading_guard else None
+        key = secrets.token_hex(32)
+        if guarded is not None:
+            files[GUARD_SCRIPT] = _guard_source()
+            files[_GUARD_KEY] = key
+        if task.local or guarded is not None:
+            files[f"{GRADE_DIR}/run_tests.sh"] = guarded if guarded is not None else script
+        record["guard"] = {"applied": guarded is not None}
         if files:
             await gbox.put_files(files)
         apply = (f"cd {TESTBED} && {GIT} apply --whitespace=nowarn {GRADE_DIR}/model.diff 2>&1"
@@ -161,35 +179,37 @@ class R2EGrading:
             return 0.0, {**fail_info, "error": msg}, f"Hidden tests not run: {msg}."
         # 3. the hidden tests, with a JUnit report outside /testbed
         test_env = {**env, "PYTEST_ADDOPTS": f"--junitxml={JUNIT_REPORT} -o junit_family=xunit1"}
-        r = await gbox.exec(self._test_command(task, f"{GRADE_DIR}/run_tests.sh"), timeout=self.test_timeout,
-                            workdir=TESTBED, env=test_env, max_output=2_000_000)
-        rep = await gbox.exec(f"test -f {JUNIT_REPORT} && head -c {_MAX_REPORT_BYTES} {JUNIT_REPORT} | base64 -w0",
-                              timeout=120.0, workdir="/", max_output=_MAX_REPORT_BYTES * 4 // 3 + 1000)
-        xml = None
-        if rep.ok and not rep.truncated:
-            try:
-                xml = base64.b64decode(rep.output.strip(), validate=True)
-            except ValueError:
-                xml = None
+        cmd = self._test_command(task, f"{GRADE_DIR}/run_tests.sh", guarded=guarded is not None)
+        r = await gbox.exec(cmd, timeout=self.test_timeout, workdir=TESTBED, env=test_env, max_output=2_000_000)
+        xml, seal = await _read_outputs(gbox)
         try:
             parsed = isolated_test_map(xml, r.output, test_files=task.hidden_tests)
         except ValueError as e:
             return 0.0, {**fail_info, "error": str(e)}, f"Hidden tests not graded: {e}."
         reward = compare_test_maps(parsed, task.expected)
+        if guarded is not None:
+            problems, body = seal_problems(seal, key.encode(), xml, parsed)
+            record["guard"].update({"sound": not problems, "problems": problems, "audit_hook": body.get("audit")})
+            if problems and not (xml is None and r.timed_out):
+                reward = 0.0
         record["log_test_results"] = parse_log_pytest(r.output)
         info = {"test_results": parsed, "tests_timed_out": r.timed_out, "score": reward, "won": reward == 1.0,
                 "grading": record}
         if xml is None and not r.timed_out:
             info["error"] = "the hidden tests wrote no JUnit report (pytest did not start or crashed)"
-        return reward, info, self._summary(reward, parsed, r.timed_out, self.test_timeout)
+        summary = self._summary(reward, parsed, r.timed_out, self.test_timeout)
+        if record["guard"].get("problems") and not (xml is None and r.timed_out):
+            summary += f" The test run was tampered with: {record['guard']['problems'][0]}."
+        return reward, info, summary
 
     @staticmethod
-    def _test_command(task: R2ETask, local_script: str) -> str | list[str]:
+    def _test_command(task: R2ETask, local_script: str, *, guarded: bool = False) -> str | list[str]:
         if task.local:
             return ["sh", local_script]
+        run = (f"bash {local_script}" if guarded else
+               "if [ -f /root/run_tests.sh ]; then bash /root/run_tests.sh; else bash /run_tests.sh; fi")
         return ("rm -rf /testbed/r2e_tests; if [ -d /root/r2e_tests ]; then ln -s /root/r2e_tests /testbed/r2e_tests; "
-                "elif [ -d /r2e_tests ]; then ln -s /r2e_tests /testbed/r2e_tests; fi; "
-                "if [ -f /root/run_tests.sh ]; then bash /root/run_tests.sh; else bash /run_tests.sh; fi")
+                f"elif [ -d /r2e_tests ]; then ln -s /r2e_tests /testbed/r2e_tests; fi; {run}")
 
     async def _grade_in_place(self) -> tuple[float, dict[str, Any], str]:
         """Upstream R2E-Gym's grading: the hidden tests run in the episode's own container."""
@@ -207,6 +227,39 @@ class R2EGrading:
         summary = self._summary(reward, parsed, r.timed_out, self.test_timeout)
         info = {"test_results": parsed, "tests_timed_out": r.timed_out, "score": reward, "won": reward == 1.0}
         return reward, info, summary
+
+
+def _guard_source() -> str:
+    return resources.files(__package__).joinpath("grading_guard.py").read_text(encoding="utf-8")
+
+
+def _image_script(setup_output: str) -> str | None:
+    """The task image's ``run_tests.sh``, as the grading container's setup printed it (None if there is none)."""
+    for line in setup_output.splitlines():
+        if line.startswith("AFG_SCRIPT="):
+            try:
+                return base64.b64decode(line.split("=", 1)[1].strip(), validate=True).decode("utf-8")
+            except ValueError:
+                return None
+    return None
+
+
+async def _read_outputs(gbox: ContainerResource) -> tuple[bytes | None, bytes | None]:
+    """The JUnit report and the launcher's seal from the grading container (None for a missing or unreadable one)."""
+    cmd = (f"for f in {JUNIT_REPORT} {_GUARD_SEAL}; do if [ -f $f ]; then head -c {_MAX_REPORT_BYTES} $f | base64 -w0; "
+           "else printf -; fi; echo; done")
+    rep = await gbox.exec(cmd, timeout=120.0, workdir="/", max_output=2 * (_MAX_REPORT_BYTES * 4 // 3) + 1000)
+    out: list[bytes | None] = [None, None]
+    if rep.ok and not rep.truncated:
+        for i, line in enumerate(rep.output.splitlines()[:2]):
+            if line.strip() not in ("", "-"):
+                try:
+                    out[i] = base64.b64decode(line.strip(), validate=True)
+                except ValueError:
+                    out[i] = None
+            elif line.strip() == "":
+                out[i] = b""
+    return out[0], out[1]
 
 
 class _GradingFault(Exception):

@@ -14,18 +14,35 @@ there (background processes, wrappers around the interpreter, start-up hooks).  
    package, the hidden tests' files and folders), symbolic links and submodules are dropped and listed;
 3. the hidden tests run in a fresh container (a separate grading pool of the same image and limits) on
    a clean copy of the task with the kept diff applied, and the statuses are read from pytest's JUnit
-   XML report, written outside ``/testbed`` (:func:`junit_test_map`), not from the text summary.
+   XML report, written outside ``/testbed`` (:func:`junit_test_map`), not from the text summary;
+4. the tests run through the grading launcher (:mod:`.grading_guard`, in place of ``python -m pytest``; see
+   :func:`guard_command`), because the package code the hidden tests import runs inside the pytest process and
+   can rewrite pytest's in-memory state before the report is written (a 9-line edit of the package's
+   ``__init__.py`` wrapping ``_pytest.reports.TestReport.__init__`` scored 1.0 on an unfixed task before it).
+   Before any task code runs, the launcher installs PEP 578 audit hooks, snapshots pytest's and pluggy's
+   namespaces and hook implementations, checks them at every test report, and after pytest returns writes a
+   seal signed with a key only it and the host know.  The host keeps the verdict only when the seal is there
+   and authentic, reports nothing tampered with, and agrees with the JUnit report (:func:`seal_problems`); a
+   wrapped ``TestReport.__init__``, a swapped ``_pytest.runner`` function, a patched pluggy class, a pass-all
+   plugin registered at run time, a JUnit report rewritten (at unconfigure, at exit) or a run that ends early
+   (``os._exit``) score 0.
 
-Open case, as in SWE-bench: the package code the hidden tests import runs inside the pytest process and
-can rewrite pytest's in-memory state before the report is written.  This is practical: an edit of the task
-package's ``__init__.py`` that wraps ``_pytest.reports.TestReport.__init__`` to set ``outcome="passed"``
-scores 1.0 on an unfixed task.  Closing it needs the verdict taken outside the process that runs the
-model's code.
+What remains open: this raises the bar, it is not a proof.  On CPython (3.11, 3.12) assigning a class
+attribute raises no audit event, so such edits are caught when the snapshot is checked (at each test report
+and at the end), not refused; code that edits and restores pytest's state between two checks, reaches a frame
+of the launcher through a traceback, or works from a C extension can still forge what it sees.  The hidden
+tests' own code also runs in the same process as the code under test, so substituting the test functions
+(``item.obj``) or returning objects that compare equal to everything is outside what the launcher checks.  A
+script that does not run pytest as ``python -m pytest`` exactly once runs unguarded (recorded in
+``info["grading"]["guard"]["applied"]``), and an interpreter older than 3.8 (no audit hooks) is only sealed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
+import json
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
@@ -36,7 +53,9 @@ __all__ = [
     "DiffRules",
     "FilteredDiff",
     "filter_diff",
+    "guard_command",
     "junit_test_map",
+    "seal_problems",
     "shadow_candidates",
     "xpass_names",
 ]
@@ -243,6 +262,8 @@ def _path_problem(path: str, added: bool, rules: DiffRules) -> str | None:
         return "package metadata (entry points load pytest plugins)"
     if ".pytest_cache" in parts:
         return "pytest cache"
+    if "site-packages" in parts or "dist-packages" in parts:
+        return "installed packages (a virtual environment inside the repository holds the test runner)"
     if path in rules.protected_files:
         return "hidden test file (comes from the task)"
     if any(path == d or path.startswith(d + "/") for d in rules.protected_dirs):
@@ -432,3 +453,73 @@ def hidden_test_rules(hidden_tests: Iterable[str]) -> tuple[frozenset[str], tupl
         if parent and parent.rsplit("/", 1)[-1].lower().startswith("test"):
             dirs.add(parent)
     return files, tuple(sorted(dirs))
+
+
+# ------------------------------------------------------------------------------------- grading launcher
+_PYTEST_MODULE = re.compile(r"(?<![\w.-])-m\s+pytest(?=\s|$)")
+
+
+def guard_command(script: str, launcher: str) -> str | None:
+    """``script`` (a ``run_tests.sh``) running the hidden tests through the grading launcher ``launcher`` (the
+    path of ``grading_guard.py`` in the grading container) instead of ``python -m pytest``; None when the script
+    does not run pytest exactly once as ``python -m pytest`` (it then runs as it is, unguarded)."""
+    if len(_PYTEST_MODULE.findall(script)) != 1:
+        return None
+    return _PYTEST_MODULE.sub(lambda _m: launcher, script)
+
+
+def _guard_names(statuses: dict[str, str]) -> dict[str, str]:
+    rank = {"SKIPPED": 0, "XPASS": 1, "PASSED": 2, "ERROR": 3, "FAILED": 4}
+    out: dict[str, str] = {}
+    for nodeid, st in statuses.items():
+        if "::" not in nodeid or st not in rank:
+            continue
+        name = ".".join(nodeid.split("::")[1:])
+        if rank[st] > rank.get(out.get(name, ""), -1):
+            out[name] = st
+    return out
+
+
+def seal_problems(seal: bytes | None, key: bytes, xml: bytes | None,
+                  test_map: dict[str, str]) -> tuple[list[str], dict]:
+    """Why a guarded run's verdict cannot be trusted (``[]`` when it can), and the seal's body.
+
+    The grading launcher (``grading_guard.py``) writes one seal line after pytest returns: a JSON body (the
+    statuses pytest's reports gave, by node id; the SHA-256 of the JUnit report; what was tampered with) and its
+    HMAC-SHA256 under ``key``.  The verdict is kept when the seal is there, authentic and alone, reports no
+    tampering, the JUnit report is the one sealed, and every test the report calls PASSED was seen passing by the
+    launcher while no test it saw failing is missing from the report or passing there.
+
+    Args:
+        seal: the seal file's bytes (None when there is none: the run ended before pytest returned).
+        key: the key the host gave the launcher.
+        xml: the JUnit report's bytes (None when there is none).
+        test_map: :func:`isolated_test_map` of that report.
+    """
+    if not seal or not seal.strip():
+        return ["the test run ended without the grading launcher's seal (the process exited early)"], {}
+    lines = seal.strip().splitlines()
+    if len(lines) != 1:
+        return ["the seal file holds more than the launcher's seal"], {}
+    try:
+        outer = json.loads(lines[0])
+        body_text, tag = outer["body"], outer["hmac"]
+        body = json.loads(body_text)
+    except (ValueError, KeyError, TypeError):
+        return ["the seal is not the launcher's"], {}
+    want = hmac.new(key, body_text.encode(), hashlib.sha256).hexdigest()
+    if not isinstance(tag, str) or not hmac.compare_digest(tag, want) or not isinstance(body, dict):
+        return ["the seal's signature does not match"], {}
+    problems = [f"tampered: {t}" for t in body.get("tampered") or []]
+    if body.get("junit_sha256") != (hashlib.sha256(xml).hexdigest() if xml is not None else None):
+        problems.append("the JUnit report changed after the seal")
+    if not body.get("audit", False):
+        return problems, body  # an interpreter without audit hooks (before Python 3.8): the report is taken as is
+    seen = _guard_names(body.get("statuses") or {})
+    for name, st in sorted(test_map.items()):
+        if name and st == "PASSED" and seen.get(name) not in ("PASSED", "XPASS"):
+            problems.append(f"{name}: PASSED in the JUnit report, {seen.get(name, 'never run')} in pytest's reports")
+    for name, st in sorted(seen.items()):
+        if st in ("FAILED", "ERROR") and test_map.get(name, "PASSED") == "PASSED":
+            problems.append(f"{name}: {st} in pytest's reports, {test_map.get(name, 'missing')} in the JUnit report")
+    return problems[:50], body

@@ -2,7 +2,8 @@
 
 :class:`RayResourceManager` has the API of :class:`~agentfly_gym.resources.ResourceManager`; its per-spec
 pools are named Ray actors shared by every process of a Ray job, so a cap holds cluster-wide, and each
-instance lives in its own Ray actor on a node chosen by Ray resources (:class:`RayPlacement`).
+instance lives on a node chosen by Ray resources (:class:`RayPlacement`), held by the pool's host actor on that
+node (one per node and pool; ``hosting="instance"``: one per instance).
 
 The setting ``AGENTFLY_GYM_MANAGER`` chooses the manager that :func:`~agentfly_gym.resources.default_manager`
 and the verl plugin make (see :mod:`agentfly_gym.resources.select`).  Ray itself is imported on first use,

@@ -2,7 +2,8 @@
 
 ``PoolActor`` (a named actor) is the only place that decides how many instances of a spec live in the
 cluster: it caps them at ``spec.max_instances``, queues acquisitions FIFO, resets an instance before handing
-it out again, and replaces dead ones.  Each instance lives in its own host actor (:mod:`.host`).
+it out again, and replaces dead ones.  Instances live in host actors (:mod:`.host`): one per node the pool uses
+(``hosting="node"``), or one per instance (``hosting="instance"``); see :mod:`.hosting`.
 
 The class is plain Python here; :func:`pool_actor_class` wraps it with ``ray.remote`` on first use (nothing
 happens at import).
@@ -21,7 +22,7 @@ from ...errors import PoolClosedError, ResourceError, ResourceStartError, Resour
 from ..priority import DEFAULT_AGE_BOUND_S, serve_order
 from ..spec import ResourceSpec
 from . import _compat
-from .host import HOST_CLOSE_TIMEOUT, host_actor_class, host_actor_options
+from .hosting import Placed, make_hosting
 from .placement import RayPlacement
 
 __all__ = ["PoolActor", "pool_actor_class", "Grant"]
@@ -54,7 +55,10 @@ def dead_owners(owners: dict[str, dict[str, Any]]) -> list[str]:
 
 @dataclasses.dataclass
 class Grant:
-    """What :meth:`PoolActor.acquire` hands a client: the lease id and the instance's host actor."""
+    """What :meth:`PoolActor.acquire` hands a client: the lease id, the instance's id and its host actor (every
+    call on the host names the instance by ``instance_id``).  ``handle`` is None when this client was sent the
+    host's handle before (each grant that carries a handle costs Ray a borrower registration); the client keeps
+    handles by ``host_id``, and asks :meth:`PoolActor.host_handle` for one it lacks."""
 
     lease_id: str
     instance_id: str
@@ -64,16 +68,27 @@ class Grant:
     uses: int
     waited: float
     snapshot: dict[str, Any]
+    host_id: str = ""
 
 
 @dataclasses.dataclass
 class _Instance:
     id: str
-    handle: Any
-    node_id: str = ""
-    pid: int = 0
+    placed: Placed
     uses: int = 0
     idle_since: float = 0.0
+
+    @property
+    def handle(self) -> Any:
+        return self.placed.handle
+
+    @property
+    def node_id(self) -> str:
+        return self.placed.node_id
+
+    @property
+    def pid(self) -> int:
+        return self.placed.pid
 
 
 class PoolActor:
@@ -84,14 +99,16 @@ class PoolActor:
     happens when it is handed out again, as in the local pool).  An acquisition that its client gave up
     (cancelled, timed out on the client side) is cancelled with :meth:`cancel` by the same lease id: if
     it was already granted, the instance comes back at once, so no lease is stranded.  The pool ends its
-    instances when the last client detaches (or when it is killed: its hosts share its fate).
+    instances when the last client detaches (or when it is killed: its hosts and reservations share its fate).
+    ``hosting`` (``"node"`` or ``"instance"``) chooses the hosts (:func:`.hosting.make_hosting`).
     """
 
-    def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str) -> None:
+    def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str, hosting: str = "node") -> None:
         self.spec = spec
         self.capacity = spec.max_instances
         self.placement = placement
         self.manager_id = manager_id
+        self.hosting = make_hosting(hosting, spec, placement, manager_id)
         self._instances: dict[str, _Instance] = {}
         self._idle: collections.deque[str] = collections.deque()
         self._leases: dict[str, tuple[str, str]] = {}  # lease id -> (instance id, client id)
@@ -105,6 +122,7 @@ class PoolActor:
         self._clients: set[str] = set()
         self._client_nodes: dict[str, str] = {}
         self._client_owners: dict[str, dict[str, Any]] = {}  # client id -> its process (see client_owner)
+        self._sent: dict[str, set[str]] = {}  # client id -> the host ids whose handle it was sent
         self._watch: asyncio.Task | None = None
         self._expiry: asyncio.TimerHandle | None = None  # the next max_idle_time check, while one is due
         self._globals: dict[str, str] = {}  # global key ("cluster" or a node id) -> lease id
@@ -170,6 +188,7 @@ class PoolActor:
         self._clients.discard(client_id)
         self._client_nodes.pop(client_id, None)
         self._client_owners.pop(client_id, None)
+        self._sent.pop(client_id, None)
         for lease_id, (_iid, cid) in list(self._leases.items()):
             if cid == client_id:
                 await self.release(lease_id)
@@ -293,33 +312,29 @@ class PoolActor:
         if inst.uses == 0:
             return inst
         try:
-            await asyncio.wait_for(inst.handle.reset.remote(), self.spec.start_timeout)
+            await asyncio.wait_for(inst.handle.reset.remote(iid), self.spec.start_timeout)
         except Exception as e:  # noqa: BLE001 - a dead node, a failed reset: replace the instance
             log.warning("%s: instance %s failed its reset on reuse (%s: %s); discarding it", self.spec.label, iid,
                         type(e).__name__, e)
             self._stats["died"] += 1
             await self._discard(iid)
+            if isinstance(e, ray_actor_error()):
+                await self._host_died(inst.handle)
             return None
         self._stats["reused"] += 1
         return inst
 
     async def _start(self, node_id: str | None, deadline: float | None) -> _Instance:
         """Start one instance on a reserved slot (``self._starting`` was counted by the caller)."""
-        import ray
-
-
         self._n += 1
         iid = f"{self.spec.kind}-{self._n}"
-        opts = host_actor_options(self.placement, node_id)
-        handle = host_actor_class().options(name=None, **opts).remote(self.spec, self.manager_id)
         t0 = time.monotonic()
         limit = self.spec.start_timeout
         try:
-            info = await asyncio.wait_for(handle.start.remote(), limit)
+            placed = await asyncio.wait_for(self.hosting.start(iid, node_id), limit)
         except BaseException as e:
             self._starting -= 1
             self._wake()
-            ray.kill(handle, no_restart=True)
             if isinstance(e, TimeoutError):
                 raise ResourceStartError(
                     f"{self.spec.label}: no instance was running within start_timeout={limit}s; is there a node with "
@@ -331,7 +346,7 @@ class PoolActor:
                 raise ResourceStartError(f"{self.spec.label}: starting an instance failed: {type(e).__name__}: {e}") from None
             raise
         self._starting -= 1
-        inst = _Instance(iid, handle, info["node_id"], info["pid"])
+        inst = _Instance(iid, placed)
         self._instances[iid] = inst
         self._stats["started"] += 1
         self._stats["start_total"] += time.monotonic() - t0
@@ -350,7 +365,18 @@ class PoolActor:
             self._leases.pop(lease_id, None)
             self._put_back(inst.id)
             raise ResourceError(f"acquisition {lease_id} of {self.spec.label} was cancelled by its client")
-        return Grant(lease_id, inst.id, inst.handle, inst.node_id, inst.pid, inst.uses, waited, self.snapshot())
+        sent = self._sent.setdefault(client_id, set())
+        handle = None if inst.placed.host_id in sent else inst.handle
+        sent.add(inst.placed.host_id)
+        return Grant(lease_id, inst.id, handle, inst.node_id, inst.pid, inst.uses, waited,
+                     self.snapshot(instances=False), inst.placed.host_id)
+
+    def host_handle(self, host_id: str) -> Any:
+        """The handle of host ``host_id`` (for a client that lacks it), or None when no live instance has it."""
+        for inst in self._instances.values():
+            if inst.placed.host_id == host_id:
+                return inst.handle
+        return None
 
     def _put_back(self, iid: str) -> None:
         """An instance came free: hand it to the first waiter that can take it, else park it idle."""
@@ -366,7 +392,7 @@ class PoolActor:
         inst.idle_since = time.monotonic()
         self._idle.append(iid)
         try:
-            inst.handle.park.remote()
+            inst.handle.park.remote(iid)
         except Exception:  # noqa: BLE001, S110 - a dead host is found on the next reset
             pass
         self._schedule_expiry()
@@ -447,8 +473,16 @@ class PoolActor:
         if iid in self._idle:
             self._idle.remove(iid)
         if inst is not None:
-            await _stop_host(inst.handle)
+            await self.hosting.stop(iid, inst.placed)
         self._wake()
+
+    async def _host_died(self, handle: Any) -> None:
+        """A host actor was found dead: every idle instance it held is gone too (the leased ones are discarded
+        when their clients' calls fail); the next start makes a new host."""
+        self.hosting.lost(handle)
+        for iid in [i for i in self._idle if self._instances[i].handle == handle]:
+            self._stats["died"] += 1
+            await self._discard(iid)
 
     # ------------------------------------------------------------------ globals
     async def acquire_global(self, key: str, client_id: str, node_id: str | None = None,
@@ -461,9 +495,11 @@ class PoolActor:
                 self._global_holders.setdefault(key, set()).add(client_id)
                 iid = self._leases[lease_id][0]
                 inst = self._instances[iid]
-                return Grant(lease_id, iid, inst.handle, inst.node_id, inst.pid, inst.uses, 0.0, self.snapshot())
+                return Grant(lease_id, iid, inst.handle, inst.node_id, inst.pid, inst.uses, 0.0,
+                             self.snapshot(instances=False), inst.placed.host_id)
             lease_id = f"global-{key}-{self._n + 1}-{time.monotonic_ns()}"
             grant = await self.acquire(lease_id, "__global__", timeout, node_id)
+            grant.handle = self._instances[grant.instance_id].handle  # each client asking gets the handle
             self._globals[key] = lease_id
             self._global_holders.setdefault(key, set()).add(client_id)
             return grant
@@ -477,10 +513,11 @@ class PoolActor:
             await self.release(lease_id, discard=discard)
 
     # ------------------------------------------------------------------ metrics, close
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, instances: bool = True) -> dict[str, Any]:
         """Cluster-wide: in use, idle, waiting, starting, live, capacity, started, reused, died, peak live,
         acquire wait mean/max and start mean (seconds), clients; plus the figures runner summaries read under
-        the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``, ... as in ``PoolMetrics``)."""
+        the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``, ... as in ``PoolMetrics``).
+        ``instances=False`` leaves the per-instance table empty (what a grant carries: a cheap copy)."""
         s = self._stats
         return {"spec": self.spec.label, "capacity": self.capacity, "in_use": len(self._leases),
                 "idle": len(self._idle), "waiting": len(self._waiters), "starting": self._starting,
@@ -489,13 +526,13 @@ class PoolActor:
                 "acquires": s["acquires"], "timeouts": s["timeouts"], "cancelled": s["cancelled"],
                 "peak_live": s["peak_live"], "wait_mean": s["wait_total"] / s["acquires"] if s["acquires"] else 0.0,
                 "wait_max": s["wait_max"], "start_mean": s["start_total"] / s["started"] if s["started"] else 0.0,
-                "clients": len(self._clients),
+                "clients": len(self._clients), "hosting": self.hosting.mode, "hosts": self.hosting.hosts,
                 # the local pool's names for the same figures (PoolMetrics), so one summary reads either manager
                 "key": self.spec.key, "label": self.spec.label, "max_in_use": s["peak_in_use"],
                 "acquired": s["acquires"], "acquire_wait_total": s["wait_total"], "acquire_wait_max": s["wait_max"],
                 "start_time_total": s["start_total"],
                 "instances": {i.id: {"node_id": i.node_id, "pid": i.pid, "uses": i.uses}
-                              for i in self._instances.values()}}
+                              for i in self._instances.values()} if instances else {}}
 
     async def aclose(self) -> None:
         """Stop every instance and fail every waiter; the pool accepts nothing afterwards."""
@@ -512,21 +549,13 @@ class PoolActor:
         self._leases.clear()
         self._idle.clear()
         insts, self._instances = list(self._instances.values()), {}
-        await asyncio.gather(*(_stop_host(i.handle) for i in insts), return_exceptions=True)
+        await self.hosting.aclose([i.placed for i in insts])
 
 
-async def _stop_host(handle: Any) -> None:
-    """Let a host release its resource, then kill its actor (also when the node is gone)."""
+def ray_actor_error() -> type:
     import ray
 
-    try:
-        await asyncio.wait_for(handle.close.remote(), HOST_CLOSE_TIMEOUT)
-    except Exception:  # noqa: BLE001, S110 - dead or stuck: killed below
-        pass
-    try:
-        ray.kill(handle, no_restart=True)
-    except Exception:  # noqa: BLE001, S110 - already gone
-        pass
+    return ray.exceptions.RayActorError
 
 
 _classes: dict[str, Any] = {}

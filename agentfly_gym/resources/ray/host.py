@@ -1,14 +1,18 @@
-"""The host of one instance on a Ray cluster: ``ResourceHost``, a Ray actor per instance placed by Ray resources.
+"""The host of instances on a Ray cluster: ``ResourceHost``, a Ray actor holding one or many instances of a spec.
 
-It owns the live resource through a local :class:`~agentfly_gym.resources.ResourceManager` and runs every call
-on it where it lives, so only the call's arguments and result cross the network.  The class is plain Python
-here; :func:`host_actor_class` wraps it with ``ray.remote`` on first use (nothing happens at import), and
-:func:`host_actor_options` places it.
+With ``hosting="node"`` (the default) a pool has one host per node it uses, holding every instance of the pool
+on that node; with ``hosting="instance"`` (the earlier design) each instance has a host of its own.  Either way
+the host owns its instances through local pools (:class:`~agentfly_gym.resources.pool.ResourcePool`, one per
+instance, in one local :class:`~agentfly_gym.resources.ResourceManager`) and runs every call on them where they
+live, so only a call's arguments and result cross the network.  Instances are addressed by the pool actor's
+instance id.  The class is plain Python here; :func:`host_actor_class` wraps it with ``ray.remote`` on first use
+(nothing happens at import), and :func:`host_actor_options` places it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import os
@@ -26,64 +30,101 @@ log = logging.getLogger(__name__)
 
 _classes: dict[str, Any] = {}
 
-#: seconds a host gets to release its resource (stop a container, close a simulator) before it is killed
+#: seconds a host gets to release an instance (stop a container, close a simulator) before it is killed
 HOST_CLOSE_TIMEOUT = 30.0
+
+#: what one call of :meth:`ResourceHost.batch` may ask: ``call``, ``invoke``, ``invoke_fn`` or ``run``
+BATCH_KINDS = ("call", "invoke", "invoke_fn", "run")
+
+
+@dataclasses.dataclass
+class _Slot:
+    pool: Any  # the instance's local ResourcePool (capacity 1 in use: start, reset on reuse, park, health)
+    res: Any = None  # the live resource while the cluster pool has the instance in use or reset
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
 class ResourceHost:
-    """One live instance of a spec, inside its own Ray actor on the node Ray placed it.
+    """Live instances of one spec, inside one Ray actor on the node Ray placed it.
 
-    The instance comes from a local :class:`~agentfly_gym.resources.ResourceManager` in this actor
-    (its pool gives the usual start, reset-on-reuse, health check and release), so every backend
-    works unchanged.  Method calls arrive as (name, args, kwargs) and run here.
+    Each instance comes from a local pool of its own in this actor (the usual start, reset-on-reuse, health check
+    and release), so every backend works unchanged.  Method calls arrive as ``(instance id, name, args, kwargs)``
+    and run here, on this actor's event loop; instances of the same host share the process, its default manager
+    (what hosted environments acquire for themselves) and its loop.
     """
 
     def __init__(self, spec: ResourceSpec, manager_id: str) -> None:
-        # AGENTFLY_GYM_MANAGER=local comes with the actor's runtime_env (host_actor_options): what the instance
-        # itself needs is started here, not pooled again
+        # AGENTFLY_GYM_MANAGER=local comes with the actor's runtime_env (host_actor_options): what the instances
+        # themselves need is started here, not pooled again
         self._spec = spec
         self._manager_id = manager_id
         self._manager: Any = None
-        self._pool: Any = None
-        self._res: Any = None
-        self._lock = asyncio.Lock()
+        self._slots: dict[str, _Slot] = {}
 
-    async def start(self) -> dict[str, Any]:
-        """Start the instance.  Returns ``{"node_id", "pid", "resource_id"}``."""
+    def info(self) -> dict[str, Any]:
+        """``{"node_id", "pid", "host_id", "instances"}``: where this host runs (``host_id``: its Ray actor id) and
+        how many instances it holds."""
         import ray
 
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "pid": os.getpid(), "host_id": ctx.get_actor_id(),
+                "instances": len(self._slots)}
+
+    async def start(self, iid: str) -> dict[str, Any]:
+        """Start instance ``iid`` here.  Returns ``{"node_id", "pid", "resource_id"}``.
+
+        Raises:
+            ResourceError: ``iid`` is already live here.
+            ResourceStartError: the instance failed to start (as the local pool raises it).
+        """
         from ..manager import ResourceManager
+        from ..pool import ResourcePool
 
-        self._manager = ResourceManager(manager_id=self._manager_id)
-        self._pool = self._manager.pool(self._spec)
-        self._res = await self._pool.acquire()
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "resource_id": self._res.id}
+        if iid in self._slots:
+            raise ResourceError(f"{self._spec.label}: instance {iid} is already live on this host")
+        if self._manager is None:
+            self._manager = ResourceManager(manager_id=self._manager_id)
+        slot = _Slot(ResourcePool(self._spec, self._manager._build))
+        self._slots[iid] = slot
+        try:
+            async with slot.lock:
+                slot.res = await slot.pool.acquire()
+        except BaseException:
+            self._slots.pop(iid, None)
+            await slot.pool.aclose()
+            raise
+        return {**self.info(), "resource_id": slot.res.id}
 
-    async def reset(self) -> None:
-        """Take the instance (back) from the local pool, which resets it (or replaces it) on re-acquisition."""
-        async with self._lock:
-            res, self._res = self._res, None
+    async def reset(self, iid: str) -> None:
+        """Take the instance (back) from its local pool, which resets it (or replaces it) on re-acquisition."""
+        slot = self._slot(iid)
+        async with slot.lock:
+            res, slot.res = slot.res, None
             if res is not None:
-                await self._pool.release(res)
-            self._res = await self._pool.acquire()
+                await slot.pool.release(res)
+            slot.res = await slot.pool.acquire()
 
-    async def park(self) -> None:
-        """The instance went idle in the cluster pool: it goes idle in the local pool too, which parks it (stops
+    async def park(self, iid: str) -> None:
+        """The instance went idle in the cluster pool: it goes idle in its local pool too, which parks it (stops
         the last rollout's work now, e.g. replaces a container) and keeps it in its care until the next reset."""
-        async with self._lock:
-            res, self._res = self._res, None
+        slot = self._slots.get(iid)
+        if slot is None:
+            return
+        async with slot.lock:
+            res, slot.res = slot.res, None
             if res is not None:
-                await self._pool.release(res)
+                await slot.pool.release(res)
 
-    async def status(self) -> str:
-        if self._res is None:
+    async def status(self, iid: str) -> str:
+        slot = self._slots.get(iid)
+        if slot is None or slot.res is None:
             return "stopped"
-        return (await self._res.status()).value
+        return (await slot.res.status()).value
 
-    async def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+    async def call(self, iid: str, method: str, args: tuple, kwargs: dict) -> Any:
         """``resource.call(method, ...)`` for in-process objects (a coroutine method is awaited on this actor's
         event loop instead of the object's thread), ``resource.<method>(...)`` for the rest."""
-        res = self._live()
+        res = self._live(iid)
         from ..inprocess import InProcessResource
 
         if isinstance(res, InProcessResource):
@@ -91,11 +132,11 @@ class ResourceHost:
             if inspect.iscoroutinefunction(fn):  # an async object: awaited on this actor's loop, no thread hop
                 return await fn(*args, **kwargs)
             return await res.call(method, *args, **kwargs)
-        return await self.invoke(method, args, kwargs)
+        return await self.invoke(iid, method, args, kwargs)
 
-    async def invoke(self, method: str, args: tuple, kwargs: dict) -> Any:
+    async def invoke(self, iid: str, method: str, args: tuple, kwargs: dict) -> Any:
         """``await resource.<method>(*args, **kwargs)`` (e.g. a container's ``exec``)."""
-        res = self._live()
+        res = self._live(iid)
         if method.startswith("_"):
             raise ResourceError(f"{res.id}: method {method!r} is private and cannot be called remotely")
         fn = getattr(res, method, None)
@@ -106,10 +147,10 @@ class ResourceHost:
             out = await out
         return out
 
-    async def invoke_fn(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    async def invoke_fn(self, iid: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``resource.invoke(fn, ...)`` of an in-process object: ``fn(obj, *args, **kwargs)`` (a typed proxy's
         call); a coroutine function on an object in this process is awaited on this actor's loop."""
-        res = self._live()
+        res = self._live(iid)
         from ..inprocess import InProcessResource
 
         if not isinstance(res, InProcessResource):
@@ -119,43 +160,73 @@ class ResourceHost:
             return await fn(res.obj, *args, **kwargs)
         return await res.invoke(fn, *args, **kwargs)
 
-    async def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    async def run(self, iid: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``resource.run(fn, ...)``: ``fn`` (pickled by Ray) runs on the object's thread here."""
-        return await self._live().run(fn, *args, **kwargs)
+        return await self._live(iid).run(fn, *args, **kwargs)
 
-    def mark_dead(self, reason: str) -> None:
-        mark = getattr(self._res, "mark_dead", None)
+    async def batch(self, iid: str, calls: list[tuple[str, Any, tuple, dict]]) -> list[Any]:
+        """Several calls on instance ``iid`` in one Ray call, run in order: each is ``(kind, method or fn, args,
+        kwargs)`` with ``kind`` one of :data:`BATCH_KINDS` (as the methods of the same name).  Returns their
+        results in order; the first call that raises stops the batch and its error is raised (later calls do
+        not run)."""
+        out = []
+        for kind, what, args, kwargs in calls:
+            if kind not in BATCH_KINDS:
+                raise ResourceError(f"batch call kind {kind!r} is not one of {list(BATCH_KINDS)}")
+            out.append(await getattr(self, kind)(iid, what, tuple(args), dict(kwargs)))
+        return out
+
+    def mark_dead(self, iid: str, reason: str) -> None:
+        slot = self._slots.get(iid)
+        mark = getattr(getattr(slot, "res", None), "mark_dead", None)
         if callable(mark):
             mark(reason)
 
-    async def close(self) -> None:
-        """Release the instance and everything it holds (containers, processes); idempotent.
+    async def stop(self, iid: str) -> None:
+        """Release instance ``iid`` and everything it holds (containers, processes); idempotent.
 
         An object with a coroutine ``aclose()`` (e.g. a hosted environment, whose episodes ran on this actor's
-        loop) closes there first; then whatever it took from this loop's default manager is released.
+        loop) closes there first, then its local pool stops it.
         """
-        async with self._lock:
-            res, self._res = self._res, None
+        slot = self._slots.pop(iid, None)
+        if slot is None:
+            return
+        async with slot.lock:
+            res, slot.res = slot.res, None
         aclose = getattr(getattr(res, "obj", None), "aclose", None)
         if inspect.iscoroutinefunction(aclose):
             try:
                 await asyncio.wait_for(aclose(), HOST_CLOSE_TIMEOUT)
             except Exception:  # noqa: BLE001 - closing anyway
                 log.warning("%s: aclose() of the hosted object failed", self._spec.label, exc_info=True)
+        if res is not None:
+            await slot.pool.release(res, discard=True)
+        await slot.pool.aclose()
+
+    async def close(self) -> None:
+        """Stop every instance, then release what they took from this loop's default manager; idempotent."""
+        await asyncio.gather(*(self.stop(iid) for iid in list(self._slots)), return_exceptions=True)
         if self._manager is not None:
             await self._manager.aclose()
         default = loop_default()
         if default is not None:  # what async objects acquired on this loop
             await default.aclose()
 
-    def _live(self) -> Any:
-        if self._res is None:
-            raise ResourceDied(f"the host of {self._spec.label} holds no live instance")
-        return self._res
+    def _slot(self, iid: str) -> _Slot:
+        slot = self._slots.get(iid)
+        if slot is None:
+            raise ResourceDied(f"instance {iid} of {self._spec.label} is not live on this host")
+        return slot
+
+    def _live(self, iid: str) -> Any:
+        res = self._slot(iid).res
+        if res is None:
+            raise ResourceDied(f"the host of {self._spec.label} holds no live instance {iid}")
+        return res
 
 
 def host_actor_class() -> Any:
-    """``ray.remote(ResourceHost)``, made on first use."""
+    """``ray.remote(ResourceHost)``, made on first use (an async actor: calls on different instances overlap)."""
     if "host" not in _classes:
         import ray
 
@@ -163,14 +234,16 @@ def host_actor_class() -> Any:
     return _classes["host"]
 
 
-def host_actor_options(placement: RayPlacement, node_id: str | None = None) -> dict[str, Any]:
-    """``.options(...)`` for an instance's host actor: the placement's resources, pinned to ``node_id`` if given.
+def host_actor_options(placement: RayPlacement | None, node_id: str | None = None) -> dict[str, Any]:
+    """``.options(...)`` for a host actor: the placement's resources (``hosting="instance"``), or none with
+    ``placement=None`` (``hosting="node"``: each instance's resources are reserved by a placement group of its
+    own), pinned to ``node_id`` if given.
 
     The host's process gets ``AGENTFLY_GYM_MANAGER=local`` (:data:`agentfly_gym.resources.select.SETTING`) through
     its ``runtime_env`` (Ray merges it with the job's variables): what the hosted instance itself needs (e.g. a
     hosted environment's default manager) is started there, not pooled in the cluster again.
     """
-    opts = placement.actor_options()
+    opts = placement.actor_options() if placement is not None else {"num_cpus": 0, "num_gpus": 0}
     opts["runtime_env"] = {"env_vars": {"AGENTFLY_GYM_MANAGER": "local"}}
     if node_id is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -11,10 +11,11 @@
 
 Every process of a Ray job that makes a ``RayResourceManager`` (every verl agent-loop worker, on every
 node) attaches to the same per-spec pools: named Ray actors ``agentfly-pool-<spec key>`` in the job's
-namespace, so ``max_instances`` caps the whole cluster, not each process.  An instance lives in its own
-Ray actor on a node chosen by Ray resources (:class:`RayPlacement`); calls on it
-(``call``/``run``/``exec``/``put_files``/``get_file``) run there, and only their arguments and results
-travel.  Waiting is FIFO across processes, a re-acquired instance is reset first, a cancelled
+namespace, so ``max_instances`` caps the whole cluster, not each process.  An instance lives on a node chosen
+by Ray resources (:class:`RayPlacement`), in the pool's host actor there (one per node and pool; or one per
+instance with ``hosting="instance"``, see :mod:`.hosting`); calls on it
+(``call``/``run``/``exec``/``put_files``/``get_file``, several at once with ``batch``) run there, and only their
+arguments and results travel.  Waiting is FIFO across processes, a re-acquired instance is reset first, a cancelled
 acquisition never strands an instance, and an instance whose actor or node died raises
 :class:`~agentfly_gym.errors.ResourceDied` on its next call (environments turn that into a truncated
 episode with ``info["error"]``) and is replaced by a fresh one wherever Ray finds room.
@@ -48,6 +49,7 @@ from . import _compat
 from ..protocol import Manager
 from ..scope import RolloutScope
 from .actors import Grant, client_owner, pool_actor_class
+from .hosting import HOSTINGS
 from .placement import PlacementTable, RayPlacement, resolve_placement
 
 __all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource"]
@@ -104,7 +106,7 @@ class RayResource(Resource):
         lease_id: the cluster pool's id of this lease.
         instance_id: the pool's id of the instance (stable across leases of the same instance).
         node_id: the Ray node the instance lives on.
-        pid: the host actor's process id on that node.
+        pid: the host actor's process id on that node (shared by the pool's instances there with node hosting).
     """
 
     def __init__(self, pool: RayPool, grant: Grant) -> None:
@@ -114,7 +116,9 @@ class RayResource(Resource):
         self._global_key = "cluster"  # of a global instance: the key the pool granted it under (see acquire_global)
         self.lease_id = grant.lease_id
         self.instance_id = grant.instance_id
-        self.handle = grant.handle
+        self.handle = grant.handle if grant.handle is not None else pool.manager._host_handles.get(grant.host_id)
+        if grant.handle is not None:
+            pool.manager._host_handles[grant.host_id] = grant.handle
         self.node_id = grant.node_id
         self.pid = grant.pid
         self.uses = grant.uses
@@ -141,7 +145,7 @@ class RayResource(Resource):
         ray = _ray()
         if self._dead is not None:
             raise ResourceDied(f"{self.id} is dead: {self._dead}")
-        ref = getattr(self.handle, method).remote(*args)
+        ref = getattr(self.handle, method).remote(self.instance_id, *args)
         try:
             return await ref
         except asyncio.CancelledError:
@@ -175,6 +179,15 @@ class RayResource(Resource):
         if callable(method):
             return await self._remote("invoke_fn", method, args, kwargs)
         return await self._remote("invoke", method, args, kwargs)
+
+    async def batch(self, calls: list[tuple]) -> list[Any]:
+        """Several calls on this instance in one round trip (a step's calls cross the network once), run in order
+        where it lives: each is ``(method, args, kwargs)``, ``(method, args)`` or ``(method,)``; a name runs as
+        :meth:`call`, a function as :meth:`invoke`.  Returns the results in order.  Raises ResourceDied when its
+        host or node is gone; else the first call that raises stops the batch and its error is raised."""
+        wire = [(tuple(c) + ((), {}))[:3] for c in calls]
+        return await self._remote("batch", [("invoke_fn" if callable(w) else "call", w, tuple(a), dict(k))
+                                            for w, a, k in wire])
 
     async def exec(self, *args: Any, **kwargs: Any) -> Any:
         """A container's ``exec``, run on the node of the container; returns its ``ExecResult``."""
@@ -292,6 +305,8 @@ class RayPool:
         ref = self.handle.acquire.remote(lease_id, self.manager.id, timeout, node_id, priority)
         grant = await self._await_grant(ref, lease_id)
         self._snapshot = grant.snapshot
+        if grant.handle is None and grant.host_id not in self.manager._host_handles:  # its first grant is late
+            grant.handle = await self.handle.host_handle.remote(grant.host_id)
         res = RayResource(self, grant)
         self._leases[lease_id] = res
         return res
@@ -394,6 +409,8 @@ class RayResourceManager(Manager):
         acquire_timeout: default seconds an acquisition may wait, None for no limit.
         manager_id: labels this client and the resources it starts; random by default.
         address: passed to ``ray.init`` when Ray is not initialised in this process yet.
+        hosting: ``"node"`` (one host actor per node and pool holds its instances there, see :mod:`.hosting`) or
+            ``"instance"`` (one host actor, a ~100 MB process, per instance).  Each has its own named pools.
 
     Raises:
         ConfigError: a bad ``global_scope`` or placement.
@@ -403,9 +420,11 @@ class RayResourceManager(Manager):
 
     def __init__(self, *, placement: PlacementTable | None = None, global_scope: str = "cluster",
                  namespace: str | None = None, detached: bool = False, acquire_timeout: float | None = None,
-                 manager_id: str | None = None, address: str | None = None) -> None:
+                 manager_id: str | None = None, address: str | None = None, hosting: str = "node") -> None:
         if global_scope not in ("cluster", "node"):
             raise ConfigError(f"global_scope={global_scope!r} is not one of 'cluster', 'node'")
+        if hosting not in HOSTINGS:
+            raise ConfigError(f"hosting={hosting!r} is not one of {list(HOSTINGS)}")
         if isinstance(placement, dict):
             placement = {k: RayPlacement.of(v) for k, v in placement.items()}
         ray = _ray()
@@ -414,11 +433,13 @@ class RayResourceManager(Manager):
         self.id = manager_id or f"afg-ray-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.placement = placement
         self.global_scope = global_scope
+        self.hosting = hosting
         self.namespace = namespace or ray.get_runtime_context().namespace
         self.detached = detached
         self.acquire_timeout = acquire_timeout
         self._pools: dict[str, RayPool] = {}
         self._globals: dict[str, RayResource] = {}
+        self._host_handles: dict[str, Any] = {}  # host actor id -> handle (grants carry each one once)
         self._global_locks: dict[str, asyncio.Lock] = {}
         self._closed = False
         # one teardown owner (resources/teardown.py): this manager detaches at exit and on SIGTERM (Ray's
@@ -457,14 +478,15 @@ class RayResourceManager(Manager):
     def _pool_handle(self, spec: ResourceSpec, placement: RayPlacement) -> Any:
         """The named pool actor of ``spec`` in this manager's namespace, made if it does not exist (no wait)."""
         ray = _ray()
-        name = "agentfly-pool-" + re.sub(r"[^A-Za-z0-9_.-]", "-", spec.key)
+        name = "agentfly-pool-" + re.sub(r"[^A-Za-z0-9_.-]", "-", spec.key) + \
+            ("" if self.hosting == "node" else f"-{self.hosting}")
         opts: dict[str, Any] = {"name": name, "namespace": self.namespace, "get_if_exists": True, "num_cpus": 0,
                                 "max_concurrency": 10_000}
         if _HEAD in ray.cluster_resources():
             opts["resources"] = {_HEAD: 0.001}  # pools live on the head node, not on a worker node that can die
         if self.detached:
             opts["lifetime"] = "detached"
-        return pool_actor_class().options(**opts).remote(spec, placement, self.id)
+        return pool_actor_class().options(**opts).remote(spec, placement, self.id, self.hosting)
 
     def _forget(self, pool: RayPool) -> None:
         if self._pools.get(pool.spec.key) is pool:

@@ -1,4 +1,5 @@
-"""Where a pooled instance lives in a Ray cluster: the Ray resources its host actor asks for."""
+"""Where a pooled instance lives in a Ray cluster: the Ray resources reserved for it (by a placement group of its
+own with ``hosting="node"``, by its host actor with ``hosting="instance"``)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ __all__ = ["RayPlacement", "PlacementTable", "resolve_placement", "parse_placeme
 
 @dataclasses.dataclass(frozen=True)
 class RayPlacement:
-    """The Ray resources one instance's host actor reserves on its node.
+    """The Ray resources one instance reserves on its node.
 
-    An instance (a simulator, an engine, a container's driver, a server) lives in one Ray actor; Ray
-    puts that actor on a node that has these resources free, so custom node resources such as
+    An instance (a simulator, an engine, a container's driver, a server) is reserved these resources; Ray
+    picks a node that has them free and the instance lives there, so custom node resources such as
     ``{"docker": 1}``, ``{"sandbox": 1}``, ``{"webshop": 1}`` or ``{"scienceworld": 4}`` (declared with
     ``ray start --resources='{"docker": 8}'``) decide which nodes host which instances and how many.
 
@@ -26,7 +27,8 @@ class RayPlacement:
         num_gpus: GPUs reserved.
         memory: bytes of memory reserved for scheduling, or None.
         resources: custom resources, name -> amount (amounts > 0).
-        scheduling_strategy: ``"DEFAULT"`` (pack) or ``"SPREAD"`` (spread instances over nodes).
+        scheduling_strategy: ``"DEFAULT"`` (pack) or ``"SPREAD"`` (spread instances over nodes; with node
+            hosting: the node with the fewest of the pool's instances that has room).
     """
 
     num_cpus: float = 0.0

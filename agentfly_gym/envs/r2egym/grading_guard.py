@@ -1,0 +1,447 @@
+"""The launcher that runs an R2E-Gym task's hidden tests in the grading container (isolated grading).
+
+Run as a script in place of ``python -m pytest`` (``python3 grading_guard.py ARGS...``), by the grading
+container's interpreter, standard library only (Python 3.8 or later for the guard; older interpreters run
+pytest unguarded and say so in the seal).  The code under test runs inside the pytest process, so it can reach
+pytest's in-memory state; before pytest's plugins or any task code are imported this launcher:
+
+* reads a random key that the host wrote next to this file, and deletes the file;
+* installs two PEP 578 audit hooks (which Python cannot remove).  The first vetoes, for the rest of the process,
+  the attribute writes that raise an audit event on the functions and objects of pytest, pluggy and this
+  launcher (``f.__code__ = c``, ``report.__class__ = C``; CPython raises none for ``TestReport.__init__ = f``,
+  which the snapshot below catches instead), writes to this folder other than the JUnit report, ``/proc/*/mem``, symbolic links into ``/proc``, ``ctypes``' raw memory access
+  (``from_address``, CPython's C API through ``pythonapi``), ``gc``'s object graph walks, ``sys.settrace``,
+  ``sys.setprofile``, ``sys._current_frames`` and ``sys.monitoring`` callbacks.  The second keeps the key and
+  the statuses out of reach of Python objects (it is referenced only by the interpreter);
+* snapshots the identities of everything pytest, pluggy and this launcher define (module and class
+  namespaces), the registered hook implementations and the repository's ``conftest.py`` files; at every test
+  report and at the end it checks them again: a swapped module function (``_pytest.runner.call_and_report =
+  f``, which raises no audit event), a class namespace edited behind ``setattr``, a hook implementation from a
+  plugin registered at run time out of the repository's code, a ``conftest.py`` that appeared or changed,
+  each marks the run tampered;
+* records each test's outcome as pytest's reports give it, and after ``pytest.main`` returns writes a seal to a
+  descriptor opened before any task code ran: the statuses, the SHA-256 of the JUnit report, what was
+  tampered with, under an HMAC-SHA256 of the key.  A run that ends early (``os._exit``), a second seal, a JUnit
+  report changed after the seal, or statuses the report and the seal disagree on: the host scores 0.
+
+This raises the bar; it is not a proof.  The tests' own code runs in the same process as the code under test,
+so substituting the test functions or the objects they compare (an object equal to everything) is not
+covered, and a determined exploit of the interpreter (a C extension, a frame of the guard reached through a
+traceback) can forge what the guard sees.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import sys
+import types
+
+_MISSING = object()
+_PREFIXES = ("pytest", "_pytest", "pluggy")
+_CLASS_ADDED_OK = frozenset({"__slotnames__", "__abstractmethods__", "_abc_impl"})
+_SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "site-packages", "dist-packages", "__pycache__",
+                        ".tox", ".nox", ".eggs", "build"})
+_RANK = {"SKIPPED": 0, "XPASS": 1, "PASSED": 2, "ERROR": 3, "FAILED": 4}
+#: audit events refused outright: they reach any object or frame (gc's graph, other threads' frames, tracing)
+_DENIED = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+                     "sys.settrace", "sys.setprofile", "sys.monitoring.register_callback", "ctypes.cdata"})
+#: audit events whose first two arguments are paths, refused inside the grading folder
+_PATH_EVENTS = frozenset({"os.rename", "os.link", "os.remove", "os.rmdir", "os.truncate", "os.chmod", "os.chown",
+                          "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"})
+_PROC_MEM = re.compile(r"^/proc/[^/]+/(task/[^/]+/)?mem$")
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+#: the modules (and their classes) checked at every test report: what makes and delivers a report (all
+#: modules at the end)
+_CRITICAL = ("_pytest.runner", "_pytest.reports", "_pytest.skipping", "pluggy._callers", "pluggy._hooks", "__main__")
+
+
+#: the hooks whose implementations are checked at every test report (all of them at the end)
+_RUNTEST_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
+                  "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_pyfunc_call",
+                  "pytest_report_teststatus", "pytest_runtestloop", "pytest_fixture_setup")
+
+
+def _ours(name):
+    return name == "__main__" or any(name == p or name.startswith(p + ".") for p in _PREFIXES)
+
+
+def _snapshot():
+    """``(modules, classes, functions)``: ``[(name, module, {key: value})]`` of pytest's, pluggy's and this
+    launcher's modules, ``[(class, namespace, {key: value})]`` of their classes, ``{id: function}`` of their
+    functions."""
+    modules, classes, funcs, seen = [], [], {}, set()
+    # modules: (name, module, namespace)
+    for name, mod in sorted(sys.modules.items()):
+        if not _ours(name) or not isinstance(mod, types.ModuleType):
+            continue
+        ns = {k: v for k, v in vars(mod).items()
+              if isinstance(v, (type, types.FunctionType, types.ModuleType, types.BuiltinFunctionType))}
+        modules.append((name, mod, ns))
+        for v in ns.values():
+            if isinstance(v, types.FunctionType):
+                funcs[id(v)] = v
+            if isinstance(v, type) and id(v) not in seen and _ours(getattr(v, "__module__", "") or ""):
+                seen.add(id(v))
+                cns = {k: m for k, m in vars(v).items() if _code_like(m)}
+                classes.append((v, vars(v), cns))
+                for m in cns.values():
+                    f = getattr(m, "__func__", m)
+                    for g in (f, getattr(m, "fget", None), getattr(m, "fset", None)):
+                        if isinstance(g, types.FunctionType):
+                            funcs[id(g)] = g
+    return modules, classes, funcs
+
+
+def _code_like(v, type=type, issubclass=issubclass, mro=type.__dict__["__mro__"].__get__,
+               tdict=type.__dict__["__dict__"].__get__):
+    """Whether a class attribute is behaviour (a function, a descriptor, a class) rather than data (looks only at
+    types through ``type``'s own descriptors, never at the value's or its metaclass's attributes)."""
+    t = type(v)
+    if issubclass(t, type):
+        return True
+    for c in mro(t):
+        if "__get__" in tdict(c):
+            return True
+    return False
+
+
+def _codes(funcs):
+    """The code objects of ``funcs`` and of the functions nested in them, but not of pytest's helpers
+    that set attributes for a caller (``monkeypatch``, ``pytester``): the code allowed to set attributes on the
+    test runner's classes (pytest keeps a little state on them, ``pytestPDB._config``)."""
+    out, stack = {}, []
+    for f in funcs.values():
+        if not (getattr(f, "__module__", "") or "").startswith(("_pytest.monkeypatch", "_pytest.pytester")):
+            stack.append(f.__code__)
+    while stack:
+        c = stack.pop()
+        if id(c) not in out:
+            out[id(c)] = c
+            stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return list(out.values())
+
+
+def _conftests(root):
+    """``{realpath: sha256}`` of the ``conftest.py`` files under ``root`` (virtual environments left out)."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.endswith((".egg-info", ".dist-info"))]
+        if "conftest.py" in files:
+            p = os.path.realpath(os.path.join(d, "conftest.py"))
+            out[p] = _sha(p)
+    return out
+
+
+def _sha(path, open=open, sha256=hashlib.sha256, err=OSError):
+    try:
+        with open(path, "rb") as f:
+            return sha256(f.read()).hexdigest()
+    except err:
+        return None
+
+
+def _merge(now, before):
+    """``[(name or class, namespace, {key: (value now, value before)})]``: a namespace may hold either value
+    (pytest's ``legacypath`` adds attributes after start-up and takes them back at exit)."""
+    old = {who if isinstance(who, str) else id(who): ns for who, _, ns in before}
+    missing = _MISSING
+    out = []
+    for who, d, ns in now:
+        ons = old.get(who if isinstance(who, str) else id(who), {})
+        pairs = {k: (v, ons.get(k, missing)) for k, v in ns.items()}
+        pairs.update({k: (missing, v) for k, v in ons.items() if k not in ns})
+        out.append((who, d, pairs))
+    return out
+
+
+def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
+    """Install the two audit hooks; nothing returned holds the key.
+
+    The hooks and what they call look up no global name (task code can rebind this launcher's globals, and reach
+    a frame's ``f_globals`` and, from Python 3.13, write its locals through a traceback): everything they use is a
+    default argument, copied into each call's own frame, or a closure of functions only the state hook calls."""
+    modules, classes, funcs = _snapshot()
+    modules = _merge([(n, vars(m), ns) for n, m, ns in modules], before[0])
+    classes = _merge(classes, before[1])
+    oid = object.__hash__  # unique for live objects like id(), without id()'s audit event on every call
+    fkeys = frozenset(oid(f) for f in funcs.values())
+    guarded_classes = frozenset(oid(c) for c, _, _ in classes)
+    guarded = guarded_classes | fkeys
+    runner_codes = frozenset(oid(c) for c in _codes(funcs))
+    root = os.path.realpath(os.getcwd())
+    conftests = _conftests(root)
+    report_code = type(plugin).pytest_runtest_logreport.__code__
+    makereport_code = type(plugin).pytest_runtest_makereport.__code__
+    report_class = getattr(sys.modules.get("_pytest.reports"), "TestReport", None)
+    grade_dir = os.path.realpath(grade_dir) + os.sep
+    junit = os.path.realpath(junit)
+    relay = pm.hook
+    callers = {k: v for k, v in vars(relay).items() if hasattr(v, "get_hookimpls")}
+    caller_types = frozenset(oid(type(v)) for v in callers.values())
+    boot_impls = frozenset(oid(getattr(i.function, "__func__", i.function))
+                           for hc in callers.values() for i in hc.get_hookimpls())
+    impl_types = frozenset(oid(type(i)) for hc in callers.values() for i in hc.get_hookimpls())
+    crit = [(n, d, ns) for n, d, ns in modules if n in _CRITICAL]
+    crit_classes = [(c, d, ns) for c, d, ns in classes if getattr(c, "__module__", "") in _CRITICAL]
+    main_dict = vars(sys.modules["__main__"])
+
+    def veto(event, args, guarded=guarded, guarded_classes=guarded_classes, runner_codes=runner_codes,
+             oid=oid, getframe=sys._getframe, type=type, isinstance=isinstance, int=int, str=str, bytes=bytes,
+             realpath=os.path.realpath, fsdecode=os.fsdecode, proc_mem=_PROC_MEM.match, write_flags=_WRITE_FLAGS,
+             sep=os.sep, grade_dir=grade_dir, junit=junit, root=root, added_ok=_CLASS_ADDED_OK,
+             pathlike=os.PathLike, denied=_DENIED, path_events=_PATH_EVENTS, err=PermissionError):
+        if event in ("object.__setattr__", "object.__delattr__"):
+            obj, name = args[0], args[1]
+            if ((oid(obj) in guarded and name not in added_ok) or (
+                    name == "__class__" and oid(type(obj)) in guarded_classes)) and \
+                    oid(getframe(1).f_code) not in runner_codes:
+                raise err("grading: changing the test runner is not allowed")
+        elif event == "open":
+            path, mode, flags = args[0], args[1], args[2]
+            if not isinstance(path, (str, bytes, pathlike)):
+                return
+            p = realpath(fsdecode(path))
+            if proc_mem(p):
+                raise err("grading: /proc/*/mem is not allowed")
+            writing = bool((flags if type(flags) is int else 0) & write_flags) or (
+                type(mode) is str and ("w" in mode or "a" in mode or "x" in mode or "+" in mode))
+            if writing and (((p + sep).startswith(grade_dir) and p != junit) or
+                            (p.endswith(sep + "conftest.py") and p.startswith(root + sep))):
+                raise err("grading: writing this file is not allowed")
+        elif event in path_events:
+            for a in args[:2]:
+                if isinstance(a, (str, bytes, pathlike)) and (realpath(fsdecode(a)) + sep).startswith(grade_dir):
+                    raise err("grading: changing the grading folder is not allowed")
+        elif event == "os.symlink":
+            a = args[0]
+            if isinstance(a, (str, bytes, pathlike)) and "proc" in fsdecode(a):
+                raise err("grading: links into /proc are not allowed")
+        elif event in denied:
+            raise err("grading: this introspection is not allowed")
+        elif event == "ctypes.dlsym":
+            name = args[1] if len(args) > 1 else ""
+            if type(name) is str and name.startswith(("Py", "_Py")):
+                raise err("grading: CPython's C API through ctypes is not allowed")
+
+    outcomes, tampered, seals, known = {}, [], [], {}
+
+    def note(reason, tampered=tampered, len=len):
+        if len(tampered) < 50 and reason not in tampered:
+            tampered.append(reason)
+
+    def namespaces(full, sysmods=sys.modules, plugin=plugin, vars=vars):
+        for name, d, ns in (modules_all if full else crit):
+            if name != "__main__" and vars(sysmods.get(name, plugin)) is not d:
+                note("sys.modules[%r] replaced" % (name,))
+            _compare(name, d, ns, False)
+        for cls, d, ns in (classes if full else crit_classes):
+            _compare(cls.__module__ + "." + cls.__qualname__, d, ns, True)
+
+    def _compare(where, d, ns, is_class, missing=_MISSING, list=list, type=type, str=str, len=len,
+                 code_like=_code_like, added_ok=_CLASS_ADDED_OK):
+        seen = 0
+        for k, cur in list(d.items()):
+            if type(k) is not str:
+                if is_class:
+                    note(where + " gained a key that is not a name")
+                continue
+            pair = ns.get(k)
+            if pair is None:
+                if is_class and k not in added_ok and code_like(cur):
+                    note(where + " gained " + k)
+                continue
+            seen += 1
+            if cur is not pair[0] and cur is not pair[1]:
+                note(where + "." + k + " replaced")
+        if seen != len(ns):
+            for k, pair in ns.items():
+                if pair[0] is not missing and pair[1] is not missing and k not in d:
+                    note(where + "." + k + " removed")
+
+    def hooks(full, type=type, list=list, vars=vars, oid=oid, method=types.MethodType, function=types.FunctionType,
+              module=types.ModuleType, runtest=_RUNTEST_HOOKS, trusted_impl=_trusted_impl):
+        items = list(vars(relay).items()) if full else [(h, vars(relay).get(h)) for h in runtest]
+        for hname, hc in items:
+            if hc is None:
+                continue
+            if oid(type(hc)) not in caller_types:
+                note("the hook relay holds a foreign object at " + str(hname))
+                continue
+            for impl in hc.get_hookimpls():
+                if oid(type(impl)) not in impl_types:
+                    note(str(hname) + " holds a foreign hook implementation")
+                    continue
+                f = impl.function
+                if type(f) is method:
+                    f = f.__func__
+                if type(f) is not function:
+                    note(str(hname) + " implemented by something that is not a function")
+                    continue
+                k = oid(f)
+                if k in boot_impls or k in fkeys:
+                    continue
+                pkey = (hname, oid(impl.plugin))
+                if pkey in known:
+                    if known[pkey] is not f:
+                        note("hook implementation of " + str(hname) + " replaced")
+                    continue
+                known[pkey] = f
+                plug = impl.plugin
+                pfile = vars(plug).get("__file__") if type(plug) is module else None
+                if not trusted_impl(f.__code__.co_filename, pfile, root, conftests):
+                    note(str(hname) + " implemented by a plugin registered at run time")
+
+    modules_all = modules
+
+    def state(event, args, getframe=sys._getframe, type=type, str=str, bool=bool, int=int, vars=vars,
+              report_code=report_code, makereport_code=makereport_code, seal_code=seal_code,
+              report_class=report_class, dumps=json.dumps, hmac_new=hmac.new, sha256=hashlib.sha256,
+              write=os.write, close=os.close, sha=_sha, junit=junit, key=key, seal_fd=seal_fd,
+              outcomes=outcomes, tampered=tampered, seals=seals, rank=_RANK, err=OSError):
+        if type(event) is not str or not event.startswith("afg."):
+            return
+        caller = getframe(1).f_code
+        if event == "afg.report" and caller is report_code:
+            nodeid, when, outcome, xfail = args
+            if not (type(nodeid) is type(when) is type(outcome) is str):
+                note("a report with fields that are not strings")
+                return
+            status = ("FAILED" if when == "call" else "ERROR") if outcome == "failed" else (
+                "XPASS" if xfail is True and outcome == "passed" else "PASSED" if outcome == "passed" else
+                "SKIPPED")
+            if rank[status] > rank.get(outcomes.get(nodeid), -1):
+                outcomes[nodeid] = status
+            namespaces(False)
+            hooks(False)
+        elif event == "afg.makereport" and caller is makereport_code:
+            report, raised = args
+            if type(report) is not report_class:
+                note("a test report of another class")
+                return
+            outcome = vars(report).get("outcome")
+            if type(outcome) is not str:
+                note("a test report whose outcome is not a string")
+            elif raised is True and outcome == "passed":
+                nodeid = vars(report).get("nodeid")
+                note((nodeid if type(nodeid) is str else "a test") + ": passed although its phase raised")
+        elif event == "afg.seal" and caller is seal_code:
+            if seals:
+                note("a second seal")
+                return
+            seals.append(1)
+            namespaces(True)
+            hooks(True)
+            if main_dict.get("sys") is not sys_module:
+                note("the launcher's names replaced")
+            body = dumps({"statuses": outcomes, "tampered": tampered, "junit_sha256": sha(junit),
+                          "rc": args[0] if type(args[0]) is int else -1, "audit": True}, sort_keys=True)
+            tag = hmac_new(key, body.encode(), sha256).hexdigest()
+            try:
+                write(seal_fd, (dumps({"body": body, "hmac": tag}) + "\n").encode())
+                close(seal_fd)
+            except err:
+                pass
+        else:
+            note("forged event " + event)
+
+    sys_module = sys
+    sys.addaudithook(state)
+    sys.addaudithook(veto)
+
+
+def _trusted_impl(filename, plugin_file, root, conftests, realpath=os.path.realpath, basename=os.path.basename,
+                  isfile=os.path.isfile, sep=os.sep, skip=_SKIP_DIRS, any=any, str=str, type=type):
+    """A hook implementation registered after start-up (its function's file ``filename``; ``plugin_file`` the
+    ``__file__`` of its plugin when that is a module): from a ``conftest.py`` of the repository as it was at
+    start-up, or from code outside the repository (an installed pytest plugin)."""
+    if type(filename) is not str:
+        return False
+    path = realpath(filename)
+    if basename(path) == "conftest.py":
+        if type(plugin_file) is not str or realpath(plugin_file) != path:
+            return False
+        want = conftests.get(path)
+        return want is not None and want == _sha(path)
+    inside = path.startswith(root + sep) and not any(p in skip for p in path[len(root):].split(sep))
+    return not inside and isfile(path)
+
+
+class GuardPlugin:
+    """The launcher's pytest plugin: installs the hooks once pytest's own plugins and the command line's and
+    installed plugins are loaded, just before the first ``conftest.py`` (the first task code) is imported; then
+    reports each test's outcome to the state hook."""
+
+    def __init__(self, grade_dir, key, seal_fd, seal_code):
+        self.grade_dir, self.seal_fd, self.seal_code = grade_dir, seal_fd, seal_code
+        self.key = key
+
+    def pytest_addoption(self):
+        if self.key is not None:
+            modules, classes, _ = _snapshot()
+            self.before = ([(n, vars(m), ns) for n, m, ns in modules], classes)
+
+    def pytest_load_initial_conftests(self, early_config):
+        key, self.key = self.key, None
+        before, self.before = getattr(self, "before", None), None
+        if key is not None:
+            _install(self.grade_dir, os.path.join(self.grade_dir, "report.xml"), key, self.seal_fd,
+                     early_config.pluginmanager, self, self.seal_code, before)
+
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        sys.audit("afg.makereport", outcome.get_result(), call.excinfo is not None)
+
+    def pytest_runtest_logreport(self, report):
+        sys.audit("afg.report", str(report.nodeid), str(report.when), str(report.outcome),
+                  bool(getattr(report, "wasxfail", None) is not None))
+
+
+def _seal(rc):
+    sys.audit("afg.seal", int(rc))
+
+
+def _unguarded_seal(key, seal_fd, junit, rc):
+    body = json.dumps({"statuses": {}, "tampered": [], "junit_sha256": _sha(junit), "rc": int(rc),
+                       "audit": False}, sort_keys=True)
+    os.write(seal_fd, (json.dumps({"body": body, "hmac": hmac.new(key, body.encode(), hashlib.sha256).hexdigest()})
+                       + "\n").encode())
+    os.close(seal_fd)
+
+
+def main(argv):
+    grade_dir = os.path.dirname(os.path.realpath(__file__))
+    key_path, seal_path = os.path.join(grade_dir, "key"), os.path.join(grade_dir, "seal.json")
+    try:
+        with open(key_path, "rb") as f:
+            key = f.read().strip()
+        os.remove(key_path)
+    except OSError:
+        key = None
+    seal_fd = os.open(seal_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600) \
+        if key else None
+    if getattr(sys.flags, "safe_path", False):
+        del sys.path[0]
+    else:
+        sys.path[0] = os.getcwd()  # as ``python -m pytest`` has it
+    import pytest
+
+    sys.argv = [os.path.join(os.path.dirname(pytest.__file__), "__main__.py"), *argv]
+    audit = key is not None and hasattr(sys, "addaudithook")
+    plugins = []
+    if audit:
+        pytest.hookimpl(trylast=True)(GuardPlugin.pytest_load_initial_conftests)
+        pytest.hookimpl(hookwrapper=True, tryfirst=True)(GuardPlugin.pytest_runtest_makereport)
+        plugins.append(GuardPlugin(grade_dir, key, seal_fd, _seal.__code__))
+    rc = pytest.main(list(argv), plugins=plugins)
+    if audit:
+        _seal(rc)
+    elif key is not None:
+        _unguarded_seal(key, seal_fd, os.path.join(grade_dir, "report.xml"), rc)
+    sys.stdout.flush()
+    return int(rc)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
