@@ -24,7 +24,7 @@ Lifetime: a pool actor is owned by the process that made it (unless ``detached=T
 the pool, so a driver that exits, is killed or gets SIGTERM takes them with it (on SIGTERM and at exit the
 manager first detaches, so hosts release their containers and processes in order).  When the manager starts a
 local Ray itself (``ray.init``), a SIGTERM during that start is held until it has finished and then handled as any
-other (see :func:`_start_ray`): ``agentfly-gym rollout`` still writes its summary and leaves no Ray process.  A
+other (see :func:`.start.start_ray`): ``agentfly-gym rollout`` still writes its summary and leaves no Ray process.  A
 process that closes its manager returns its leases, and so does one whose node dies or whose process ends
 without closing it (SIGKILL, a crash) while others keep the pool alive: every 5 s the pool checks its clients'
 nodes and, in the cluster's tables, their processes (a driver's job, a worker's id).
@@ -45,11 +45,11 @@ from ...errors import ConfigError, PoolClosedError, ResourceDied, ResourceError
 from ..base import Resource, ResourceStatus
 from ..spec import ResourceSpec
 from .. import teardown
-from . import _compat
 from ..protocol import Manager
 from ..scope import RolloutScope
 from .actors import Grant, client_owner, pool_actor_class
 from .hosting import HOSTINGS
+from .start import start_ray
 from .placement import PlacementTable, RayPlacement, resolve_placement
 
 __all__ = ["RayResourceManager", "RayRolloutScope", "RayPool", "RayResource"]
@@ -75,22 +75,6 @@ async def _as_future(ref: Any) -> Any:
         return await ref
     except Exception:  # noqa: BLE001 - a release into a dead pool: nothing left to wait for
         return None
-
-
-def _start_ray(**kwargs: Any) -> None:
-    """``ray.init(**kwargs, log_to_driver=False)`` with SIGTERM held until it has finished (see
-    :func:`~agentfly_gym.resources.teardown.hold_sigterm`).
-
-    ``ray.init`` first replaces the process's SIGTERM handler with one that raises ``SystemExit``, and a
-    SIGTERM during the seconds its start takes then stops it half-way and orphans the dashboard's helper
-    processes.  During the start the handlers Ray installs are only recorded (:func:`._compat.sigterm_handlers_to`;
-    Ray has no public option for this); afterwards the application's own handler is back in charge
-    (``agentfly-gym rollout`` cancels the run and writes its summary), else Ray's.  A SIGTERM that came
-    meanwhile is delivered then.
-    """
-    ray = _ray()
-    with teardown.hold_sigterm() as hold, _compat.sigterm_handlers_to(hold.keep):
-        ray.init(log_to_driver=False, **kwargs)
 
 
 class RayResource(Resource):
@@ -429,7 +413,7 @@ class RayResourceManager(Manager):
             placement = {k: RayPlacement.of(v) for k, v in placement.items()}
         ray = _ray()
         if not ray.is_initialized():
-            _start_ray(address=address, namespace=namespace)
+            start_ray(address=address, namespace=namespace)
         self.id = manager_id or f"afg-ray-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.placement = placement
         self.global_scope = global_scope
