@@ -281,3 +281,79 @@ def test_a_module_imported_twice_registers_its_env_once_and_the_cli_reference_st
     assert env.step(_call("add", a=2, b=3))[0] == "5"
     env.close()
     sys.modules.pop("twicetasks", None)
+
+
+# ----------------------------------------------------------------------------- (6) sys.exit and unshowable results
+@tool
+def cli(argv: str) -> str:
+    """Run a small command line (argparse: bad arguments call sys.exit(2)).
+
+    Args:
+        argv: the arguments, separated by spaces
+    """
+    import argparse
+
+    p = argparse.ArgumentParser(prog="cli", exit_on_error=False)
+    p.add_argument("--n", type=int, required=True)
+    return str(p.parse_args(argv.split()).n * 2)
+
+
+@tool
+async def quit_async(code: int) -> str:
+    """Exit the interpreter from a coroutine.
+
+    Args:
+        code: the exit status
+    """
+    sys.exit(code)
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+@tool
+def odd_result(kind: str) -> object:
+    """Return something that cannot be shown as text.
+
+    Args:
+        kind: "deep" or "unprintable"
+    """
+    if kind == "deep":
+        out: list = []
+        for _ in range(100_000):
+            out = [out]
+        return out
+    return _Unprintable()
+
+
+def test_sys_exit_in_a_tool_or_a_reward_is_an_observation_not_a_hang():
+    """A sync tool whose argparse calls ``sys.exit(2)``, an async tool calling ``sys.exit`` and a reward raising
+    ``SystemExit`` each give a handled observation through the Gym API (which runs on a background loop: a
+    ``SystemExit`` reaching that loop stopped it, and ``step`` waited forever); the episode goes on after a tool's."""
+    env = gymnasium.make(make_tool_env("test/Exit-v0", tasks=[{"prompt": "p", "answer": "5"}],
+                                       tools=[cli, quit_async], reward=lambda completion, **row: sys.exit(3),
+                                       replace=True))
+    try:
+        env.reset(seed=0)
+        obs, reward, term, trunc, info = env.step(_call("cli", argv="--m 1"))
+        assert "Error: the tool 'cli' raised" in obs and "SystemExit(2)" in obs and not (term or trunc), obs
+        obs, *_ = env.step(_call("quit_async", code=4))
+        assert "Error: the tool 'quit_async' raised SystemExit: 4" in obs, obs
+        obs, *_ = env.step(_call("cli", argv="--n 21"))
+        assert obs == "42", obs
+        obs, reward, term, trunc, info = env.step("The answer is 5.")
+        assert trunc and info["score"] is None and "SystemExit" in info["reward_error"], info
+    finally:
+        env.close()
+
+
+async def test_a_result_that_cannot_be_shown_is_an_error_to_the_model():
+    env = _env("test/Odd-v0", [odd_result])
+    await env.areset(seed=0)
+    for kind, says in (("deep", "RecursionError"), ("unprintable", "no text")):
+        obs, reward, term, trunc, info = await env.astep(_call("odd_result", kind=kind))
+        assert obs.startswith("Error: the result of the tool 'odd_result' could not be shown") and says in obs, obs
+        assert not (term or trunc) and info["error"] is None, info
+    await env.aclose()

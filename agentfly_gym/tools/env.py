@@ -253,10 +253,13 @@ class ToolEnv(AgentFlyEnv):
             raise
         except ResourceError:
             raise  # a dead or stuck backing resource: the base class truncates the episode and discards it
-        except Exception as e:  # noqa: BLE001  (the tool's own failure goes back to the model)
+        except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001  (back to the model; sys.exit too)
             log.debug("%s: tool %s raised", self.env_name, t.name, exc_info=True)
             return f"Error: the tool {t.name!r} raised {fault_message(e)}", False, None
-        content = _jsonable(value)
+        try:
+            content = _jsonable(value)
+        except Exception as e:  # noqa: BLE001  (a result that cannot be shown: too deep, a failing __str__)
+            return f"Error: the result of the tool {t.name!r} could not be shown: {fault_message(e)}", False, None
         if len(content) > self.max_result_chars:
             content = content[: self.max_result_chars] + f"\n[... cut: {len(content):,} characters in all]"
         return content, True, value
@@ -278,7 +281,7 @@ class ToolEnv(AgentFlyEnv):
             reward = await self._score(completion)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001  (recorded as the trajectory's error, never as a score of 0)
+        except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001  (the trajectory's error, not a 0)
             message = f"the reward function failed: {fault_message(e)}"
             log.warning("%s episode %s: %s", self.env_name, self.episode_id, message)
             # no score (None, not 0.0): the trajectory records reward_error, and its status is "error"

@@ -15,7 +15,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["run_in_daemon_thread"]
+__all__ = ["UserCodeExit", "run_in_daemon_thread"]
+
+
+class UserCodeExit(RuntimeError):
+    """User code run on a thread (a sync tool or reward) raised ``SystemExit`` or ``KeyboardInterrupt``
+    (e.g. ``argparse`` on bad arguments calls ``sys.exit(2)``); the original is the ``__cause__``."""
 
 
 def _settle(fut: asyncio.Future, value: Any, error: BaseException | None) -> None:
@@ -30,7 +35,8 @@ def _settle(fut: asyncio.Future, value: Any, error: BaseException | None) -> Non
 async def run_in_daemon_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """``await`` ``fn(*args, **kwargs)`` run on a new daemon thread (with the caller's context variables).
 
-    Returns what ``fn`` returns; raises what it raises.  Cancelling the await (e.g. ``asyncio.wait_for``'s timeout)
+    Returns what ``fn`` returns; raises what it raises, except ``SystemExit`` and ``KeyboardInterrupt``, which come
+    back as :class:`UserCodeExit` (so they cannot stop the event loop).  Cancelling the await (e.g. ``asyncio.wait_for``'s timeout)
     abandons the thread: it runs on until ``fn`` returns, and its result is dropped.
     """
     loop = asyncio.get_running_loop()
@@ -40,8 +46,13 @@ async def run_in_daemon_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: 
     def target() -> None:
         try:
             value, error = ctx.run(fn, *args, **kwargs), None
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+        except Exception as e:  # noqa: BLE001 - handed to the awaiting coroutine
             value, error = None, e
+        except BaseException as e:  # noqa: BLE001 - SystemExit (argparse, sys.exit) or KeyboardInterrupt from user code
+            # set on a future and awaited, it would stop the event loop itself (asyncio re-raises both out of the
+            # loop): the awaiting coroutine gets an ordinary exception instead
+            value, error = None, UserCodeExit(f"{type(e).__name__}({', '.join(map(repr, e.args))})")
+            error.__cause__ = e
         try:
             loop.call_soon_threadsafe(_settle, fut, value, error)
         except RuntimeError:  # the loop is closed: nobody waits any more
