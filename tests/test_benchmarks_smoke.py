@@ -59,7 +59,9 @@ class _Run:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               # the scripts start side by side on 2 cores: give a Ray node more than the default 10 s to register
+               RAY_raylet_start_wait_time_s=os.environ.get("RAY_raylet_start_wait_time_s", "120"))
     procs = {name: _Run() for name in SCRIPTS}
     slots = threading.Semaphore(CONCURRENTLY)
     stop = threading.Event()

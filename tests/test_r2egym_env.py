@@ -234,8 +234,13 @@ async def test_idle_containers_are_removed_after_max_idle_time(manager, r2e_dock
     await env.aclose()
 
     def pool_containers() -> list:
-        return docker_client.containers.list(all=True, filters={"label": [f"agentfly.pool={key}",
-                                                                          f"agentfly.pid={os.getpid()}"]})
+        import docker
+
+        try:
+            return docker_client.containers.list(all=True, filters={"label": [f"agentfly.pool={key}",
+                                                                              f"agentfly.pid={os.getpid()}"]})
+        except docker.errors.NotFound:  # listed, then removed before docker-py inspected it: look again
+            return ["removed while listed"]
 
     deadline = time.monotonic() + 120
     while pool_containers() or manager.metrics()[key]["idle"]:

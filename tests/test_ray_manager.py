@@ -663,7 +663,7 @@ def host_pids_by_node(snap: dict) -> dict[str, set[int]]:
 
 
 def test_one_host_per_node_holds_all_its_instances_as_they_grow(cluster, tmp_path):
-    """With the default ``hosting="node"`` a pool has one host process per node however many instances it holds
+    """With ``hosting="node"`` a pool has one host process per node however many instances it holds
     there (each instance's ``sim`` reservation still decides where it goes: 8 per node at 0.25 of the node's 2);
     with ``hosting="instance"`` (the earlier design) each instance has a process of its own."""
     events = tmp_path / "events"
@@ -671,7 +671,7 @@ def test_one_host_per_node_holds_all_its_instances_as_they_grow(cluster, tmp_pat
     spec = counted(events, 16)
 
     async def main():
-        async with RayResourceManager(placement={"*": {"resources": {"sim": 0.25}}}) as m:
+        async with RayResourceManager(placement={"*": {"resources": {"sim": 0.25}}}, hosting="node") as m:
             pool = m.pool(spec)
             held, seen = [], []
             for n in (2, 8, 16):
@@ -717,7 +717,7 @@ def test_a_dead_host_loses_all_its_instances_and_the_next_acquire_replaces_them(
     spec = counted(events, 4)
 
     async def main():
-        async with RayResourceManager(placement={"*": {"resources": {"sim": 0.25}}}) as m:
+        async with RayResourceManager(placement={"*": {"resources": {"sim": 0.25}}}, hosting="node") as m:
             pool = m.pool(spec)
             first = await pool.acquire(timeout=60)
             node = first.node_id

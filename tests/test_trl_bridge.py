@@ -117,8 +117,9 @@ def _forward_logprobs(model, prompt_ids, ids):
 
 
 def sampled_tokens(completions, env_mask=None, completion_ids=None, **kwargs):
-    """A TRL reward function: sampled tokens / 100 (varies within a group, unlike the env return here)."""
-    return [len(c) / 100 for c in completion_ids]
+    """A TRL reward function of the sampled ids themselves (their sum mod 97, / 100): two samples of one task differ,
+    so it varies within a group, unlike the env return here (a length can tie when every reply is cut)."""
+    return [(sum(c) % 97) / 100 for c in completion_ids]
 
 
 @pytest.mark.slow

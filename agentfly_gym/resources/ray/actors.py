@@ -103,7 +103,7 @@ class PoolActor:
     ``hosting`` (``"node"`` or ``"instance"``) chooses the hosts (:func:`.hosting.make_hosting`).
     """
 
-    def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str, hosting: str = "node") -> None:
+    def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str, hosting: str = "instance") -> None:
         self.spec = spec
         self.capacity = spec.max_instances
         self.placement = placement

@@ -1,7 +1,7 @@
 """The host of instances on a Ray cluster: ``ResourceHost``, a Ray actor holding one or many instances of a spec.
 
-With ``hosting="node"`` (the default) a pool has one host per node it uses, holding every instance of the pool
-on that node; with ``hosting="instance"`` (the earlier design) each instance has a host of its own.  Either way
+With ``hosting="node"`` a pool has one host per node it uses, holding every instance of the pool on that node;
+with ``hosting="instance"`` (the default, the earlier design) each instance has a host of its own.  Either way
 the host owns its instances through local pools (:class:`~agentfly_gym.resources.pool.ResourcePool`, one per
 instance, in one local :class:`~agentfly_gym.resources.ResourceManager`) and runs every call on them where they
 live, so only a call's arguments and result cross the network.  Instances are addressed by the pool actor's
