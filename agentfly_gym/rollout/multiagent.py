@@ -411,9 +411,12 @@ async def _run_games(env_id: str, policy: Any, chat: Any, *, opponent: Any, oppo
                     bar.update(1)
 
     finished: dict[int, list[PlayerTrajectory]] = {}
+    stopping: list[bool] = []  # set once an interrupt's save began: games that end after it were cut, not finished
 
     async def guarded(g: int) -> list[PlayerTrajectory]:
         game = await one(g)
+        if stopping:
+            return game
         finished[g] = game
         log.info("game %s finished: %s (%s)", game[0].game_id or f"game-{g:05d}", game[0].result,
                  game[0].termination or "no termination")
@@ -441,6 +444,7 @@ async def _run_games(env_id: str, policy: Any, chat: Any, *, opponent: Any, oppo
         await asyncio.wait(tasks)
         return finish([t.result() for t in tasks])
     except asyncio.CancelledError:
+        stopping.append(True)
         if out is not None:
             saved = finish([finished[g] for g in sorted(finished)], interrupted=True)
             where = saved.paths["summary"].parent if saved.paths else out.folder
