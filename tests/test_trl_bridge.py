@@ -53,6 +53,13 @@ def test_task_dataset_draws_from_a_split_and_leaves_out_another_set():
         task_dataset("Chess-v0", [train["task_id"][0]], exclude=train)
     with pytest.raises(ConfigError, match="not one string"):
         task_dataset("Chess-v0", n=2, exclude="tewjc")
+    with pytest.raises(ConfigError, match="not one string"):
+        task_dataset("Chess-v0", "tewjc")
+    with pytest.raises(ConfigError, match="mapping"):
+        task_dataset("Chess-v0", n=2, env_kwargs=[1])
+    with pytest.raises(ConfigError, match="seed"):
+        task_dataset("Chess-v0", n=2, seed=2**70)
+    assert len(task_dataset("Chess-v0", n=2, exclude=None)) == 2
     with pytest.raises(ConfigError, match="takes no constructor argument"):
         task_dataset("Chess-v0", n=2, env_kwargs={"colour": "white"})
     with pytest.raises(ConfigError, match="does not parse"):

@@ -124,6 +124,12 @@ def task_dataset(env_id: str, tasks: Iterable[str] | None = None, *, n: int | No
     from ..data.task_draw import draw_tasks
 
     env_id = normalize_env_id(env_id)
+    if isinstance(tasks, (str, bytes)):
+        raise ConfigError("tasks: give task ids as a list, not one string")
+    if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
+        raise ConfigError(f"env_kwargs must be a mapping of constructor arguments, got {type(env_kwargs).__name__}")
+    if exclude is None:
+        exclude = ()
     if hasattr(exclude, "column_names"):  # a data set made by task_dataset
         if not {"env_id", "task_id"} <= set(exclude.column_names):
             raise ConfigError(f"exclude: a data set made by task_dataset has env_id and task_id columns; "

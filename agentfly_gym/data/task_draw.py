@@ -152,8 +152,8 @@ def draw_tasks(env_id: str, tasks: Sequence[str | int] | None = None, n: int | N
             does not take, a listed task in ``excluded``, a split with no task (left).
         DataNotFoundError: the env's data is missing (when it lists its tasks).
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed={seed!r} must be an integer >= 0")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ConfigError(f"seed={seed!r} must be an integer in [0, 2**63)")
     task_list = [str(t) for t in tasks] if tasks is not None else None
     if task_list is not None and not task_list:
         raise ConfigError("tasks is empty; give task ids or None (tasks drawn from seeds)")
