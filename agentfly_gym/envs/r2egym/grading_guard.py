@@ -26,7 +26,8 @@ pytest's in-memory state; before pytest's plugins or any task code are imported 
 
 This raises the bar; it is not a proof.  The tests' own code runs in the same process as the code under test,
 so substituting the test functions or the objects they compare (an object equal to everything) is not
-covered, and a determined exploit of the interpreter (a C extension, a frame of the guard reached through a
+covered (e.g. the package, imported while a hidden test module loads, puts a module of passing tests under that
+module's name in ``sys.modules``: pytest collects those), and a determined exploit of the interpreter (a C extension, a frame of the guard reached through a
 traceback) can forge what the guard sees.
 """
 
