@@ -242,6 +242,51 @@ def test_an_id_registered_to_another_env_is_refused_unless_replace():
     assert gymnasium.spec("CartPole-v1").entry_point == "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
 
 
+def _reward_for(target: str):
+    def reward(completion: str, **row) -> float:
+        return float(target in completion)
+    return reward
+
+
+def _reward_with_default(target: str):
+    return lambda completion, target=target, **row: float(target in completion)   # no closure: a default
+
+
+def test_closures_of_one_factory_over_different_values_are_different_envs():
+    """Two rewards made by one factory (one code location) capturing different values are two definitions: the
+    second registration is refused (it used to be taken for the first and silently kept the first's reward)."""
+    tasks = [{"prompt": "2+3?", "answer": "5"}]
+    env_id = make_tool_env("test/Closure-v0", tasks=tasks, tools=[echo], reward=_reward_for("5"), replace=True)
+    assert make_tool_env(env_id, tasks=tasks, tools=[echo], reward=_reward_for("5")) == env_id  # equal captures
+    with pytest.raises(ConfigError, match="already registered, to another tool environment"):
+        make_tool_env(env_id, tasks=tasks, tools=[echo], reward=_reward_for("6"))
+    make_tool_env("test/Closure3-v0", tasks=tasks, tools=[echo], reward=_reward_with_default("5"), replace=True)
+    make_tool_env("test/Closure3-v0", tasks=tasks, tools=[echo], reward=_reward_with_default("5"))
+    with pytest.raises(ConfigError, match="already registered"):                 # a default argument differs
+        make_tool_env("test/Closure3-v0", tasks=tasks, tools=[echo], reward=_reward_with_default("6"))
+    with pytest.raises(ConfigError, match="already registered"):                 # a tool's closure differs
+        make_tool_env(env_id, tasks=tasks, tools=[tool(_adder(1))], reward=_reward_for("5"))
+    make_tool_env("test/Closure2-v0", tasks=tasks, tools=[tool(_adder(1))], reward=_reward_for("5"), replace=True)
+    with pytest.raises(ConfigError, match="already registered"):
+        make_tool_env("test/Closure2-v0", tasks=tasks, tools=[tool(_adder(2))], reward=_reward_for("5"))
+    make_tool_env("test/Closure2-v0", tasks=tasks, tools=[tool(_adder(1))], reward=_reward_for("5"))
+    env = gymnasium.make(env_id)
+    env.reset(seed=0)
+    assert env.step("5")[1] == 1.0 and env.unwrapped.reward_fn.__closure__[0].cell_contents == "5"
+    env.close()
+
+
+def _adder(k: int):
+    def add_k(a: int) -> int:
+        """Add a constant.
+
+        Args:
+            a: the number
+        """
+        return a + k
+    return add_k
+
+
 def test_a_module_imported_twice_registers_its_env_once_and_the_cli_reference_still_works(tmp_path, monkeypatch):
     """A user's module that registers its env at import, imported under two names (as a script is: ``__main__`` and
     by name), defines the same env twice: no error; ``--env twicetasks:make_env`` then calls ``make_env`` once more."""
@@ -357,3 +402,4 @@ async def test_a_result_that_cannot_be_shown_is_an_error_to_the_model():
         assert obs.startswith("Error: the result of the tool 'odd_result' could not be shown") and says in obs, obs
         assert not (term or trunc) and info["error"] is None, info
     await env.aclose()
+
