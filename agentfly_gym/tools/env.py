@@ -22,6 +22,7 @@ so the trajectory is recorded as an error (``status="error"``, ``reward_error`` 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import inspect
 import json
@@ -119,6 +120,7 @@ class ToolEnv(AgentFlyEnv):
                  expert: Callable[[dict[str, Any], list[dict[str, Any]]], str] | None = None,
                  env_name: str = "ToolEnv", max_result_chars: int = 16384, step_timeout: float | None = 300.0,
                  **kwargs: Any) -> None:
+        _check_kwargs(kwargs)
         super().__init__(step_timeout=step_timeout, **kwargs)
         if tool_format not in FORMATS:
             raise ConfigError(f"tool_format={tool_format!r} is not one of {FORMATS}")
@@ -344,6 +346,23 @@ class ToolEnv(AgentFlyEnv):
     def messages(self) -> list[dict[str, Any]]:
         """The running episode's conversation so far (system, user, then assistant replies and tool messages)."""
         return [dict(m) for m in self._messages]
+
+
+def _check_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """Raise a ConfigError naming an argument that neither :class:`ToolEnv` nor :class:`AgentFlyEnv` takes (with
+    the close match: ``max_turn`` -> ``max_turns``), not the constructor's bare TypeError."""
+    base = set(inspect.signature(AgentFlyEnv.__init__).parameters) - {"self"}
+    unknown = [k for k in kwargs if k not in base]
+    if not unknown:
+        return
+    known = sorted(base | {name for name, p in inspect.signature(ToolEnv.__init__).parameters.items()
+                           if name != "self" and p.kind is p.KEYWORD_ONLY})
+    said = []
+    for k in unknown:
+        close = difflib.get_close_matches(k, known, n=1)
+        said.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
+    raise ConfigError(f"unknown tool environment argument{'s' if len(said) > 1 else ''} {', '.join(said)}; "
+                      f"the arguments are {known}")
 
 
 def _join(messages: list[dict[str, Any]]) -> str:
