@@ -34,6 +34,14 @@ def test_task_dataset_round_trips_through_the_prompt():
     assert env_success([None] * 2, env_success=[True, False]) == [1.0, 0.0]
 
 
+def test_task_dataset_checks_listed_task_ids_as_the_cli_does():
+    """A listed task id the env does not have is refused here (as ``agentfly-gym dataset`` refuses it, by the same
+    code), not at the first training step; ``check=False`` skips the check."""
+    with pytest.raises(ConfigError, match=r"agentfly/Chess-v0 rejects task 'nosuchpuzzle'"):
+        task_dataset("Chess", ["tewjc", "nosuchpuzzle"])
+    assert task_dataset("Chess", ["nosuchpuzzle"], check=False)["task_id"] == ["nosuchpuzzle"]
+
+
 def test_task_dataset_draws_from_a_split_and_leaves_out_another_set():
     """Without a task list the rows draw distinct puzzles of a split (as the verl data sets do), record each task
     id and carry the split to the rollout's env; validation never shares a task with training, and ``exclude``

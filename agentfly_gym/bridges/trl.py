@@ -94,7 +94,7 @@ def parse_task_prompt(prompt: str | Sequence[Mapping[str, Any]]) -> TaskRow:
 
 def task_dataset(env_id: str, tasks: Iterable[str] | None = None, *, n: int | None = None, seed: int = 0,
                  split: str | None = None, env_kwargs: Mapping[str, Any] | None = None,
-                 exclude: Any = ()) -> Any:
+                 exclude: Any = (), check: bool = True) -> Any:
     """A :class:`datasets.Dataset` of ``env_id``'s tasks for ``GRPOTrainer(train_dataset=...)``, drawn as the verl
     plugin's data sets are (:func:`agentfly_gym.data.task_draw.draw_tasks`): without ``tasks``, ``n`` task ids of
     the env's ``split`` (``"train"`` by default for an env with splits; ``"validation"`` / ``"test"`` never share
@@ -113,15 +113,19 @@ def task_dataset(env_id: str, tasks: Iterable[str] | None = None, *, n: int | No
         env_kwargs: constructor arguments of the env for every row (checked against its signature).
         exclude: task ids to leave out of the draw (e.g. a validation set's), or a data set made by this
             function (its rows of ``env_id`` with a task id); a listed task among them is refused.
+        check: reset the env once per distinct listed task (once for drawn tasks) and end the episode at once, so
+            a bad task id, split or constructor argument fails here, not in training (as ``agentfly-gym dataset``
+            checks, :func:`agentfly_gym.data.task_draw.check_draw`; ~1 s per ScienceWorld task).
 
     Raises:
         ConfigError: an unknown env, no ``n`` and no tasks, an empty task list, constructor arguments the env
-            does not take, a listed task in ``exclude``, a split with no task left.
+            does not take, a listed task in ``exclude``, a split with no task left, (with ``check``) a task id
+            the env rejects.
         DataNotFoundError: the env's data is missing.
     """
     import datasets
 
-    from ..data.task_draw import draw_tasks
+    from ..data.task_draw import check_draw, draw_tasks
 
     env_id = normalize_env_id(env_id)
     if isinstance(tasks, (str, bytes)):
@@ -141,6 +145,8 @@ def task_dataset(env_id: str, tasks: Iterable[str] | None = None, *, n: int | No
         excluded = {str(t) for t in exclude}
     draw = draw_tasks(env_id, None if tasks is None else list(tasks), n, split=split, seed=seed,
                       env_kwargs=dict(env_kwargs or {}), excluded=excluded, excluded_from="exclude")
+    if check:
+        check_draw(draw, seed)
     rows = []
     for i in range(draw.n):
         task = draw.task(i)

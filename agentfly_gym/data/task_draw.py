@@ -19,7 +19,8 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_SPLIT", "TaskDraw", "check_env_kwargs", "draw_tasks", "env_class", "list_tasks", "takes_argument"]
+__all__ = ["DEFAULT_SPLIT", "TaskDraw", "check_draw", "check_env_kwargs", "draw_tasks", "env_class", "list_tasks",
+           "takes_argument"]
 
 #: The split a data set draws its tasks from when none is given (for envs with a ``split`` argument).
 DEFAULT_SPLIT = "train"
@@ -192,3 +193,46 @@ def draw_tasks(env_id: str, tasks: Sequence[str | int] | None = None, n: int | N
 
     order = np.random.default_rng(seed).permutation(len(pool))
     return TaskDraw(env_id, n, [pool[int(order[i % len(pool)])] for i in range(n)], split, kwargs, drawn=True)
+
+
+def check_draw(draw: TaskDraw, seed: int, reset_options: dict[str, Any] | None = None) -> None:
+    """Check that the env accepts the rows of ``draw``: reset it once per distinct listed task (once for tasks
+    drawn from its own list, which checks the kwargs and options; once with ``seed`` when the rows draw their tasks
+    from seeds) and end each episode at once.  The check of ``agentfly-gym dataset`` and
+    :func:`~agentfly_gym.bridges.trl.task_dataset`; costs one episode start per distinct listed task (e.g. ~1 s
+    per ScienceWorld task).  Runs on the library's background loop, so it also works from a running event loop.
+
+    Raises:
+        ConfigError: the env rejects a task id, the split or a reset option (or its constructor arguments).
+        DataNotFoundError: the env's data is missing.
+    """
+    import gymnasium
+
+    from ..errors import AgentFlyError
+    from ..resources import ResourceManager
+    from ..utils.aio import run_sync
+
+    tasks = sorted(set(draw.task_ids)) if draw.task_ids else None
+    if draw.drawn and tasks:
+        tasks = tasks[:1]  # drawn from the env's own list: one reset checks kwargs and options
+    options = dict(reset_options or {})
+
+    async def run() -> None:
+        async with ResourceManager() as manager:
+            try:
+                env = gymnasium.make(draw.env_id, manager=manager, **draw.env_kwargs).unwrapped
+            except TypeError as e:
+                raise ConfigError(f"{draw.env_id}: {e}") from None
+            try:
+                for task in tasks or [None]:
+                    opts = dict(options, task_id=task) if task is not None else dict(options)
+                    try:
+                        await env.areset(seed=seed, options=opts or None)
+                    except AgentFlyError as e:
+                        what = f"task {task!r}" if task is not None else f"reset options {options}"
+                        raise ConfigError(f"{draw.env_id} rejects {what}: {e}") from e
+                    await env.aend_episode()
+            finally:
+                await env.aclose()
+
+    run_sync(run())

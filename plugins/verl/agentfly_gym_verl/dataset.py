@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentfly_gym.data.task_draw import DEFAULT_SPLIT, draw_tasks, env_class
+from agentfly_gym.data.task_draw import DEFAULT_SPLIT, check_draw, draw_tasks, env_class
 from agentfly_gym.errors import ConfigError, DataNotFoundError
 from agentfly_gym.utils.jsonargs import json_object
 
@@ -116,17 +116,14 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
     draw = draw_tasks(env_id, tasks, n, split=split, seed=seed, env_kwargs=env_kwargs,
                       excluded=_excluded(exclude, row_env_id, env_id),
                       excluded_from=f"the excluded data set(s) {[str(p) for p in exclude]}")
-    n, split, kwargs, task_list, drawn = draw.n, draw.split, draw.env_kwargs, draw.task_ids, draw.drawn
+    n, split, kwargs = draw.n, draw.split, draw.env_kwargs
     try:
         kwargs_json = json.dumps(kwargs, sort_keys=True)
         options_json = json.dumps(dict(reset_options or {}), sort_keys=True)
     except TypeError as e:
         raise ConfigError(f"env_kwargs / reset_options must be JSON-serialisable: {e}") from e
     if check:
-        to_check = sorted(set(task_list)) if task_list else None
-        if drawn and to_check:
-            to_check = to_check[:1]  # drawn from the env's own list: one reset checks kwargs and options
-        _check_resets(env_id, kwargs, dict(reset_options or {}), to_check, seed)
+        check_draw(draw, seed, dict(reset_options or {}))
     system = getattr(getattr(env_class(env_id), "agent_prompt", None), "system", "") or ""
     rows = []
     for i in range(n):
@@ -285,40 +282,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true",
                    help="do not reset the env once per task to check tasks, split and options")
     return p
-
-
-def _check_resets(env_id: str, kwargs: dict[str, Any], options: dict[str, Any], tasks: list[str] | None,
-                  seed: int) -> None:
-    """Reset ``env_id`` once per task (or once with ``seed``) and end the episode at once.
-
-    Runs on the library's background loop, so it also works when called from a running event loop.
-    """
-    import gymnasium
-
-    from agentfly_gym.errors import AgentFlyError
-    from agentfly_gym.resources import ResourceManager
-
-    async def run() -> None:
-        async with ResourceManager() as manager:
-            try:
-                env = gymnasium.make(env_id, manager=manager, **kwargs).unwrapped
-            except TypeError as e:
-                raise ConfigError(f"{env_id}: {e}") from None
-            try:
-                for task in tasks or [None]:
-                    opts = dict(options, task_id=task) if task is not None else dict(options)
-                    try:
-                        await env.areset(seed=seed, options=opts or None)
-                    except AgentFlyError as e:
-                        what = f"task {task!r}" if task is not None else f"reset options {options}"
-                        raise ConfigError(f"{env_id} rejects {what}: {e}") from e
-                    await env.aend_episode()
-            finally:
-                await env.aclose()
-
-    from agentfly_gym.utils.aio import run_sync
-
-    run_sync(run())
 
 
 def dataset_main(args: Sequence[str] | None = None) -> int:
