@@ -193,3 +193,23 @@ def test_exclude_refuses_a_missing_file_and_its_own_output(tmp_path):
     with pytest.raises(ConfigError, match="both the output and an --exclude file"):
         build_dataset("Chess", None, 4, a, exclude=[a])
     assert a.read_bytes() == before
+
+
+def test_split_given_twice_or_to_an_env_without_splits_is_one_clear_config_error():
+    """``split=`` and ``env_kwargs={"split": ...}`` that disagree used to let ``split=`` win silently; an env
+    without splits given ``split=`` used to get the constructor's list of every argument."""
+    from agentfly_gym.data.task_draw import draw_tasks
+
+    with pytest.raises(ConfigError, match=r"split='validation' and env_kwargs split='train' disagree"):
+        draw_tasks("agentfly/Chess-v0", n=2, split="validation", env_kwargs={"split": "train"})
+    assert draw_tasks("agentfly/Chess-v0", ["tewjc"], split="train", env_kwargs={"split": "train"}).split == "train"
+    with pytest.raises(ConfigError) as e:
+        draw_tasks("agentfly/CodeInterpreter-v0", n=2, split="train")
+    assert str(e.value) == ("agentfly/CodeInterpreter-v0 has no task splits (its constructor takes no split argument),"
+                            " so split='train' cannot be drawn from: leave split out, or give task ids")
+    from agentfly_gym.tools import make_tool_env
+
+    tool_env = make_tool_env("test/NoSplits-v0", tasks=[{"prompt": "2+3?"}], tools=[], reward=lambda completion: 0.0,
+                             replace=True)
+    with pytest.raises(ConfigError, match=r"^test/NoSplits-v0 has no task splits \(its constructor"):
+        draw_tasks(tool_env, n=1, split="validation")

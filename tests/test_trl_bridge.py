@@ -40,6 +40,8 @@ def test_task_dataset_checks_listed_task_ids_as_the_cli_does():
     with pytest.raises(ConfigError, match=r"agentfly/Chess-v0 rejects task 'nosuchpuzzle'"):
         task_dataset("Chess", ["tewjc", "nosuchpuzzle"])
     assert task_dataset("Chess", ["nosuchpuzzle"], check=False)["task_id"] == ["nosuchpuzzle"]
+    with pytest.raises(ConfigError, match="disagree"):
+        task_dataset("Chess-v0", ["tewjc"], split="validation", env_kwargs={"split": "train"})
 
 
 def test_task_dataset_draws_from_a_split_and_leaves_out_another_set():

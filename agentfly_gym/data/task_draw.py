@@ -12,6 +12,7 @@ a warning says that such rows cannot be checked for overlap.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import warnings
 from collections.abc import Collection, Sequence
@@ -74,6 +75,30 @@ def takes_argument(cls: type, name: str) -> bool:
         return name in inspect.signature(cls.__init__).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _surely_lacks(cls: Any, name: str) -> bool:
+    """Whether no constructor on ``cls``'s way to :class:`object` takes ``name`` (following ``**kwargs`` up the
+    classes, and from a ``functools.partial`` to its function; a function, or a signature that cannot be read,
+    may take anything: False)."""
+    while isinstance(cls, functools.partial):  # e.g. a tool env's entry point
+        if name in cls.keywords:
+            return False
+        cls = cls.func
+    if not isinstance(cls, type):
+        return False
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass) or klass is object:
+            continue
+        try:
+            params = inspect.signature(vars(klass)["__init__"]).parameters
+        except (TypeError, ValueError):
+            return False
+        if name in params:
+            return False
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return True
+    return True
 
 
 def check_env_kwargs(env_id: str, cls: type, kwargs: dict[str, Any]) -> None:
@@ -166,6 +191,12 @@ def draw_tasks(env_id: str, tasks: Sequence[str | int] | None = None, n: int | N
         raise ConfigError(f"n={n!r} must be an integer >= 1")
     kwargs = dict(env_kwargs or {})
     cls = env_class(env_id)
+    if split is not None and "split" in kwargs and kwargs["split"] != split:
+        raise ConfigError(f"split={split!r} and env_kwargs split={kwargs['split']!r} disagree; give the split once "
+                          "(split=)")
+    if split is not None and _surely_lacks(cls, "split"):
+        raise ConfigError(f"{env_id} has no task splits (its constructor takes no split argument), so split={split!r}"
+                          f" cannot be drawn from: leave split out, or give task ids")
     if split is None and task_list is None and "split" not in kwargs and takes_argument(cls, "split"):
         split = DEFAULT_SPLIT
     if split is not None:
