@@ -249,8 +249,21 @@ async def test_run_rollouts_keeps_lengths_json_for_a_resumed_run(chat, tmp_path)
                                 output_dir=out, if_exists="append", order="arrival")
         policy = Recording()
         await run_rollouts(arrival, policy, chat, manager=m, progress=False)
-        assert policy.seen == [None] * 3 and arrival.lengths is None
-        assert json.loads((out / LENGTHS_NAME).read_text())["tasks"] == again  # not ordering: not touched
+        assert policy.seen == [None] * 3                                 # arrival order, FIFO acquisitions ...
+        after = json.loads((out / LENGTHS_NAME).read_text())["tasks"]   # ... but its lengths are recorded
+        assert sorted(after) == keys and all(after[k]["n"] == 3 for k in keys)
+
+        fresh = tmp_path / "arrival-first"                             # an arrival run's file orders a later run
+        await run_rollouts(RolloutConfig(env_ids=["Chess-v0"], num_trajectories=3, max_turns=1, concurrency=1,
+                                         seed=7, output_dir=fresh, order="arrival"), Recording(), chat, manager=m,
+                           progress=False)
+        recorded = json.loads((fresh / LENGTHS_NAME).read_text())["tasks"]
+        assert sorted(recorded) == keys
+        policy = Recording()
+        await run_rollouts(RolloutConfig(env_ids=["Chess-v0"], num_trajectories=3, max_turns=1, concurrency=1,
+                                         seed=7, output_dir=fresh, if_exists="append"), policy, chat, manager=m,
+                           progress=False)
+        assert policy.seen == sorted((v["seconds"] for v in recorded.values()), reverse=True)
     with pytest.raises(ConfigError, match="order="):
         RolloutConfig(env_ids=["Chess-v0"], order="shortest")
 
@@ -269,6 +282,22 @@ async def test_a_corrupt_or_foreign_lengths_json_is_refused_before_the_run(chat,
         await run_rollouts(config, policy, chat, progress=False)
     assert policy.seen == [] and (out / "lengths.json").read_text() == content
     assert not (out / "summary.json").exists()
+
+
+async def test_overwrite_ignores_and_replaces_a_corrupt_lengths_json(chat, tmp_path, caplog):
+    """``if_exists="replace"`` (CLI ``--overwrite``) replaces the folder's files: a lengths.json there that is not
+    a saved estimate no longer blocks it; it is ignored with a warning and replaced by this run's estimate."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "lengths.json").write_text("{\"version\": 1, \"tasks\": {\"a\": {\"seconds\"")
+    config = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=2, max_turns=1, seed=0, output_dir=out,
+                           if_exists="replace")
+    async with ResourceManager() as m:
+        result = await run_rollouts(config, RandomPolicy(seed=0), chat, manager=m, progress=False)
+    assert len(result.trajectories) == 2 and (out / "summary.json").exists()
+    assert sorted(RolloutLengths(path=out / "lengths.json").as_dict()["tasks"]) == [
+        "agentfly/Chess-v0/seed=0", "agentfly/Chess-v0/seed=1"]
+    assert "is not a saved RolloutLengths" in caplog.text and "ignored" in caplog.text
 
 
 async def test_a_lengths_file_that_cannot_be_written_loses_nothing_of_the_run(chat, tmp_path, caplog):
@@ -322,4 +351,7 @@ def test_cli_rollout_keeps_lengths_json_and_refuses_a_foreign_one(tmp_path, caps
     assert main(argv[:-1] + [str(other)]) == 2
     err = capsys.readouterr().err
     assert "lengths.json is not a saved RolloutLengths" in err and "Traceback" not in err
+    assert main(argv[:-1] + [str(other), "--overwrite"]) == 0      # --overwrite replaces it
+    assert sorted(json.loads((other / "lengths.json").read_text())["tasks"]) == [
+        "agentfly/Chess-v0/seed=0", "agentfly/Chess-v0/seed=1"]
     assert main(argv + ["--append", "--order", "arrival"]) == 0

@@ -58,7 +58,8 @@ def add_rollout_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument("--order", choices=("longest", "arrival"), default="longest",
                    help="longest (default): start the trajectories predicted to run longest first, from the lengths "
                         "earlier runs into --output-dir kept in its lengths.json (updated by this run; nothing known: "
-                        "arrival order); arrival: start them in order")
+                        "arrival order); arrival: start them in order (lengths.json is still updated, so a later "
+                        "longest run benefits)")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_rollout)
     return r

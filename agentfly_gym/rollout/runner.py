@@ -68,13 +68,16 @@ class RolloutConfig:
         allow_partial_group: let the last group be smaller than ``group_size``.
         lengths: predicted rollout lengths, keyed ``"ENV_ID/seed=SEED"`` (a
             :class:`~agentfly_gym.rollout.ordering.RolloutLengths`, a mapping or callable estimate, or a JSON
-            path); every finished trajectory updates it (kept across calls with this config).  None: a fresh
-            one when ``order="longest"``.  Tasks repeat only with a fixed ``seed``.
+            path); every finished trajectory updates it (kept across calls with this config), whatever the
+            ``order``.  None: a fresh one.  Tasks repeat only with a fixed ``seed``.
         order: ``"longest"`` (default): trajectories start longest-predicted first and their acquisitions carry
-            that priority (nothing known: arrival order, FIFO acquisitions); with ``output_dir`` set and an
-            estimate without a ``path`` of its own, the estimate is kept as :data:`LENGTHS_NAME` in the folder
-            (read at the start, so a resumed or appended run keeps it; written atomically once the run's files
-            are saved, also when interrupted).  ``"arrival"``: arrival order and FIFO acquisitions.
+            that priority (nothing known: arrival order, FIFO acquisitions).  ``"arrival"``: arrival order and
+            FIFO acquisitions.  Either way, with ``output_dir`` set and an estimate without a ``path`` of its own,
+            the estimate is kept as :data:`LENGTHS_NAME` in the folder (read at the start, so a resumed or
+            appended run keeps it; written atomically once the run's files are saved, also when interrupted), so
+            an ``"arrival"`` run's observed lengths order a later ``"longest"`` run.  A folder's
+            :data:`LENGTHS_NAME` that is not a saved estimate is refused, unless ``if_exists="replace"``: then it
+            is ignored (a warning) and replaced.
     """
 
     env_ids: list[str]
@@ -125,7 +128,7 @@ class RolloutConfig:
         if self.order not in ORDERS:
             raise ConfigError(f"order={self.order!r} is not one of {ORDERS}")
         self.lengths = as_lengths(self.lengths)
-        if self.lengths is None and self.order == "longest":
+        if self.lengths is None:  # observed whatever the order: an arrival run's lengths order a later run
             self.lengths = RolloutLengths()
         unused = sorted(set(self.env_kwargs) - set(self.env_ids))
         if unused:
@@ -184,7 +187,7 @@ def check_config(config: RolloutConfig) -> None:
     if config.output_dir is not None:
         check_output_dir(config.output_dir, config.if_exists, mode=config.mode)
         path = _lengths_path(config)
-        if path is not None and path.exists():
+        if path is not None and path.exists() and not _replaced(config):
             from .ordering import RolloutLengths
 
             RolloutLengths(path=path)  # a file that is not a saved estimate is refused before anything runs
@@ -192,15 +195,31 @@ def check_config(config: RolloutConfig) -> None:
 
 def _lengths_path(config: RolloutConfig) -> Path | None:
     """Where the run keeps its predicted lengths: the estimate's own ``path``, else :data:`LENGTHS_NAME` in the
-    output folder when ordering by prediction; None: not kept."""
+    output folder; None: not kept."""
     lengths = config.lengths
     if lengths is None:
         return None
     if lengths.path is not None:
         return lengths.path
-    if config.order == "longest" and config.output_dir is not None:
+    if config.output_dir is not None:
         return Path(config.output_dir) / LENGTHS_NAME
     return None
+
+
+def _replaced(config: RolloutConfig) -> bool:
+    """Whether the run replaces its output folder's files, the folder's :data:`LENGTHS_NAME` included: an
+    unreadable one is then ignored and replaced, not refused (a path of the estimate's own is always read)."""
+    return config.if_exists == "replace" and config.lengths is not None and config.lengths.path is None
+
+
+def _load_kept(config: RolloutConfig, path: Path) -> None:
+    """Take in the folder's saved estimate (checked readable by :func:`check_config`, unless replacing)."""
+    try:
+        config.lengths.load(path)
+    except ConfigError as e:
+        if not _replaced(config):
+            raise
+        log.warning("%s; ignored, and replaced by this run's estimate (the run replaces the folder's files)", e)
 
 
 def _save_lengths(config: RolloutConfig) -> None:
@@ -285,7 +304,7 @@ async def _run_locked(config: RolloutConfig, policy: Any, chat: Any, out: RunOut
     keys = [_length_key(config, k) for k in range(n)]
     kept = _lengths_path(config)
     if kept is not None and lengths.path is None:
-        lengths.load(kept)  # a resumed run's estimate (checked readable by check_config)
+        _load_kept(config, kept)  # a resumed run's estimate
     ordered = lengths is not None and config.order == "longest"
     start, preds = lengths.order(keys) if ordered else (list(range(n)), [None] * n)
 
