@@ -195,6 +195,26 @@ def test_exclude_refuses_a_missing_file_and_its_own_output(tmp_path):
     assert a.read_bytes() == before
 
 
+def test_exclude_of_a_runs_trajectories_or_a_non_parquet_file_is_one_clear_line(tmp_path, capsys):
+    """``--exclude runs/x/trajectories.parquet`` (a rollout run's file, not a data set) used to print pyarrow's
+    dump of the whole schema; it is now one line saying what the file is and what --exclude takes."""
+    from agentfly_gym.cli import main
+
+    run = tmp_path / "run"
+    assert main(["rollout", "--env", "Chess-v0", "--policy", "random", "-n", "1", "--max-turns", "1",
+                 "--no-progress", "--output-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert dataset_main(["Chess", "-n", "2", "-o", str(tmp_path / "a.parquet"), "--no-check",
+                         "--exclude", str(run / "trajectories.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a rollout run's trajectories file, not a data set written by agentfly-gym " \
+                                   "dataset; --exclude and `dataset check` take the parquet files" in err, err
+    (tmp_path / "notes.parquet").write_text("not parquet")
+    with pytest.raises(ConfigError, match=r"notes.parquet is not a parquet file \(\w+\); --exclude"):
+        build_dataset("Chess", None, 2, tmp_path / "b.parquet", exclude=[tmp_path / "notes.parquet"], check=False)
+    assert not (tmp_path / "a.parquet").exists() and not (tmp_path / "b.parquet").exists()
+
+
 def test_split_given_twice_or_to_an_env_without_splits_is_one_clear_config_error():
     """``split=`` and ``env_kwargs={"split": ...}`` that disagree used to let ``split=`` win silently; an env
     without splits given ``split=`` used to get the constructor's list of every argument."""

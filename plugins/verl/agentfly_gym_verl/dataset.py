@@ -199,6 +199,16 @@ def _read_keys(path: str | os.PathLike) -> tuple[set[tuple[str, str]], int]:
 
     if not Path(path).expanduser().is_file():
         raise ConfigError(f"{path}: no such data set file")
+    takes = "--exclude and `dataset check` take the parquet files written by agentfly-gym dataset"
+    try:
+        names = pq.read_schema(Path(path).expanduser()).names
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is not a parquet file ({type(e).__name__}); {takes}") from None
+    if "extra_info" not in names:  # one line, not pyarrow's dump of the file's whole schema
+        what = ("a rollout run's trajectories file" if {"trajectory_id", "task_id"} <= set(names)
+                else f"a parquet file without an extra_info column (columns: {', '.join(names[:6])}"
+                     f"{', ...' if len(names) > 6 else ''})")
+        raise ConfigError(f"{path} is {what}, not a data set written by agentfly-gym dataset; {takes}")
     try:
         info = pq.read_table(Path(path).expanduser(), columns=["extra_info"]).column("extra_info").to_pylist()
     except (OSError, KeyError, ValueError) as e:
