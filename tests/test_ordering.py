@@ -204,6 +204,22 @@ async def test_task_runner_starts_longest_predicted_first_and_learns(chat, tmp_p
         TaskRunner(policy, chat, order="random")
 
 
+async def test_a_row_with_neither_task_nor_seed_has_no_length_key(chat, tmp_path):
+    """A row naming neither a task nor a seed (a task drawn at random) predicts nothing: no key (it used to be
+    ``"ENV/seed=None"``, one key shared by every random row), not learned from, started as an unseen row."""
+    assert TaskRow("Chess-v0").length_key() is None
+    assert TaskRow("Chess-v0", seed=0).length_key() == "agentfly/Chess-v0/seed=0"
+    assert RolloutLengths({"agentfly/Chess-v0/seed=0": 4.0}).order([None, "agentfly/Chess-v0/seed=0"]) == (
+        [0, 1], [4.0, 4.0])
+    policy = Recording()
+    async with ResourceManager() as m:
+        runner = TaskRunner(policy, chat, manager=m, max_turns=1, concurrency=1,
+                            lengths=RolloutLengths(path=tmp_path / "lengths.json"))
+        trajs = await runner.aplay([TaskRow("Chess-v0"), TaskRow("Chess-v0", seed=0)])
+    assert len(trajs) == 2 and not any(t.error for t in trajs)
+    assert sorted(json.loads((tmp_path / "lengths.json").read_text())["tasks"]) == ["agentfly/Chess-v0/seed=0"]
+
+
 async def test_run_rollouts_starts_longest_predicted_first(chat):
     policy = Recording()
     config = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=3, max_turns=1, concurrency=1, seed=7,

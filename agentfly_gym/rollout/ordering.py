@@ -172,10 +172,11 @@ class RolloutLengths:
         self._seen, self._dirty = merged, set()
         return path
 
-    def order(self, keys: Sequence[str]) -> tuple[list[int], list[float | None]]:
+    def order(self, keys: Sequence[str | None]) -> tuple[list[int], list[float | None]]:
         """The start order of rollouts of ``keys`` (see :func:`longest_first`) and each one's priority: its
-        predicted seconds, the mean of the known ones where unknown (all None when nothing is known: FIFO)."""
-        preds = [self.predict(k) for k in keys]
+        predicted seconds, the mean of the known ones where unknown or without a key (None: a task drawn at
+        random; all None when nothing is known: FIFO)."""
+        preds = [None if k is None else self.predict(k) for k in keys]
         known = [p for p in preds if p is not None]
         mean = sum(known) / len(known) if known else None
         return longest_first(preds), [mean if p is None else p for p in preds]

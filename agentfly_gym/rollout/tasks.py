@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from ..registration import normalize_env_id
 from ..resources.priority import acquire_priority
 from .episode import MODES, play_episode
-from .ordering import RolloutLengths, as_lengths
+from .ordering import RolloutLengths, as_lengths, length_key
 from .policies.base import SamplingParams
 from .step import DEFAULT_HISTORY
 from .trajectory import Trajectory
@@ -79,11 +79,11 @@ class TaskRow:
             return cls(*row)
         raise ConfigError(f"a task row is a TaskRow, a mapping or an (env_id, task_id, seed) tuple, got {row!r}")
 
-    def length_key(self) -> str:
+    def length_key(self) -> str | None:
         """The key its rollouts' lengths are predicted by: ``"ENV_ID/TASK_ID"`` (``"ENV_ID/seed=SEED"`` when the
-        row names no task)."""
-        env = normalize_env_id(self.env_id)
-        return f"{env}/{self.task_id}" if self.task_id not in (None, "") else f"{env}/seed={self.seed}"
+        row names no task; None when it names neither a task nor a seed: a task drawn at random, which predicts
+        nothing, is not learned from, and starts as a row never seen does)."""
+        return length_key(normalize_env_id(self.env_id), self.task_id, self.seed)
 
     def reset_options(self) -> dict[str, Any] | None:
         opts = dict(self.options or {})
@@ -194,7 +194,8 @@ class TaskRunner:
                     group_id=row.group_id,
                     max_context_tokens=self.max_context_tokens, max_response_tokens=self.max_response_tokens,
                     max_prompt_tokens=self.max_prompt_tokens)
-                self.lengths.observe_trajectory(keys[k], traj)
+                if keys[k] is not None:
+                    self.lengths.observe_trajectory(keys[k], traj)
                 if self.reward is not None:
                     await self.reward.apply(traj, manager=self._manager)
                 return traj
