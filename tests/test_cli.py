@@ -51,12 +51,15 @@ def test_bad_rollout_arguments_are_clear_errors(args, message):
 @pytest.mark.slow
 @pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["sigterm", "double-ctrl-c"])
 def test_interrupt_saves_finished_trajectories_and_cleans_up(tmp_path, signals, monkeypatch):
-    """Two quick WebShop episodes finish; two games against a Stockfish thinking 60 s a move cannot end in
-    under two minutes (no mate before the engine's second move), so SIGTERM (or Ctrl-C pressed twice, the
-    second one once the first one's save is logged, during the tear-down), sent as soon as the CLI's ``-v`` log reports both WebShop trajectories
-    finished, must save exactly those two and stop every process."""
+    """Two quick WebShop episodes finish; two games against a Stockfish thinking 900 s a move (its step and
+    reset timeouts above that) cannot end in under 15 minutes, far past the wait for the WebShop episodes
+    (with 60 s a move, Chess's default 60 s step timeout ended a game first when a loaded machine made the
+    WebShop episodes slower than that), so SIGTERM (or Ctrl-C pressed twice, the second one once the first one's
+    save is logged, during the tear-down), sent as soon as the CLI's ``-v`` log reports both WebShop trajectories
+    finished, must save exactly those two and stop every process (the signal stops the engine's search at once)."""
     out = tmp_path / "run"
-    kwargs = {"Chess-v0": {"mode": "play", "engine_depth": None, "engine_movetime": 60.0, "skill_level": 20},
+    kwargs = {"Chess-v0": {"mode": "play", "engine_depth": None, "engine_movetime": 900.0, "skill_level": 20,
+                           "step_timeout": 1800.0, "reset_timeout": 1800.0},
               "WebShop-v0": {}}
     marker = mark_tree(monkeypatch)  # the CLI's processes carry it, even once orphaned: other runs do not count
     before = live_processes(["java", "stockfish"], marker=marker)
