@@ -143,6 +143,47 @@ def _sha(path, open=open, sha256=hashlib.sha256, err=OSError):
         return None
 
 
+def _test_files(root, args):
+    """``frozenset`` of the realpaths of the hidden test files: the ``.py`` files named by pytest's positional
+    arguments (``path::node`` allowed) and those under the folders named there; with no positional argument the
+    ``test_*.py`` and ``*_test.py`` files under ``root``."""
+    out, named = set(), [a.split("::")[0] for a in args if isinstance(a, str) and a]
+    for a in named or [root]:
+        p = os.path.realpath(a)
+        if os.path.isfile(p):
+            out.add(p) if p.endswith(".py") else None
+        for d, dirs, files in (os.walk(p) if os.path.isdir(p) else ()):
+            dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.endswith((".egg-info", ".dist-info"))]
+            out.update(os.path.join(d, f) for f in files if f.endswith(".py") and (named or f.startswith("test_")
+                                                                                   or f.endswith("_test.py")))
+    return frozenset(out)
+
+
+def _decorated(files):
+    """``{(path, name)}`` of the functions of ``files`` defined under a decorator that may wrap them (any but
+    ``pytest.mark.*``, ``pytest.fixture``, ``staticmethod`` and ``classmethod``), from their source."""
+    import ast
+
+    out = set()
+    for p in files:
+        try:
+            with open(p, "rb") as f:
+                tree = ast.parse(f.read(), p)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            for d in getattr(node, "decorator_list", ()) if not isinstance(node, ast.ClassDef) else ():
+                d, parts = (d.func if isinstance(d, ast.Call) else d), []
+                while isinstance(d, ast.Attribute):
+                    parts.append(d.attr)
+                    d = d.value
+                name = ".".join([getattr(d, "id", "?")] + parts[::-1])
+                if not (name.startswith(("pytest.mark.", "mark.")) or name in (
+                        "pytest.fixture", "fixture", "staticmethod", "classmethod")):
+                    out.add((p, node.name))
+    return out
+
+
 def _merge(now, before):
     """``[(name or class, namespace, {key: (value now, value before)})]``: a namespace may hold either value
     (pytest's ``legacypath`` adds attributes after start-up and takes them back at exit)."""
@@ -157,7 +198,7 @@ def _merge(now, before):
     return out
 
 
-def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
+def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test_args):
     """Install the two audit hooks; nothing returned holds the key.
 
     The hooks and what they call look up no global name (task code can rebind this launcher's globals, and reach
@@ -173,6 +214,33 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
     runner_codes = frozenset(oid(c) for c in _codes(funcs))
     root = os.path.realpath(os.getcwd())
     conftests = _conftests(root)
+    tests = _test_files(root, test_args)
+    decorated, first, reached, names = _decorated(tests), {}, {}, {}
+    stems = frozenset(os.path.basename(p).split(".")[0] for p in tests)
+    test_dirs = frozenset(os.path.dirname(p) for p in tests)
+    rewrite_hook = getattr(sys.modules.get("_pytest.assertion.rewrite"), "AssertionRewritingHook", None)
+    loader_codes = frozenset(oid(f.__code__) for f in vars(rewrite_hook or object).values()
+                             if isinstance(f, types.FunctionType) and f.__name__ in ("exec_module", "load_module"))
+    boot, boot_ext = (sys.modules.get(n) for n in ("_frozen_importlib", "_frozen_importlib_external"))
+    frames_removed = getattr(getattr(boot, "_call_with_frames_removed", None), "__code__", None)
+    basics_exec = getattr(getattr(getattr(boot_ext, "_LoaderBasics", None), "exec_module", None), "__code__", None)
+    source_loader = getattr(boot_ext, "SourceFileLoader", None)
+    function_class = getattr(sys.modules.get("_pytest.python"), "Function", None)
+    origin_code = type(plugin).pytest_runtest_call.__code__
+    checked = set()
+
+    def protected(p, basename=os.path.basename, dirname=os.path.dirname, sep=os.sep):
+        """Whether ``p`` (a realpath) is a hidden test file, a file that would load in its place (a compiled file of
+        the same name), or a folder holding hidden test files."""
+        if p in tests:
+            return True
+        b = basename(p)
+        if b.split(".")[0] in stems and (".pyc" in b or dirname(p) in test_dirs):
+            return True
+        for d in test_dirs:
+            if d == p or d.startswith(p + sep):
+                return True
+        return False
     report_code = type(plugin).pytest_runtest_logreport.__code__
     makereport_code = type(plugin).pytest_runtest_makereport.__code__
     report_class = getattr(sys.modules.get("_pytest.reports"), "TestReport", None)
@@ -192,7 +260,8 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
              oid=oid, getframe=sys._getframe, type=type, isinstance=isinstance, int=int, str=str, bytes=bytes,
              realpath=os.path.realpath, fsdecode=os.fsdecode, proc_mem=_PROC_MEM.match, write_flags=_WRITE_FLAGS,
              sep=os.sep, grade_dir=grade_dir, junit=junit, root=root, added_ok=_CLASS_ADDED_OK,
-             pathlike=os.PathLike, denied=_DENIED, path_events=_PATH_EVENTS, err=PermissionError):
+             pathlike=os.PathLike, denied=_DENIED, path_events=_PATH_EVENTS, err=PermissionError,
+             protected=protected):
         if event in ("object.__setattr__", "object.__delattr__"):
             obj, name = args[0], args[1]
             if ((oid(obj) in guarded and name not in added_ok) or (
@@ -208,17 +277,20 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
                 raise err("grading: /proc/*/mem is not allowed")
             writing = bool((flags if type(flags) is int else 0) & write_flags) or (
                 type(mode) is str and ("w" in mode or "a" in mode or "x" in mode or "+" in mode))
-            if writing and (((p + sep).startswith(grade_dir) and p != junit) or
+            if writing and (((p + sep).startswith(grade_dir) and p != junit) or protected(p) or
                             (p.endswith(sep + "conftest.py") and p.startswith(root + sep))):
                 raise err("grading: writing this file is not allowed")
         elif event in path_events:
             for a in args[:2]:
-                if isinstance(a, (str, bytes, pathlike)) and (realpath(fsdecode(a)) + sep).startswith(grade_dir):
-                    raise err("grading: changing the grading folder is not allowed")
+                if isinstance(a, (str, bytes, pathlike)) and ((realpath(fsdecode(a)) + sep).startswith(grade_dir)
+                                                              or protected(realpath(fsdecode(a)))):
+                    raise err("grading: changing the grading folder or the hidden tests is not allowed")
         elif event == "os.symlink":
-            a = args[0]
+            a, b = args[0], args[1]
             if isinstance(a, (str, bytes, pathlike)) and "proc" in fsdecode(a):
                 raise err("grading: links into /proc are not allowed")
+            if isinstance(b, (str, bytes, pathlike)) and protected(realpath(fsdecode(b))):
+                raise err("grading: changing the hidden tests is not allowed")
         elif event in denied:
             raise err("grading: this introspection is not allowed")
         elif event == "ctypes.dlsym":
@@ -296,14 +368,112 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
 
     modules_all = modules
 
+    def test_path(filename, names=names, tests=tests, realpath=os.path.realpath, type=type, str=str, len=len):
+        """The realpath of ``filename`` when it is a hidden test file, else None (remembered)."""
+        p = names.get(filename, False)
+        if p is False:
+            p = realpath(filename) if type(filename) is str else None
+            p = p if p in tests else None
+            if len(names) < 100000:
+                names[filename] = p
+        return p
+
+    def loaded(code, getframe=sys._getframe, type=type, oid=oid, module_dict=types.ModuleType.__dict__["__dict__"],
+               module=types.ModuleType, dict=dict, tuple=tuple, len=len, isinstance=isinstance):
+        """At an ``exec`` of a hidden test file's module code: the first one run by the import system (pytest's
+        assertion rewriter or importlib's source loader, which read the file) is the test file's code, with the
+        namespace it runs in."""
+        p = test_path(code.co_filename)
+        if p is None or p in first:
+            return
+        f1 = getframe(2)
+        ns = None
+        if oid(f1.f_code) in loader_codes:
+            m = f1.f_locals.get("module", f1.f_locals.get("mod"))
+            ns = module_dict.__get__(m) if isinstance(m, module) else None
+        elif f1.f_code is frames_removed and frames_removed is not None:
+            f2 = f1.f_back
+            if f2 is not None and f2.f_code is basics_exec and type(f2.f_locals.get("self")) is source_loader:
+                a = f1.f_locals.get("args")
+                ns = a[1] if type(a) is tuple and len(a) > 1 and type(a[1]) is dict else None
+        if ns is not None:
+            first[p] = (code, ns)
+
+    def reach(p, codetype=types.CodeType, oid=oid, type=type, set=set):
+        """``{oid}`` of the code objects nested in the module code first run for hidden test file ``p``."""
+        if p not in reached:
+            out, stack = set(), [first[p][0]] if p in first else []
+            while stack:
+                c = stack.pop()
+                if oid(c) not in out:
+                    out.add(oid(c))
+                    stack.extend(k for k in c.co_consts if type(k) is codetype)
+            reached[p] = out
+        return reached[p]
+
+    def origin(item, isinstance=isinstance, type=type, str=str, getattr=getattr, oid=oid,
+               function=types.FunctionType, method=types.MethodType, module=types.ModuleType,
+               fcode=types.FunctionType.__dict__["__code__"], fdict=types.FunctionType.__dict__["__dict__"],
+               mfunc=types.MethodType.__dict__["__func__"], mdict=types.ModuleType.__dict__["__dict__"],
+               cdict=type.__dict__["__dict__"], realpath=os.path.realpath, err=Exception, len=len,
+               enumerate=enumerate):
+        """Why the test function ``item`` is about to call is not one its hidden test file defines, or None."""
+        if function_class is None or not isinstance(item, function_class):
+            return None  # not a Python test function (a doctest, a conftest's own items): nothing to compare
+        try:
+            p = realpath(str(getattr(item, "path", None) or item.fspath))
+            obj, mod, cls = item.obj, item.module, item.cls
+            name = getattr(item, "originalname", None) or item.name
+        except err:
+            return "its test function could not be read"
+        if p not in tests:
+            return "collected from a file that is not a hidden test file"
+        if p not in first:
+            return "its test file was never run by the import system"
+        if type(mod) is not module or mdict.__get__(mod) is not first[p][1]:
+            return "its module is not the one its test file ran in"
+        chain, f = [], obj
+        while len(chain) < 32:
+            f = mfunc.__get__(f) if type(f) is method else f
+            if type(f) is not function:
+                break
+            chain.append(f)
+            f = fdict.__get__(f).get("__wrapped__")
+        for i, f in enumerate(chain):
+            c = fcode.__get__(f)
+            q = test_path(c.co_filename)
+            if q is None:
+                continue  # a wrapper from elsewhere (a decorator): what it wraps must come from a test file
+            if q not in first or oid(c) not in reach(q):
+                return "its test function was not compiled from its file when pytest imported it"
+            if i and (q, c.co_name) not in decorated:
+                return "its test function is wrapped by a function that no decorator of its file made"
+            return None
+        if chain and cls is not None and isinstance(cls, type) and name not in cdict.__get__(cls):
+            return None  # inherited from a base class outside the hidden test files (a package's test mixin)
+        return "its test function is not defined in a hidden test file"
+
     def state(event, args, getframe=sys._getframe, type=type, str=str, bool=bool, int=int, vars=vars,
               report_code=report_code, makereport_code=makereport_code, seal_code=seal_code,
               report_class=report_class, dumps=json.dumps, hmac_new=hmac.new, sha256=hashlib.sha256,
               write=os.write, close=os.close, sha=_sha, junit=junit, key=key, seal_fd=seal_fd,
-              outcomes=outcomes, tampered=tampered, seals=seals, rank=_RANK, err=OSError):
+              outcomes=outcomes, tampered=tampered, seals=seals, rank=_RANK, err=OSError, codetype=types.CodeType,
+              checked=checked, origin_code=origin_code):
+        if event == "exec":
+            if type(args[0]) is codetype and args[0].co_name == "<module>":
+                loaded(args[0])
+            return
         if type(event) is not str or not event.startswith("afg."):
             return
         caller = getframe(1).f_code
+        if event == "afg.origin" and caller is origin_code:
+            nodeid = getattr(args[0], "nodeid", None)
+            why = origin(args[0])
+            if type(nodeid) is str:
+                checked.add(nodeid)
+            if why is not None:
+                note(str(nodeid) + ": " + why)
+            return
         if event == "afg.report" and caller is report_code:
             nodeid, when, outcome, xfail = args
             if not (type(nodeid) is type(when) is type(outcome) is str):
@@ -314,6 +484,8 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
                 "SKIPPED")
             if rank[status] > rank.get(outcomes.get(nodeid), -1):
                 outcomes[nodeid] = status
+            if when == "call" and nodeid not in checked:
+                note(nodeid + ": ran without its test function checked")
             namespaces(False)
             hooks(False)
         elif event == "afg.makereport" and caller is makereport_code:
@@ -388,7 +560,12 @@ class GuardPlugin:
         before, self.before = getattr(self, "before", None), None
         if key is not None:
             _install(self.grade_dir, os.path.join(self.grade_dir, "report.xml"), key, self.seal_fd,
-                     early_config.pluginmanager, self, self.seal_code, before)
+                     early_config.pluginmanager, self, self.seal_code, before,
+                     list(getattr(early_config.known_args_namespace, "file_or_dir", None) or ()))
+
+    def pytest_runtest_call(self, item):
+        sys.audit("afg.origin", item)
+        yield
 
     def pytest_runtest_makereport(self, item, call):
         outcome = yield
@@ -434,6 +611,7 @@ def main(argv):
     if audit:
         pytest.hookimpl(trylast=True)(GuardPlugin.pytest_load_initial_conftests)
         pytest.hookimpl(hookwrapper=True, tryfirst=True)(GuardPlugin.pytest_runtest_makereport)
+        pytest.hookimpl(hookwrapper=True, tryfirst=True)(GuardPlugin.pytest_runtest_call)
         plugins.append(GuardPlugin(grade_dir, key, seal_fd, _seal.__code__))
     rc = pytest.main(list(argv), plugins=plugins)
     if audit:
