@@ -30,7 +30,7 @@ GUARD = REPO / "agentfly_gym" / "envs" / "r2egym" / "grading_guard.py"
 FIXTURES = REPO / "tests" / "fixtures" / "r2e"
 KEY = b"0123456789abcdef" * 4
 
-HONEST_SUITE = '''import logging, sys, traceback
+HONEST_SUITE = '''import functools, logging, sys, traceback, unittest
 from unittest import mock
 import pytest
 from tests.base import Base
@@ -73,6 +73,20 @@ def test_logging_and_frames(caplog):
     except KeyError as e:
         tb = e.__traceback__
         assert tb.tb_frame.f_locals is not None and traceback.format_exc()
+def _deco(f):
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+    return wrapper
+@_deco
+def test_decorated_here(): pass
+@mock.patch("os.getcwd", return_value="/y")
+def test_decorated_by_mock(getcwd):
+    import os
+    assert os.getcwd() == "/y"
+class TestUnittest(unittest.TestCase):
+    def setUp(self): self.x = 1
+    def test_u(self): self.assertEqual(self.x, 1)
 def test_raises():
     with pytest.raises(ZeroDivisionError):
         1 / 0
@@ -122,6 +136,7 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     m = isolated_test_map(xml, log, test_files=["tests/test_x.py"])
     assert m == isolated_test_map(plain_xml, plain_log, test_files=["tests/test_x.py"])  # same verdict as plain pytest
     assert m["test_monkeypatch_and_mock"] == m["test_logging_and_frames"] == m["test_raises"] == "PASSED", log
+    assert m["test_decorated_here"] == m["test_decorated_by_mock"] == m["TestUnittest.test_u"] == "PASSED", m
     assert m["test_setup_error"] == m["test_teardown_error"] == "ERROR" and m["test_xpass_strict"] == "FAILED"
     problems, body = seal_problems(seal, KEY, xml, m)
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])

@@ -19,15 +19,22 @@ pytest's in-memory state; before pytest's plugins or any task code are imported 
   f``, which raises no audit event), a class namespace edited behind ``setattr``, a hook implementation from a
   plugin registered at run time out of the repository's code, a ``conftest.py`` that appeared or changed,
   each marks the run tampered;
+* records the module code the import system (pytest's assertion rewriter, importlib's source loader) first runs
+  for each hidden test file (the ``.py`` files named on the command line or under folders named there: they and
+  their compiled files are read-only).  Before a test is called, its function (or, where its file decorates it,
+  the one ``__wrapped__`` names) must be compiled in that code and its module be the namespace that code ran in:
+  passing tests put in ``sys.modules`` or in the module's globals, a test function's code swapped: the run is
+  tampered with;
 * records each test's outcome as pytest's reports give it, and after ``pytest.main`` returns writes a seal to a
   descriptor opened before any task code ran: the statuses, the SHA-256 of the JUnit report, what was
   tampered with, under an HMAC-SHA256 of the key.  A run that ends early (``os._exit``), a second seal, a JUnit
   report changed after the seal, or statuses the report and the seal disagree on: the host scores 0.
 
-This raises the bar; it is not a proof.  The tests' own code runs in the same process as the code under test,
-so substituting the test functions or the objects they compare (an object equal to everything) is not
-covered (e.g. the package, imported while a hidden test module loads, puts a module of passing tests under that
-module's name in ``sys.modules``: pytest collects those), and a determined exploit of the interpreter (a C extension, a frame of the guard reached through a
+This raises the bar; it is not a proof.  The tests' own code runs in the same process as the code under test, so
+what the tests call and compare stays open to it: the package's functions (an object equal to everything), a helper
+or fixture of the test file rebound in its globals, the wrapper of a test its file decorates, a test inherited
+from a class outside the hidden test files, a ``unittest`` test method replaced by its ``setUp`` (which runs
+within the call).  A determined exploit of the interpreter (a C extension, a frame of the guard reached through a
 traceback) can forge what the guard sees.
 """
 
@@ -56,8 +63,6 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 #: the modules (and their classes) checked at every test report: what makes and delivers a report (all
 #: modules at the end)
 _CRITICAL = ("_pytest.runner", "_pytest.reports", "_pytest.skipping", "pluggy._callers", "pluggy._hooks", "__main__")
-
-
 #: the hooks whose implementations are checked at every test report (all of them at the end)
 _RUNTEST_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
                   "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_pyfunc_call",
@@ -144,43 +149,33 @@ def _sha(path, open=open, sha256=hashlib.sha256, err=OSError):
 
 
 def _test_files(root, args):
-    """``frozenset`` of the realpaths of the hidden test files: the ``.py`` files named by pytest's positional
-    arguments (``path::node`` allowed) and those under the folders named there; with no positional argument the
-    ``test_*.py`` and ``*_test.py`` files under ``root``."""
-    out, named = set(), [a.split("::")[0] for a in args if isinstance(a, str) and a]
-    for a in named or [root]:
-        p = os.path.realpath(a)
-        if os.path.isfile(p):
-            out.add(p) if p.endswith(".py") else None
-        for d, dirs, files in (os.walk(p) if os.path.isdir(p) else ()):
+    """``frozenset`` of the hidden test files' realpaths: the ``.py`` files pytest's positional arguments name or
+    hold (``path::node`` allowed); without any, the ``test_*.py`` and ``*_test.py`` files under ``root``."""
+    out, named = set(), [os.path.realpath(a.split("::")[0]) for a in args if isinstance(a, str) and a]
+    for p in named or [root]:
+        for d, dirs, files in os.walk(p) if os.path.isdir(p) else [(os.path.dirname(p), [], [os.path.basename(p)])]:
             dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.endswith((".egg-info", ".dist-info"))]
-            out.update(os.path.join(d, f) for f in files if f.endswith(".py") and (named or f.startswith("test_")
-                                                                                   or f.endswith("_test.py")))
+            out.update(os.path.join(d, f) for f in files if f.endswith(".py") and (
+                named or f.startswith("test_") or f.endswith("_test.py")))
     return frozenset(out)
 
 
 def _decorated(files):
-    """``{(path, name)}`` of the functions of ``files`` defined under a decorator that may wrap them (any but
-    ``pytest.mark.*``, ``pytest.fixture``, ``staticmethod`` and ``classmethod``), from their source."""
+    """``{(path, name)}`` of the functions of ``files`` under a decorator that may wrap them (any but
+    ``pytest.mark.*``, ``pytest.fixture``, ``staticmethod`` and ``classmethod``), read from their source."""
     import ast
 
-    out = set()
+    out, plain = set(), ("pytest.fixture", "fixture", "staticmethod", "classmethod")
     for p in files:
         try:
             with open(p, "rb") as f:
-                tree = ast.parse(f.read(), p)
+                src = f.read().decode("utf-8", "replace")
+            nodes = [n for n in ast.walk(ast.parse(src, p)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         except (OSError, SyntaxError, ValueError):
             continue
-        for node in ast.walk(tree):
-            for d in getattr(node, "decorator_list", ()) if not isinstance(node, ast.ClassDef) else ():
-                d, parts = (d.func if isinstance(d, ast.Call) else d), []
-                while isinstance(d, ast.Attribute):
-                    parts.append(d.attr)
-                    d = d.value
-                name = ".".join([getattr(d, "id", "?")] + parts[::-1])
-                if not (name.startswith(("pytest.mark.", "mark.")) or name in (
-                        "pytest.fixture", "fixture", "staticmethod", "classmethod")):
-                    out.add((p, node.name))
+        named = [(n.name, (ast.get_source_segment(src, d) or "?").split("(")[0].replace(" ", ""))
+                 for n in nodes for d in n.decorator_list]
+        out.update((p, n) for n, d in named if not d.startswith(("pytest.mark.", "mark.")) and d not in plain)
     return out
 
 
@@ -188,8 +183,7 @@ def _merge(now, before):
     """``[(name or class, namespace, {key: (value now, value before)})]``: a namespace may hold either value
     (pytest's ``legacypath`` adds attributes after start-up and takes them back at exit)."""
     old = {who if isinstance(who, str) else id(who): ns for who, _, ns in before}
-    missing = _MISSING
-    out = []
+    missing, out = _MISSING, []
     for who, d, ns in now:
         ons = old.get(who if isinstance(who, str) else id(who), {})
         pairs = {k: (v, ons.get(k, missing)) for k, v in ns.items()}
@@ -215,32 +209,24 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
     root = os.path.realpath(os.getcwd())
     conftests = _conftests(root)
     tests = _test_files(root, test_args)
-    decorated, first, reached, names = _decorated(tests), {}, {}, {}
+    decorated, first, names, checked = _decorated(tests), {}, {}, set()
     stems = frozenset(os.path.basename(p).split(".")[0] for p in tests)
     test_dirs = frozenset(os.path.dirname(p) for p in tests)
     rewrite_hook = getattr(sys.modules.get("_pytest.assertion.rewrite"), "AssertionRewritingHook", None)
     loader_codes = frozenset(oid(f.__code__) for f in vars(rewrite_hook or object).values()
                              if isinstance(f, types.FunctionType) and f.__name__ in ("exec_module", "load_module"))
-    boot, boot_ext = (sys.modules.get(n) for n in ("_frozen_importlib", "_frozen_importlib_external"))
-    frames_removed = getattr(getattr(boot, "_call_with_frames_removed", None), "__code__", None)
-    basics_exec = getattr(getattr(getattr(boot_ext, "_LoaderBasics", None), "exec_module", None), "__code__", None)
-    source_loader = getattr(boot_ext, "SourceFileLoader", None)
+    boot, boot_ext = sys.modules["_frozen_importlib"], sys.modules["_frozen_importlib_external"]
+    frames_removed, source_loader = boot._call_with_frames_removed.__code__, boot_ext.SourceFileLoader
+    basics_exec = boot_ext._LoaderBasics.exec_module.__code__
     function_class = getattr(sys.modules.get("_pytest.python"), "Function", None)
     origin_code = type(plugin).pytest_runtest_call.__code__
-    checked = set()
 
-    def protected(p, basename=os.path.basename, dirname=os.path.dirname, sep=os.sep):
-        """Whether ``p`` (a realpath) is a hidden test file, a file that would load in its place (a compiled file of
-        the same name), or a folder holding hidden test files."""
-        if p in tests:
-            return True
+    def protected(p, basename=os.path.basename, dirname=os.path.dirname, sep=os.sep, any=any):
+        """Whether realpath ``p`` is a hidden test file, a file that would load in its place, or a folder above one."""
         b = basename(p)
-        if b.split(".")[0] in stems and (".pyc" in b or dirname(p) in test_dirs):
-            return True
-        for d in test_dirs:
-            if d == p or d.startswith(p + sep):
-                return True
-        return False
+        return p in tests or (b.split(".")[0] in stems and (".pyc" in b or dirname(p) in test_dirs)) or any(
+            d == p or d.startswith(p + sep) for d in test_dirs)
+
     report_code = type(plugin).pytest_runtest_logreport.__code__
     makereport_code = type(plugin).pytest_runtest_makereport.__code__
     report_class = getattr(sys.modules.get("_pytest.reports"), "TestReport", None)
@@ -368,48 +354,38 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
 
     modules_all = modules
 
-    def test_path(filename, names=names, tests=tests, realpath=os.path.realpath, type=type, str=str, len=len):
-        """The realpath of ``filename`` when it is a hidden test file, else None (remembered)."""
+    def test_path(filename, names=names, tests=tests, realpath=os.path.realpath, type=type, str=str):
+        """The realpath of ``filename`` when it is a hidden test file, else None."""
         p = names.get(filename, False)
         if p is False:
-            p = realpath(filename) if type(filename) is str else None
-            p = p if p in tests else None
-            if len(names) < 100000:
-                names[filename] = p
+            p = names[filename] = realpath(filename) if type(filename) is str and realpath(filename) in tests else None
         return p
 
     def loaded(code, getframe=sys._getframe, type=type, oid=oid, module_dict=types.ModuleType.__dict__["__dict__"],
-               module=types.ModuleType, dict=dict, tuple=tuple, len=len, isinstance=isinstance):
-        """At an ``exec`` of a hidden test file's module code: the first one run by the import system (pytest's
-        assertion rewriter or importlib's source loader, which read the file) is the test file's code, with the
-        namespace it runs in."""
+               module=types.ModuleType, dict=dict, tuple=tuple, len=len, isinstance=isinstance, set=set,
+               codetype=types.CodeType):
+        """At an ``exec`` of module code: the first one of a hidden test file run by the import system (pytest's
+        assertion rewriter or importlib's source loader: both read the file) is its code, run in namespace ``ns``."""
         p = test_path(code.co_filename)
         if p is None or p in first:
             return
-        f1 = getframe(2)
-        ns = None
+        f1, ns = getframe(2), None  # the frame that called exec
         if oid(f1.f_code) in loader_codes:
             m = f1.f_locals.get("module", f1.f_locals.get("mod"))
             ns = module_dict.__get__(m) if isinstance(m, module) else None
-        elif f1.f_code is frames_removed and frames_removed is not None:
+        elif f1.f_code is frames_removed:
             f2 = f1.f_back
             if f2 is not None and f2.f_code is basics_exec and type(f2.f_locals.get("self")) is source_loader:
                 a = f1.f_locals.get("args")
                 ns = a[1] if type(a) is tuple and len(a) > 1 and type(a[1]) is dict else None
+        out, stack = set(), [code]  # the oids of the code objects nested in it
+        while stack and ns is not None:
+            c = stack.pop()
+            if oid(c) not in out:
+                out.add(oid(c))
+                stack.extend(k for k in c.co_consts if type(k) is codetype)
         if ns is not None:
-            first[p] = (code, ns)
-
-    def reach(p, codetype=types.CodeType, oid=oid, type=type, set=set):
-        """``{oid}`` of the code objects nested in the module code first run for hidden test file ``p``."""
-        if p not in reached:
-            out, stack = set(), [first[p][0]] if p in first else []
-            while stack:
-                c = stack.pop()
-                if oid(c) not in out:
-                    out.add(oid(c))
-                    stack.extend(k for k in c.co_consts if type(k) is codetype)
-            reached[p] = out
-        return reached[p]
+            first[p] = (code, ns, out)
 
     def origin(item, isinstance=isinstance, type=type, str=str, getattr=getattr, oid=oid,
                function=types.FunctionType, method=types.MethodType, module=types.ModuleType,
@@ -444,7 +420,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
             q = test_path(c.co_filename)
             if q is None:
                 continue  # a wrapper from elsewhere (a decorator): what it wraps must come from a test file
-            if q not in first or oid(c) not in reach(q):
+            if q not in first or oid(c) not in first[q][2]:
                 return "its test function was not compiled from its file when pytest imported it"
             if i and (q, c.co_name) not in decorated:
                 return "its test function is wrapped by a function that no decorator of its file made"
@@ -458,7 +434,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
               report_class=report_class, dumps=json.dumps, hmac_new=hmac.new, sha256=hashlib.sha256,
               write=os.write, close=os.close, sha=_sha, junit=junit, key=key, seal_fd=seal_fd,
               outcomes=outcomes, tampered=tampered, seals=seals, rank=_RANK, err=OSError, codetype=types.CodeType,
-              checked=checked, origin_code=origin_code):
+              checked=checked, origin_code=origin_code, getattr=getattr):
         if event == "exec":
             if type(args[0]) is codetype and args[0].co_name == "<module>":
                 loaded(args[0])
@@ -467,12 +443,10 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
             return
         caller = getframe(1).f_code
         if event == "afg.origin" and caller is origin_code:
-            nodeid = getattr(args[0], "nodeid", None)
-            why = origin(args[0])
-            if type(nodeid) is str:
-                checked.add(nodeid)
+            nodeid, why = str(getattr(args[0], "nodeid", None)), origin(args[0])
+            checked.add(nodeid)
             if why is not None:
-                note(str(nodeid) + ": " + why)
+                note(nodeid + ": " + why)
             return
         if event == "afg.report" and caller is report_code:
             nodeid, when, outcome, xfail = args
@@ -547,8 +521,7 @@ class GuardPlugin:
     reports each test's outcome to the state hook."""
 
     def __init__(self, grade_dir, key, seal_fd, seal_code):
-        self.grade_dir, self.seal_fd, self.seal_code = grade_dir, seal_fd, seal_code
-        self.key = key
+        self.grade_dir, self.seal_fd, self.seal_code, self.key = grade_dir, seal_fd, seal_code, key
 
     def pytest_addoption(self):
         if self.key is not None:
