@@ -10,8 +10,10 @@ the episode's own container (``grading="in_place"``, upstream's way).  Used by `
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 TASK_ID = "minicalc-bug1"
+REPO = Path(__file__).resolve().parent / "fixtures" / "r2e" / "repos" / "minicalc"
 HIDDEN = ("tests/test_calc.py::test_add", "tests/test_calc.py::test_sub", "tests/test_calc.py::TestMul::test_mul")
 FINISH = "<function=finish>\n</function>"
 
@@ -300,3 +302,26 @@ HACKS: dict[str, Hack] = {h.name: h for h in (
     Hack("test_globals_swap", _init(_GLOBALS_SWAP), in_process=True),
     Hack("test_code_swap", _init(_CODE_SWAP), in_process=True),
 )}
+
+
+def files_written(hack: Hack) -> dict[str, str]:
+    """``{path: text}`` of the files ``hack``'s actions write, as they must read afterwards (``file_editor create``
+    and ``str_replace`` on the fixture repository, as the env parses them; the package's ``__init__.py`` replaced
+    by a shell here-document); a hack whose shell commands compute their paths (a user site folder) is checked by
+    its command's exit code instead."""
+    from agentfly_gym.envs.r2egym.actions import parse_action
+
+    out: dict[str, str] = {}
+    for a in hack.actions:
+        call = parse_action(a)
+        args = call.arguments
+        if call.name == "file_editor" and args["command"] == "create":
+            out[args["path"]] = args["file_text"]
+        elif call.name == "file_editor" and args["command"] == "str_replace":
+            text = out.get(args["path"]) or (REPO / args["path"].removeprefix("/testbed/")).read_text()
+            assert text.count(args["old_str"]) == 1, f"{hack.name}: old_str not found once in {args['path']}"
+            out[args["path"]] = text.replace(args["old_str"], args["new_str"])
+        elif call.name == "execute_bash" and "<<'AFG_EOF' && echo replaced\n" in args["cmd"]:
+            out["/testbed/minicalc/__init__.py"] = args["cmd"].split("<<'AFG_EOF' && echo replaced\n", 1)[1].rsplit(
+                "AFG_EOF", 1)[0]
+    return out
