@@ -391,18 +391,17 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
                function=types.FunctionType, method=types.MethodType, module=types.ModuleType,
                fcode=types.FunctionType.__dict__["__code__"], fdict=types.FunctionType.__dict__["__dict__"],
                mfunc=types.MethodType.__dict__["__func__"], mdict=types.ModuleType.__dict__["__dict__"],
-               cdict=type.__dict__["__dict__"], realpath=os.path.realpath, err=Exception, len=len,
-               enumerate=enumerate):
+               cdict=type.__dict__["__dict__"], err=Exception, len=len, enumerate=enumerate):
         """Why the test function ``item`` is about to call is not one its hidden test file defines, or None."""
         if function_class is None or not isinstance(item, function_class):
             return None  # not a Python test function (a doctest, a conftest's own items): nothing to compare
         try:
-            p = realpath(str(getattr(item, "path", None) or item.fspath))
+            p = test_path(str(getattr(item, "path", None) or item.fspath))
             obj, mod, cls = item.obj, item.module, item.cls
             name = getattr(item, "originalname", None) or item.name
         except err:
             return "its test function could not be read"
-        if p not in tests:
+        if p is None:
             return "collected from a file that is not a hidden test file"
         if p not in first:
             return "its test file was never run by the import system"
