@@ -247,7 +247,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
              realpath=os.path.realpath, fsdecode=os.fsdecode, proc_mem=_PROC_MEM.match, write_flags=_WRITE_FLAGS,
              sep=os.sep, grade_dir=grade_dir, junit=junit, root=root, added_ok=_CLASS_ADDED_OK,
              pathlike=os.PathLike, denied=_DENIED, path_events=_PATH_EVENTS, err=PermissionError,
-             protected=protected):
+             protected=protected, enumerate=enumerate, copies=("shutil.copyfile", "os.link")):
         if event in ("object.__setattr__", "object.__delattr__"):
             obj, name = args[0], args[1]
             if ((oid(obj) in guarded and name not in added_ok) or (
@@ -267,9 +267,9 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
                             (p.endswith(sep + "conftest.py") and p.startswith(root + sep))):
                 raise err("grading: writing this file is not allowed")
         elif event in path_events:
-            for a in args[:2]:
-                if isinstance(a, (str, bytes, pathlike)) and ((realpath(fsdecode(a)) + sep).startswith(grade_dir)
-                                                              or protected(realpath(fsdecode(a)))):
+            for i, a in enumerate(args[:2]):  # a copy's or a hard link's source is only read
+                p = realpath(fsdecode(a)) if isinstance(a, (str, bytes, pathlike)) else None
+                if p is not None and ((p + sep).startswith(grade_dir) or protected(p) and (i or event not in copies)):
                     raise err("grading: changing the grading folder or the hidden tests is not allowed")
         elif event == "os.symlink":
             a, b = args[0], args[1]
@@ -391,7 +391,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
                function=types.FunctionType, method=types.MethodType, module=types.ModuleType,
                fcode=types.FunctionType.__dict__["__code__"], fdict=types.FunctionType.__dict__["__dict__"],
                mfunc=types.MethodType.__dict__["__func__"], mdict=types.ModuleType.__dict__["__dict__"],
-               cdict=type.__dict__["__dict__"], err=Exception, len=len, enumerate=enumerate):
+               cdict=type.__dict__["__dict__"], err=Exception, len=len, enumerate=enumerate, issubclass=issubclass):
         """Why the test function ``item`` is about to call is not one its hidden test file defines, or None."""
         if function_class is None or not isinstance(item, function_class):
             return None  # not a Python test function (a doctest, a conftest's own items): nothing to compare
@@ -424,7 +424,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
             if i and (q, c.co_name) not in decorated:
                 return "its test function is wrapped by a function that no decorator of its file made"
             return None
-        if chain and cls is not None and isinstance(cls, type) and name not in cdict.__get__(cls):
+        if chain and issubclass(type(cls), type) and name not in cdict.__get__(cls):
             return None  # inherited from a base class outside the hidden test files (a package's test mixin)
         return "its test function is not defined in a hidden test file"
 
