@@ -522,7 +522,7 @@ async def _play_hack(env, hack) -> tuple[float, dict]:
         if "<function=execute_bash>" in action:
             assert o.startswith("Exit code: 0\n"), o
         else:  # file_editor: an error (create on an existing file) is an observation starting ERROR
-            assert not o.startswith("ERROR") and "ERROR:" not in o.split("\n", 2)[1], o
+            assert not o.startswith("ERROR") and "[file_editor]:\nERROR:" not in o, o
     for path, text in r2e_hacks.files_written(hack).items():  # the hack's files hold what it meant to write
         o, *_ = await env.astep(r2e_hacks.bash(f"sha256sum {path}"))
         assert hashlib.sha256(text.encode()).hexdigest() in o, (hack.name, path, o)
