@@ -215,7 +215,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
     rewrite_hook = getattr(sys.modules.get("_pytest.assertion.rewrite"), "AssertionRewritingHook", None)
     loader_codes = frozenset(oid(f.__code__) for f in vars(rewrite_hook or object).values()
                              if isinstance(f, types.FunctionType) and f.__name__ in ("exec_module", "load_module"))
-    boot, boot_ext = sys.modules["_frozen_importlib"], sys.modules["_frozen_importlib_external"]
+    from importlib import _bootstrap as boot, _bootstrap_external as boot_ext  # the import system's own (frozen)
     frames_removed, source_loader = boot._call_with_frames_removed.__code__, boot_ext.SourceFileLoader
     basics_exec = boot_ext._LoaderBasics.exec_module.__code__
     function_class = getattr(sys.modules.get("_pytest.python"), "Function", None)
