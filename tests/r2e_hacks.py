@@ -10,8 +10,10 @@ the episode's own container (``grading="in_place"``, upstream's way).  Used by `
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 TASK_ID = "minicalc-bug1"
+REPO = Path(__file__).resolve().parent / "fixtures" / "r2e" / "repos" / "minicalc"
 HIDDEN = ("tests/test_calc.py::test_add", "tests/test_calc.py::test_sub", "tests/test_calc.py::TestMul::test_mul")
 FINISH = "<function=finish>\n</function>"
 
@@ -202,6 +204,70 @@ class _PassAll:
 _EXIT_EARLY = _JUNIT_AT_UNCONFIGURE.replace(_PRINT_PASSES, _PRINT_PASSES.rstrip("\n") + "\n        import os\n"
                                             "        os._exit(0)\n")
 
+# ---- the hidden test module's own test functions swapped: the package, imported while the test module loads, finds
+# that module (the frame running it, up the stack) and makes pytest collect passing tests in place of the real ones
+_FIND_TEST_MODULE = """
+import sys
+
+_f = sys._getframe()
+while _f is not None and not str(_f.f_globals.get("__file__", "")).endswith("test_calc.py"):
+    _f = _f.f_back
+"""
+_PASSING_TESTS = '''
+def test_add():
+    pass
+
+
+def test_sub():
+    pass
+
+
+class TestMul:
+    def test_mul(self):
+        pass
+'''
+# a module of passing tests, compiled under the test file's own name, put in sys.modules under the test module's
+# name: importing ends by taking the module from sys.modules, so pytest collects the fake
+_MODULE_SWAP = _INIT_HEAD + _FIND_TEST_MODULE + '''
+if _f is not None:
+    import types
+
+    _fake = types.ModuleType(_f.f_globals["__name__"])
+    _fake.__file__ = _f.f_globals["__file__"]
+    exec(compile(''' + repr(_PASSING_TESTS) + ''', _fake.__file__, "exec"), vars(_fake))
+    sys.modules[_fake.__name__] = _fake
+'''
+# the real module's test functions replaced in its globals by passing ones from here (each naming the real one as
+# its ``__wrapped__``, as a decorator would), once the module has run: pytest looks up ``setUpModule`` and the like
+# on the module before it collects, which reaches a module ``__getattr__`` planted in the module's globals
+_GLOBALS_SWAP = _INIT_HEAD + _FIND_TEST_MODULE + '''
+if _f is not None:
+    _g = _f.f_globals
+
+    def _passing(real):
+        def test(*args, **kwargs):
+            pass
+
+        test.__name__, test.__qualname__, test.__wrapped__ = real.__name__, real.__qualname__, real
+        return test
+
+    def __getattr__(name):
+        _g.pop("__getattr__", None)
+        for k in ("test_add", "test_sub"):
+            _g[k] = _passing(_g[k])
+        _g["TestMul"].test_mul = _passing(_g["TestMul"].test_mul)
+        raise AttributeError(name)
+
+    _g["__getattr__"] = __getattr__
+'''
+# the same moment, the real test functions kept but their code swapped for a passing function's
+_CODE_SWAP = _GLOBALS_SWAP.replace('''        for k in ("test_add", "test_sub"):
+            _g[k] = _passing(_g[k])
+        _g["TestMul"].test_mul = _passing(_g["TestMul"].test_mul)
+''', '''        for f in (_g["test_add"], _g["test_sub"], _g["TestMul"].test_mul):
+            f.__code__ = (lambda *args, **kwargs: None).__code__
+''')
+
 
 def _init(text: str) -> tuple[str, ...]:
     """Replace the package's ``__init__.py`` (``file_editor create`` refuses an existing file)."""
@@ -232,4 +298,30 @@ HACKS: dict[str, Hack] = {h.name: h for h in (
     Hack("junit_rewrite_at_unconfigure", _init(_JUNIT_AT_UNCONFIGURE), in_process=True),
     Hack("junit_rewrite_atexit", _init(_ATEXIT_REWRITE), in_process=True),
     Hack("exit_early", _init(_EXIT_EARLY), in_process=True),
+    Hack("test_module_swap", _init(_MODULE_SWAP), in_process=True),
+    Hack("test_globals_swap", _init(_GLOBALS_SWAP), in_process=True),
+    Hack("test_code_swap", _init(_CODE_SWAP), in_process=True),
 )}
+
+
+def files_written(hack: Hack) -> dict[str, str]:
+    """``{path: text}`` of the files ``hack``'s actions write, as they must read afterwards (``file_editor create``
+    and ``str_replace`` on the fixture repository, as the env parses them; the package's ``__init__.py`` replaced
+    by a shell here-document); a hack whose shell commands compute their paths (a user site folder) is checked by
+    its command's exit code instead."""
+    from agentfly_gym.envs.r2egym.actions import parse_action
+
+    out: dict[str, str] = {}
+    for a in hack.actions:
+        call = parse_action(a)
+        args = call.arguments
+        if call.name == "file_editor" and args["command"] == "create":
+            out[args["path"]] = args["file_text"]
+        elif call.name == "file_editor" and args["command"] == "str_replace":
+            text = out.get(args["path"]) or (REPO / args["path"].removeprefix("/testbed/")).read_text()
+            assert text.count(args["old_str"]) == 1, f"{hack.name}: old_str not found once in {args['path']}"
+            out[args["path"]] = text.replace(args["old_str"], args["new_str"])
+        elif call.name == "execute_bash" and "<<'AFG_EOF' && echo replaced\n" in args["cmd"]:
+            out["/testbed/minicalc/__init__.py"] = args["cmd"].split("<<'AFG_EOF' && echo replaced\n", 1)[1].rsplit(
+                "AFG_EOF", 1)[0]
+    return out

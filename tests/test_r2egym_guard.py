@@ -30,7 +30,7 @@ GUARD = REPO / "agentfly_gym" / "envs" / "r2egym" / "grading_guard.py"
 FIXTURES = REPO / "tests" / "fixtures" / "r2e"
 KEY = b"0123456789abcdef" * 4
 
-HONEST_SUITE = '''import logging, sys, traceback
+HONEST_SUITE = '''import functools, logging, sys, traceback, unittest
 from unittest import mock
 import pytest
 from tests.base import Base
@@ -73,6 +73,20 @@ def test_logging_and_frames(caplog):
     except KeyError as e:
         tb = e.__traceback__
         assert tb.tb_frame.f_locals is not None and traceback.format_exc()
+def _deco(f):
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+    return wrapper
+@_deco
+def test_decorated_here(): pass
+@mock.patch("os.getcwd", return_value="/y")
+def test_decorated_by_mock(getcwd):
+    import os
+    assert os.getcwd() == "/y"
+class TestUnittest(unittest.TestCase):
+    def setUp(self): self.x = 1
+    def test_u(self): self.assertEqual(self.x, 1)
 def test_raises():
     with pytest.raises(ZeroDivisionError):
         1 / 0
@@ -122,6 +136,7 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     m = isolated_test_map(xml, log, test_files=["tests/test_x.py"])
     assert m == isolated_test_map(plain_xml, plain_log, test_files=["tests/test_x.py"])  # same verdict as plain pytest
     assert m["test_monkeypatch_and_mock"] == m["test_logging_and_frames"] == m["test_raises"] == "PASSED", log
+    assert m["test_decorated_here"] == m["test_decorated_by_mock"] == m["TestUnittest.test_u"] == "PASSED", m
     assert m["test_setup_error"] == m["test_teardown_error"] == "ERROR" and m["test_xpass_strict"] == "FAILED"
     problems, body = seal_problems(seal, KEY, xml, m)
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
@@ -187,6 +202,10 @@ def test_vetoes():
         sys.settrace(lambda *a: None)
     with pytest.raises(PermissionError):
         open(sys.argv[0].rsplit("/", 1)[0] + "/../grade/seal.json", "w")
+    with pytest.raises(PermissionError):  # a hidden test file, and a compiled file that would load in its place
+        open(__file__, "a")
+    with pytest.raises(PermissionError):
+        open(__file__[:-3] + ".cpython-311-pytest-9.2.0.pyc", "wb")
 '''
 
 
@@ -201,3 +220,29 @@ def test_audit_hooks_refuse_what_reaches_past_pytest(tmp_path):
     m = isolated_test_map(xml, log)
     assert m == {"test_vetoes": "PASSED"}, log[-3000:]
     assert seal_problems(seal, KEY, xml, m)[0] == []
+
+
+# the package, imported by the repository's conftest.py before any test module runs, runs a module of passing tests
+# compiled under the test file's name (through importlib's own helper) and puts it in sys.modules under the test
+# module's names: pytest imports it from there, the test file itself never runs
+EARLY_SWAP = '''import importlib._bootstrap, os, sys, types
+from .ops import add, sub, mul
+_path = os.path.join(os.getcwd(), "tests", "test_calc.py")
+for _name in ("test_calc", "tests.test_calc"):
+    _m = sys.modules[_name] = types.ModuleType(_name)
+    _m.__file__ = _path
+    importlib._bootstrap._call_with_frames_removed(exec, compile(%r, _path, "exec"), vars(_m))
+''' % r2e_hacks._PASSING_TESTS
+
+
+def test_a_test_module_swapped_before_it_runs_is_caught(tmp_path):
+    shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
+    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests")
+    (tmp_path / "conftest.py").write_text("import minicalc\n")
+    (tmp_path / "minicalc" / "__init__.py").write_text(EARLY_SWAP)
+    log, xml, _ = _run(tmp_path, "tests/test_calc.py", guarded=False)
+    fooled = isolated_test_map(xml, log, test_files=["tests/test_calc.py"])
+    assert fooled == {"test_add": "PASSED", "test_sub": "PASSED", "TestMul.test_mul": "PASSED"}, (fooled, log[-2000:])
+    log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True)
+    problems, _ = seal_problems(seal, KEY, xml, isolated_test_map(xml, log, test_files=["tests/test_calc.py"]))
+    assert problems and all("never run by the import system" in p for p in problems), (problems, log[-3000:])

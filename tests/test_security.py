@@ -10,6 +10,7 @@ process that must be gone.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import stat
@@ -518,7 +519,13 @@ async def _play_hack(env, hack) -> tuple[float, dict]:
     for action in hack.actions:
         o, r, term, trunc, info = await env.astep(action)
         assert not (term or trunc) and info["error"] is None, o
-        assert "ERROR" not in o.split("\n", 1)[0] and "Exit code: 0" in o or "[file_editor]" in o, o
+        if "<function=execute_bash>" in action:
+            assert o.startswith("Exit code: 0\n"), o
+        else:  # file_editor: an error (create on an existing file) is an observation starting ERROR
+            assert not o.startswith("ERROR") and "[file_editor]:\nERROR:" not in o, o
+    for path, text in r2e_hacks.files_written(hack).items():  # the hack's files hold what it meant to write
+        o, *_ = await env.astep(r2e_hacks.bash(f"sha256sum {path}"))
+        assert hashlib.sha256(text.encode()).hexdigest() in o, (hack.name, path, o)
     o, r, term, trunc, info = await env.astep(r2e_hacks.FINISH)
     assert term and not trunc, o
     return r, info

@@ -19,15 +19,22 @@ pytest's in-memory state; before pytest's plugins or any task code are imported 
   f``, which raises no audit event), a class namespace edited behind ``setattr``, a hook implementation from a
   plugin registered at run time out of the repository's code, a ``conftest.py`` that appeared or changed,
   each marks the run tampered;
+* records the module code the import system (pytest's assertion rewriter, importlib's source loader) first runs
+  for each hidden test file (the ``.py`` files named on the command line or under folders named there: they and
+  their compiled files are read-only).  Before a test is called, its function (or, where its file decorates it,
+  the one ``__wrapped__`` names) must be compiled in that code and its module be the namespace that code ran in:
+  passing tests put in ``sys.modules`` or in the module's globals, a test function's code swapped: the run is
+  tampered with;
 * records each test's outcome as pytest's reports give it, and after ``pytest.main`` returns writes a seal to a
   descriptor opened before any task code ran: the statuses, the SHA-256 of the JUnit report, what was
   tampered with, under an HMAC-SHA256 of the key.  A run that ends early (``os._exit``), a second seal, a JUnit
   report changed after the seal, or statuses the report and the seal disagree on: the host scores 0.
 
-This raises the bar; it is not a proof.  The tests' own code runs in the same process as the code under test,
-so substituting the test functions or the objects they compare (an object equal to everything) is not
-covered (e.g. the package, imported while a hidden test module loads, puts a module of passing tests under that
-module's name in ``sys.modules``: pytest collects those), and a determined exploit of the interpreter (a C extension, a frame of the guard reached through a
+This raises the bar; it is not a proof.  The tests' own code runs in the same process as the code under test, so
+what the tests call and compare stays open to it: the package's functions (an object equal to everything), a helper
+or fixture of the test file rebound in its globals, the wrapper of a test its file decorates, a test inherited
+from a class outside the hidden test files, a ``unittest`` test method replaced by its ``setUp`` (which runs
+within the call).  A determined exploit of the interpreter (a C extension, a frame of the guard reached through a
 traceback) can forge what the guard sees.
 """
 
@@ -56,8 +63,6 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 #: the modules (and their classes) checked at every test report: what makes and delivers a report (all
 #: modules at the end)
 _CRITICAL = ("_pytest.runner", "_pytest.reports", "_pytest.skipping", "pluggy._callers", "pluggy._hooks", "__main__")
-
-
 #: the hooks whose implementations are checked at every test report (all of them at the end)
 _RUNTEST_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
                   "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_pyfunc_call",
@@ -143,12 +148,42 @@ def _sha(path, open=open, sha256=hashlib.sha256, err=OSError):
         return None
 
 
+def _test_files(root, args):
+    """``frozenset`` of the hidden test files' realpaths: the ``.py`` files pytest's positional arguments name or
+    hold (``path::node`` allowed); without any, the ``test_*.py`` and ``*_test.py`` files under ``root``."""
+    out, named = set(), [os.path.realpath(a.split("::")[0]) for a in args if isinstance(a, str) and a]
+    for p in named or [root]:
+        for d, dirs, files in os.walk(p) if os.path.isdir(p) else [(os.path.dirname(p), [], [os.path.basename(p)])]:
+            dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.endswith((".egg-info", ".dist-info"))]
+            out.update(os.path.join(d, f) for f in files if f.endswith(".py") and (
+                named or f.startswith("test_") or f.endswith("_test.py")))
+    return frozenset(out)
+
+
+def _decorated(files):
+    """``{(path, name)}`` of the functions of ``files`` under a decorator that may wrap them (any but
+    ``pytest.mark.*``, ``pytest.fixture``, ``staticmethod`` and ``classmethod``), read from their source."""
+    import ast
+
+    out, plain = set(), ("pytest.fixture", "fixture", "staticmethod", "classmethod")
+    for p in files:
+        try:
+            with open(p, "rb") as f:
+                src = f.read().decode("utf-8", "replace")
+            nodes = [n for n in ast.walk(ast.parse(src, p)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        except (OSError, SyntaxError, ValueError):
+            continue
+        named = [(n.name, (ast.get_source_segment(src, d) or "?").split("(")[0].replace(" ", ""))
+                 for n in nodes for d in n.decorator_list]
+        out.update((p, n) for n, d in named if not d.startswith(("pytest.mark.", "mark.")) and d not in plain)
+    return out
+
+
 def _merge(now, before):
     """``[(name or class, namespace, {key: (value now, value before)})]``: a namespace may hold either value
     (pytest's ``legacypath`` adds attributes after start-up and takes them back at exit)."""
     old = {who if isinstance(who, str) else id(who): ns for who, _, ns in before}
-    missing = _MISSING
-    out = []
+    missing, out = _MISSING, []
     for who, d, ns in now:
         ons = old.get(who if isinstance(who, str) else id(who), {})
         pairs = {k: (v, ons.get(k, missing)) for k, v in ns.items()}
@@ -157,7 +192,7 @@ def _merge(now, before):
     return out
 
 
-def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
+def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test_args):
     """Install the two audit hooks; nothing returned holds the key.
 
     The hooks and what they call look up no global name (task code can rebind this launcher's globals, and reach
@@ -173,6 +208,25 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
     runner_codes = frozenset(oid(c) for c in _codes(funcs))
     root = os.path.realpath(os.getcwd())
     conftests = _conftests(root)
+    tests = _test_files(root, test_args)
+    decorated, first, names, checked = _decorated(tests), {}, {}, set()
+    stems = frozenset(os.path.basename(p).split(".")[0] for p in tests)
+    test_dirs = frozenset(os.path.dirname(p) for p in tests)
+    rewrite_hook = getattr(sys.modules.get("_pytest.assertion.rewrite"), "AssertionRewritingHook", None)
+    loader_codes = frozenset(oid(f.__code__) for f in vars(rewrite_hook or object).values()
+                             if isinstance(f, types.FunctionType) and f.__name__ in ("exec_module", "load_module"))
+    from importlib import _bootstrap as boot, _bootstrap_external as boot_ext  # the import system's own (frozen)
+    frames_removed, source_loader = boot._call_with_frames_removed.__code__, boot_ext.SourceFileLoader
+    basics_exec = boot_ext._LoaderBasics.exec_module.__code__
+    function_class = getattr(sys.modules.get("_pytest.python"), "Function", None)
+    origin_code = type(plugin).pytest_runtest_call.__code__
+
+    def protected(p, basename=os.path.basename, dirname=os.path.dirname, sep=os.sep, any=any):
+        """Whether realpath ``p`` is a hidden test file, a file that would load in its place, or a folder above one."""
+        b = basename(p)
+        return p in tests or (b.split(".")[0] in stems and (".pyc" in b or dirname(p) in test_dirs)) or any(
+            d == p or d.startswith(p + sep) for d in test_dirs)
+
     report_code = type(plugin).pytest_runtest_logreport.__code__
     makereport_code = type(plugin).pytest_runtest_makereport.__code__
     report_class = getattr(sys.modules.get("_pytest.reports"), "TestReport", None)
@@ -192,7 +246,8 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
              oid=oid, getframe=sys._getframe, type=type, isinstance=isinstance, int=int, str=str, bytes=bytes,
              realpath=os.path.realpath, fsdecode=os.fsdecode, proc_mem=_PROC_MEM.match, write_flags=_WRITE_FLAGS,
              sep=os.sep, grade_dir=grade_dir, junit=junit, root=root, added_ok=_CLASS_ADDED_OK,
-             pathlike=os.PathLike, denied=_DENIED, path_events=_PATH_EVENTS, err=PermissionError):
+             pathlike=os.PathLike, denied=_DENIED, path_events=_PATH_EVENTS, err=PermissionError,
+             protected=protected, enumerate=enumerate, copies=("shutil.copyfile", "os.link")):
         if event in ("object.__setattr__", "object.__delattr__"):
             obj, name = args[0], args[1]
             if ((oid(obj) in guarded and name not in added_ok) or (
@@ -208,17 +263,20 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
                 raise err("grading: /proc/*/mem is not allowed")
             writing = bool((flags if type(flags) is int else 0) & write_flags) or (
                 type(mode) is str and ("w" in mode or "a" in mode or "x" in mode or "+" in mode))
-            if writing and (((p + sep).startswith(grade_dir) and p != junit) or
+            if writing and (((p + sep).startswith(grade_dir) and p != junit) or protected(p) or
                             (p.endswith(sep + "conftest.py") and p.startswith(root + sep))):
                 raise err("grading: writing this file is not allowed")
         elif event in path_events:
-            for a in args[:2]:
-                if isinstance(a, (str, bytes, pathlike)) and (realpath(fsdecode(a)) + sep).startswith(grade_dir):
-                    raise err("grading: changing the grading folder is not allowed")
+            for i, a in enumerate(args[:2]):  # a copy's or a hard link's source is only read
+                p = realpath(fsdecode(a)) if isinstance(a, (str, bytes, pathlike)) else None
+                if p is not None and ((p + sep).startswith(grade_dir) or protected(p) and (i or event not in copies)):
+                    raise err("grading: changing the grading folder or the hidden tests is not allowed")
         elif event == "os.symlink":
-            a = args[0]
+            a, b = args[0], args[1]
             if isinstance(a, (str, bytes, pathlike)) and "proc" in fsdecode(a):
                 raise err("grading: links into /proc are not allowed")
+            if isinstance(b, (str, bytes, pathlike)) and protected(realpath(fsdecode(b))):
+                raise err("grading: changing the hidden tests is not allowed")
         elif event in denied:
             raise err("grading: this introspection is not allowed")
         elif event == "ctypes.dlsym":
@@ -296,14 +354,99 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
 
     modules_all = modules
 
+    def test_path(filename, names=names, tests=tests, realpath=os.path.realpath, type=type, str=str):
+        """The realpath of ``filename`` when it is a hidden test file, else None."""
+        p = names.get(filename, False)
+        if p is False:
+            p = names[filename] = realpath(filename) if type(filename) is str and realpath(filename) in tests else None
+        return p
+
+    def loaded(code, getframe=sys._getframe, type=type, oid=oid, module_dict=types.ModuleType.__dict__["__dict__"],
+               module=types.ModuleType, dict=dict, tuple=tuple, len=len, isinstance=isinstance, set=set,
+               codetype=types.CodeType):
+        """At an ``exec`` of module code: the first one of a hidden test file run by the import system (pytest's
+        assertion rewriter or importlib's source loader: both read the file) is its code, run in namespace ``ns``."""
+        p = test_path(code.co_filename)
+        if p is None or p in first:
+            return
+        f1, ns = getframe(2), None  # the frame that called exec
+        if oid(f1.f_code) in loader_codes:
+            m = f1.f_locals.get("module", f1.f_locals.get("mod"))
+            ns = module_dict.__get__(m) if isinstance(m, module) else None
+        elif f1.f_code is frames_removed:
+            f2 = f1.f_back
+            if f2 is not None and f2.f_code is basics_exec and type(f2.f_locals.get("self")) is source_loader:
+                a = f1.f_locals.get("args")
+                ns = a[1] if type(a) is tuple and len(a) > 1 and type(a[1]) is dict else None
+        out, stack = set(), [code]  # the oids of the code objects nested in it
+        while stack and ns is not None:
+            c = stack.pop()
+            if oid(c) not in out:
+                out.add(oid(c))
+                stack.extend(k for k in c.co_consts if type(k) is codetype)
+        if ns is not None:
+            first[p] = (code, ns, out)
+
+    def origin(item, isinstance=isinstance, type=type, str=str, getattr=getattr, oid=oid,
+               function=types.FunctionType, method=types.MethodType, module=types.ModuleType,
+               fcode=types.FunctionType.__dict__["__code__"], fdict=types.FunctionType.__dict__["__dict__"],
+               mfunc=types.MethodType.__dict__["__func__"], mdict=types.ModuleType.__dict__["__dict__"],
+               cdict=type.__dict__["__dict__"], err=Exception, len=len, enumerate=enumerate, issubclass=issubclass):
+        """Why the test function ``item`` is about to call is not one its hidden test file defines, or None."""
+        if function_class is None or not isinstance(item, function_class):
+            return None  # not a Python test function (a doctest, a conftest's own items): nothing to compare
+        try:
+            p = test_path(str(getattr(item, "path", None) or item.fspath))
+            obj, mod, cls = item.obj, item.module, item.cls
+            name = getattr(item, "originalname", None) or item.name
+        except err:
+            return "its test function could not be read"
+        if p is None:
+            return "collected from a file that is not a hidden test file"
+        if p not in first:
+            return "its test file was never run by the import system"
+        if type(mod) is not module or mdict.__get__(mod) is not first[p][1]:
+            return "its module is not the one its test file ran in"
+        chain, f = [], obj
+        while len(chain) < 32:
+            f = mfunc.__get__(f) if type(f) is method else f
+            if type(f) is not function:
+                break
+            chain.append(f)
+            f = fdict.__get__(f).get("__wrapped__")
+        for i, f in enumerate(chain):
+            c = fcode.__get__(f)
+            q = test_path(c.co_filename)
+            if q is None:
+                continue  # a wrapper from elsewhere (a decorator): what it wraps must come from a test file
+            if q not in first or oid(c) not in first[q][2]:
+                return "its test function was not compiled from its file when pytest imported it"
+            if i and (q, c.co_name) not in decorated:
+                return "its test function is wrapped by a function that no decorator of its file made"
+            return None
+        if chain and issubclass(type(cls), type) and name not in cdict.__get__(cls):
+            return None  # inherited from a base class outside the hidden test files (a package's test mixin)
+        return "its test function is not defined in a hidden test file"
+
     def state(event, args, getframe=sys._getframe, type=type, str=str, bool=bool, int=int, vars=vars,
               report_code=report_code, makereport_code=makereport_code, seal_code=seal_code,
               report_class=report_class, dumps=json.dumps, hmac_new=hmac.new, sha256=hashlib.sha256,
               write=os.write, close=os.close, sha=_sha, junit=junit, key=key, seal_fd=seal_fd,
-              outcomes=outcomes, tampered=tampered, seals=seals, rank=_RANK, err=OSError):
+              outcomes=outcomes, tampered=tampered, seals=seals, rank=_RANK, err=OSError, codetype=types.CodeType,
+              checked=checked, origin_code=origin_code, getattr=getattr):
+        if event == "exec":
+            if type(args[0]) is codetype and args[0].co_name == "<module>":
+                loaded(args[0])
+            return
         if type(event) is not str or not event.startswith("afg."):
             return
         caller = getframe(1).f_code
+        if event == "afg.origin" and caller is origin_code:
+            nodeid, why = str(getattr(args[0], "nodeid", None)), origin(args[0])
+            checked.add(nodeid)
+            if why is not None:
+                note(nodeid + ": " + why)
+            return
         if event == "afg.report" and caller is report_code:
             nodeid, when, outcome, xfail = args
             if not (type(nodeid) is type(when) is type(outcome) is str):
@@ -314,6 +457,8 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before):
                 "SKIPPED")
             if rank[status] > rank.get(outcomes.get(nodeid), -1):
                 outcomes[nodeid] = status
+            if when == "call" and nodeid not in checked:
+                note(nodeid + ": ran without its test function checked")
             namespaces(False)
             hooks(False)
         elif event == "afg.makereport" and caller is makereport_code:
@@ -375,8 +520,7 @@ class GuardPlugin:
     reports each test's outcome to the state hook."""
 
     def __init__(self, grade_dir, key, seal_fd, seal_code):
-        self.grade_dir, self.seal_fd, self.seal_code = grade_dir, seal_fd, seal_code
-        self.key = key
+        self.grade_dir, self.seal_fd, self.seal_code, self.key = grade_dir, seal_fd, seal_code, key
 
     def pytest_addoption(self):
         if self.key is not None:
@@ -388,7 +532,12 @@ class GuardPlugin:
         before, self.before = getattr(self, "before", None), None
         if key is not None:
             _install(self.grade_dir, os.path.join(self.grade_dir, "report.xml"), key, self.seal_fd,
-                     early_config.pluginmanager, self, self.seal_code, before)
+                     early_config.pluginmanager, self, self.seal_code, before,
+                     list(getattr(early_config.known_args_namespace, "file_or_dir", None) or ()))
+
+    def pytest_runtest_call(self, item):
+        sys.audit("afg.origin", item)
+        yield
 
     def pytest_runtest_makereport(self, item, call):
         outcome = yield
@@ -434,6 +583,7 @@ def main(argv):
     if audit:
         pytest.hookimpl(trylast=True)(GuardPlugin.pytest_load_initial_conftests)
         pytest.hookimpl(hookwrapper=True, tryfirst=True)(GuardPlugin.pytest_runtest_makereport)
+        pytest.hookimpl(hookwrapper=True, tryfirst=True)(GuardPlugin.pytest_runtest_call)
         plugins.append(GuardPlugin(grade_dir, key, seal_fd, _seal.__code__))
     rc = pytest.main(list(argv), plugins=plugins)
     if audit:
