@@ -274,6 +274,19 @@ def test_closures_of_one_factory_over_different_values_are_different_envs():
     env.reset(seed=0)
     assert env.step("5")[1] == 1.0 and env.unwrapped.reward_fn.__closure__[0].cell_contents == "5"
     env.close()
+    # a make_env that builds a fresh client object for its reward each call stays one definition
+    make_tool_env("test/Client-v0", tasks=tasks, tools=[echo], reward=_reward_with_client(_Client()), replace=True)
+    make_tool_env("test/Client-v0", tasks=tasks, tools=[echo], reward=_reward_with_client(_Client()))
+
+
+class _Client:
+    """Stands for an API client a reward calls (not plain data)."""
+
+
+def _reward_with_client(client: _Client):
+    def reward(completion: str, **row) -> float:
+        return float(client is not None and row["answer"] in completion)
+    return reward
 
 
 def _adder(k: int):

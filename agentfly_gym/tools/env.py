@@ -400,11 +400,12 @@ def _make_vector(factory: Callable[..., ToolEnv], num_envs: int = 1, *, autorese
                               autoreset_mode=autoreset_mode or AutoresetMode.NEXT_STEP)
 
 
-def _definition(value: Any, _path: frozenset[int] = frozenset()) -> Any:
+def _definition(value: Any, _path: frozenset[int] = frozenset(), _captured: bool = False) -> Any:
     """A comparable stand-in for ``value`` (a :class:`ToolEnv` argument) that two imports of one module agree on:
     a function by where its code is (file, line, qualified name) and by what it captures (its closure cells, default
     arguments and, for a bound method, its object), not by its identity; plain data by value; any other object by
-    identity (so two functions capturing two such objects are different definitions, never silently one)."""
+    identity, except one that a function captures, which counts by its type (a ``make_env`` that builds a fresh API
+    client for its reward each call stays one definition; captured numbers or strings that differ do not)."""
     if isinstance(value, Tool):
         return ("tool", value.name, _definition(dict(value.schema)), _definition(value.fn, _path),
                 tuple(sorted((k, repr(v)) for k, v in value.resources.items())), value.scope, value.timeout, value.finish)
@@ -416,16 +417,16 @@ def _definition(value: Any, _path: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, float):
         return ("float", repr(value))  # NaN equals itself here
     if isinstance(value, Mapping):
-        return ("dict", tuple((str(k), _definition(v, _path))
+        return ("dict", tuple((str(k), _definition(v, _path, _captured))
                               for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))))
     if isinstance(value, (list, tuple)):
-        return ("list", tuple(_definition(v, _path) for v in value))
+        return ("list", tuple(_definition(v, _path, _captured) for v in value))
     fn = inspect.unwrap(value) if callable(value) else value
     owner = getattr(fn, "__self__", None) if inspect.ismethod(fn) else None
     fn = getattr(fn, "__func__", fn)  # a bound method: its function (and its object, below)
     code = getattr(fn, "__code__", None)
     if code is None:
-        return ("object", id(value))
+        return ("object", type(value).__module__, type(value).__qualname__) if _captured else ("object", id(value))
     where = ("code", code.co_filename, code.co_firstlineno, getattr(fn, "__qualname__", ""))
     if id(fn) in _path:  # a function that captures itself (a recursive inner function): its place says enough
         return where
@@ -433,12 +434,12 @@ def _definition(value: Any, _path: frozenset[int] = frozenset()) -> Any:
     cells = []
     for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
         try:
-            cells.append((name, _definition(cell.cell_contents, inner)))
+            cells.append((name, _definition(cell.cell_contents, inner, True)))
         except ValueError:  # a cell not yet filled
             cells.append((name, ("empty",)))
-    return (*where, tuple(cells), _definition(list(getattr(fn, "__defaults__", None) or ()), inner),
-            _definition(dict(getattr(fn, "__kwdefaults__", None) or {}), inner),
-            None if owner is None else _definition(owner, inner))
+    return (*where, tuple(cells), _definition(list(getattr(fn, "__defaults__", None) or ()), inner, True),
+            _definition(dict(getattr(fn, "__kwdefaults__", None) or {}), inner, True),
+            None if owner is None else _definition(owner, inner, True))
 
 
 def make_tool_env(env_id: str, *, tasks: Any, tools: Sequence[Tool | Callable[..., Any]], reward: Callable[..., Any],
@@ -453,8 +454,9 @@ def make_tool_env(env_id: str, *, tasks: Any, tools: Sequence[Tool | Callable[..
     An id already registered is refused unless ``replace=True``, with one exception: the same definition again
     (the same tasks and options, tools and reward defined by the same code, e.g. a module imported twice, once as
     ``__main__`` and once by name, or a ``make_env`` called twice) registers it again quietly.  Functions made by one
-    factory are the same definition only when what they capture (closure cells, defaults) is equal plain data (or
-    the same object): two closures over different values are two environments.
+    factory are the same definition only when what they capture (closure cells, defaults) is equal plain data (an
+    object that is not plain data counts by its type, e.g. a fresh API client): two closures over different values
+    are two environments.
 
     Args:
         env_id: the Gymnasium id, ``"namespace/Name-vN"`` (e.g. ``"my/Add-v0"``).
