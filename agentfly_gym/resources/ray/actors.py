@@ -103,7 +103,7 @@ class PoolActor:
     ``hosting`` (``"node"`` or ``"instance"``) chooses the hosts (:func:`.hosting.make_hosting`).
     """
 
-    def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str, hosting: str = "instance") -> None:
+    def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str, hosting: str = "node") -> None:
         self.spec = spec
         self.capacity = spec.max_instances
         self.placement = placement
@@ -346,6 +346,9 @@ class PoolActor:
                 raise ResourceStartError(f"{self.spec.label}: starting an instance failed: {type(e).__name__}: {e}") from None
             raise
         self._starting -= 1
+        if self._closed:  # closed while it started: aclose() did not see it, so it is stopped here
+            await self.hosting.stop(iid, placed)
+            raise PoolClosedError(f"the cluster pool of {self.spec.label} shut down")
         inst = _Instance(iid, placed)
         self._instances[iid] = inst
         self._stats["started"] += 1
@@ -354,6 +357,8 @@ class PoolActor:
         return inst
 
     def _grant(self, lease_id: str, client_id: str, inst: _Instance, t0: float) -> Grant:
+        if self._closed:  # shut down while the instance was reset or started: aclose() stopped it
+            raise PoolClosedError(f"the cluster pool of {self.spec.label} shut down")
         inst.uses += 1
         self._leases[lease_id] = (inst.id, client_id)
         self._stats["peak_in_use"] = max(self._stats["peak_in_use"], len(self._leases))

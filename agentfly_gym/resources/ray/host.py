@@ -1,7 +1,7 @@
 """The host of instances on a Ray cluster: ``ResourceHost``, a Ray actor holding one or many instances of a spec.
 
-With ``hosting="node"`` a pool has one host per node it uses, holding every instance of the pool on that node;
-with ``hosting="instance"`` (the default, the earlier design) each instance has a host of its own.  Either way
+With ``hosting="node"`` (the default) a pool has one host per node it uses, holding every instance of the pool on
+that node; with ``hosting="instance"`` (the earlier design) each instance has a host of its own.  Either way
 the host owns its instances through local pools (:class:`~agentfly_gym.resources.pool.ResourcePool`, one per
 instance, in one local :class:`~agentfly_gym.resources.ResourceManager`) and runs every call on them where they
 live, so only a call's arguments and result cross the network.  Instances are addressed by the pool actor's
@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import ResourceDied, ResourceError
+from ...errors import PoolClosedError, ResourceDied, ResourceError
 from ..defaults import loop_default
 from ..spec import ResourceSpec
 from .placement import RayPlacement
@@ -60,6 +60,7 @@ class ResourceHost:
         self._manager_id = manager_id
         self._manager: Any = None
         self._slots: dict[str, _Slot] = {}
+        self._closing = False  # close() began: no instance starts here any more
 
     def info(self) -> dict[str, Any]:
         """``{"node_id", "pid", "host_id", "instances"}``: where this host runs (``host_id``: its Ray actor id) and
@@ -75,11 +76,14 @@ class ResourceHost:
 
         Raises:
             ResourceError: ``iid`` is already live here.
+            PoolClosedError: this host is closing (an instance started now would outlive its close).
             ResourceStartError: the instance failed to start (as the local pool raises it).
         """
         from ..manager import ResourceManager
         from ..pool import ResourcePool
 
+        if self._closing:
+            raise PoolClosedError(f"{self._spec.label}: this host is closing; instance {iid} was not started")
         if iid in self._slots:
             raise ResourceError(f"{self._spec.label}: instance {iid} is already live on this host")
         if self._manager is None:
@@ -204,7 +208,9 @@ class ResourceHost:
         await slot.pool.aclose()
 
     async def close(self) -> None:
-        """Stop every instance, then release what they took from this loop's default manager; idempotent."""
+        """Stop every instance, then release what they took from this loop's default manager; idempotent.  Starts
+        that arrive afterwards are refused."""
+        self._closing = True
         await asyncio.gather(*(self.stop(iid) for iid in list(self._slots)), return_exceptions=True)
         if self._manager is not None:
             await self._manager.aclose()

@@ -393,10 +393,9 @@ class RayResourceManager(Manager):
         acquire_timeout: default seconds an acquisition may wait, None for no limit.
         manager_id: labels this client and the resources it starts; random by default.
         address: passed to ``ray.init`` when Ray is not initialised in this process yet.
-        hosting: ``"instance"`` (the default: one host actor, a ~100 MB process, per instance) or ``"node"`` (one
-            host actor per node and pool holds its instances there, see :mod:`.hosting`; not the default yet: a
-            driver killed by SIGTERM mid-rollout can leave node-hosted instances killed with their host instead of
-            closed).  Each has its own named pools.
+        hosting: ``"node"`` (the default: one host actor per node and pool holds its instances there, see
+            :mod:`.hosting`) or ``"instance"`` (one host actor, a ~100 MB process, per instance).  Each has its own
+            named pools.
 
     Raises:
         ConfigError: a bad ``global_scope`` or placement.
@@ -406,7 +405,7 @@ class RayResourceManager(Manager):
 
     def __init__(self, *, placement: PlacementTable | None = None, global_scope: str = "cluster",
                  namespace: str | None = None, detached: bool = False, acquire_timeout: float | None = None,
-                 manager_id: str | None = None, address: str | None = None, hosting: str = "instance") -> None:
+                 manager_id: str | None = None, address: str | None = None, hosting: str = "node") -> None:
         if global_scope not in ("cluster", "node"):
             raise ConfigError(f"global_scope={global_scope!r} is not one of 'cluster', 'node'")
         if hosting not in HOSTINGS:
