@@ -39,8 +39,8 @@ BATCH_KINDS = ("call", "invoke", "invoke_fn", "run")
 
 @dataclasses.dataclass
 class _Slot:
-    pool: Any  # the instance's local ResourcePool (capacity 1 in use: start, reset on reuse, park, health)
-    res: Any = None  # the live resource while the cluster pool has the instance in use or reset
+    pool: Any  # the instance's local ResourcePool (capacity 1 in use: start, park and reset on reuse, health)
+    res: Any = None  # the live resource (None only while it is being reset, or once stopped)
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
@@ -61,6 +61,7 @@ class ResourceHost:
         self._manager: Any = None
         self._slots: dict[str, _Slot] = {}
         self._closing = False  # close() began: no instance starts here any more
+        self._closed: asyncio.Event | None = None  # set when close() ends (what wait_closed() waits for)
 
     def info(self) -> dict[str, Any]:
         """``{"node_id", "pid", "host_id", "instances"}``: where this host runs (``host_id``: its Ray actor id) and
@@ -100,24 +101,40 @@ class ResourceHost:
         return {**self.info(), "resource_id": slot.res.id}
 
     async def reset(self, iid: str) -> None:
-        """Take the instance (back) from its local pool, which resets it (or replaces it) on re-acquisition."""
+        """The instance came back to the cluster pool: it goes back to its local pool, which parks it (stops the
+        last rollout's work), and is taken again, which resets it (or replaces it), so it waits ready.
+
+        Raises:
+            ResourceDied: ``iid`` is not live here (never started, or stopped before or while this waited).
+        """
         slot = self._slot(iid)
         async with slot.lock:
+            if self._slots.get(iid) is not slot:  # stopped while this waited: start nothing in its closed pool
+                raise ResourceDied(f"instance {iid} of {self._spec.label} was stopped on this host")
             res, slot.res = slot.res, None
             if res is not None:
                 await slot.pool.release(res)
             slot.res = await slot.pool.acquire()
 
-    async def park(self, iid: str) -> None:
-        """The instance went idle in the cluster pool: it goes idle in its local pool too, which parks it (stops
-        the last rollout's work now, e.g. replaces a container) and keeps it in its care until the next reset."""
-        slot = self._slots.get(iid)
-        if slot is None:
-            return
-        async with slot.lock:
-            res, slot.res = slot.res, None
-            if res is not None:
-                await slot.pool.release(res)
+    async def recycle(self, iids: list[str]) -> list[str | None]:
+        """:meth:`reset` of several instances at once (those that came back to the pool in one turn).  Returns,
+        in order, None for each one reset and the error (``"Type: message"``) for each one that failed."""
+
+        async def one(iid: str) -> str | None:
+            try:
+                await self.reset(iid)
+            except Exception as e:  # noqa: BLE001 - reported to the pool, which replaces the instance
+                return f"{type(e).__name__}: {e}"
+            return None
+
+        return list(await asyncio.gather(*(one(i) for i in iids)))
+
+    async def wait_closed(self) -> None:
+        """Returns when :meth:`close` has ended.  The pool keeps one such call open per host: it fails with
+        Ray's ``RayActorError`` as soon as Ray sees the host dead (its process or node), with no polling."""
+        if self._closed is None:
+            self._closed = asyncio.Event()
+        await self._closed.wait()
 
     async def status(self, iid: str) -> str:
         slot = self._slots.get(iid)
@@ -217,6 +234,9 @@ class ResourceHost:
         default = loop_default()
         if default is not None:  # what async objects acquired on this loop
             await default.aclose()
+        if self._closed is None:
+            self._closed = asyncio.Event()
+        self._closed.set()
 
     def _slot(self, iid: str) -> _Slot:
         slot = self._slots.get(iid)
