@@ -90,6 +90,7 @@ class PoolActor(PoolClients, PoolRecycling):
 
     def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str, hosting: str = "node") -> None:
         self.spec = spec
+        self._key, self._label = spec.key, spec.label  # a digest each time they are read: read once
         self.capacity = spec.max_instances
         self.placement = placement
         self.manager_id = manager_id
@@ -112,6 +113,7 @@ class PoolActor(PoolClients, PoolRecycling):
         # host id -> (its handle, [(instance id, done when it is back)]): the instances that came back this turn
         self._to_recycle: dict[str, tuple[Any, list[tuple[str, asyncio.Future]]]] = {}
         self._host_watches: dict[str, asyncio.Task] = {}  # host id -> the open wait_closed call on it
+        self._recycling: set[str] = set()  # host ids with a recycle call on its way
         self._watch: asyncio.Task | None = None
         self._expiry: asyncio.TimerHandle | None = None  # the next max_idle_time check, while one is due
         self._globals: dict[str, str] = {}  # global key ("cluster" or a node id) -> lease id
@@ -389,29 +391,35 @@ class PoolActor(PoolClients, PoolRecycling):
 
     async def release(self, lease_id: str, discard: bool = False, host_died: bool = False) -> None:
         """Return a lease; ``discard=True`` stops the instance (it died or its state is unknown); ``host_died``:
-        the client found the instance's host actor dead, so the host's idle instances are discarded too."""
+        the client found the instance's host actor dead, so the host's idle instances are discarded too.  Returns
+        when the instance is back (reset on its host) or stopped."""
+        back = self._take_back(lease_id, discard, host_died)
+        if back is not None:
+            await back
+
+    def _take_back(self, lease_id: str, discard: bool, host_died: bool) -> Any:
+        """:meth:`release` up to its first wait: what to await (None: nothing)."""
         entry = self._leases.pop(lease_id, None)
         if entry is None:
-            return
+            return None
         iid, _client = entry
         inst = self._instances.get(iid)
         if discard or self._closed:
             if discard:
                 self._stats["died"] += 1
-            await self._discard(iid)
-            if host_died and inst is not None and not self._closed:
-                await self._host_died(inst.handle)
-            return
+            return self._discard(iid, inst.handle if host_died and inst is not None else None)
         if inst is not None and self.spec.max_uses is not None and inst.uses >= self.spec.max_uses:
-            await self._discard(iid)
-            return
-        await self._recycle(iid)
+            return self._discard(iid)
+        done = self._recycle(iid)
+        return None if done is None else asyncio.shield(done)
 
     async def release_many(self, releases: list[tuple[str, bool, bool]]) -> None:
         """Several :meth:`release` calls in one: each is ``(lease_id, discard, host_died)``; the instances kept
-        are reset on their hosts in one call per host."""
+        are reset on their hosts in one call per host.  Returns when every one is back or stopped."""
         self._stats["release_calls"] += 1
-        await asyncio.gather(*(self.release(*r) for r in releases), return_exceptions=True)
+        backs = [b for b in (self._take_back(*r) for r in releases) if b is not None]
+        if backs:
+            await asyncio.gather(*backs, return_exceptions=True)
 
     def cancel(self, lease_id: str) -> None:
         """The client gave up on acquisition ``lease_id``: drop its wait, or return what it was granted (also a
@@ -432,13 +440,16 @@ class PoolActor(PoolClients, PoolRecycling):
         self._cancelled = {k: t for k, t in self._cancelled.items() if now - t < 3600}
         self._cancelled[lease_id] = now  # still starting or resetting: _grant returns it
 
-    async def _discard(self, iid: str) -> None:
+    async def _discard(self, iid: str, dead_host: Any = None) -> None:
+        """Stop instance ``iid``; ``dead_host``: its host was found dead (its idle instances go too)."""
         inst = self._instances.pop(iid, None)
         if iid in self._idle:
             self._idle.remove(iid)
         if inst is not None:
             await self.hosting.stop(iid, inst.placed)
         self._wake()
+        if dead_host is not None and not self._closed:
+            await self._host_died(dead_host)
 
     async def _host_died(self, handle: Any) -> None:
         """A host actor was found dead: every idle instance it held is gone too (the leased ones are discarded
@@ -480,11 +491,11 @@ class PoolActor(PoolClients, PoolRecycling):
     def snapshot(self, instances: bool = True) -> dict[str, Any]:
         """Cluster-wide: in use, idle, waiting, starting, live, capacity, started, reused, died, peak live,
         acquire wait mean/max and start mean (seconds), clients, the calls that brought acquisitions and releases
-        and that reset instances on their hosts (each carries a batch: see :mod:`.batching`); plus the figures runner summaries read under
-        the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``, ... as in ``PoolMetrics``).
+        and that reset instances on their hosts (each carries a batch: see :mod:`.batching`); plus the figures
+        runner summaries read under the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``, ... as in ``PoolMetrics``).
         ``instances=False`` leaves the per-instance table empty (what a grant carries: a cheap copy)."""
         s = self._stats
-        return {"spec": self.spec.label, "capacity": self.capacity, "in_use": len(self._leases),
+        return {"spec": self._label, "capacity": self.capacity, "in_use": len(self._leases),
                 "idle": len(self._idle), "waiting": len(self._waiters), "starting": self._starting,
                 "live": len(self._instances), "started": s["started"], "reused": s["reused"], "died": s["died"],
                 "recycled": s["recycled"],
@@ -495,7 +506,7 @@ class PoolActor(PoolClients, PoolRecycling):
                 "acquire_calls": s["acquire_calls"], "release_calls": s["release_calls"],
                 "recycle_calls": s["recycle_calls"],
                 # the local pool's names for the same figures (PoolMetrics), so one summary reads either manager
-                "key": self.spec.key, "label": self.spec.label, "max_in_use": s["peak_in_use"],
+                "key": self._key, "label": self._label, "max_in_use": s["peak_in_use"],
                 "acquired": s["acquires"], "acquire_wait_total": s["wait_total"], "acquire_wait_max": s["wait_max"],
                 "start_time_total": s["start_total"],
                 "instances": {i.id: {"node_id": i.node_id, "pid": i.pid, "uses": i.uses}

@@ -34,34 +34,41 @@ class PoolRecycling:
     _stats: dict[str, Any]
     _to_recycle: dict[str, tuple[Any, list[tuple[str, asyncio.Future]]]]
     _host_watches: dict[str, asyncio.Task]
+    _recycling: set[str]  # host ids with a recycle call on its way
 
-    async def _recycle(self, iid: str) -> None:
-        """An instance came back: its host resets it (with the others of that host that came back in this turn
-        of the loop, in one call), then it is put back (:meth:`_put_back`); returns when that is done."""
+    def _recycle(self, iid: str) -> asyncio.Future | None:
+        """An instance came back: its host resets it, then it is put back (:meth:`_put_back`).  Returns a future
+        done when that is over (None: the instance is gone).  One call per host carries every instance of that host
+        that came back in this turn of the loop, or (as Nagle's algorithm) while its previous call was on its way."""
         inst = self._instances.get(iid)
         if inst is None:
-            return
+            return None
         loop = asyncio.get_running_loop()
-        first = not self._to_recycle
         done = loop.create_future()
-        self._to_recycle.setdefault(inst.placed.host_id, (inst.handle, []))[1].append((iid, done))
-        if first:
+        host = inst.placed.host_id
+        items = self._to_recycle.setdefault(host, (inst.handle, []))[1]
+        items.append((iid, done))
+        if len(items) == 1 and host not in self._recycling:
             loop.call_soon(self._flush_recycle)
-        await asyncio.shield(done)
+        return done
 
     def _flush_recycle(self) -> None:
-        batches, self._to_recycle = self._to_recycle, {}
         loop = asyncio.get_running_loop()
-        for handle, items in batches.values():
-            loop.create_task(self._recycle_on(handle, items))
+        for host in [h for h in self._to_recycle if h not in self._recycling]:
+            handle, items = self._to_recycle.pop(host)
+            self._recycling.add(host)
+            loop.create_task(self._recycle_on(host, handle, items))
 
-    async def _recycle_on(self, handle: Any, items: list[tuple[str, asyncio.Future]]) -> None:
+    async def _recycle_on(self, host: str, handle: Any, items: list[tuple[str, asyncio.Future]]) -> None:
         try:
             await self._reset_on(handle, [iid for iid, _ in items])
         finally:
             for _, done in items:
                 if not done.done():
                     done.set_result(None)
+            self._recycling.discard(host)
+            if host in self._to_recycle:  # came back while this call was on its way
+                self._flush_recycle()
 
     async def _reset_on(self, handle: Any, iids: list[str]) -> None:
         died = False
