@@ -34,6 +34,9 @@ from .placement import RayPlacement
 
 __all__ = ["PoolActor", "pool_actor_class", "Grant"]
 
+#: seconds an acquire_many call waits for the resets that will serve its waiting requests (see there)
+RESET_WAIT_S = 10.0
+
 log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
@@ -114,6 +117,7 @@ class PoolActor(PoolClients, PoolRecycling):
         self._to_recycle: dict[str, tuple[Any, list[tuple[str, asyncio.Future]]]] = {}
         self._host_watches: dict[str, asyncio.Task] = {}  # host id -> the open wait_closed call on it
         self._recycling: set[str] = set()  # host ids with a recycle call on its way
+        self._n_recycling = 0  # instances that came back and are not put back yet
         self._watch: asyncio.Task | None = None
         self._expiry: asyncio.TimerHandle | None = None  # the next max_idle_time check, while one is due
         self._globals: dict[str, str] = {}  # global key ("cluster" or a node id) -> lease id
@@ -130,7 +134,7 @@ class PoolActor(PoolClients, PoolRecycling):
         return len(self._instances) + self._starting + self._promised
 
     async def acquire(self, lease_id: str, client_id: str, timeout: float | None = None,
-                      node_id: str | None = None, priority: float | None = None) -> Grant:
+                      node_id: str | None = None, priority: float | None = None, snapshot: bool = True) -> Grant:
         """Lease one instance (on ``node_id`` when given), waiting while the pool is full: FIFO, or larger
         ``priority`` first (with the age bound of :mod:`agentfly_gym.resources.priority`).
 
@@ -163,13 +167,13 @@ class PoolActor(PoolClients, PoolRecycling):
                         continue
                 if iid is not None:  # reset on its host when it came back: ready
                     handed = iid  # put back if the grant fails (cancelled, closed)
-                    grant = self._grant(lease_id, client_id, self._instances[iid], t0)
+                    grant = self._grant(lease_id, client_id, self._instances[iid], t0, snapshot)
                     handed = None
                     return grant
                 if have_slot:
                     have_slot = False
                     inst = await self._start(node_id, deadline)  # consumes the reservation
-                    return self._grant(lease_id, client_id, inst, t0)
+                    return self._grant(lease_id, client_id, inst, t0, snapshot)
                 handed, have_slot = await self._wait(lease_id, node_id, deadline, priority)
         except BaseException:
             if have_slot:
@@ -192,10 +196,13 @@ class PoolActor(PoolClients, PoolRecycling):
         arguments of :meth:`acquire`.  Returns ``(outcomes, snapshot)``: per request, in order, a :class:`Grant`
         (an idle instance was free and nobody waited), an exception (as :meth:`acquire` raises it), or None: the
         acquisition waits here as :meth:`acquire` would (same FIFO or priority order), and the client fetches its
-        grant with :meth:`collect` (and gives it up with :meth:`cancel`, as any acquisition)."""
+        grant with :meth:`collect` (and gives it up with :meth:`cancel`, as any acquisition).  When every waiter
+        will be served by an instance being reset now (a saturated pool in steady state), the call waits for those
+        resets (up to :data:`RESET_WAIT_S`) and answers with the grants, which spares a ``collect`` call each."""
         out: list[Any] = []
         now = time.monotonic()
         self._stats["acquire_calls"] += 1
+        waiting: list[tuple[int, str, asyncio.Task]] = []
         for lease_id, timeout, node_id, priority in requests:
             if not self._closed and not self._waiters and lease_id not in self._cancelled:
                 iid = self._take_idle(node_id)
@@ -205,10 +212,17 @@ class PoolActor(PoolClients, PoolRecycling):
                     except ResourceError as e:
                         out.append(e)  # cancelled before it arrived (the grant put the instance back)
                     continue
-            task = asyncio.ensure_future(self.acquire(lease_id, client_id, timeout, node_id, priority))
+            task = asyncio.ensure_future(self.acquire(lease_id, client_id, timeout, node_id, priority, False))
             self._deferred[lease_id] = task
             task.add_done_callback(lambda t, lid=lease_id: self._deferred_done(lid, t))
+            waiting.append((len(out), lease_id, task))
             out.append(None)
+        if waiting and len(self._waiters) + len(waiting) <= self._n_recycling:
+            await asyncio.wait([t for _, _, t in waiting], timeout=RESET_WAIT_S)
+            for i, lease_id, task in waiting:
+                if task.done() and not task.cancelled():
+                    out[i] = task.exception() or task.result()
+                    self._deferred.pop(lease_id, None)
         return out, self.snapshot(instances=False)
 
     def _deferred_done(self, lease_id: str, task: asyncio.Task) -> None:
@@ -526,6 +540,10 @@ class PoolActor(PoolClients, PoolRecycling):
                 fut.cancel()
         self._leases.clear()
         self._idle.clear()
+        for _handle, items in self._to_recycle.values():  # never sent: their releases return now
+            for _iid, done in items:
+                if not done.done():
+                    done.set_result(None)
         self._to_recycle.clear()
         for task in list(self._host_watches.values()) + list(self._deferred.values()):
             if task is not asyncio.current_task():

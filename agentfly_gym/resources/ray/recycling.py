@@ -35,6 +35,7 @@ class PoolRecycling:
     _to_recycle: dict[str, tuple[Any, list[tuple[str, asyncio.Future]]]]
     _host_watches: dict[str, asyncio.Task]
     _recycling: set[str]  # host ids with a recycle call on its way
+    _n_recycling: int  # instances that came back and are not put back yet
 
     def _recycle(self, iid: str) -> asyncio.Future | None:
         """An instance came back: its host resets it, then it is put back (:meth:`_put_back`).  Returns a future
@@ -48,6 +49,7 @@ class PoolRecycling:
         host = inst.placed.host_id
         items = self._to_recycle.setdefault(host, (inst.handle, []))[1]
         items.append((iid, done))
+        self._n_recycling += 1
         if len(items) == 1 and host not in self._recycling:
             loop.call_soon(self._flush_recycle)
         return done
@@ -63,6 +65,7 @@ class PoolRecycling:
         try:
             await self._reset_on(handle, [iid for iid, _ in items])
         finally:
+            self._n_recycling -= len(items)
             for _, done in items:
                 if not done.done():
                     done.set_result(None)
