@@ -771,3 +771,31 @@ def test_batched_calls_run_in_order_in_one_round_trip(cluster, tmp_path):
     assert [o[1] for o in out[:2]] == [1, 2] and out[0][0] == out[1][0]
     assert isinstance(out[2], int) and out[3] == 2
     assert after[1] == 4  # "c" ran, "d" did not: a, b, c, e
+
+
+@pytest.mark.slow
+def test_acquisitions_and_releases_of_one_turn_travel_in_one_call(cluster, tmp_path):
+    """Eight acquisitions made in one turn of a process's event loop reach the pool actor in one call, their
+    releases in one more, and the instances that came back are reset with one call per host (issue 28's
+    throughput); every lease of a reused instance still starts from its reset state."""
+    spec = counted(tmp_path, 8)
+
+    async def main():
+        async with RayResourceManager(placement={"*": {"resources": {"sim": 0.25}}}) as m:
+            pool = m.pool(spec)
+            await pool.prewarm(8)
+            before = await pool.fetch_snapshot()
+            leases = await asyncio.gather(*(pool.acquire(timeout=60) for _ in range(8)))
+            firsts = [await r.call("step", "x") for r in leases]
+            for r in leases:
+                await pool.release(r)
+            after = await pool.fetch_snapshot()
+            return before, after, firsts, {r.instance_id for r in leases}
+
+    before, after, firsts, ids = asyncio.run(main())
+    assert before["live"] == 8 and before["idle"] == 8 and len(ids) == 8
+    assert after["acquire_calls"] - before["acquire_calls"] == 1
+    assert after["release_calls"] - before["release_calls"] == 1
+    assert 1 <= after["recycle_calls"] - before["recycle_calls"] <= after["hosts"]
+    assert all(f[1] == 1 and f[2] >= 1 for f in firsts), firsts  # a reset object, reset at least once
+    assert after["idle"] == 8 and after["reused"] - before["reused"] == 8

@@ -1,8 +1,14 @@
 """The pool actor of the cluster-wide manager: one per spec key and namespace.
 
 ``PoolActor`` (a named actor) is the only place that decides how many instances of a spec live in the
-cluster: it caps them at ``spec.max_instances``, queues acquisitions FIFO, resets an instance before handing
-it out again, and replaces dead ones.  Instances live in host actors (:mod:`.host`): one per node the pool uses
+cluster: it caps them at ``spec.max_instances``, queues acquisitions FIFO, has an instance reset on its host when
+it comes back (so an idle instance is ready, and handing it out costs no call on its host), and replaces dead ones.
+
+Throughput (issue 28): a client sends the acquisitions and releases it makes in one turn of its event loop as one
+call (:meth:`PoolActor.acquire_many`, :meth:`PoolActor.release_many`; see :mod:`.batching`), and the pool resets
+the instances that came back in one turn with one call per host (``ResourceHost.recycle``).  A host's death is
+seen without polling: the pool keeps one call open on each host (``ResourceHost.wait_closed``), which fails when
+the host dies.  Instances live in host actors (:mod:`.host`): one per node the pool uses
 (``hosting="node"``), or one per instance (``hosting="instance"``); see :mod:`.hosting`.
 
 The class is plain Python here; :func:`pool_actor_class` wraps it with ``ray.remote`` on first use (nothing
@@ -21,44 +27,25 @@ from typing import Any
 from ...errors import PoolClosedError, ResourceError, ResourceStartError, ResourceTimeout
 from ..priority import DEFAULT_AGE_BOUND_S, serve_order
 from ..spec import ResourceSpec
-from . import _compat
+from .clients import PoolClients
+from .recycling import PoolRecycling
 from .hosting import Placed, make_hosting
 from .placement import RayPlacement
 
 __all__ = ["PoolActor", "pool_actor_class", "Grant"]
 
+#: seconds an acquire_many call waits for the resets that will serve its waiting requests (see there)
+RESET_WAIT_S = 10.0
+
 log = logging.getLogger(__name__)
-
-#: seconds between two checks that a pool's clients (their nodes, their processes) are alive
-CLIENT_NODE_CHECK = 5.0
-
-
-def client_owner() -> dict[str, Any]:
-    """Who this process is to Ray, for :meth:`PoolActor.attach`: ``worker_id`` and ``job_id`` (hex), and whether it
-    is the job's driver (else a worker: a task's or an actor's process)."""
-    import ray
-
-    ctx = ray.get_runtime_context()
-    return {"worker_id": ctx.get_worker_id(), "job_id": ctx.get_job_id(), "driver": ctx.worker.mode == ray.SCRIPT_MODE}
-
-
-def dead_owners(owners: dict[str, dict[str, Any]]) -> list[str]:
-    """The clients (of ``owners``: client id -> :func:`client_owner`) whose process has ended, as the cluster's
-    control store (GCS) records it: a driver whose job is dead, a worker that is no longer among the live
-    workers (read by :mod:`._compat`, which needs no dashboard).  Blocking: run it in a thread.
-    """
-    jobs = _compat.job_is_dead()
-    workers = _compat.live_worker_ids() if any(not o.get("driver", True) for o in owners.values()) else set()
-    return [client for client, o in owners.items()
-            if jobs.get(o.get("job_id"), False) or (not o.get("driver", True) and o.get("worker_id") not in workers)]
-
 
 @dataclasses.dataclass
 class Grant:
     """What :meth:`PoolActor.acquire` hands a client: the lease id, the instance's id and its host actor (every
     call on the host names the instance by ``instance_id``).  ``handle`` is None when this client was sent the
     host's handle before (each grant that carries a handle costs Ray a borrower registration); the client keeps
-    handles by ``host_id``, and asks :meth:`PoolActor.host_handle` for one it lacks."""
+    handles by ``host_id``, and asks :meth:`PoolActor.host_handle` for one it lacks.  ``snapshot`` is empty in
+    the grants of :meth:`PoolActor.acquire_many`, which sends one snapshot with the whole batch."""
 
     lease_id: str
     instance_id: str
@@ -91,20 +78,22 @@ class _Instance:
         return self.placed.pid
 
 
-class PoolActor:
+class PoolActor(PoolClients, PoolRecycling):
     """The cluster-wide pool of one spec: cap, FIFO waiting, reset on reuse, cancellation, dead instances.
 
     Every client (a :class:`~agentfly_gym.resources.ray.RayResourceManager` in any process) attaches to
-    the pool by name; :meth:`acquire` grants a lease on one instance, :meth:`release` returns it (reset
-    happens when it is handed out again, as in the local pool).  An acquisition that its client gave up
+    the pool by name; :meth:`acquire` grants a lease on one instance, :meth:`release` returns it (its host resets
+    it as it comes back, so each lease of a reused instance starts from a reset state, as in the local pool; an
+    instance that fails its reset is stopped and replaced).  An acquisition that its client gave up
     (cancelled, timed out on the client side) is cancelled with :meth:`cancel` by the same lease id: if
     it was already granted, the instance comes back at once, so no lease is stranded.  The pool ends its
     instances when the last client detaches (or when it is killed: its hosts and reservations share its fate).
     ``hosting`` (``"node"`` or ``"instance"``) chooses the hosts (:func:`.hosting.make_hosting`).
     """
 
-    def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str, hosting: str = "instance") -> None:
+    def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str, hosting: str = "node") -> None:
         self.spec = spec
+        self._key, self._label = spec.key, spec.label  # a digest each time they are read: read once
         self.capacity = spec.max_instances
         self.placement = placement
         self.manager_id = manager_id
@@ -123,6 +112,12 @@ class PoolActor:
         self._client_nodes: dict[str, str] = {}
         self._client_owners: dict[str, dict[str, Any]] = {}  # client id -> its process (see client_owner)
         self._sent: dict[str, set[str]] = {}  # client id -> the host ids whose handle it was sent
+        self._deferred: dict[str, asyncio.Task] = {}  # lease id -> an acquire_many request that waits (see collect)
+        # host id -> (its handle, [(instance id, done when it is back)]): the instances that came back this turn
+        self._to_recycle: dict[str, tuple[Any, list[tuple[str, asyncio.Future]]]] = {}
+        self._host_watches: dict[str, asyncio.Task] = {}  # host id -> the open wait_closed call on it
+        self._recycling: set[str] = set()  # host ids with a recycle call on its way
+        self._n_recycling = 0  # instances that came back and are not put back yet
         self._watch: asyncio.Task | None = None
         self._expiry: asyncio.TimerHandle | None = None  # the next max_idle_time check, while one is due
         self._globals: dict[str, str] = {}  # global key ("cluster" or a node id) -> lease id
@@ -131,81 +126,15 @@ class PoolActor:
         self._closed = False
         self._n = 0
         self._stats = {"acquires": 0, "started": 0, "reused": 0, "died": 0, "recycled": 0, "timeouts": 0, "cancelled": 0,
-                       "wait_total": 0.0, "wait_max": 0.0, "start_total": 0.0, "peak_live": 0, "peak_in_use": 0}
-
-    # ------------------------------------------------------------------ clients
-    def attach(self, client_id: str, node_id: str | None = None, owner: dict[str, Any] | None = None) -> bool:
-        """Register a client (on Ray node ``node_id``, in the process ``owner`` describes: see :func:`client_owner`);
-        False when the pool is shutting down (the client then makes a new one)."""
-        if self._closed:
-            return False
-        self._clients.add(client_id)
-        if node_id:
-            self._client_nodes[client_id] = node_id
-        if owner:
-            self._client_owners[client_id] = dict(owner)
-        if (node_id or owner) and self._watch is None:
-            self._watch = asyncio.get_running_loop().create_task(self._watch_clients())
-        return True
-
-    async def _watch_clients(self) -> None:
-        """Every ``CLIENT_NODE_CHECK`` seconds: a client whose node died, or whose process ended without detaching
-        (SIGKILL, a crash), is detached: its leases come back."""
-        import ray
-
-        while not self._closed:
-            await asyncio.sleep(CLIENT_NODE_CHECK)
-            if self._client_nodes:
-                try:
-                    nodes = await asyncio.to_thread(ray.nodes)
-                except Exception:  # noqa: BLE001 - GCS busy: try again next round
-                    nodes = None
-                if nodes is not None:
-                    alive = {n["NodeID"] for n in nodes if n.get("Alive")}
-                    for client, node in list(self._client_nodes.items()):
-                        if node not in alive:
-                            log.warning("%s: client %s was on node %s, which died; returning its leases",
-                                        self.spec.label, client, node[:12])
-                            self._client_nodes.pop(client, None)
-                            await self.detach(client)
-            owners = {c: o for c, o in self._client_owners.items() if c in self._clients}
-            if owners and not self._closed:
-                try:
-                    dead = await asyncio.to_thread(dead_owners, owners)
-                except Exception:  # noqa: BLE001 - GCS busy or its tables changed shape: try again next round
-                    log.debug("%s: checking the clients' processes failed", self.spec.label, exc_info=True)
-                    dead = []
-                for client in dead:
-                    if client in self._clients:
-                        o = owners[client]
-                        log.warning("%s: the %s process of client %s ended without detaching; returning its leases",
-                                    self.spec.label, "driver" if o.get("driver") else "worker", client)
-                        await self.detach(client)
-
-    async def detach(self, client_id: str) -> int:
-        """Forget a client: release its leases and its global holds.  Returns the clients left; at 0 the pool
-        stops every instance and refuses new work (the caller then kills the actor)."""
-        self._clients.discard(client_id)
-        self._client_nodes.pop(client_id, None)
-        self._client_owners.pop(client_id, None)
-        self._sent.pop(client_id, None)
-        for lease_id, (_iid, cid) in list(self._leases.items()):
-            if cid == client_id:
-                await self.release(lease_id)
-        for key, holders in list(self._global_holders.items()):
-            holders.discard(client_id)
-            if not holders:
-                await self.destroy_global(key)
-        if not self._clients:
-            await self.aclose()
-        return len(self._clients)
+                       "wait_total": 0.0, "wait_max": 0.0, "start_total": 0.0, "peak_live": 0, "peak_in_use": 0,
+                       "acquire_calls": 0, "release_calls": 0, "recycle_calls": 0}
 
     # ------------------------------------------------------------------ acquire / release
     def _live(self) -> int:
         return len(self._instances) + self._starting + self._promised
 
     async def acquire(self, lease_id: str, client_id: str, timeout: float | None = None,
-                      node_id: str | None = None, priority: float | None = None) -> Grant:
+                      node_id: str | None = None, priority: float | None = None, snapshot: bool = True) -> Grant:
         """Lease one instance (on ``node_id`` when given), waiting while the pool is full: FIFO, or larger
         ``priority`` first (with the age bound of :mod:`agentfly_gym.resources.priority`).
 
@@ -236,17 +165,15 @@ class PoolActor:
                         # full, with idle instances only on other nodes: retire one to start here
                         await self._discard(self._idle[0])
                         continue
-                if iid is not None:
-                    handed = iid  # put back if cancelled during the reset
-                    inst = await self._reset(iid)
+                if iid is not None:  # reset on its host when it came back: ready
+                    handed = iid  # put back if the grant fails (cancelled, closed)
+                    grant = self._grant(lease_id, client_id, self._instances[iid], t0, snapshot)
                     handed = None
-                    if inst is None:
-                        continue  # died or failed its reset: it was discarded, try again (its slot is free)
-                    return self._grant(lease_id, client_id, inst, t0)
+                    return grant
                 if have_slot:
                     have_slot = False
                     inst = await self._start(node_id, deadline)  # consumes the reservation
-                    return self._grant(lease_id, client_id, inst, t0)
+                    return self._grant(lease_id, client_id, inst, t0, snapshot)
                 handed, have_slot = await self._wait(lease_id, node_id, deadline, priority)
         except BaseException:
             if have_slot:
@@ -263,6 +190,58 @@ class PoolActor:
     def set_priority_age_bound(self, seconds: float | None) -> None:
         """Seconds after which a waiter is served in arrival order before prioritised ones (None: never)."""
         self.priority_age_bound = None if seconds is None else float(seconds)
+
+    async def acquire_many(self, client_id: str, requests: list[tuple]) -> tuple[list[Any], dict[str, Any]]:
+        """Several acquisitions in one call: each request is ``(lease_id, timeout, node_id, priority)`` as the
+        arguments of :meth:`acquire`.  Returns ``(outcomes, snapshot)``: per request, in order, a :class:`Grant`
+        (an idle instance was free and nobody waited), an exception (as :meth:`acquire` raises it), or None: the
+        acquisition waits here as :meth:`acquire` would (same FIFO or priority order), and the client fetches its
+        grant with :meth:`collect` (and gives it up with :meth:`cancel`, as any acquisition).  When every waiter
+        will be served by an instance being reset now (a saturated pool in steady state), the call waits for those
+        resets (up to :data:`RESET_WAIT_S`) and answers with the grants, which spares a ``collect`` call each."""
+        out: list[Any] = []
+        now = time.monotonic()
+        self._stats["acquire_calls"] += 1
+        waiting: list[tuple[int, str, asyncio.Task]] = []
+        for lease_id, timeout, node_id, priority in requests:
+            if not self._closed and not self._waiters and lease_id not in self._cancelled:
+                iid = self._take_idle(node_id)
+                if iid is not None:
+                    try:
+                        out.append(self._grant(lease_id, client_id, self._instances[iid], now, snapshot=False))
+                    except ResourceError as e:
+                        out.append(e)  # cancelled before it arrived (the grant put the instance back)
+                    continue
+            task = asyncio.ensure_future(self.acquire(lease_id, client_id, timeout, node_id, priority, False))
+            self._deferred[lease_id] = task
+            task.add_done_callback(lambda t, lid=lease_id: self._deferred_done(lid, t))
+            waiting.append((len(out), lease_id, task))
+            out.append(None)
+        if waiting and len(self._waiters) + len(waiting) <= self._n_recycling:
+            await asyncio.wait([t for _, _, t in waiting], timeout=RESET_WAIT_S)
+            for i, lease_id, task in waiting:
+                if task.done() and not task.cancelled():
+                    out[i] = task.exception() or task.result()
+                    self._deferred.pop(lease_id, None)
+        return out, self.snapshot(instances=False)
+
+    def _deferred_done(self, lease_id: str, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is not None:  # retrieved here; collect() raises it to the client
+            self._deferred.pop(lease_id, None)
+
+    async def collect(self, lease_id: str) -> Grant:
+        """The grant of a waiting :meth:`acquire_many` request (waits for it).
+
+        Raises:
+            ResourceError: no such request is pending (never sent, cancelled, or already collected); else as
+                :meth:`acquire` raises.
+        """
+        task = self._deferred.get(lease_id)
+        if task is None:
+            raise ResourceError(f"acquisition {lease_id} of {self.spec.label} is not pending here")
+        grant = await asyncio.shield(task)
+        self._deferred.pop(lease_id, None)
+        return grant
 
     async def _wait(self, lease_id: str, node_id: str | None, deadline: float | None,
                     priority: float | None = None) -> tuple[str | None, bool]:
@@ -307,23 +286,6 @@ class PoolActor:
                 return iid
         return None
 
-    async def _reset(self, iid: str) -> _Instance | None:
-        inst = self._instances[iid]
-        if inst.uses == 0:
-            return inst
-        try:
-            await asyncio.wait_for(inst.handle.reset.remote(iid), self.spec.start_timeout)
-        except Exception as e:  # noqa: BLE001 - a dead node, a failed reset: replace the instance
-            log.warning("%s: instance %s failed its reset on reuse (%s: %s); discarding it", self.spec.label, iid,
-                        type(e).__name__, e)
-            self._stats["died"] += 1
-            await self._discard(iid)
-            if isinstance(e, ray_actor_error()):
-                await self._host_died(inst.handle)
-            return None
-        self._stats["reused"] += 1
-        return inst
-
     async def _start(self, node_id: str | None, deadline: float | None) -> _Instance:
         """Start one instance on a reserved slot (``self._starting`` was counted by the caller)."""
         self._n += 1
@@ -346,14 +308,22 @@ class PoolActor:
                 raise ResourceStartError(f"{self.spec.label}: starting an instance failed: {type(e).__name__}: {e}") from None
             raise
         self._starting -= 1
+        if self._closed:  # closed while it started: aclose() did not see it, so it is stopped here
+            await self.hosting.stop(iid, placed)
+            raise PoolClosedError(f"the cluster pool of {self.spec.label} shut down")
         inst = _Instance(iid, placed)
         self._instances[iid] = inst
+        self._watch_host(placed)
         self._stats["started"] += 1
         self._stats["start_total"] += time.monotonic() - t0
         self._stats["peak_live"] = max(self._stats["peak_live"], len(self._instances))
         return inst
 
-    def _grant(self, lease_id: str, client_id: str, inst: _Instance, t0: float) -> Grant:
+    def _grant(self, lease_id: str, client_id: str, inst: _Instance, t0: float, snapshot: bool = True) -> Grant:
+        if self._closed:  # shut down while the instance was reset or started: aclose() stopped it
+            raise PoolClosedError(f"the cluster pool of {self.spec.label} shut down")
+        if inst.uses:
+            self._stats["reused"] += 1
         inst.uses += 1
         self._leases[lease_id] = (inst.id, client_id)
         self._stats["peak_in_use"] = max(self._stats["peak_in_use"], len(self._leases))
@@ -369,7 +339,7 @@ class PoolActor:
         handle = None if inst.placed.host_id in sent else inst.handle
         sent.add(inst.placed.host_id)
         return Grant(lease_id, inst.id, handle, inst.node_id, inst.pid, inst.uses, waited,
-                     self.snapshot(instances=False), inst.placed.host_id)
+                     self.snapshot(instances=False) if snapshot else {}, inst.placed.host_id)
 
     def host_handle(self, host_id: str) -> Any:
         """The handle of host ``host_id`` (for a client that lacks it), or None when no live instance has it."""
@@ -379,7 +349,8 @@ class PoolActor:
         return None
 
     def _put_back(self, iid: str) -> None:
-        """An instance came free: hand it to the first waiter that can take it, else park it idle."""
+        """An instance is ready (new, or reset on its host): hand it to the first waiter that can take it, else
+        keep it idle."""
         inst = self._instances.get(iid)
         if inst is None:
             return
@@ -391,10 +362,6 @@ class PoolActor:
                 return
         inst.idle_since = time.monotonic()
         self._idle.append(iid)
-        try:
-            inst.handle.park.remote(iid)
-        except Exception:  # noqa: BLE001, S110 - a dead host is found on the next reset
-            pass
         self._schedule_expiry()
 
     def _schedule_expiry(self) -> None:
@@ -436,26 +403,45 @@ class PoolActor:
             if first_node is not None and not any(self._instances[i].node_id == first_node for i in self._idle):
                 asyncio.get_running_loop().create_task(self._discard(self._idle.popleft()))
 
-    async def release(self, lease_id: str, discard: bool = False) -> None:
-        """Return a lease; ``discard=True`` stops the instance (it died or its state is unknown)."""
+    async def release(self, lease_id: str, discard: bool = False, host_died: bool = False) -> None:
+        """Return a lease; ``discard=True`` stops the instance (it died or its state is unknown); ``host_died``:
+        the client found the instance's host actor dead, so the host's idle instances are discarded too.  Returns
+        when the instance is back (reset on its host) or stopped."""
+        back = self._take_back(lease_id, discard, host_died)
+        if back is not None:
+            await back
+
+    def _take_back(self, lease_id: str, discard: bool, host_died: bool) -> Any:
+        """:meth:`release` up to its first wait: what to await (None: nothing)."""
         entry = self._leases.pop(lease_id, None)
         if entry is None:
-            return
+            return None
         iid, _client = entry
+        inst = self._instances.get(iid)
         if discard or self._closed:
             if discard:
                 self._stats["died"] += 1
-            await self._discard(iid)
-            return
-        inst = self._instances.get(iid)
+            return self._discard(iid, inst.handle if host_died and inst is not None else None)
         if inst is not None and self.spec.max_uses is not None and inst.uses >= self.spec.max_uses:
-            await self._discard(iid)
-            return
-        self._put_back(iid)
+            return self._discard(iid)
+        done = self._recycle(iid)
+        return None if done is None else asyncio.shield(done)
+
+    async def release_many(self, releases: list[tuple[str, bool, bool]]) -> None:
+        """Several :meth:`release` calls in one: each is ``(lease_id, discard, host_died)``; the instances kept
+        are reset on their hosts in one call per host.  Returns when every one is back or stopped."""
+        self._stats["release_calls"] += 1
+        backs = [b for b in (self._take_back(*r) for r in releases) if b is not None]
+        if backs:
+            await asyncio.gather(*backs, return_exceptions=True)
 
     def cancel(self, lease_id: str) -> None:
-        """The client gave up on acquisition ``lease_id``: drop its wait, or return what it was granted."""
+        """The client gave up on acquisition ``lease_id``: drop its wait, or return what it was granted (also a
+        grant that :meth:`acquire_many` made and nobody collected)."""
         self._stats["cancelled"] += 1
+        task = self._deferred.get(lease_id)
+        if task is not None and task.done() and not task.cancelled() and task.exception() is None:
+            self._deferred.pop(lease_id, None)  # granted, never collected: released below
         if lease_id in self._leases:
             asyncio.get_running_loop().create_task(self.release(lease_id))
             return
@@ -468,13 +454,16 @@ class PoolActor:
         self._cancelled = {k: t for k, t in self._cancelled.items() if now - t < 3600}
         self._cancelled[lease_id] = now  # still starting or resetting: _grant returns it
 
-    async def _discard(self, iid: str) -> None:
+    async def _discard(self, iid: str, dead_host: Any = None) -> None:
+        """Stop instance ``iid``; ``dead_host``: its host was found dead (its idle instances go too)."""
         inst = self._instances.pop(iid, None)
         if iid in self._idle:
             self._idle.remove(iid)
         if inst is not None:
             await self.hosting.stop(iid, inst.placed)
         self._wake()
+        if dead_host is not None and not self._closed:
+            await self._host_died(dead_host)
 
     async def _host_died(self, handle: Any) -> None:
         """A host actor was found dead: every idle instance it held is gone too (the leased ones are discarded
@@ -515,11 +504,12 @@ class PoolActor:
     # ------------------------------------------------------------------ metrics, close
     def snapshot(self, instances: bool = True) -> dict[str, Any]:
         """Cluster-wide: in use, idle, waiting, starting, live, capacity, started, reused, died, peak live,
-        acquire wait mean/max and start mean (seconds), clients; plus the figures runner summaries read under
-        the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``, ... as in ``PoolMetrics``).
+        acquire wait mean/max and start mean (seconds), clients, the calls that brought acquisitions and releases
+        and that reset instances on their hosts (each carries a batch: see :mod:`.batching`); plus the figures
+        runner summaries read under the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``, ... as in ``PoolMetrics``).
         ``instances=False`` leaves the per-instance table empty (what a grant carries: a cheap copy)."""
         s = self._stats
-        return {"spec": self.spec.label, "capacity": self.capacity, "in_use": len(self._leases),
+        return {"spec": self._label, "capacity": self.capacity, "in_use": len(self._leases),
                 "idle": len(self._idle), "waiting": len(self._waiters), "starting": self._starting,
                 "live": len(self._instances), "started": s["started"], "reused": s["reused"], "died": s["died"],
                 "recycled": s["recycled"],
@@ -527,8 +517,10 @@ class PoolActor:
                 "peak_live": s["peak_live"], "wait_mean": s["wait_total"] / s["acquires"] if s["acquires"] else 0.0,
                 "wait_max": s["wait_max"], "start_mean": s["start_total"] / s["started"] if s["started"] else 0.0,
                 "clients": len(self._clients), "hosting": self.hosting.mode, "hosts": self.hosting.hosts,
+                "acquire_calls": s["acquire_calls"], "release_calls": s["release_calls"],
+                "recycle_calls": s["recycle_calls"],
                 # the local pool's names for the same figures (PoolMetrics), so one summary reads either manager
-                "key": self.spec.key, "label": self.spec.label, "max_in_use": s["peak_in_use"],
+                "key": self._key, "label": self._label, "max_in_use": s["peak_in_use"],
                 "acquired": s["acquires"], "acquire_wait_total": s["wait_total"], "acquire_wait_max": s["wait_max"],
                 "start_time_total": s["start_total"],
                 "instances": {i.id: {"node_id": i.node_id, "pid": i.pid, "uses": i.uses}
@@ -548,14 +540,16 @@ class PoolActor:
                 fut.cancel()
         self._leases.clear()
         self._idle.clear()
+        for _handle, items in self._to_recycle.values():  # never sent: their releases return now
+            for _iid, done in items:
+                if not done.done():
+                    done.set_result(None)
+        self._to_recycle.clear()
+        for task in list(self._host_watches.values()) + list(self._deferred.values()):
+            if task is not asyncio.current_task():
+                task.cancel()
         insts, self._instances = list(self._instances.values()), {}
         await self.hosting.aclose([i.placed for i in insts])
-
-
-def ray_actor_error() -> type:
-    import ray
-
-    return ray.exceptions.RayActorError
 
 
 _classes: dict[str, Any] = {}

@@ -1,7 +1,7 @@
 """The host of instances on a Ray cluster: ``ResourceHost``, a Ray actor holding one or many instances of a spec.
 
-With ``hosting="node"`` a pool has one host per node it uses, holding every instance of the pool on that node;
-with ``hosting="instance"`` (the default, the earlier design) each instance has a host of its own.  Either way
+With ``hosting="node"`` (the default) a pool has one host per node it uses, holding every instance of the pool on
+that node; with ``hosting="instance"`` (the earlier design) each instance has a host of its own.  Either way
 the host owns its instances through local pools (:class:`~agentfly_gym.resources.pool.ResourcePool`, one per
 instance, in one local :class:`~agentfly_gym.resources.ResourceManager`) and runs every call on them where they
 live, so only a call's arguments and result cross the network.  Instances are addressed by the pool actor's
@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import ResourceDied, ResourceError
+from ...errors import PoolClosedError, ResourceDied, ResourceError
 from ..defaults import loop_default
 from ..spec import ResourceSpec
 from .placement import RayPlacement
@@ -39,8 +39,8 @@ BATCH_KINDS = ("call", "invoke", "invoke_fn", "run")
 
 @dataclasses.dataclass
 class _Slot:
-    pool: Any  # the instance's local ResourcePool (capacity 1 in use: start, reset on reuse, park, health)
-    res: Any = None  # the live resource while the cluster pool has the instance in use or reset
+    pool: Any  # the instance's local ResourcePool (capacity 1 in use: start, park and reset on reuse, health)
+    res: Any = None  # the live resource (None only while it is being reset, or once stopped)
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
@@ -60,6 +60,8 @@ class ResourceHost:
         self._manager_id = manager_id
         self._manager: Any = None
         self._slots: dict[str, _Slot] = {}
+        self._closing = False  # close() began: no instance starts here any more
+        self._closed: asyncio.Event | None = None  # set when close() ends (what wait_closed() waits for)
 
     def info(self) -> dict[str, Any]:
         """``{"node_id", "pid", "host_id", "instances"}``: where this host runs (``host_id``: its Ray actor id) and
@@ -75,11 +77,14 @@ class ResourceHost:
 
         Raises:
             ResourceError: ``iid`` is already live here.
+            PoolClosedError: this host is closing (an instance started now would outlive its close).
             ResourceStartError: the instance failed to start (as the local pool raises it).
         """
         from ..manager import ResourceManager
         from ..pool import ResourcePool
 
+        if self._closing:
+            raise PoolClosedError(f"{self._spec.label}: this host is closing; instance {iid} was not started")
         if iid in self._slots:
             raise ResourceError(f"{self._spec.label}: instance {iid} is already live on this host")
         if self._manager is None:
@@ -96,24 +101,40 @@ class ResourceHost:
         return {**self.info(), "resource_id": slot.res.id}
 
     async def reset(self, iid: str) -> None:
-        """Take the instance (back) from its local pool, which resets it (or replaces it) on re-acquisition."""
+        """The instance came back to the cluster pool: it goes back to its local pool, which parks it (stops the
+        last rollout's work), and is taken again, which resets it (or replaces it), so it waits ready.
+
+        Raises:
+            ResourceDied: ``iid`` is not live here (never started, or stopped before or while this waited).
+        """
         slot = self._slot(iid)
         async with slot.lock:
+            if self._slots.get(iid) is not slot:  # stopped while this waited: start nothing in its closed pool
+                raise ResourceDied(f"instance {iid} of {self._spec.label} was stopped on this host")
             res, slot.res = slot.res, None
             if res is not None:
                 await slot.pool.release(res)
             slot.res = await slot.pool.acquire()
 
-    async def park(self, iid: str) -> None:
-        """The instance went idle in the cluster pool: it goes idle in its local pool too, which parks it (stops
-        the last rollout's work now, e.g. replaces a container) and keeps it in its care until the next reset."""
-        slot = self._slots.get(iid)
-        if slot is None:
-            return
-        async with slot.lock:
-            res, slot.res = slot.res, None
-            if res is not None:
-                await slot.pool.release(res)
+    async def recycle(self, iids: list[str]) -> list[str | None]:
+        """:meth:`reset` of several instances at once (those that came back to the pool in one turn).  Returns,
+        in order, None for each one reset and the error (``"Type: message"``) for each one that failed."""
+
+        async def one(iid: str) -> str | None:
+            try:
+                await self.reset(iid)
+            except Exception as e:  # noqa: BLE001 - reported to the pool, which replaces the instance
+                return f"{type(e).__name__}: {e}"
+            return None
+
+        return list(await asyncio.gather(*(one(i) for i in iids)))
+
+    async def wait_closed(self) -> None:
+        """Returns when :meth:`close` has ended.  The pool keeps one such call open per host: it fails with
+        Ray's ``RayActorError`` as soon as Ray sees the host dead (its process or node), with no polling."""
+        if self._closed is None:
+            self._closed = asyncio.Event()
+        await self._closed.wait()
 
     async def status(self, iid: str) -> str:
         slot = self._slots.get(iid)
@@ -204,13 +225,18 @@ class ResourceHost:
         await slot.pool.aclose()
 
     async def close(self) -> None:
-        """Stop every instance, then release what they took from this loop's default manager; idempotent."""
+        """Stop every instance, then release what they took from this loop's default manager; idempotent.  Starts
+        that arrive afterwards are refused."""
+        self._closing = True
         await asyncio.gather(*(self.stop(iid) for iid in list(self._slots)), return_exceptions=True)
         if self._manager is not None:
             await self._manager.aclose()
         default = loop_default()
         if default is not None:  # what async objects acquired on this loop
             await default.aclose()
+        if self._closed is None:
+            self._closed = asyncio.Event()
+        self._closed.set()
 
     def _slot(self, iid: str) -> _Slot:
         slot = self._slots.get(iid)

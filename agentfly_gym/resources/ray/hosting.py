@@ -1,19 +1,18 @@
 """Where a cluster pool's instances live: which host actor holds each one, and what it reserves (two designs).
 
-- ``hosting="node"`` (:class:`NodeHosting`): one host actor per node the pool uses, holding every
+- ``hosting="node"`` (:class:`NodeHosting`, the default): one host actor per node the pool uses, holding every
   instance of the pool on that node (one Ray worker process per node and pool, however many instances).  Each
   instance's :class:`~.placement.RayPlacement` resources are reserved by a one-bundle placement group of its own
   (Ray holds the reservation, no process), so the same placement rules decide which nodes host how many
   instances, and the instance is started by the host on the node Ray reserved it.  A placement that reserves
   nothing puts instances on the pool actor's node (Ray's default packing), or spreads them over the live nodes
   with ``scheduling_strategy="SPREAD"``.
-- ``hosting="instance"`` (:class:`InstanceHosting`, the default, the earlier design): one host actor per instance,
-  reserving the placement's resources itself (about 100 MB of Ray worker process per instance).
+- ``hosting="instance"`` (:class:`InstanceHosting`, the earlier design): one host actor per instance, reserving the
+  placement's resources itself (about 100 MB of Ray worker process per instance).
 
-Node hosting is not the default yet: when a driver is killed by SIGTERM in the middle of its rollouts, its
-node-hosted instances are sometimes killed with their host instead of closed (about one run in two of
-``tests/test_ray_manager.py::test_shutdown_and_sigterm_leave_no_actor_or_process`` with ``hosting="node"``);
-per-instance hosting closes them every time.
+Once a pool closes, neither design starts an instance any more: a start still under way when the pool closed is
+stopped as it ends, and a host that began closing refuses starts (an instance started there would be killed
+with its host instead of closed).
 
 A host's death loses every instance it holds: their leases' next calls raise
 :class:`~agentfly_gym.errors.ResourceDied`, the pool discards them, and the next start makes a new host.  Hosts are
@@ -28,7 +27,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from ...errors import ConfigError, ResourceStartError
+from ...errors import ConfigError, PoolClosedError, ResourceStartError
 from ..spec import ResourceSpec
 from .host import HOST_CLOSE_TIMEOUT, host_actor_class, host_actor_options
 from .placement import RayPlacement
@@ -88,6 +87,7 @@ class InstanceHosting:
     def __init__(self, spec: ResourceSpec, placement: RayPlacement, manager_id: str) -> None:
         self.spec, self.placement, self.manager_id = spec, placement, manager_id
         self._hosts: set[Any] = set()
+        self._closed = False
 
     @property
     def hosts(self) -> int:
@@ -95,7 +95,12 @@ class InstanceHosting:
         return len(self._hosts)
 
     async def start(self, iid: str, node_id: str | None) -> Placed:
-        """Start instance ``iid`` (on ``node_id`` if given) in a new host actor; killed again if the start fails."""
+        """Start instance ``iid`` (on ``node_id`` if given) in a new host actor; killed again if the start fails.
+
+        Raises:
+            PoolClosedError: the hosting was closed (before or while the instance started).
+        """
+        _refuse_if_closed(self)
         opts = host_actor_options(self.placement, node_id)
         handle = host_actor_class().options(name=None, **opts).remote(self.spec, self.manager_id)
         self._hosts.add(handle)
@@ -105,6 +110,10 @@ class InstanceHosting:
             self._hosts.discard(handle)
             _ray().kill(handle, no_restart=True)
             raise
+        if self._closed:  # closed while it started: aclose() did not see it
+            self._hosts.discard(handle)
+            await stop_host(handle)
+            _refuse_if_closed(self)
         return Placed(handle, info["node_id"], info["pid"], info["host_id"])
 
     async def stop(self, iid: str, placed: Placed) -> None:
@@ -115,8 +124,11 @@ class InstanceHosting:
         self._hosts.discard(handle)
 
     async def aclose(self, placed: list[Placed]) -> None:
-        await asyncio.gather(*(stop_host(p.handle) for p in placed), return_exceptions=True)
+        """Stop every host (each closes its instances first); later starts raise PoolClosedError."""
+        self._closed = True
+        hosts = set(self._hosts) | {p.handle for p in placed}
         self._hosts.clear()
+        await asyncio.gather(*(stop_host(h) for h in hosts), return_exceptions=True)
 
 
 class NodeHosting:
@@ -129,6 +141,7 @@ class NodeHosting:
         self.spec, self.placement, self.manager_id = spec, placement, manager_id
         self._hosts: dict[str, Any] = {}  # node id -> the host actor there
         self._count: dict[str, int] = {}  # node id -> instances there or starting there (SPREAD's measure)
+        self._closed = False
         bundle: dict[str, float] = {"CPU": placement.num_cpus, "GPU": placement.num_gpus,
                                     "memory": placement.memory or 0, **dict(placement.resources)}
         self.bundle = {k: float(v) for k, v in bundle.items() if v}
@@ -138,6 +151,7 @@ class NodeHosting:
         return len(self._hosts)
 
     def _host(self, node_id: str) -> Any:
+        _refuse_if_closed(self)  # a host made after aclose() would hold instances nobody closes
         handle = self._hosts.get(node_id)
         if handle is None:
             opts = host_actor_options(None, node_id)
@@ -207,8 +221,14 @@ class NodeHosting:
         return pg, node
 
     async def start(self, iid: str, node_id: str | None) -> Placed:
-        """Reserve the instance's resources, then start it in the host of the node Ray reserved them on."""
+        """Reserve the instance's resources, then start it in the host of the node Ray reserved them on.
+
+        Raises:
+            PoolClosedError: the hosting was closed (before or while the instance started).
+            ResourceStartError: the node's host died twice while starting it.
+        """
         ray = _ray()
+        _refuse_if_closed(self)
         pg = handle = None
         claimed: list[str] = []  # the node SPREAD counted this instance on, if any
         try:
@@ -239,7 +259,11 @@ class NodeHosting:
                 await asyncio.to_thread(_remove, pg)
             raise
         self._move(claimed[0] if claimed else None, info["node_id"])
-        return Placed(handle, info["node_id"], info["pid"], info["host_id"], pg)
+        placed = Placed(handle, info["node_id"], info["pid"], info["host_id"], pg)
+        if self._closed:  # closed while it started: its host may have been closed before it arrived there
+            await self.stop(iid, placed)
+            _refuse_if_closed(self)
+        return placed
 
     async def stop(self, iid: str, placed: Placed) -> None:
         """Stop one instance in its host (the host stays for the others), then free its reservation."""
@@ -255,11 +279,19 @@ class NodeHosting:
             await asyncio.to_thread(_remove, placed.reservation)
 
     async def aclose(self, placed: list[Placed]) -> None:
+        """Stop every host (each closes its instances first) and free the reservations; later starts raise
+        PoolClosedError."""
+        self._closed = True
         hosts, self._hosts = list(self._hosts.values()), {}
         await asyncio.gather(*(stop_host(h) for h in hosts), return_exceptions=True)
         for p in placed:
             if p.reservation is not None:
                 await asyncio.to_thread(_remove, p.reservation)
+
+
+def _refuse_if_closed(hosting: Any) -> None:
+    if hosting._closed:
+        raise PoolClosedError(f"the cluster pool of {hosting.spec.label} is closed: no instance starts")
 
 
 async def _await(ref: Any) -> Any:

@@ -47,7 +47,9 @@ from ..spec import ResourceSpec
 from .. import teardown
 from ..protocol import Manager
 from ..scope import RolloutScope
-from .actors import Grant, client_owner, pool_actor_class
+from .actors import Grant, pool_actor_class
+from .clients import client_owner
+from .batching import PoolRequests
 from .hosting import HOSTINGS
 from .start import start_ray
 from .placement import PlacementTable, RayPlacement, resolve_placement
@@ -63,11 +65,6 @@ def _ray() -> Any:
     import ray
 
     return ray
-
-
-def _done(ref: Any) -> bool:
-    ready, _ = _ray().wait([ref], timeout=0)
-    return bool(ready)
 
 
 async def _as_future(ref: Any) -> Any:
@@ -107,6 +104,7 @@ class RayResource(Resource):
         self.pid = grant.pid
         self.uses = grant.uses
         self._dead: str | None = None
+        self._host_died = False  # a call found the host actor dead (the pool then drops its idle instances too)
         self._status = ResourceStatus.READY
 
     @property
@@ -140,6 +138,7 @@ class RayResource(Resource):
             raise
         except ray.exceptions.RayActorError as e:
             reason = f"the Ray actor of {self.id} on node {self.node_id[:12]} died ({type(e).__name__})"
+            self._host_died = True
             self.mark_dead(reason)
             raise ResourceDied(reason) from None
 
@@ -234,6 +233,7 @@ class RayPool:
         self._snapshot: dict[str, Any] = {"capacity": self.capacity, "in_use": 0, "idle": 0, "waiting": 0, "live": 0}
         self._leases: dict[str, RayResource] = {}
         self._pending: list[Any] = []  # releases sent and not yet confirmed (an async actor may reorder calls)
+        self._requests = PoolRequests(self)  # acquisitions and releases, sent once per event-loop turn
         self.closed = False
 
     @property
@@ -247,7 +247,8 @@ class RayPool:
     async def fetch_snapshot(self) -> dict[str, Any]:
         """A fresh cluster-wide snapshot: in use, idle, waiting, starting, live, capacity, started, reused, died,
         peak live, acquire wait mean/max and start mean (seconds), per-instance node and pid.  This process's
-        releases sent before the call are counted."""
+        releases made before the call are counted."""
+        self._requests.send_releases()
         pending, self._pending = self._pending, []
         if pending:
             await asyncio.wait([asyncio.ensure_future(_as_future(r)) for r in pending], timeout=10)
@@ -256,6 +257,7 @@ class RayPool:
 
     def settle(self, timeout: float = 10.0) -> None:
         """Wait (blocking, up to ``timeout`` seconds) until the pool has processed this process's releases."""
+        self._requests.send_releases()
         pending, self._pending = self._pending, []
         if pending:
             _ray().wait(pending, num_returns=len(pending), timeout=timeout)
@@ -286,9 +288,9 @@ class RayPool:
         await self.attach()
         lease_id = f"{self.manager.id}-{uuid.uuid4().hex[:12]}"
         timeout = timeout if timeout is not None else self.manager.acquire_timeout
-        ref = self.handle.acquire.remote(lease_id, self.manager.id, timeout, node_id, priority)
-        grant = await self._await_grant(ref, lease_id)
-        self._snapshot = grant.snapshot
+        grant = await self._requests.acquire(lease_id, timeout, node_id, priority)
+        if grant.snapshot:
+            self._snapshot = grant.snapshot
         if grant.handle is None and grant.host_id not in self.manager._host_handles:  # its first grant is late
             grant.handle = await self.handle.host_handle.remote(grant.host_id)
         res = RayResource(self, grant)
@@ -322,20 +324,29 @@ class RayPool:
                             f"{self.manager.namespace!r}")
 
     async def _await_grant(self, ref: Any, lease_id: str) -> Grant:
-        ray = _ray()
         try:
             return await ref
         except asyncio.CancelledError:
-            # the pool keeps going: tell it, so a wait is dropped and a grant comes straight back
-            try:
-                self.handle.cancel.remote(lease_id)
-            except Exception:  # noqa: BLE001, S110 - the pool is gone, and its instances with it
-                pass
+            self._cancel(lease_id)
             raise
-        except ray.exceptions.RayActorError as e:
-            self.manager._forget(self)
-            raise PoolClosedError(f"the cluster pool of {self.spec.label} died ({type(e).__name__}); "
-                                  "the next acquisition makes a new one") from None
+        except _ray().exceptions.RayActorError as e:
+            raise self._gone(e) from None
+
+    def _cancel(self, lease_id: str) -> None:
+        """Tell the pool (which keeps going) that this process gave up acquisition ``lease_id``: its wait is
+        dropped, or its grant comes straight back."""
+        try:
+            self.handle.cancel.remote(lease_id)
+        except Exception:  # noqa: BLE001, S110 - the pool is gone, and its instances with it
+            pass
+
+    def _gone(self, e: BaseException) -> BaseException:
+        """What an acquisition raises when a call on the pool actor failed with ``e``."""
+        if not isinstance(e, _ray().exceptions.RayActorError):
+            return e if isinstance(e, Exception) else PoolClosedError(f"the cluster pool of {self.spec.label} is gone")
+        self.manager._forget(self)
+        return PoolClosedError(f"the cluster pool of {self.spec.label} died ({type(e).__name__}); "
+                               "the next acquisition makes a new one")
 
     def _release_nowait(self, res: RayResource, *, discard: bool = False) -> None:
         """:meth:`release` as a plain function: sends the lease back (one actor message) and returns without
@@ -343,11 +354,7 @@ class RayPool:
         ``adestroy``) can give back too.  Private: the public way is ``await pool.release(res)``."""
         if self._leases.pop(res.lease_id, None) is None:
             return
-        try:
-            self._pending = [r for r in self._pending if not _done(r)]
-            self._pending.append(self.handle.release.remote(res.lease_id, discard or res.dead is not None))
-        except Exception:  # noqa: BLE001 - the pool is gone, and its instances with it
-            log.debug("releasing %s: the pool of %s is gone", res.lease_id, self.spec.label)
+        self._requests.release(res.lease_id, discard or res.dead is not None, res._host_died)
 
     async def release(self, res: RayResource, *, discard: bool = False) -> None:
         """Return ``res``; ``discard=True`` stops the instance instead of reusing it."""
@@ -393,10 +400,9 @@ class RayResourceManager(Manager):
         acquire_timeout: default seconds an acquisition may wait, None for no limit.
         manager_id: labels this client and the resources it starts; random by default.
         address: passed to ``ray.init`` when Ray is not initialised in this process yet.
-        hosting: ``"instance"`` (the default: one host actor, a ~100 MB process, per instance) or ``"node"`` (one
-            host actor per node and pool holds its instances there, see :mod:`.hosting`; not the default yet: a
-            driver killed by SIGTERM mid-rollout can leave node-hosted instances killed with their host instead of
-            closed).  Each has its own named pools.
+        hosting: ``"node"`` (the default: one host actor per node and pool holds its instances there, see
+            :mod:`.hosting`) or ``"instance"`` (one host actor, a ~100 MB process, per instance).  Each has its own
+            named pools.
 
     Raises:
         ConfigError: a bad ``global_scope`` or placement.
@@ -406,7 +412,7 @@ class RayResourceManager(Manager):
 
     def __init__(self, *, placement: PlacementTable | None = None, global_scope: str = "cluster",
                  namespace: str | None = None, detached: bool = False, acquire_timeout: float | None = None,
-                 manager_id: str | None = None, address: str | None = None, hosting: str = "instance") -> None:
+                 manager_id: str | None = None, address: str | None = None, hosting: str = "node") -> None:
         if global_scope not in ("cluster", "node"):
             raise ConfigError(f"global_scope={global_scope!r} is not one of 'cluster', 'node'")
         if hosting not in HOSTINGS:
@@ -576,6 +582,7 @@ class RayResourceManager(Manager):
         refs = []
         for p in pools:
             p.closed = True
+            p._requests.send_releases()  # queued in this loop turn: sent before the detach that follows
             try:
                 refs.append((p, p.handle.detach.remote(self.id)))
             except Exception:  # noqa: BLE001, S110 - gone already
