@@ -31,8 +31,11 @@ all the pool's instances there) and ``hosting="instance"`` (one host actor, a Ra
   instances (default 32, measured as a size of its own): 64 or 256 of its ~75-100 MB processes (6-23 GB, minutes
   of starts) do not fit a shared 2-core machine.
 - acquisition throughput (``--parts throughput``): 4 driver processes (``--drivers``) connected to the cluster,
-  each with ``--concurrency`` tasks that acquire (a reused instance: the pool resets it on its host first) and
+  each with ``--concurrency`` tasks that acquire (a reused instance, reset on its host when it came back) and
   release in a loop against one pool for ``--seconds``; acquires per second over all drivers.  Goal: >= 500/s.
+  Also, over the measured window, the CPU time per acquire of each kind of process (the pool actor, the hosts, the
+  drivers, Ray's own), read from the kernel's accounting, and the requests each call carried (the batching): the
+  rate on a shared 2-core machine is bounded by the sum, and the pool actor's share bounds it on any machine.
 
 A step that needs several calls on one instance can send them in one round trip (``RayResource.batch``); one Ray
 actor call per step (about 1.8 ms for an empty call on this machine, ``ray_actor_call_floor_s``) is the floor of
@@ -218,8 +221,8 @@ class ShopWorker:
         await env.areset(seed=0)
         ready = time.perf_counter() - t
         obs, *_ = await env.astep("search[red shoes]")
-        server = env._server
-        host_pid = getattr(server, "pid", os.getpid())
+        server = getattr(env._server, "resource", env._server)  # a typed proxy's resource (a RayResource on Ray)
+        host_pid = getattr(server, "pid", os.getpid())  # a local server lives in the worker itself
         self.env = env
         return {"reset_s": ready, "server_pid": host_pid, "obs_chars": len(obs)}
 

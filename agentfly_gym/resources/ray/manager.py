@@ -15,7 +15,8 @@ namespace, so ``max_instances`` caps the whole cluster, not each process.  An in
 by Ray resources (:class:`RayPlacement`), in the pool's host actor there (one per node and pool; or one per
 instance with ``hosting="instance"``, see :mod:`.hosting`); calls on it
 (``call``/``run``/``exec``/``put_files``/``get_file``, several at once with ``batch``) run there, and only their
-arguments and results travel.  Waiting is FIFO across processes, a re-acquired instance is reset first, a cancelled
+arguments and results travel.  Waiting is FIFO across processes, an instance is reset on its host as it comes back
+(:mod:`.recycling`) and requests travel in batches (:mod:`.batching`), a cancelled
 acquisition never strands an instance, and an instance whose actor or node died raises
 :class:`~agentfly_gym.errors.ResourceDied` on its next call (environments turn that into a truncated
 episode with ``info["error"]``) and is replaced by a fresh one wherever Ray finds room.
