@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import io
 import json
-import os
 import random
 import re
 import shutil
