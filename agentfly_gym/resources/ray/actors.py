@@ -35,7 +35,7 @@ from .placement import RayPlacement
 __all__ = ["PoolActor", "pool_actor_class", "Grant"]
 
 #: seconds an acquire_many call waits for the resets that will serve its waiting requests (see there)
-RESET_WAIT_S = 10.0
+RESET_WAIT_S = 2.0
 
 log = logging.getLogger(__name__)
 
