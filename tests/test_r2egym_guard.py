@@ -144,17 +144,26 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
 
 @pytest.mark.parametrize("hack", [n for n, h in r2e_hacks.HACKS.items() if h.in_process])
 def test_in_process_hacks_fool_plain_pytest_and_not_the_launcher(hack, tmp_path):
-    shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
-    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests")
     action = r2e_hacks.HACKS[hack].actions[0]
     text = action.split("<<'AFG_EOF' && echo replaced\n", 1)[1].rsplit("AFG_EOF", 1)[0]
-    (tmp_path / "minicalc" / "__init__.py").write_text(text)
+    problems, log = _fools_pytest_then_guarded(tmp_path, text)
+    assert problems, log[-3000:]
+
+
+def _fools_pytest_then_guarded(tmp_path, package_init: str, conftest: str | None = None) -> tuple[list[str], str]:
+    """The minicalc task with the package's ``__init__.py`` (and a root ``conftest.py``) given: asserts that plain
+    pytest is fooled into passing every test, then runs the launcher; returns its seal's problems and its log."""
+    shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
+    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests")
+    if conftest is not None:
+        (tmp_path / "conftest.py").write_text(conftest)
+    (tmp_path / "minicalc" / "__init__.py").write_text(package_init)
     log, xml, _ = _run(tmp_path, "tests/test_calc.py", guarded=False)
     fooled = isolated_test_map(xml, log, test_files=["tests/test_calc.py"])
     assert fooled == {"test_add": "PASSED", "test_sub": "PASSED", "TestMul.test_mul": "PASSED"}, (fooled, log[-2000:])
     log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True)
     problems, _ = seal_problems(seal, KEY, xml, isolated_test_map(xml, log, test_files=["tests/test_calc.py"]))
-    assert problems, log[-3000:]
+    return problems, log
 
 
 def _seal(body: dict, key: bytes = KEY) -> bytes:
@@ -236,13 +245,5 @@ for _name in ("test_calc", "tests.test_calc"):
 
 
 def test_a_test_module_swapped_before_it_runs_is_caught(tmp_path):
-    shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
-    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests")
-    (tmp_path / "conftest.py").write_text("import minicalc\n")
-    (tmp_path / "minicalc" / "__init__.py").write_text(EARLY_SWAP)
-    log, xml, _ = _run(tmp_path, "tests/test_calc.py", guarded=False)
-    fooled = isolated_test_map(xml, log, test_files=["tests/test_calc.py"])
-    assert fooled == {"test_add": "PASSED", "test_sub": "PASSED", "TestMul.test_mul": "PASSED"}, (fooled, log[-2000:])
-    log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True)
-    problems, _ = seal_problems(seal, KEY, xml, isolated_test_map(xml, log, test_files=["tests/test_calc.py"]))
+    problems, log = _fools_pytest_then_guarded(tmp_path, EARLY_SWAP, conftest="import minicalc\n")
     assert problems and all("never run by the import system" in p for p in problems), (problems, log[-3000:])
