@@ -46,6 +46,23 @@ class Counted:
         self._write("stop")
 
 
+class StuckReset(Counted):
+    """A ``Counted`` whose first reset (of whichever instance claims the ``stuck`` marker in ``events_dir`` first)
+    blocks for ``stuck_s`` seconds: a reset that hangs, for the tests of one stuck reset among several."""
+
+    def __init__(self, events_dir: str, stuck_s: float = 15.0) -> None:
+        super().__init__(events_dir)
+        self.stuck_s = stuck_s
+
+    def reset(self) -> None:
+        try:
+            os.close(os.open(self.events.parent / "stuck", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return super().reset()
+        time.sleep(self.stuck_s)
+        return super().reset()
+
+
 def lifetimes(events_dir: str | Path) -> list[tuple[int, int | None]]:
     """(start ns, stop ns or None) of every instance that wrote to ``events_dir``."""
     out = []

@@ -799,3 +799,36 @@ def test_acquisitions_and_releases_of_one_turn_travel_in_one_call(cluster, tmp_p
     assert 1 <= after["recycle_calls"] - before["recycle_calls"] <= after["hosts"]
     assert all(f[1] == 1 and f[2] >= 1 for f in firsts), firsts  # a reset object, reset at least once
     assert after["idle"] == 8 and after["reused"] - before["reused"] == 8
+
+
+@pytest.mark.slow
+def test_a_timed_out_wait_is_a_timeout_and_one_stuck_reset_fails_alone(cluster, tmp_path):
+    """An acquisition that times out while it waits raises ResourceTimeout (not a lost-request error), however
+    short its timeout; three instances of one host that come back in one turn are reset in one call, and the one
+    whose reset hangs past ``start_timeout`` is replaced alone: the other two are handed out again at once."""
+    events = tmp_path / "events"
+    events.mkdir()
+    spec = InProcessSpec(factory="raytools:StuckReset", kwargs={"events_dir": str(events)}, max_instances=3,
+                         start_timeout=3.0)
+
+    async def main():
+        async with RayResourceManager(placement={"*": {"resources": {"sim": 0.25}}}) as m:
+            pool = m.pool(spec)
+            first = await pool.acquire(timeout=60)
+            rest = await asyncio.gather(*(pool.acquire(timeout=60, node_id=first.node_id) for _ in range(2)))
+            for timeout in (0, 0.01, 0.05, 0.2):
+                with pytest.raises(ResourceTimeout):
+                    await pool.acquire(timeout=timeout)
+            for r in (first, *rest):
+                await pool.release(r)
+            t0 = time.monotonic()
+            again = await asyncio.gather(*(pool.acquire(timeout=60) for _ in range(2)))
+            took = time.monotonic() - t0
+            uses = sorted(r.uses for r in again)
+            for r in again:
+                await pool.release(r)
+            return took, uses, await pool.fetch_snapshot()
+
+    took, uses, snap = asyncio.run(main())
+    assert uses == [2, 2] and took < 10, (took, uses)  # the two healthy ones, not fresh starts after the stuck one
+    assert snap["died"] == 1 and snap["timeouts"] >= 4 and snap["in_use"] == 0, snap

@@ -165,11 +165,8 @@ class PoolActor(PoolClients, PoolRecycling):
                         # full, with idle instances only on other nodes: retire one to start here
                         await self._discard(self._idle[0])
                         continue
-                if iid is not None:  # reset on its host when it came back: ready
-                    handed = iid  # put back if the grant fails (cancelled, closed)
-                    grant = self._grant(lease_id, client_id, self._instances[iid], t0, snapshot)
-                    handed = None
-                    return grant
+                if iid is not None:  # reset on its host when it came back: ready (a failed grant puts it back)
+                    return self._grant(lease_id, client_id, self._instances[iid], t0, snapshot)
                 if have_slot:
                     have_slot = False
                     inst = await self._start(node_id, deadline)  # consumes the reservation
@@ -226,8 +223,8 @@ class PoolActor(PoolClients, PoolRecycling):
         return out, self.snapshot(instances=False)
 
     def _deferred_done(self, lease_id: str, task: asyncio.Task) -> None:
-        if task.cancelled() or task.exception() is not None:  # retrieved here; collect() raises it to the client
-            self._deferred.pop(lease_id, None)
+        if not task.cancelled():
+            task.exception()  # retrieved (no "never retrieved" warning); kept for collect(), which raises it
 
     async def collect(self, lease_id: str) -> Grant:
         """The grant of a waiting :meth:`acquire_many` request (waits for it).
@@ -239,9 +236,11 @@ class PoolActor(PoolClients, PoolRecycling):
         task = self._deferred.get(lease_id)
         if task is None:
             raise ResourceError(f"acquisition {lease_id} of {self.spec.label} is not pending here")
-        grant = await asyncio.shield(task)
-        self._deferred.pop(lease_id, None)
-        return grant
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._deferred.pop(lease_id, None)
 
     async def _wait(self, lease_id: str, node_id: str | None, deadline: float | None,
                     priority: float | None = None) -> tuple[str | None, bool]:
@@ -322,6 +321,9 @@ class PoolActor(PoolClients, PoolRecycling):
     def _grant(self, lease_id: str, client_id: str, inst: _Instance, t0: float, snapshot: bool = True) -> Grant:
         if self._closed:  # shut down while the instance was reset or started: aclose() stopped it
             raise PoolClosedError(f"the cluster pool of {self.spec.label} shut down")
+        if client_id != "__global__" and client_id not in self._clients:  # it detached while this waited
+            self._put_back(inst.id)
+            raise PoolClosedError(f"client {client_id} of {self.spec.label} detached; its acquisition ends")
         if inst.uses:
             self._stats["reused"] += 1
         inst.uses += 1
@@ -439,9 +441,8 @@ class PoolActor(PoolClients, PoolRecycling):
         """The client gave up on acquisition ``lease_id``: drop its wait, or return what it was granted (also a
         grant that :meth:`acquire_many` made and nobody collected)."""
         self._stats["cancelled"] += 1
-        task = self._deferred.get(lease_id)
-        if task is not None and task.done() and not task.cancelled() and task.exception() is None:
-            self._deferred.pop(lease_id, None)  # granted, never collected: released below
+        self._deferred.pop(lease_id, None)  # its client will not collect it: a grant is released below, a wait
+        # dropped, or a start still under way marked cancelled (its _grant puts the instance back)
         if lease_id in self._leases:
             asyncio.get_running_loop().create_task(self.release(lease_id))
             return

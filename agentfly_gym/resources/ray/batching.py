@@ -57,6 +57,12 @@ class PoolRequests:
             raise
         if grant is None:  # it waits at the pool
             grant = await self._pool._await_grant(self._pool.handle.collect.remote(lease_id), lease_id)
+        if grant.handle is None and grant.host_id not in self._pool.manager._host_handles:  # its first grant is late
+            try:
+                grant.handle = await self._pool.handle.host_handle.remote(grant.host_id)
+            except BaseException:  # cancelled (or the pool died) meanwhile: the lease goes back, not stranded
+                self.release(lease_id, False, False)
+                raise
         return grant
 
     def _send_acquires(self) -> None:

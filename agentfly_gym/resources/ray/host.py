@@ -116,13 +116,14 @@ class ResourceHost:
                 await slot.pool.release(res)
             slot.res = await slot.pool.acquire()
 
-    async def recycle(self, iids: list[str]) -> list[str | None]:
-        """:meth:`reset` of several instances at once (those that came back to the pool in one turn).  Returns,
-        in order, None for each one reset and the error (``"Type: message"``) for each one that failed."""
+    async def recycle(self, iids: list[str], timeout: float | None = None) -> list[str | None]:
+        """:meth:`reset` of several instances at once (those that came back to the pool in one turn), each given
+        ``timeout`` seconds (None: no limit), so one stuck reset fails alone.  Returns, in order, None for each one
+        reset and the error (``"Type: message"``) for each one that failed."""
 
         async def one(iid: str) -> str | None:
             try:
-                await self.reset(iid)
+                await asyncio.wait_for(self.reset(iid), timeout)
             except Exception as e:  # noqa: BLE001 - reported to the pool, which replaces the instance
                 return f"{type(e).__name__}: {e}"
             return None

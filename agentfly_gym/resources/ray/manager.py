@@ -292,8 +292,6 @@ class RayPool:
         grant = await self._requests.acquire(lease_id, timeout, node_id, priority)
         if grant.snapshot:
             self._snapshot = grant.snapshot
-        if grant.handle is None and grant.host_id not in self.manager._host_handles:  # its first grant is late
-            grant.handle = await self.handle.host_handle.remote(grant.host_id)
         res = RayResource(self, grant)
         self._leases[lease_id] = res
         return res

@@ -17,6 +17,9 @@ __all__ = ["PoolRecycling"]
 
 log = logging.getLogger(__name__)
 
+#: seconds a recycle call may take beyond the per-instance reset limit (``spec.start_timeout``) it passes the host
+RECYCLE_CALL_MARGIN_S = 30.0
+
 
 def ray_actor_error() -> type:
     import ray
@@ -77,18 +80,21 @@ class PoolRecycling:
         died = False
         try:
             self._stats["recycle_calls"] += 1
-            errors = await asyncio.wait_for(handle.recycle.remote(iids), self.spec.start_timeout)
+            # each reset gets start_timeout on the host (one stuck reset fails alone); the margin covers the call
+            errors = await asyncio.wait_for(handle.recycle.remote(iids, self.spec.start_timeout),
+                                            self.spec.start_timeout + RECYCLE_CALL_MARGIN_S)
         except Exception as e:  # noqa: BLE001 - a dead host or node, a stuck reset: every one of them is replaced
             died = isinstance(e, ray_actor_error())
             errors = [f"{type(e).__name__}: {e}"] * len(iids)
+        failed = []
         for iid, err in zip(iids, errors):
             if err is None:
                 self._put_back(iid)
-                continue
-            if iid in self._instances:
+            elif iid in self._instances:
                 log.warning("%s: instance %s failed its reset on reuse (%s); discarding it", self.spec.label, iid, err)
                 self._stats["died"] += 1
-                await self._discard(iid)
+                failed.append(iid)
+        await asyncio.gather(*(self._discard(iid) for iid in failed))  # at once: each stop may take its timeout
         if died:
             await self._host_died(handle)
 
