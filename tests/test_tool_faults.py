@@ -274,9 +274,27 @@ def test_closures_of_one_factory_over_different_values_are_different_envs():
     env.reset(seed=0)
     assert env.step("5")[1] == 1.0 and env.unwrapped.reward_fn.__closure__[0].cell_contents == "5"
     env.close()
+    # captured sets, bytes and arrays count by value; a captured list that holds itself is no RecursionError
+    import numpy as np
+
+    for one, other in (({3}, {4}), (b"a", b"b"), (np.array([1, 2]), np.array([1, 3]))):
+        make_tool_env("test/Captured-v0", tasks=tasks, tools=[echo], reward=_reward_for_value(one), replace=True)
+        make_tool_env("test/Captured-v0", tasks=tasks, tools=[echo], reward=_reward_for_value(one))
+        with pytest.raises(ConfigError, match="already registered"):
+            make_tool_env("test/Captured-v0", tasks=tasks, tools=[echo], reward=_reward_for_value(other))
+    loop: list = [1]
+    loop.append(loop)
+    make_tool_env("test/Captured-v0", tasks=tasks, tools=[echo], reward=_reward_for_value(loop), replace=True)
+    make_tool_env("test/Captured-v0", tasks=tasks, tools=[echo], reward=_reward_for_value(loop))
     # a make_env that builds a fresh client object for its reward each call stays one definition
     make_tool_env("test/Client-v0", tasks=tasks, tools=[echo], reward=_reward_with_client(_Client()), replace=True)
     make_tool_env("test/Client-v0", tasks=tasks, tools=[echo], reward=_reward_with_client(_Client()))
+
+
+def _reward_for_value(value):
+    def reward(completion: str, **row) -> float:
+        return float(value is not None and row["answer"] in completion)
+    return reward
 
 
 class _Client:

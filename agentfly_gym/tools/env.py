@@ -416,11 +416,20 @@ def _definition(value: Any, _path: frozenset[int] = frozenset(), _captured: bool
         return value
     if isinstance(value, float):
         return ("float", repr(value))  # NaN equals itself here
-    if isinstance(value, Mapping):
-        return ("dict", tuple((str(k), _definition(v, _path, _captured))
-                              for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))))
-    if isinstance(value, (list, tuple)):
-        return ("list", tuple(_definition(v, _path, _captured) for v in value))
+    if isinstance(value, (bytes, bytearray)):
+        return ("bytes", bytes(value))
+    if callable(getattr(value, "tobytes", None)) and hasattr(value, "dtype"):  # an array (numpy and the like)
+        return ("array", str(value.dtype), tuple(getattr(value, "shape", ())), value.tobytes())
+    if isinstance(value, (Mapping, list, tuple, set, frozenset)):
+        if id(value) in _path:  # a container that holds itself
+            return ("cycle",)
+        inner = _path | {id(value)}
+        if isinstance(value, Mapping):
+            return ("dict", tuple((str(k), _definition(v, inner, _captured))
+                                  for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))))
+        if isinstance(value, (set, frozenset)):
+            return ("set", tuple(sorted((_definition(v, inner, _captured) for v in value), key=repr)))
+        return ("list", tuple(_definition(v, inner, _captured) for v in value))
     fn = inspect.unwrap(value) if callable(value) else value
     owner = getattr(fn, "__self__", None) if inspect.ismethod(fn) else None
     fn = getattr(fn, "__func__", fn)  # a bound method: its function (and its object, below)
