@@ -371,3 +371,15 @@ def test_cli_rollout_keeps_lengths_json_and_refuses_a_foreign_one(tmp_path, caps
     assert sorted(json.loads((other / "lengths.json").read_text())["tasks"]) == [
         "agentfly/Chess-v0/seed=0", "agentfly/Chess-v0/seed=1"]
     assert main(argv + ["--append", "--order", "arrival"]) == 0
+
+
+def test_a_lengths_file_nested_too_deep_or_with_negative_seconds_is_refused_clearly(tmp_path):
+    """A lengths.json of '[' * 200000 raised a bare RecursionError out of the CLI; negative or infinite seconds were
+    merged into the estimate.  Both are now the ConfigError of a file that is not a saved estimate."""
+    deep, negative = tmp_path / "deep.json", tmp_path / "negative.json"
+    deep.write_text("[" * 200_000)
+    negative.write_text(json.dumps({"version": RolloutLengths.VERSION,
+                                    "tasks": {"a": {"seconds": -5.0, "turns": 1.0, "n": 1}}}))
+    for path in (deep, negative):
+        with pytest.raises(ConfigError, match="is not a saved RolloutLengths"):
+            RolloutLengths().load(path)

@@ -212,6 +212,15 @@ def test_exclude_of_a_runs_trajectories_or_a_non_parquet_file_is_one_clear_line(
     (tmp_path / "notes.parquet").write_text("not parquet")
     with pytest.raises(ConfigError, match=r"notes.parquet is not a parquet file \(\w+\); --exclude"):
         build_dataset("Chess", None, 2, tmp_path / "b.parquet", exclude=[tmp_path / "notes.parquet"], check=False)
+    # an extra_info column of strings, a symlink loop: clear errors, not AttributeError / RuntimeError
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"extra_info": ["a", "b"]}), tmp_path / "strings.parquet")
+    (tmp_path / "loop.parquet").symlink_to(tmp_path / "loop.parquet")
+    for bad, match in (("strings.parquet", "does not hold records"), ("loop.parquet", "no such data set file")):
+        with pytest.raises(ConfigError, match=match):
+            build_dataset("Chess", None, 2, tmp_path / "b.parquet", exclude=[tmp_path / bad], check=False)
     assert not (tmp_path / "a.parquet").exists() and not (tmp_path / "b.parquet").exists()
 
 

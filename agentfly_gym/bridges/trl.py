@@ -142,6 +142,10 @@ def task_dataset(env_id: str, tasks: Iterable[str] | None = None, *, n: int | No
     elif isinstance(exclude, (str, bytes)):
         raise ConfigError("exclude: give task ids as a list (or a data set made by task_dataset), not one string")
     else:
+        exclude = list(exclude)
+        if not all(isinstance(t, (str, int)) and not isinstance(t, bool) for t in exclude):
+            raise ConfigError("exclude: give task ids (strings or integers), or a data set made by task_dataset; got "
+                              f"{sorted({type(t).__name__ for t in exclude})}")
         excluded = {str(t) for t in exclude}
     draw = draw_tasks(env_id, None if tasks is None else list(tasks), n, split=split, seed=seed,
                       env_kwargs=dict(env_kwargs or {}), excluded=excluded, excluded_from="exclude")

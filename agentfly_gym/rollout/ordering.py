@@ -196,9 +196,10 @@ def _read(path: Path) -> dict[str, dict[str, float]]:
                              f"expected {RolloutLengths.VERSION}")
         seen = {str(k): {"seconds": float(v["seconds"]), "turns": float(v["turns"]), "n": int(v["n"])}
                 for k, v in data["tasks"].items()}
-        if not all(math.isfinite(v["seconds"]) and math.isfinite(v["turns"]) for v in seen.values()):
-            raise ValueError("a number that is not finite")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        if not all(0 <= v["seconds"] < math.inf and 0 <= v["turns"] < math.inf and v["n"] >= 0
+                   for v in seen.values()):
+            raise ValueError("a number that is negative or not finite")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # nested too deep: corrupt
         raise ConfigError(f"{path} is not a saved RolloutLengths ({type(e).__name__}: {e}); remove or move "
                           f"it, or keep the estimate elsewhere") from None
     return seen

@@ -105,7 +105,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
     for name, v, lo in (("max_turns", max_turns, 1), ("history", history, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r} must be an integer >= {lo}")
-    if Path(out_path).expanduser().resolve() in {Path(x).expanduser().resolve() for x in exclude}:
+    if _same_file(out_path, exclude):
         raise ConfigError(f"{out_path} is both the output and an --exclude file: writing it would replace the data "
                           "set whose tasks are to be left out; write to another file")
     _check_out(Path(out_path).expanduser(), overwrite)  # before the draw, which may start the env
@@ -193,12 +193,27 @@ def _warn_siblings(out: Path, exclude: Sequence[str | os.PathLike]) -> None:
                           f"other file's tasks out (--exclude {other})", stacklevel=3)
 
 
+def _same_file(path: str | os.PathLike, others: Sequence[str | os.PathLike]) -> bool:
+    """Whether ``path`` names one of ``others`` (a path that cannot be resolved, a symlink loop, names nothing)."""
+    def resolved(p: str | os.PathLike) -> Path | None:
+        try:
+            return Path(p).expanduser().resolve()
+        except (OSError, RuntimeError):
+            return None
+    here = resolved(path)
+    return here is not None and here in {resolved(x) for x in others}
+
+
 def _read_keys(path: str | os.PathLike) -> tuple[set[tuple[str, str]], int]:
     """The (env id, task id) pairs of a data set written by :func:`build_dataset`, and its rows without a task id."""
     import pyarrow.parquet as pq
 
-    if not Path(path).expanduser().is_file():
-        raise ConfigError(f"{path}: no such data set file")
+    try:
+        is_file = Path(path).expanduser().is_file()
+    except (OSError, RuntimeError):  # a symlink loop, a name too long
+        is_file = False
+    if not is_file:
+        raise ConfigError(f"{path}: no such data set file" + (" (a folder)" if Path(path).is_dir() else ""))
     takes = "--exclude and `dataset check` take the parquet files written by agentfly-gym dataset"
     try:
         names = pq.read_schema(Path(path).expanduser()).names
@@ -213,6 +228,9 @@ def _read_keys(path: str | os.PathLike) -> tuple[set[tuple[str, str]], int]:
         info = pq.read_table(Path(path).expanduser(), columns=["extra_info"]).column("extra_info").to_pylist()
     except (OSError, KeyError, ValueError) as e:
         raise ConfigError(f"{path} is not a data set written by agentfly-gym dataset: {e}") from e
+    if not all(r is None or isinstance(r, dict) for r in info):
+        raise ConfigError(f"{path} has an extra_info column that does not hold records (a data set written by "
+                          f"agentfly-gym dataset holds its env_id and task_id there); {takes}")
     keys = {(str(r.get("env_id") or ""), str(r["task_id"])) for r in info if r and r.get("task_id")}
     return keys, sum(1 for r in info if not (r and r.get("task_id")))
 
