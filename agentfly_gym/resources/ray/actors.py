@@ -507,7 +507,8 @@ class PoolActor(PoolClients, PoolRecycling):
         """Cluster-wide: in use, idle, waiting, starting, live, capacity, started, reused, died, peak live,
         acquire wait mean/max and start mean (seconds), clients, the calls that brought acquisitions and releases
         and that reset instances on their hosts (each carries a batch: see :mod:`.batching`); plus the figures
-        runner summaries read under the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``, ... as in ``PoolMetrics``).
+        runner summaries read under the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``,
+        ... as in ``PoolMetrics``).
         ``instances=False`` leaves the per-instance table empty (what a grant carries: a cheap copy)."""
         s = self._stats
         return {"spec": self._label, "capacity": self.capacity, "in_use": len(self._leases),

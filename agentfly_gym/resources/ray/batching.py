@@ -1,15 +1,15 @@
 """A client's acquisitions and releases, sent to the cluster pool actor in batches (issue 28's throughput).
 
-Every acquisition or release a process makes is one message to the pool actor, which is one Python process for
-the whole cluster: past a few hundred per second its own per-call cost (Ray's task handling, about 1 ms of CPU an
-acquire/release cycle) is the ceiling of the cluster.  :class:`PoolRequests` batches a process's requests as
-a network stack batches small packets (Nagle's algorithm): a request goes out at once, in one call with the others of
+Every acquisition or release a process makes is one message to the pool actor, which is one Python process for the
+whole cluster: past a few hundred per second its own per-call cost (Ray's task handling, about 1 ms of CPU an
+acquire/release cycle) is the ceiling of the cluster. :class:`PoolRequests` batches a process's requests as a
+network stack batches small packets (Nagle's algorithm): a request goes out at once, in one call with the others of
 its event-loop turn, when no call of its kind is on its way; otherwise it waits for that call's answer and goes with
 every request that came meanwhile (:meth:`PoolActor.acquire_many <.actors.PoolActor.acquire_many>`,
-:meth:`PoolActor.release_many <.actors.PoolActor.release_many>`).  So a lone acquisition costs no more than before,
-and under load the batches grow with the rate and the cost per acquisition falls.  An acquisition that must wait (the pool is full, or others wait before it)
-waits at the pool in the same FIFO or priority order as a single one, and is fetched with one more call
-(``collect``).  Cancelling an acquisition sends ``cancel`` for its lease id, as before.
+:meth:`PoolActor.release_many <.actors.PoolActor.release_many>`). So a lone acquisition costs no more than before,
+and under load the batches grow with the rate and the cost per acquisition falls. An acquisition that must wait (the
+pool is full, or others wait before it) waits at the pool in the same FIFO or priority order as a single one, and is
+fetched with one more call (``collect``). Cancelling an acquisition sends ``cancel`` for its lease id, as before.
 """
 
 from __future__ import annotations

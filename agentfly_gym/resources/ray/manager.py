@@ -328,7 +328,7 @@ class RayPool:
         except asyncio.CancelledError:
             self._cancel(lease_id)
             raise
-        except _ray().exceptions.RayActorError as e:
+        except (_ray().exceptions.RayActorError, _ray().exceptions.RayTaskError) as e:
             raise self._gone(e) from None
 
     def _cancel(self, lease_id: str) -> None:
@@ -340,7 +340,9 @@ class RayPool:
             pass
 
     def _gone(self, e: BaseException) -> BaseException:
-        """What an acquisition raises when a call on the pool actor failed with ``e``."""
+        """What an acquisition raises when a call on the pool failed with ``e`` (its own error, not Ray's wrapper)."""
+        if isinstance(e, _ray().exceptions.RayTaskError) and isinstance(e.cause, Exception):
+            return e.cause
         if not isinstance(e, _ray().exceptions.RayActorError):
             return e if isinstance(e, Exception) else PoolClosedError(f"the cluster pool of {self.spec.label} is gone")
         self.manager._forget(self)
