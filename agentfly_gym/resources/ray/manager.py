@@ -187,7 +187,7 @@ class RayResource(Resource):
         """Started by the cluster pool; nothing to do here."""
 
     async def reset(self) -> None:
-        """Reset by the cluster pool when it hands the instance out again; nothing to do here."""
+        """Reset on its host when it came back to the cluster pool (so it is handed out reset); nothing here."""
 
     async def status(self) -> ResourceStatus:
         if self._dead is not None:
