@@ -119,7 +119,7 @@ def test_fixture_provenance(upstream_fixture):
     assert up["thefuzz"] == "0.19.0" and "difflib" in up["fuzzy_backend"]
     assert len(upstream_fixture["cases"]) >= 500 and len(upstream_fixture["token_set_ratio"]) >= 500
     # upstream's code reproduced the six reward cases when the fixture was made
-    assert [c["id"] for c in upstream_fixture["replayed_shared_cases"]] == [
+    assert [c["id"] for c in upstream_fixture["replayed_reference_cases"]] == [
         "case-000", "case-012", "case-022", "case-059", "case-064", "case-081"]
     kinds = {c["kind"] for c in upstream_fixture["cases"]}
     assert {"goal product, goal options", "human-style list options", "random product, random options"} <= kinds
