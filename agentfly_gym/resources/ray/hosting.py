@@ -32,7 +32,7 @@ from ..spec import ResourceSpec
 from .host import HOST_CLOSE_TIMEOUT, host_actor_class, host_actor_options
 from .placement import RayPlacement
 
-__all__ = ["HOSTINGS", "InstanceHosting", "NodeHosting", "Placed", "make_hosting", "stop_host"]
+__all__ = ["HOSTINGS", "InstanceHosting", "NodeHosting", "Placed", "is_actor_error", "make_hosting", "stop_host"]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ def _ray() -> Any:
     return ray
 
 
-def _is_actor_error(e: BaseException) -> bool:
+def is_actor_error(e: BaseException) -> bool:
+    """Whether ``e`` says a Ray actor (a host, its node) is dead."""
     return isinstance(e, _ray().exceptions.RayActorError)
 
 
@@ -270,7 +271,7 @@ class NodeHosting:
         try:
             await asyncio.wait_for(placed.handle.stop.remote(iid), HOST_CLOSE_TIMEOUT)
         except Exception as e:  # noqa: BLE001 - dead (its node died) or stuck
-            if _is_actor_error(e):
+            if is_actor_error(e):
                 self.lost(placed.handle)
             else:
                 log.warning("%s: stopping instance %s failed (%s)", self.spec.label, iid, type(e).__name__)

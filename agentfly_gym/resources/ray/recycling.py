@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
-from .hosting import Placed
+from .hosting import Placed, is_actor_error
 
 __all__ = ["PoolRecycling"]
 
@@ -19,12 +19,6 @@ log = logging.getLogger(__name__)
 
 #: seconds a recycle call may take beyond the per-instance reset limit (``spec.start_timeout``) it passes the host
 RECYCLE_CALL_MARGIN_S = 30.0
-
-
-def ray_actor_error() -> type:
-    import ray
-
-    return ray.exceptions.RayActorError
 
 
 class PoolRecycling:
@@ -84,7 +78,7 @@ class PoolRecycling:
             errors = await asyncio.wait_for(handle.recycle.remote(iids, self.spec.start_timeout),
                                             self.spec.start_timeout + RECYCLE_CALL_MARGIN_S)
         except Exception as e:  # noqa: BLE001 - a dead host or node, a stuck reset: every one of them is replaced
-            died = isinstance(e, ray_actor_error())
+            died = is_actor_error(e)
             errors = [f"{type(e).__name__}: {e}"] * len(iids)
         failed = []
         for iid, err in zip(iids, errors):
@@ -109,7 +103,7 @@ class PoolRecycling:
         try:
             await placed.handle.wait_closed.remote()
         except Exception as e:  # noqa: BLE001 - only a dead actor matters here
-            if isinstance(e, ray_actor_error()) and not self._closed:
+            if is_actor_error(e) and not self._closed:
                 await self._host_died(placed.handle)
         finally:
             if self._host_watches.get(placed.host_id) is asyncio.current_task():
