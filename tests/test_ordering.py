@@ -162,16 +162,19 @@ def chat():
 
 
 class Recording(RandomPolicy):
-    """The random policy, recording the acquisition priority each episode runs under at its first turn."""
+    """The random policy, recording the acquisition priority each episode runs under at its first turn.
+
+    It holds every env it has seen: keyed by ``id(env)`` alone, a later episode's env could be given a freed
+    env's id and go unrecorded (CI saw 3 of 4)."""
 
     def __init__(self) -> None:
         super().__init__(seed=0)
         self.seen: list[float | None] = []
-        self._episodes: set[int] = set()
+        self._envs: list = []
 
     async def act(self, observation, info, env):
-        if id(env) not in self._episodes:
-            self._episodes.add(id(env))
+        if not any(e is env for e in self._envs):
+            self._envs.append(env)
             self.seen.append(current_priority())
         return await super().act(observation, info, env)
 
