@@ -97,6 +97,18 @@ def pids(events_dir: str | Path) -> set[int]:
     return {int(line.split()[2]) for p in Path(events_dir).glob("*.log") for line in p.read_text().splitlines()}
 
 
+class FailingReset(Counted):
+    """A ``Counted`` whose first reset (of whichever instance claims the ``failed`` marker in ``events_dir`` first)
+    raises: the host's local pool replaces that instance in place."""
+
+    def reset(self) -> None:
+        try:
+            os.close(os.open(self.events.parent / "failed", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return super().reset()
+        raise RuntimeError("this reset fails")
+
+
 class Holder:
     """A Ray actor that leases one instance of a spec with its own RayResourceManager and keeps it."""
 

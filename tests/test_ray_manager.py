@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from agentfly_gym.envs.remote import RemoteEnv  # noqa: E402
-from agentfly_gym.errors import ConfigError, ResourceTimeout  # noqa: E402
+from agentfly_gym.errors import ConfigError, ResourceStartError, ResourceTimeout  # noqa: E402
 from agentfly_gym.resources import ContainerSpec, InProcessSpec  # noqa: E402
 from agentfly_gym.resources.ray import RayResourceManager  # noqa: E402
 from agentfly_gym.resources.select import manager_kind  # noqa: E402
@@ -834,3 +834,33 @@ def test_a_timed_out_wait_is_a_timeout_and_one_stuck_reset_fails_alone(cluster, 
     took, uses, snap = asyncio.run(main())
     assert uses == [2, 2] and took < 25, (took, uses)  # the two healthy ones, not fresh starts after the stuck one
     assert snap["died"] == 1 and snap["timeouts"] >= 4 and snap["in_use"] == 0, snap
+
+
+def test_a_pin_to_an_absent_node_fails_at_once_and_a_reset_replaced_on_its_host_is_counted(cluster, tmp_path):
+    """An acquisition pinned to a node that is not in the cluster fails at once, naming the node (not a timeout of
+    "no instance became free"); an instance whose reset raises is replaced in place by its host's local pool, and
+    the cluster snapshot counts it (``replaced_on_host``, and the local pool's ``replaced``)."""
+    events = tmp_path / "events"
+    events.mkdir()
+    spec = InProcessSpec(factory="raytools:FailingReset", kwargs={"events_dir": str(events)}, max_instances=1)
+    absent = "ab" * 28
+
+    async def main():
+        async with RayResourceManager(placement=SIM) as m:
+            pool = m.pool(spec)
+            r = await pool.acquire(timeout=60)
+            t0 = time.monotonic()
+            with pytest.raises(ResourceStartError, match=absent) as e:
+                await pool.acquire(timeout=30, node_id=absent)
+            took = time.monotonic() - t0
+            await pool.release(r)
+            again = await pool.acquire(timeout=60)
+            pid, uses = again.pid, again.uses
+            await pool.release(again)
+            return took, str(e.value), pid == r.pid, uses, await pool.fetch_snapshot()
+
+    took, message, same_host, uses, snap = asyncio.run(main())
+    assert took < 10 and "not a live node" in message and "\n" not in message, (took, message)
+    assert same_host and uses == 2, (same_host, uses)  # the same cluster instance, its object replaced on its host
+    assert snap["replaced_on_host"] == 1 and snap["replaced"] == 1 and snap["died"] == 0, snap
+    assert len(lifetimes(events)) == 2, lifetimes(events)  # the first object stopped, its replacement started

@@ -112,7 +112,9 @@ class PoolActor(PoolClients, PoolRecycling):
         self._client_nodes: dict[str, str] = {}
         self._client_owners: dict[str, dict[str, Any]] = {}  # client id -> its process (see client_owner)
         self._sent: dict[str, set[str]] = {}  # client id -> the host ids whose handle it was sent
-        self._deferred: dict[str, asyncio.Task] = {}  # lease id -> an acquire_many request that waits (see collect)
+        # lease id -> (client id, an acquire_many request that waits for its grant: see collect)
+        self._deferred: dict[str, tuple[str, asyncio.Task]] = {}
+        self._live_nodes: set[str] = set()  # the cluster's live node ids, as last read (see _check_pin)
         # host id -> (its handle, [(instance id, done when it is back)]): the instances that came back this turn
         self._to_recycle: dict[str, tuple[Any, list[tuple[str, asyncio.Future]]]] = {}
         self._host_watches: dict[str, asyncio.Task] = {}  # host id -> the open wait_closed call on it
@@ -127,7 +129,7 @@ class PoolActor(PoolClients, PoolRecycling):
         self._n = 0
         self._stats = {"acquires": 0, "started": 0, "reused": 0, "died": 0, "recycled": 0, "timeouts": 0, "cancelled": 0,
                        "wait_total": 0.0, "wait_max": 0.0, "start_total": 0.0, "peak_live": 0, "peak_in_use": 0,
-                       "acquire_calls": 0, "release_calls": 0, "recycle_calls": 0}
+                       "acquire_calls": 0, "release_calls": 0, "recycle_calls": 0, "replaced_on_host": 0}
 
     # ------------------------------------------------------------------ acquire / release
     def _live(self) -> int:
@@ -140,11 +142,13 @@ class PoolActor(PoolClients, PoolRecycling):
 
         Raises:
             ResourceTimeout: no instance within ``timeout`` seconds.
-            ResourceStartError: a new instance failed to start.
+            ResourceStartError: a new instance failed to start, or ``node_id`` is not a live node of the cluster.
             PoolClosedError: the pool shut down.
             ResourceError: the acquisition was cancelled by its client.
         """
         t0 = time.monotonic()
+        if node_id is not None:
+            await self._check_pin(node_id)
         deadline = None if timeout is None else t0 + timeout
         have_slot = False
         handed: str | None = None
@@ -210,7 +214,7 @@ class PoolActor(PoolClients, PoolRecycling):
                         out.append(e)  # cancelled before it arrived (the grant put the instance back)
                     continue
             task = asyncio.ensure_future(self.acquire(lease_id, client_id, timeout, node_id, priority, False))
-            self._deferred[lease_id] = task
+            self._deferred[lease_id] = (client_id, task)
             task.add_done_callback(lambda t, lid=lease_id: self._deferred_done(lid, t))
             waiting.append((len(out), lease_id, task))
             out.append(None)
@@ -225,6 +229,9 @@ class PoolActor(PoolClients, PoolRecycling):
     def _deferred_done(self, lease_id: str, task: asyncio.Task) -> None:
         if not task.cancelled():
             task.exception()  # retrieved (no "never retrieved" warning); kept for collect(), which raises it
+        entry = self._deferred.get(lease_id)
+        if entry is not None and entry[0] not in self._clients:  # its client detached: nobody will collect it
+            self._deferred.pop(lease_id, None)
 
     async def collect(self, lease_id: str) -> Grant:
         """The grant of a waiting :meth:`acquire_many` request (waits for it).
@@ -233,9 +240,10 @@ class PoolActor(PoolClients, PoolRecycling):
             ResourceError: no such request is pending (never sent, cancelled, or already collected); else as
                 :meth:`acquire` raises.
         """
-        task = self._deferred.get(lease_id)
-        if task is None:
+        entry = self._deferred.get(lease_id)
+        if entry is None:
             raise ResourceError(f"acquisition {lease_id} of {self.spec.label} is not pending here")
+        task = entry[1]
         try:
             return await asyncio.shield(task)
         finally:
@@ -504,7 +512,9 @@ class PoolActor(PoolClients, PoolRecycling):
 
     # ------------------------------------------------------------------ metrics, close
     def snapshot(self, instances: bool = True) -> dict[str, Any]:
-        """Cluster-wide: in use, idle, waiting, starting, live, capacity, started, reused, died, peak live,
+        """Cluster-wide: in use, idle, waiting, starting, live, capacity, started, reused, died (stopped as dead or
+        after a failed reset: the pool starts another), replaced on host (their reset failed or they were unhealthy,
+        so their host's local pool started a new one in place), peak live,
         acquire wait mean/max and start mean (seconds), clients, the calls that brought acquisitions and releases
         and that reset instances on their hosts (each carries a batch: see :mod:`.batching`); plus the figures
         runner summaries read under the local pool's names (``max_in_use``, ``acquired``, ``acquire_wait_total``,
@@ -520,11 +530,11 @@ class PoolActor(PoolClients, PoolRecycling):
                 "wait_max": s["wait_max"], "start_mean": s["start_total"] / s["started"] if s["started"] else 0.0,
                 "clients": len(self._clients), "hosting": self.hosting.mode, "hosts": self.hosting.hosts,
                 "acquire_calls": s["acquire_calls"], "release_calls": s["release_calls"],
-                "recycle_calls": s["recycle_calls"],
+                "recycle_calls": s["recycle_calls"], "replaced_on_host": s["replaced_on_host"],
                 # the local pool's names for the same figures (PoolMetrics), so one summary reads either manager
                 "key": self._key, "label": self._label, "max_in_use": s["peak_in_use"],
                 "acquired": s["acquires"], "acquire_wait_total": s["wait_total"], "acquire_wait_max": s["wait_max"],
-                "start_time_total": s["start_total"],
+                "start_time_total": s["start_total"], "replaced": s["died"] + s["replaced_on_host"],
                 "instances": {i.id: {"node_id": i.node_id, "pid": i.pid, "uses": i.uses}
                               for i in self._instances.values()} if instances else {}}
 
@@ -547,7 +557,7 @@ class PoolActor(PoolClients, PoolRecycling):
                 if not done.done():
                     done.set_result(None)
         self._to_recycle.clear()
-        for task in list(self._host_watches.values()) + list(self._deferred.values()):
+        for task in list(self._host_watches.values()) + [t for _, t in self._deferred.values()]:
             if task is not asyncio.current_task():
                 task.cancel()
         insts, self._instances = list(self._instances.values()), {}

@@ -11,6 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ...errors import ResourceStartError
 from . import _compat
 
 __all__ = ["CLIENT_NODE_CHECK", "PoolClients", "client_owner", "dead_owners"]
@@ -47,6 +48,8 @@ class PoolClients:
 
     _closed: bool
     spec: Any
+    _live_nodes: set[str]
+    _deferred: dict[str, tuple[str, asyncio.Task]]
 
     def attach(self, client_id: str, node_id: str | None = None, owner: dict[str, Any] | None = None) -> bool:
         """Register a client (on Ray node ``node_id``, in the process ``owner`` describes: see :func:`client_owner`);
@@ -75,7 +78,7 @@ class PoolClients:
                 except Exception:  # noqa: BLE001 - GCS busy: try again next round
                     nodes = None
                 if nodes is not None:
-                    alive = {n["NodeID"] for n in nodes if n.get("Alive")}
+                    alive = self._live_nodes = {n["NodeID"] for n in nodes if n.get("Alive")}
                     for client, node in list(self._client_nodes.items()):
                         if node not in alive:
                             log.warning("%s: client %s was on node %s, which died; returning its leases",
@@ -96,6 +99,28 @@ class PoolClients:
                                     self.spec.label, "driver" if o.get("driver") else "worker", client)
                         await self.detach(client)
 
+    async def _check_pin(self, node_id: str) -> None:
+        """An acquisition pinned to ``node_id`` fails at once when that is not a live node of the cluster (read
+        again from the control store when it is not among the live nodes last read), rather than waiting for a
+        start there to time out.
+
+        Raises:
+            ResourceStartError: ``node_id`` is not a live node.
+        """
+        if node_id in self._live_nodes:
+            return
+        import ray
+
+        try:
+            nodes = await asyncio.to_thread(ray.nodes)
+        except Exception:  # noqa: BLE001 - GCS busy: the start there will tell
+            return
+        self._live_nodes = {n["NodeID"] for n in nodes if n.get("Alive")}
+        if node_id not in self._live_nodes:
+            raise ResourceStartError(
+                f"{self.spec.label}: no instance can run on node {node_id!r}: it is not a live node of the cluster "
+                f"(live: {', '.join(sorted(self._live_nodes)) or 'none'})")
+
     async def detach(self, client_id: str) -> int:
         """Forget a client: release its leases and its global holds.  Returns the clients left; at 0 the pool
         stops every instance and refuses new work (the caller then kills the actor)."""
@@ -103,6 +128,8 @@ class PoolClients:
         self._client_nodes.pop(client_id, None)
         self._client_owners.pop(client_id, None)
         self._sent.pop(client_id, None)
+        for lease_id in [lid for lid, (cid, task) in self._deferred.items() if cid == client_id and task.done()]:
+            self._deferred.pop(lease_id, None)  # never collected now (a grant's lease is released below)
         await asyncio.gather(*(self.release(lease_id) for lease_id, (_iid, cid) in list(self._leases.items())
                                if cid == client_id), return_exceptions=True)
         for key, holders in list(self._global_holders.items()):

@@ -100,9 +100,10 @@ class ResourceHost:
             raise
         return {**self.info(), "resource_id": slot.res.id}
 
-    async def reset(self, iid: str) -> None:
+    async def reset(self, iid: str) -> bool:
         """The instance came back to the cluster pool: it goes back to its local pool, which parks it (stops the
-        last rollout's work), and is taken again, which resets it (or replaces it), so it waits ready.
+        last rollout's work), and is taken again, which resets it (or replaces it), so it waits ready.  Returns
+        whether it was replaced (its reset raised or it was unhealthy).
 
         Raises:
             ResourceDied: ``iid`` is not live here (never started, or stopped before or while this waited).
@@ -114,21 +115,25 @@ class ResourceHost:
             res, slot.res = slot.res, None
             if res is not None:
                 await slot.pool.release(res)
+            replaced = slot.pool.metrics.replaced
             slot.res = await slot.pool.acquire()
+            return slot.pool.metrics.replaced > replaced
 
-    async def recycle(self, iids: list[str], timeout: float | None = None) -> list[str | None]:
+    async def recycle(self, iids: list[str], timeout: float | None = None) -> tuple[list[str | None], int]:
         """:meth:`reset` of several instances at once (those that came back to the pool in one turn), each given
         ``timeout`` seconds (None: no limit), so one stuck reset fails alone.  Returns, in order, None for each one
-        reset and the error (``"Type: message"``) for each one that failed."""
+        reset and the error (``"Type: message"``) for each one that failed; and how many of those reset were
+        replaced here instead (their reset raised or their health check failed, so the host's local pool started a
+        new one in place: the cluster pool's ``replaced_on_host``)."""
 
-        async def one(iid: str) -> str | None:
+        async def one(iid: str) -> str | bool:
             try:
-                await asyncio.wait_for(self.reset(iid), timeout)
+                return await asyncio.wait_for(self.reset(iid), timeout)
             except Exception as e:  # noqa: BLE001 - reported to the pool, which replaces the instance
                 return f"{type(e).__name__}: {e}"
-            return None
 
-        return list(await asyncio.gather(*(one(i) for i in iids)))
+        outcomes = await asyncio.gather(*(one(i) for i in iids))
+        return [o if isinstance(o, str) else None for o in outcomes], sum(o is True for o in outcomes)
 
     async def wait_closed(self) -> None:
         """Returns when :meth:`close` has ended.  The pool keeps one such call open per host: it fails with

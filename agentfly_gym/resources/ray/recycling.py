@@ -75,8 +75,9 @@ class PoolRecycling:
         try:
             self._stats["recycle_calls"] += 1
             # each reset gets start_timeout on the host (one stuck reset fails alone); the margin covers the call
-            errors = await asyncio.wait_for(handle.recycle.remote(iids, self.spec.start_timeout),
-                                            self.spec.start_timeout + RECYCLE_CALL_MARGIN_S)
+            errors, replaced = await asyncio.wait_for(handle.recycle.remote(iids, self.spec.start_timeout),
+                                                      self.spec.start_timeout + RECYCLE_CALL_MARGIN_S)
+            self._stats["replaced_on_host"] += replaced
         except Exception as e:  # noqa: BLE001 - a dead host or node, a stuck reset: every one of them is replaced
             died = is_actor_error(e)
             errors = [f"{type(e).__name__}: {e}"] * len(iids)
