@@ -34,6 +34,31 @@ def test_task_dataset_round_trips_through_the_prompt():
     assert env_success([None] * 2, env_success=[True, False]) == [1.0, 0.0]
 
 
+@pytest.mark.parametrize("prompt, problem", [
+    ("agentfly-gym task [1,2]", "a JSON array, not an object"),
+    ("agentfly-gym task 7", "a JSON number, not an object"),
+    ('agentfly-gym task "Chess-v0"', "a JSON string, not an object"),
+    ("agentfly-gym task {not json", "does not parse"),
+    ('agentfly-gym task {"task_id": "tewjc", "seed": 0}', "env_id is missing"),
+    ('agentfly-gym task {"env_id": 3, "seed": 0}', "env_id is 3, not an env id string"),
+    ('agentfly-gym task {"env_id": "Chess-v0", "task_id": ["tewjc"]}', "task_id is a list, not a string"),
+    ('agentfly-gym task {"env_id": "Chess-v0", "seed": "0"}', "seed is '0', not an integer or null"),
+    ('agentfly-gym task {"env_id": "Chess-v0", "seed": true}', "seed is True, not an integer or null"),
+    ('agentfly-gym task {"env_id": "Chess-v0", "env_kwargs": "split=train"}', "env_kwargs is a str, not an object"),
+    ([{"role": "user", "content": "agentfly-gym task [1,2]"}], "a JSON array, not an object"),
+    (5, "got int: '5'"),
+    (["agentfly-gym task {}"], "a list of chat messages"),
+])
+def test_a_malformed_task_prompt_is_one_config_error_naming_what_was_expected(prompt, problem):
+    """A prompt with the task prefix whose JSON is not the object task_prompt() writes (or a prompt that is neither
+    text nor chat messages) is a ConfigError that says what it got and what a task prompt is, not an
+    AttributeError's text or a TaskRow with a wrong-typed field."""
+    with pytest.raises(ConfigError) as e:
+        parse_task_prompt(prompt)
+    assert problem in str(e.value), str(e.value)
+    assert "task_prompt()" in str(e.value) and "object has no attribute" not in str(e.value), str(e.value)
+
+
 def test_task_dataset_checks_listed_task_ids_as_the_cli_does():
     """A listed task id the env does not have is refused here (as ``agentfly-gym dataset`` refuses it, by the same
     code), not at the first training step; ``check=False`` skips the check."""
