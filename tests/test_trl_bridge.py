@@ -59,6 +59,30 @@ def test_a_malformed_task_prompt_is_one_config_error_naming_what_was_expected(pr
     assert "task_prompt()" in str(e.value) and "object has no attribute" not in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("seed", ["abc", "3", 1.0, True, None, -1, [0]])
+def test_task_dataset_refuses_a_seed_that_is_not_an_integer(seed):
+    """A seed that is not an integer in [0, 2**63) (a string, a float, a bool, None) is a ConfigError naming the
+    argument, before anything is drawn or checked."""
+    with pytest.raises(ConfigError, match=r"^seed=.* must be an integer in \[0, 2\*\*63\)"):
+        task_dataset("Chess-v0", ["tewjc"], seed=seed, check=False)
+
+
+def test_task_dataset_takes_a_numpy_integer_seed(tmp_path, capsys):
+    """A NumPy integer seed (e.g. from a NumPy random draw) works and the rows carry plain ints, whose prompts
+    parse; ``agentfly-gym dataset --seed`` refuses a bad seed with exit status 2 and a line naming it."""
+    import numpy as np
+
+    ds = task_dataset("Chess-v0", ["tewjc", "HKIFI"], seed=np.int64(4), check=False)
+    assert ds["seed"] == [4, 5] and parse_task_prompt(ds["prompt"][1]) == TaskRow("agentfly/Chess-v0", "HKIFI", 5)
+    verl_dataset = pytest.importorskip("agentfly_gym_verl.dataset")
+    out = str(tmp_path / "d.parquet")
+    assert verl_dataset.dataset_main(["Chess", "-o", out, "-n", "2", "--seed", "-1"]) == 2
+    assert "seed=-1 must be an integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        verl_dataset.dataset_main(["Chess", "-o", out, "-n", "2", "--seed", "abc"])
+    assert e.value.code == 2 and "--seed: invalid int value: 'abc'" in capsys.readouterr().err
+
+
 def test_task_dataset_checks_listed_task_ids_as_the_cli_does():
     """A listed task id the env does not have is refused here (as ``agentfly-gym dataset`` refuses it, by the same
     code), not at the first training step; ``check=False`` skips the check."""

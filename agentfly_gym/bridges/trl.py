@@ -154,9 +154,10 @@ def task_dataset(env_id: str, tasks: Iterable[str] | None = None, *, n: int | No
     """
     import datasets
 
-    from ..data.task_draw import check_draw, draw_tasks
+    from ..data.task_draw import check_draw, check_seed, draw_tasks
 
     env_id = normalize_env_id(env_id)
+    seed = check_seed(seed)  # a plain int: row i's seed + i is written into its JSON prompt
     if isinstance(tasks, (str, bytes)):
         raise ConfigError("tasks: give task ids as a list, not one string")
     if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
