@@ -20,15 +20,18 @@ demo: setup
 	  -n 8 --group-size 2 --concurrency 8 --max-turns 4 --max-tokens 48 --output-dir runs/demo --overwrite
 
 # The tests: starts a Docker engine if none answers (scripts/docker-engine.sh), then pytest.
+# PYTEST_ARGS passes arguments on to pytest: make test PYTEST_ARGS="tests/test_cli.py -k append" (empty by
+# default, so a plain `make test`, which CI runs, is the whole suite).
+PYTEST_ARGS ?=
 test: setup
 	bash scripts/docker-engine.sh start
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The quick check while working: every module's core tests, without those marked slow (over a few seconds
 # each on a 2-core machine); under 5 minutes on 2 cores.  `make test` (and CI) still runs everything.
 test-fast: setup
 	bash scripts/docker-engine.sh start
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Regenerate requirements/lock.txt after changing pyproject.toml's dependencies (UPGRADE=1 moves every pin).
 lock:

@@ -139,3 +139,27 @@ def test_a_refused_run_leaves_no_default_output_folder(tmp_path):
                        env=dict(os.environ))
     assert r.returncode == 2 and "policy" in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_append_without_a_seed_plays_new_episodes(tmp_path):
+    """``--append`` without ``--seed`` continues the seeds after the run's (the first batch's episodes are not
+    replayed, as they were when the seed restarted at 0); an explicit ``--seed`` is honoured, with a one-line
+    warning when it replays seeds already there.  Three short random-policy Chess runs."""
+    import pyarrow.parquet as pq
+
+    out = str(tmp_path / "run")
+    quick = ["rollout", "--env", "Chess-v0", "--policy", "random", "--tokenizer", "qwen3", "--max-turns", "1",
+             "--no-progress", "--output-dir", out]
+
+    def seeds() -> list[int]:
+        return pq.read_table(f"{out}/trajectories.parquet", columns=["seed"]).column("seed").to_pylist()
+
+    for extra in (["-n", "2", "--group-size", "2"], ["-n", "1", "--append"]):
+        r = cli(*quick, *extra)
+        assert r.returncode == 0 and "WARNING" not in r.stderr, r.stderr
+    assert seeds() == [0, 0, 1]
+    r = cli(*quick, "-n", "1", "--append", "--seed", "1")
+    assert r.returncode == 0, r.stderr
+    assert seeds() == [0, 0, 1, 1]
+    warning = [line for line in r.stderr.splitlines() if "WARNING" in line]
+    assert len(warning) == 1 and "--seed 1 replays 1 seed(s)" in warning[0] and "(next: 2)" in warning[0], r.stderr

@@ -34,6 +34,55 @@ def test_task_dataset_round_trips_through_the_prompt():
     assert env_success([None] * 2, env_success=[True, False]) == [1.0, 0.0]
 
 
+@pytest.mark.parametrize("prompt, problem", [
+    ("agentfly-gym task [1,2]", "a JSON array, not an object"),
+    ("agentfly-gym task 7", "a JSON number, not an object"),
+    ('agentfly-gym task "Chess-v0"', "a JSON string, not an object"),
+    ("agentfly-gym task {not json", "does not parse"),
+    ('agentfly-gym task {"task_id": "tewjc", "seed": 0}', "env_id is missing"),
+    ('agentfly-gym task {"env_id": 3, "seed": 0}', "env_id is 3, not an env id string"),
+    ('agentfly-gym task {"env_id": "Chess-v0", "task_id": ["tewjc"]}', "task_id is a list, not a string"),
+    ('agentfly-gym task {"env_id": "Chess-v0", "seed": "0"}', "seed is '0', not an integer or null"),
+    ('agentfly-gym task {"env_id": "Chess-v0", "seed": true}', "seed is True, not an integer or null"),
+    ('agentfly-gym task {"env_id": "Chess-v0", "env_kwargs": "split=train"}', "env_kwargs is a str, not an object"),
+    ([{"role": "user", "content": "agentfly-gym task [1,2]"}], "a JSON array, not an object"),
+    (5, "got int: '5'"),
+    (["agentfly-gym task {}"], "a list of chat messages"),
+])
+def test_a_malformed_task_prompt_is_one_config_error_naming_what_was_expected(prompt, problem):
+    """A prompt with the task prefix whose JSON is not the object task_prompt() writes (or a prompt that is neither
+    text nor chat messages) is a ConfigError that says what it got and what a task prompt is, not an
+    AttributeError's text or a TaskRow with a wrong-typed field."""
+    with pytest.raises(ConfigError) as e:
+        parse_task_prompt(prompt)
+    assert problem in str(e.value), str(e.value)
+    assert "task_prompt()" in str(e.value) and "object has no attribute" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("seed", ["abc", "3", 1.0, True, None, -1, [0]])
+def test_task_dataset_refuses_a_seed_that_is_not_an_integer(seed):
+    """A seed that is not an integer in [0, 2**63) (a string, a float, a bool, None) is a ConfigError naming the
+    argument, before anything is drawn or checked."""
+    with pytest.raises(ConfigError, match=r"^seed=.* must be an integer in \[0, 2\*\*63\)"):
+        task_dataset("Chess-v0", ["tewjc"], seed=seed, check=False)
+
+
+def test_task_dataset_takes_a_numpy_integer_seed(tmp_path, capsys):
+    """A NumPy integer seed (e.g. from a NumPy random draw) works and the rows carry plain ints, whose prompts
+    parse; ``agentfly-gym dataset --seed`` refuses a bad seed with exit status 2 and a line naming it."""
+    import numpy as np
+
+    ds = task_dataset("Chess-v0", ["tewjc", "HKIFI"], seed=np.int64(4), check=False)
+    assert ds["seed"] == [4, 5] and parse_task_prompt(ds["prompt"][1]) == TaskRow("agentfly/Chess-v0", "HKIFI", 5)
+    verl_dataset = pytest.importorskip("agentfly_gym_verl.dataset")
+    out = str(tmp_path / "d.parquet")
+    assert verl_dataset.dataset_main(["Chess", "-o", out, "-n", "2", "--seed", "-1"]) == 2
+    assert "seed=-1 must be an integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        verl_dataset.dataset_main(["Chess", "-o", out, "-n", "2", "--seed", "abc"])
+    assert e.value.code == 2 and "--seed: invalid int value: 'abc'" in capsys.readouterr().err
+
+
 def test_task_dataset_checks_listed_task_ids_as_the_cli_does():
     """A listed task id the env does not have is refused here (as ``agentfly-gym dataset`` refuses it, by the same
     code), not at the first training step; ``check=False`` skips the check."""

@@ -75,21 +75,50 @@ def parse_task_prompt(prompt: str | Sequence[Mapping[str, Any]]) -> TaskRow:
     or their text).
 
     Raises:
-        ConfigError: the prompt is not a task prompt (the message names what it got).
+        ConfigError: the prompt is not a task prompt, or its JSON is not the object :func:`task_prompt` writes
+            (``env_id`` a string, ``task_id`` a string or absent, ``seed`` an integer or null, ``env_kwargs`` an
+            object or absent); the message names what it got and what was expected.
     """
-    text = prompt if isinstance(prompt, str) else next(
-        (m.get("content", "") for m in reversed(list(prompt)) if m.get("role") == "user"), "")
+    if isinstance(prompt, str):
+        text: Any = prompt
+    elif isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
+        text = next((m.get("content", "") for m in reversed(prompt) if m.get("role") == "user"), "")
+    else:
+        raise ConfigError("a task prompt is its text or a list of chat messages (dicts with role and content), as "
+                          f"task_prompt() writes it; got {type(prompt).__name__}: {str(prompt)[:120]!r}")
     if not isinstance(text, str) or TASK_PROMPT_PREFIX not in text:
         raise ConfigError(f"not an agentfly-gym task prompt (make the data set with task_dataset()): {str(text)[:120]!r}")
+    body = text[text.index(TASK_PROMPT_PREFIX) + len(TASK_PROMPT_PREFIX):]
     try:
-        key = json.loads(text[text.index(TASK_PROMPT_PREFIX) + len(TASK_PROMPT_PREFIX):])
-        kwargs = key.get("env_kwargs") or None
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise TypeError(f"env_kwargs is a {type(kwargs).__name__}, not an object")
-        return TaskRow(env_id=key["env_id"], task_id=key.get("task_id") or None, seed=key.get("seed"),
-                       env_kwargs=kwargs)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(f"task prompt {text[:120]!r} does not parse: {e}") from None
+        key = json.loads(body)
+    except ValueError as e:
+        raise ConfigError(f"task prompt {text[:120]!r} does not parse: {e}; expected {_TASK_PROMPT_FORMAT}") from None
+    problem = _task_key_problem(key)
+    if problem:
+        raise ConfigError(f"task prompt {text[:120]!r} does not parse: {problem}; expected {_TASK_PROMPT_FORMAT}")
+    return TaskRow(env_id=key["env_id"], task_id=key.get("task_id") or None, seed=key.get("seed"),
+                   env_kwargs=key.get("env_kwargs") or None)
+
+
+_TASK_PROMPT_FORMAT = ('a JSON object {"env_id": str, "task_id": str or "", "seed": int or null} (and "env_kwargs": '
+                       'an object), as task_prompt() writes it')
+
+
+def _task_key_problem(key: Any) -> str:
+    """What is wrong with a task prompt's parsed JSON ``key`` ("" when nothing is)."""
+    if not isinstance(key, dict):
+        kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(key), "null")
+        return f"the text after {TASK_PROMPT_PREFIX.strip()!r} is a JSON {kind}, not an object"
+    if not isinstance(key.get("env_id"), str) or not key["env_id"]:
+        return "env_id is missing" if "env_id" not in key else f"env_id is {key['env_id']!r}, not an env id string"
+    if key.get("task_id") is not None and not isinstance(key["task_id"], str):
+        return f"task_id is a {type(key['task_id']).__name__}, not a string"
+    seed = key.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        return f"seed is {seed!r}, not an integer or null"
+    if key.get("env_kwargs") is not None and not isinstance(key["env_kwargs"], dict):
+        return f"env_kwargs is a {type(key['env_kwargs']).__name__}, not an object"
+    return ""
 
 
 def task_dataset(env_id: str, tasks: Iterable[str] | None = None, *, n: int | None = None, seed: int = 0,
@@ -125,9 +154,10 @@ def task_dataset(env_id: str, tasks: Iterable[str] | None = None, *, n: int | No
     """
     import datasets
 
-    from ..data.task_draw import check_draw, draw_tasks
+    from ..data.task_draw import check_draw, check_seed, draw_tasks
 
     env_id = normalize_env_id(env_id)
+    seed = check_seed(seed)  # a plain int: row i's seed + i is written into its JSON prompt
     if isinstance(tasks, (str, bytes)):
         raise ConfigError("tasks: give task ids as a list, not one string")
     if env_kwargs is not None and not isinstance(env_kwargs, Mapping):

@@ -36,7 +36,10 @@ def add_rollout_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument("--max-context-tokens", type=int, default=None)
     r.add_argument("--temperature", type=float, default=1.0)
     r.add_argument("--top-p", type=float, default=1.0)
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=int, default=None,
+                   help="group g resets with seed SEED+g (default 0; with --append, the seed after the highest one in "
+                        "--output-dir's run, so the appended episodes are new ones; an explicit --seed that replays "
+                        "seeds already there is honoured, with a warning)")
     r.add_argument("--mode", choices=("chain", "step"), default="chain",
                    help="chain: one token sequence per trajectory; step: a fresh prompt and one row per env step")
     r.add_argument("--history", type=int, default=3, help="step mode: past (action, observation) pairs per prompt")
@@ -54,7 +57,8 @@ def add_rollout_parser(sub: Any) -> argparse.ArgumentParser:
                       help="replace the run in --output-dir, once this run is complete (an interrupted run never "
                            "replaces a complete one: it goes to --output-dir/interrupted)")
     onto.add_argument("--append", action="store_true",
-                      help="add this run's trajectories to the run in --output-dir (ids continue after its ids)")
+                      help="add this run's trajectories to the run in --output-dir (ids continue after its ids, "
+                           "and so do the seeds unless --seed is given)")
     r.add_argument("--order", choices=("longest", "arrival"), default="longest",
                    help="longest (default): start the trajectories predicted to run longest first, from the lengths "
                         "earlier runs into --output-dir kept in its lengths.json (updated by this run; nothing known: "
@@ -134,7 +138,9 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     if not all(isinstance(v, dict) for v in env_kwargs.values()):
         raise ConfigError('--env-kwargs must map env ids to keyword dicts, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
     if _is_multiagent(args.env):
+        args.seed = 0 if args.seed is None else args.seed  # games are never appended (refused)
         return _rollout_multiagent(args, env_kwargs)
+    _resolve_seed(args)
     if args.policy == "random":  # it picks among info["admissible_actions"], which ScienceWorld lists only on request
         from ..registration import normalize_env_id
 
@@ -220,6 +226,39 @@ def _answer_repeated_ctrl_c() -> None:
 def _signal_status(signum: int) -> int:
     """The shell's exit status of a run stopped by ``signum``: 128 + its number (SIGINT 130, SIGTERM 143)."""
     return 128 + int(signum)
+
+
+def _played_seeds(output_dir: Any) -> set[int]:
+    """The reset seeds of the trajectories of the run in ``output_dir`` (empty when it holds none, or none that
+    loads: appending to a run that does not load is refused later, with its own message)."""
+    from pathlib import Path
+
+    path = Path(output_dir) / "trajectories.parquet"
+    if not path.is_file():
+        return set()
+    try:
+        import pyarrow.parquet as pq
+
+        seeds = pq.read_table(path, columns=["seed"]).column("seed").to_pylist()
+    except Exception:  # noqa: BLE001 - unreadable or without a seed column: the append's own check reports it
+        return set()
+    return {int(s) for s in seeds if s is not None}
+
+
+def _resolve_seed(args: argparse.Namespace) -> None:
+    """Set ``args.seed``: without ``--seed`` 0, or with ``--append`` one more than the highest seed of the run in
+    ``--output-dir`` (appended episodes are new ones, not the first run's again); an explicit ``--seed`` that would
+    replay seeds of that run is kept, with a one-line warning.  Group ``g`` resets with seed ``args.seed + g``."""
+    played = _played_seeds(args.output_dir) if args.append and args.output_dir is not None else set()
+    if args.seed is None:
+        args.seed = max(played) + 1 if played else 0
+        return
+    groups = -(-max(1, args.num_trajectories) // max(1, args.group_size))
+    again = sorted(s for s in played if args.seed <= s < args.seed + groups)
+    if again:
+        print(f"agentfly-gym: WARNING: --seed {args.seed} replays {len(again)} seed(s) the run in {args.output_dir} "
+              f"already played ({again[0]}..{again[-1]}); leave --seed out to continue after its seeds "
+              f"(next: {max(played) + 1})", file=sys.stderr)
 
 
 def _if_exists(args: argparse.Namespace) -> str:

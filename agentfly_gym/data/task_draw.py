@@ -14,14 +14,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import numbers
 import warnings
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_SPLIT", "TaskDraw", "check_draw", "check_env_kwargs", "draw_tasks", "env_class", "list_tasks",
-           "takes_argument"]
+__all__ = ["DEFAULT_SPLIT", "TaskDraw", "check_draw", "check_env_kwargs", "check_seed", "draw_tasks", "env_class",
+           "list_tasks", "takes_argument"]
 
 #: The split a data set draws its tasks from when none is given (for envs with a ``split`` argument).
 DEFAULT_SPLIT = "train"
@@ -157,6 +158,19 @@ def list_tasks(env_id: str, env_kwargs: dict[str, Any] | None = None) -> list[st
     return run_sync(run())
 
 
+def check_seed(seed: Any, name: str = "seed") -> int:
+    """``seed`` as a plain int: an integer in [0, 2**63) (a NumPy integer too; a bool is not one).
+
+    Raises:
+        ConfigError: ``seed`` is not such an integer (the message names ``name``).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ConfigError(f"{name}={seed!r} must be an integer in [0, 2**63), not a {type(seed).__name__}")
+    if not 0 <= seed < 2**63:
+        raise ConfigError(f"{name}={seed!r} must be an integer in [0, 2**63)")
+    return int(seed)
+
+
 def draw_tasks(env_id: str, tasks: Sequence[str | int] | None = None, n: int | None = None, *,
                split: str | None = None, seed: int = 0, env_kwargs: dict[str, Any] | None = None,
                excluded: Collection[str] = (), excluded_from: str = "the excluded tasks") -> TaskDraw:
@@ -178,8 +192,7 @@ def draw_tasks(env_id: str, tasks: Sequence[str | int] | None = None, n: int | N
             does not take, a listed task in ``excluded``, a split with no task (left).
         DataNotFoundError: the env's data is missing (when it lists its tasks).
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ConfigError(f"seed={seed!r} must be an integer in [0, 2**63)")
+    seed = check_seed(seed)
     task_list = [str(t) for t in tasks] if tasks is not None else None
     if task_list is not None and not task_list:
         raise ConfigError("tasks is empty; give task ids or None (tasks drawn from seeds)")
