@@ -70,36 +70,29 @@ def env_class(env_id: str) -> type:
     return load_env_creator(ep) if isinstance(ep, str) else ep
 
 
-def takes_argument(cls: type, name: str) -> bool:
-    """Whether ``cls``'s constructor names the argument ``name``."""
-    try:
-        return name in inspect.signature(cls.__init__).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _surely_lacks(cls: Any, name: str) -> bool:
-    """Whether no constructor on ``cls``'s way to :class:`object` takes ``name`` (following ``**kwargs`` up the
-    classes, and from a ``functools.partial`` to its function; a function, or a signature that cannot be read,
-    may take anything: False)."""
+def takes_argument(cls: Any, name: str) -> bool | None:
+    """Whether ``cls``'s constructor takes the argument ``name``: True when a constructor on ``cls``'s way to
+    :class:`object` names it (following ``**kwargs`` up the classes), False when none does, None when it cannot
+    tell: a function, a signature that cannot be read, a ``functools.partial`` that binds ``name`` already (it
+    follows a partial to its function otherwise), a ``**kwargs`` that goes no further up."""
     while isinstance(cls, functools.partial):  # e.g. a tool env's entry point
         if name in cls.keywords:
-            return False
+            return None
         cls = cls.func
     if not isinstance(cls, type):
-        return False
+        return None
     for klass in cls.__mro__:
         if "__init__" not in vars(klass) or klass is object:
             continue
         try:
             params = inspect.signature(vars(klass)["__init__"]).parameters
         except (TypeError, ValueError):
-            return False
+            return None
         if name in params:
-            return False
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return True
-    return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return False
+    return False
 
 
 def check_env_kwargs(env_id: str, cls: type, kwargs: dict[str, Any]) -> None:
@@ -207,10 +200,10 @@ def draw_tasks(env_id: str, tasks: Sequence[str | int] | None = None, n: int | N
     if split is not None and "split" in kwargs and kwargs["split"] != split:
         raise ConfigError(f"split={split!r} and env_kwargs split={kwargs['split']!r} disagree; give the split once "
                           "(split=)")
-    if split is not None and _surely_lacks(cls, "split"):
+    if split is not None and takes_argument(cls, "split") is False:
         raise ConfigError(f"{env_id} has no task splits (its constructor takes no split argument), so split={split!r}"
                           f" cannot be drawn from: leave split out, or give task ids")
-    if split is None and task_list is None and "split" not in kwargs and takes_argument(cls, "split"):
+    if split is None and task_list is None and "split" not in kwargs and takes_argument(cls, "split") is True:
         split = DEFAULT_SPLIT
     if split is not None:
         kwargs["split"] = split
