@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentfly_gym.data.task_draw import DEFAULT_SPLIT, check_draw, draw_tasks, env_class
+from agentfly_gym.data.task_draw import DEFAULT_SPLIT, check_draw, check_seed, draw_tasks, env_class
 from agentfly_gym.errors import ConfigError, DataNotFoundError
 from agentfly_gym.utils.jsonargs import json_object
 
@@ -102,6 +102,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
     row_env_id = row_env_id or env_id
     if mode not in AGENT_NAMES:
         raise ConfigError(f"mode={mode!r} is not one of {list(AGENT_NAMES)}")
+    seed = check_seed(seed)  # a plain int in the rows (a NumPy integer would be one there too)
     for name, v, lo in (("max_turns", max_turns, 1), ("history", history, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r} must be an integer >= {lo}")
