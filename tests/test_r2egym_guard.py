@@ -111,6 +111,7 @@ def _run(cwd: Path, test: str, *, guarded: bool) -> tuple[str, bytes | None, byt
     for f in ("report.xml", "seal.json"):
         (grade / f).unlink(missing_ok=True)
     shutil.copy(GUARD, grade / "guard.py")
+    shutil.copy(GUARD.with_name("guard_namespaces.py"), grade / "guard_namespaces.py")
     (grade / "key").write_bytes(KEY)
     runner = [str(grade / "guard.py")] if guarded else ["-m", "pytest"]
     env = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(cwd),

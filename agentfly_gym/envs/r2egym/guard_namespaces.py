@@ -1,0 +1,145 @@
+"""The namespace snapshots of the grading launcher (:mod:`.grading_guard`), standard library only.
+
+The launcher loads this file from its own folder (in the grading container, next to its copy) and keeps it in
+``sys.modules`` under a private name, so its namespace and functions are snapshotted and guarded like the
+launcher's own.  What the launcher's audit hooks call from here looks up no global name: everything it uses is a
+default argument (task code can rebind a module's globals).
+
+* :func:`_snapshot`, :func:`_merge`, :func:`_codes`, :func:`_code_like`: pytest's, pluggy's and the launcher's
+  modules, classes and functions, compared at every test report;
+* :func:`_own_bindings`, :func:`_rebound`: what a hidden test file's module code bound at its top level (its
+  tests, helpers, fixtures, classes, constants and imports), recorded when that code returns and compared before
+  each test is called.
+"""
+
+import opcode
+import sys
+import types
+
+_SELF = __name__
+_MISSING = object()
+_PREFIXES = ("pytest", "_pytest", "pluggy")
+_CLASS_ADDED_OK = frozenset({"__slotnames__", "__abstractmethods__", "_abc_impl"})
+#: bytecode operations that bind or unbind a module global: all at a module's top level (``STORE_NAME``, ...),
+#: the ``global`` ones inside its functions and classes
+_OPS = {n: opcode.opmap[n] for n in ("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_GLOBAL") if n in opcode.opmap}
+_TOP_OPS = frozenset(_OPS.values())
+_GLOBAL_OPS = frozenset(v for k, v in _OPS.items() if k.endswith("_GLOBAL"))
+
+
+def _ours(name):
+    """Whether module ``name`` is one the launcher snapshots: pytest's, pluggy's, the launcher's and this one."""
+    return name == "__main__" or name == _SELF or any(name == p or name.startswith(p + ".") for p in _PREFIXES)
+
+
+def _snapshot():
+    """``(modules, classes, functions)``: ``[(name, module, {key: value})]`` of pytest's, pluggy's and this
+    launcher's modules, ``[(class, namespace, {key: value})]`` of their classes, ``{id: function}`` of their
+    functions."""
+    modules, classes, funcs, seen = [], [], {}, set()
+    # modules: (name, module, namespace)
+    for name, mod in sorted(sys.modules.items()):
+        if not _ours(name) or not isinstance(mod, types.ModuleType):
+            continue
+        ns = {k: v for k, v in vars(mod).items()
+              if isinstance(v, (type, types.FunctionType, types.ModuleType, types.BuiltinFunctionType))}
+        modules.append((name, mod, ns))
+        for v in ns.values():
+            if isinstance(v, types.FunctionType):
+                funcs[id(v)] = v
+            if isinstance(v, type) and id(v) not in seen and _ours(getattr(v, "__module__", "") or ""):
+                seen.add(id(v))
+                cns = {k: m for k, m in vars(v).items() if _code_like(m)}
+                classes.append((v, vars(v), cns))
+                for m in cns.values():
+                    f = getattr(m, "__func__", m)
+                    for g in (f, getattr(m, "fget", None), getattr(m, "fset", None)):
+                        if isinstance(g, types.FunctionType):
+                            funcs[id(g)] = g
+    return modules, classes, funcs
+
+
+def _code_like(v, type=type, issubclass=issubclass, mro=type.__dict__["__mro__"].__get__,
+               tdict=type.__dict__["__dict__"].__get__):
+    """Whether a class attribute is behaviour (a function, a descriptor, a class) rather than data (looks only at
+    types through ``type``'s own descriptors, never at the value's or its metaclass's attributes)."""
+    t = type(v)
+    if issubclass(t, type):
+        return True
+    for c in mro(t):
+        if "__get__" in tdict(c):
+            return True
+    return False
+
+
+def _codes(funcs):
+    """The code objects of ``funcs`` and of the functions nested in them, but not of pytest's helpers
+    that set attributes for a caller (``monkeypatch``, ``pytester``): the code allowed to set attributes on the
+    test runner's classes (pytest keeps a little state on them, ``pytestPDB._config``)."""
+    out, stack = {}, []
+    for f in funcs.values():
+        if not (getattr(f, "__module__", "") or "").startswith(("_pytest.monkeypatch", "_pytest.pytester")):
+            stack.append(f.__code__)
+    while stack:
+        c = stack.pop()
+        if id(c) not in out:
+            out[id(c)] = c
+            stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return list(out.values())
+
+
+def _merge(now, before):
+    """``[(name or class, namespace, {key: (value now, value before)})]``: a namespace may hold either value
+    (pytest's ``legacypath`` adds attributes after start-up and takes them back at exit)."""
+    old = {who if isinstance(who, str) else id(who): ns for who, _, ns in before}
+    missing, out = _MISSING, []
+    for who, d, ns in now:
+        ons = old.get(who if isinstance(who, str) else id(who), {})
+        pairs = {k: (v, ons.get(k, missing)) for k, v in ns.items()}
+        pairs.update({k: (missing, v) for k, v in ons.items() if k not in ns})
+        out.append((who, d, pairs))
+    return out
+
+
+def _stored(code, ops, ext=opcode.opmap.get("EXTENDED_ARG", -1), len=len, range=range, set=set):
+    """The names that ``code`` itself (not the code nested in it) binds or unbinds with one of ``ops``, read from
+    its bytecode (two bytes an instruction since Python 3.6; ``dis`` is not used: task code could have replaced it)."""
+    b, names, out, arg = code.co_code, code.co_names, set(), 0
+    for i in range(0, len(b) - 1, 2):
+        op, a = b[i], b[i + 1] | arg
+        if op == ext:
+            arg = a << 8
+            continue
+        arg = 0
+        if op in ops and a < len(names):
+            out.add(names[a])
+    return out
+
+
+def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_GLOBAL_OPS, codetype=types.CodeType, type=type,
+                  sorted=sorted, tuple=tuple, list=list, get=dict.get, missing=_MISSING):
+    """``((name, value), ...)``: what a hidden test file's module code ``code``, at the end of its run in namespace
+    ``ns`` (a ``dict``), bound at its top level (its tests, helpers, fixtures, classes, constants, imports), less the
+    names its own functions and classes rebind (``global x``): the bindings that stay as they are while its tests
+    run.  Names something else put in ``ns`` (the package, the import system) are not the file's and are left out."""
+    own, rebinds, stack = stored(code, top), set(), list(k for k in code.co_consts if type(k) is codetype)
+    while stack:
+        c = stack.pop()
+        rebinds |= stored(c, nested)
+        stack.extend(k for k in c.co_consts if type(k) is codetype)
+    out = []
+    for name in sorted(own - rebinds):
+        value = get(ns, name, missing)
+        if value is not missing:
+            out.append((name, value))
+    return tuple(out)
+
+
+def _rebound(ns, bound, get=dict.get, missing=_MISSING):
+    """The names of ``bound`` (from :func:`_own_bindings`) that ``ns`` no longer binds to the same object (the same
+    identity: a list or dict that a fixture fills is still the file's)."""
+    out = []
+    for name, value in bound:
+        if get(ns, name, missing) is not value:
+            out.append(name)
+    return out
