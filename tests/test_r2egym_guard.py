@@ -93,6 +93,25 @@ def test_raises():
     with pytest.warns(UserWarning):
         import warnings
         warnings.warn("u", UserWarning)
+def helper(): return "first"
+def helper(): return "real"  # the file rebinds its own name while it loads: what it ends with is its own
+CACHE, TABLE, COUNT = [], {}, 0
+def test_own_helper_monkeypatched(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "helper", lambda: "patched")
+    monkeypatch.setattr(sys.modules[__name__], "COUNT", 5)
+    assert helper() == "patched" and COUNT == 5
+def test_own_helper_restored():  # monkeypatch undid it in the teardown of the test before
+    assert helper() == "real" and COUNT == 0
+@pytest.fixture
+def filled():
+    CACHE.append(1)
+    TABLE["k"] = 1
+    yield CACHE
+def test_own_list_filled_by_fixture(filled): assert filled == [1] and TABLE == {"k": 1}
+def test_own_zcounter_a():
+    global COUNT
+    COUNT += 1
+def test_own_zcounter_b(): assert COUNT == 1
 '''
 CONFTEST = '''import pytest
 @pytest.hookimpl(hookwrapper=True)
@@ -139,6 +158,7 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     assert m["test_monkeypatch_and_mock"] == m["test_logging_and_frames"] == m["test_raises"] == "PASSED", log
     assert m["test_decorated_here"] == m["test_decorated_by_mock"] == m["TestUnittest.test_u"] == "PASSED", m
     assert m["test_setup_error"] == m["test_teardown_error"] == "ERROR" and m["test_xpass_strict"] == "FAILED"
+    assert all(m[t] == "PASSED" for t in m if t.startswith("test_own_")) and len([t for t in m if "_own_" in t]) == 5, m
     problems, body = seal_problems(seal, KEY, xml, m)
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
 
@@ -248,3 +268,24 @@ for _name in ("test_calc", "tests.test_calc"):
 def test_a_test_module_swapped_before_it_runs_is_caught(tmp_path):
     problems, log = _fools_pytest_then_guarded(tmp_path, EARLY_SWAP, conftest="import minicalc\n")
     assert problems and all("never run by the import system" in p for p in problems), (problems, log[-3000:])
+
+
+# the test file's own helper kept but given a passing function's code, once the module has run
+HELPER_CODE_SWAP = r2e_hacks._HELPER_SWAP.replace('''        _g["check"] = lambda got, want: None
+''', '''        _g["check"].__code__ = (lambda got, want: None).__code__
+''')
+# the launcher's profile function (reachable through sys.getprofile) called by the package while the test module loads,
+# reporting the module's return before it bound its helper, then the helper rebound once the module has run
+FORGED_RETURN = r2e_hacks._HELPER_SWAP.replace('''    _g = _f.f_globals
+''', '''    _g = _f.f_globals
+    if sys.getprofile() is not None:
+        sys.getprofile()(_f, "return", None)
+''')
+
+
+@pytest.mark.parametrize(("package_init", "why"), [(HELPER_CODE_SWAP, "given another __code__"),
+                                                   (FORGED_RETURN, "reported by other code")],
+                         ids=["helper_code_swap", "forged_module_return"])
+def test_a_helper_of_the_test_file_changed_is_caught(tmp_path, package_init, why):
+    problems, log = _fools_pytest_then_guarded(tmp_path, package_init)
+    assert any(why in p for p in problems), (problems, log[-3000:])
