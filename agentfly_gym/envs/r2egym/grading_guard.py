@@ -68,9 +68,10 @@ def _load_namespaces(name="guard_namespaces"):
 
 
 _ns = _load_namespaces()
-_MISSING, _CLASS_ADDED_OK, _snapshot, _code_like, _codes, _merge, _own_bindings, _rebound = (
+_MISSING, _CLASS_ADDED_OK, _snapshot, _code_like, _codes, _merge, _own_bindings, _rebound, _profile_reports_frames = (
     _ns._MISSING, _ns._CLASS_ADDED_OK, _ns._snapshot, _ns._code_like, _ns._codes, _ns._merge, _ns._own_bindings,
-    _ns._rebound)
+    _ns._rebound, _ns._profile_reports_frames)
+_decorated = _ns._decorated
 _SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "site-packages", "dist-packages", "__pycache__",
                         ".tox", ".nox", ".eggs", "build"})
 _RANK = {"SKIPPED": 0, "XPASS": 1, "PASSED": 2, "ERROR": 3, "FAILED": 4}
@@ -120,25 +121,6 @@ def _test_files(root, args):
             out.update(os.path.join(d, f) for f in files if f.endswith(".py") and (
                 named or f.startswith("test_") or f.endswith("_test.py")))
     return frozenset(out)
-
-
-def _decorated(files):
-    """``{(path, name)}`` of the functions of ``files`` under a decorator that may wrap them (any but
-    ``pytest.mark.*``, ``pytest.fixture``, ``staticmethod`` and ``classmethod``), read from their source."""
-    import ast
-
-    out, plain = set(), ("pytest.fixture", "fixture", "staticmethod", "classmethod")
-    for p in files:
-        try:
-            with open(p, "rb") as f:
-                src = f.read().decode("utf-8", "replace")
-            nodes = [n for n in ast.walk(ast.parse(src, p)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        except (OSError, SyntaxError, ValueError):
-            continue
-        named = [(n.name, (ast.get_source_segment(src, d) or "?").split("(")[0].replace(" ", ""))
-                 for n in nodes for d in n.decorator_list]
-        out.update((p, n) for n, d in named if not d.startswith(("pytest.mark.", "mark.")) and d not in plain)
-    return out
 
 
 def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test_args):
@@ -191,6 +173,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
     crit_classes = [(c, d, ns) for c, d, ns in classes if getattr(c, "__module__", "") in _CRITICAL]
     main_dict = vars(sys.modules["__main__"])
     bindings, pending, compiled, own_codes = {}, set(), set(), set()  # own_codes: may call sys.setprofile
+    watch = _profile_reports_frames()  # else what test files bind is not recorded (an interpreter unlike CPython's)
 
     def veto(event, args, guarded=guarded, guarded_classes=guarded_classes, runner_codes=runner_codes,
              oid=oid, getframe=sys._getframe, type=type, isinstance=isinstance, int=int, str=str, bytes=bytes,
@@ -314,7 +297,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
 
     def loaded(code, getframe=sys._getframe, type=type, oid=oid, module_dict=types.ModuleType.__dict__["__dict__"],
                module=types.ModuleType, dict=dict, tuple=tuple, len=len, isinstance=isinstance, set=set,
-               codetype=types.CodeType, setprofile=sys.setprofile, profiled=_profiled):
+               codetype=types.CodeType, setprofile=sys.setprofile, profiled=_profiled, watch=watch):
         """At an ``exec`` of module code: the first one of a hidden test file run by the import system (pytest's
         assertion rewriter or importlib's source loader: both read the file) is its code, run in namespace ``ns``;
         a profile function reports that code's return, where what it bound is recorded (``afg.loaded``)."""
@@ -339,8 +322,9 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
         if ns is not None:
             first[p] = (code, ns, out)
             compiled.update(out)
-            pending.add(p)
-            setprofile(profiled)
+            if watch:
+                pending.add(p)
+                setprofile(profiled)
 
     def origin(item, isinstance=isinstance, type=type, str=str, getattr=getattr, oid=oid,
                function=types.FunctionType, method=types.MethodType, module=types.ModuleType,
@@ -396,9 +380,9 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
             if not pending:
                 setprofile(None)
 
-    def rebinds(rebound=_rebound, len=len, root=root, list=list):
+    def rebinds(rebound=_rebound, len=len, root=root, list=list, watch=watch):
         """Note each name a hidden test file bound that is now bound to another object (or never recorded)."""
-        for p, (_, ns, _) in list(first.items()):
+        for p, (_, ns, _) in list(first.items()) if watch else ():
             where = p[len(root) + 1:] if p.startswith(root) else p
             if p not in bindings:
                 note(where + ": what its module code bound was never recorded")

@@ -9,7 +9,7 @@ default argument (task code can rebind a module's globals).
   modules, classes and functions, compared at every test report;
 * :func:`_own_bindings`, :func:`_rebound`: what a hidden test file's module code bound at its top level (its
   tests, helpers, fixtures, classes, constants and imports), recorded when that code returns and compared before
-  each test is called.
+  each test is called; :func:`_decorated`: which of a hidden test file's functions a decorator may wrap.
 """
 
 import opcode
@@ -142,4 +142,41 @@ def _rebound(ns, bound, get=dict.get, missing=_MISSING):
     for name, value in bound:
         if get(ns, name, missing) is not value:
             out.append(name)
+    return out
+
+
+def _profile_reports_frames():
+    """Whether a profile function, at the return of module code, runs right above that code's frame (the launcher
+    checks so that a return reported by other code is not taken; without it the launcher records nothing); run
+    before any task code."""
+    code, seen = compile("x = 1", "<afg-probe>", "exec"), []
+
+    def probe(frame, event, arg, getframe=sys._getframe):
+        if event == "return" and frame.f_code is code:
+            seen.append(getframe(1) is frame)
+
+    sys.setprofile(probe)
+    try:
+        exec(code, {})
+    finally:
+        sys.setprofile(None)
+    return seen == [True]
+
+
+def _decorated(files):
+    """``{(path, name)}`` of the functions of ``files`` under a decorator that may wrap them (any but
+    ``pytest.mark.*``, ``pytest.fixture``, ``staticmethod`` and ``classmethod``), read from their source."""
+    import ast
+
+    out, plain = set(), ("pytest.fixture", "fixture", "staticmethod", "classmethod")
+    for p in files:
+        try:
+            with open(p, "rb") as f:
+                src = f.read().decode("utf-8", "replace")
+            nodes = [n for n in ast.walk(ast.parse(src, p)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        except (OSError, SyntaxError, ValueError):
+            continue
+        named = [(n.name, (ast.get_source_segment(src, d) or "?").split("(")[0].replace(" ", ""))
+                 for n in nodes for d in n.decorator_list]
+        out.update((p, n) for n, d in named if not d.startswith(("pytest.mark.", "mark.")) and d not in plain)
     return out
