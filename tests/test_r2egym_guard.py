@@ -112,6 +112,9 @@ def test_own_zcounter_a():
     global COUNT
     COUNT += 1
 def test_own_zcounter_b(): assert COUNT == 1
+MODULE_DATA = None
+def setup_module(module): module.MODULE_DATA = [1]
+def test_own_module_data(): assert MODULE_DATA == [1]
 '''
 CONFTEST = '''import pytest
 @pytest.hookimpl(hookwrapper=True)
@@ -158,7 +161,7 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     assert m["test_monkeypatch_and_mock"] == m["test_logging_and_frames"] == m["test_raises"] == "PASSED", log
     assert m["test_decorated_here"] == m["test_decorated_by_mock"] == m["TestUnittest.test_u"] == "PASSED", m
     assert m["test_setup_error"] == m["test_teardown_error"] == "ERROR" and m["test_xpass_strict"] == "FAILED"
-    assert all(m[t] == "PASSED" for t in m if t.startswith("test_own_")) and len([t for t in m if "_own_" in t]) == 5, m
+    assert all(m[t] == "PASSED" for t in m if t.startswith("test_own_")) and len([t for t in m if "_own_" in t]) == 6, m
     problems, body = seal_problems(seal, KEY, xml, m)
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
 

@@ -20,11 +20,12 @@ _SELF = __name__
 _MISSING = object()
 _PREFIXES = ("pytest", "_pytest", "pluggy")
 _CLASS_ADDED_OK = frozenset({"__slotnames__", "__abstractmethods__", "_abc_impl"})
-#: bytecode operations that bind or unbind a module global: all at a module's top level (``STORE_NAME``, ...),
-#: the ``global`` ones inside its functions and classes
-_OPS = {n: opcode.opmap[n] for n in ("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_GLOBAL") if n in opcode.opmap}
-_TOP_OPS = frozenset(_OPS.values())
-_GLOBAL_OPS = frozenset(v for k, v in _OPS.items() if k.endswith("_GLOBAL"))
+#: bytecode operations that bind or unbind a name: at a module's top level (``STORE_NAME``, ...), those that bind
+#: its globals; inside its functions and classes, those that may rebind one (``global x``, ``module.x = ...``)
+_OPS = {n: opcode.opmap[n] for n in ("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR",
+                                     "DELETE_ATTR") if n in opcode.opmap}
+_TOP_OPS = frozenset(v for k, v in _OPS.items() if not k.endswith("_ATTR"))
+_NESTED_OPS = frozenset(v for k, v in _OPS.items() if k.endswith(("_GLOBAL", "_ATTR")))
 
 
 def _ours(name):
@@ -116,11 +117,12 @@ def _stored(code, ops, ext=opcode.opmap.get("EXTENDED_ARG", -1), len=len, range=
     return out
 
 
-def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_GLOBAL_OPS, codetype=types.CodeType, type=type,
+def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, codetype=types.CodeType, type=type,
                   sorted=sorted, tuple=tuple, list=list, get=dict.get, missing=_MISSING):
     """``((name, value), ...)``: what a hidden test file's module code ``code``, at the end of its run in namespace
     ``ns`` (a ``dict``), bound at its top level (its tests, helpers, fixtures, classes, constants, imports), less the
-    names its own functions and classes rebind (``global x``): the bindings that stay as they are while its tests
+    names its own functions and classes may rebind (``global x``, ``module.x = ...`` in ``setup_module``; any
+    attribute they set by that name): the bindings that stay as they are while its tests
     run.  Names something else put in ``ns`` (the package, the import system) are not the file's and are left out."""
     own, rebinds, stack = stored(code, top), set(), list(k for k in code.co_consts if type(k) is codetype)
     while stack:
