@@ -118,32 +118,50 @@ def _stored(code, ops, ext=opcode.opmap.get("EXTENDED_ARG", -1), len=len, range=
 
 
 def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, codetype=types.CodeType, type=type,
-                  sorted=sorted, tuple=tuple, list=list, get=dict.get, missing=_MISSING):
-    """``((name, value), ...)``: what a hidden test file's module code ``code``, at the end of its run in namespace
-    ``ns`` (a ``dict``), bound at its top level (its tests, helpers, fixtures, classes, constants, imports), less the
-    names its own functions and classes may rebind (``global x``, ``module.x = ...`` in ``setup_module``; any
-    attribute they set by that name): the bindings that stay as they are while its tests
-    run.  Names something else put in ``ns`` (the package, the import system) are not the file's and are left out."""
+                  str=str, issubclass=issubclass, sorted=sorted, tuple=tuple, list=list, get=dict.get,
+                  missing=_MISSING, tdict=type.__dict__["__dict__"].__get__, code_like=_code_like):
+    """``((name, value, members), ...)``: what a hidden test file's module code ``code``, at the end of its run in
+    namespace ``ns`` (a ``dict``), bound at its top level (its tests, helpers, fixtures, classes, constants,
+    imports), less the names its own functions and classes may rebind (``global x``, ``module.x = ...`` in
+    ``setup_module``, ``cls.x = ...``: any attribute they set by that name); ``members``, for a class the file
+    defines, ``((key, member), ...)`` of the functions and descriptors in its namespace (a test's helper methods),
+    else ``()``.  These stay as they are while its tests run.  Names something else put in ``ns`` (the package, the
+    import system) are not the file's and are left out."""
     own, rebinds, stack = stored(code, top), set(), list(k for k in code.co_consts if type(k) is codetype)
     while stack:
         c = stack.pop()
         rebinds |= stored(c, nested)
         stack.extend(k for k in c.co_consts if type(k) is codetype)
-    out = []
+    out, module_name = [], get(ns, "__name__", missing)
     for name in sorted(own - rebinds):
-        value = get(ns, name, missing)
-        if value is not missing:
-            out.append((name, value))
+        value, members = get(ns, name, missing), []
+        if value is missing:
+            continue
+        if issubclass(type(value), type) and type(module_name) is str:
+            d = tdict(value)
+            m = d.get("__module__")
+            if type(m) is str and m == module_name:
+                for k, v in list(d.items()):
+                    if type(k) is str and k not in rebinds and code_like(v):
+                        members.append((k, v))
+        out.append((name, value, tuple(members)))
     return tuple(out)
 
 
-def _rebound(ns, bound, get=dict.get, missing=_MISSING):
+def _rebound(ns, bound, get=dict.get, missing=_MISSING, tdict=type.__dict__["__dict__"].__get__,
+             proxy_get=type(type.__dict__).get):
     """The names of ``bound`` (from :func:`_own_bindings`) that ``ns`` no longer binds to the same object (the same
-    identity: a list or dict that a fixture fills is still the file's)."""
+    identity: a list or dict that a fixture fills is still the file's), and ``class.key`` for a class member
+    replaced or removed."""
     out = []
-    for name, value in bound:
+    for name, value, members in bound:
         if get(ns, name, missing) is not value:
             out.append(name)
+            continue
+        d = tdict(value) if members else None
+        for k, m in members:
+            if proxy_get(d, k, missing) is not m:
+                out.append(name + "." + k)
     return out
 
 
