@@ -134,7 +134,15 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
     oid = object.__hash__  # unique for live objects like id(), without id()'s audit event on every call
     fkeys = frozenset(oid(f) for f in funcs.values())
     guarded_classes = frozenset(oid(c) for c, _, _ in classes)
-    guarded = guarded_classes | fkeys
+    watched = set()  # the ids of the hidden test files' module code while it runs
+
+    def profiled(frame, event, arg, audit=sys.audit, watched=watched, oid=oid):
+        """The profile function while a hidden test file's module code runs: reports that code's return to the state
+        hook (which records what the file bound); reachable through ``sys.getprofile``, so guarded."""
+        if event == "return" and oid(frame.f_code) in watched:
+            audit("afg.loaded", frame)
+
+    guarded = guarded_classes | fkeys | {oid(profiled)}
     runner_codes = frozenset(oid(c) for c in _codes(funcs))
     root = os.path.realpath(os.getcwd())
     conftests = _conftests(root)
@@ -296,7 +304,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
 
     def loaded(code, getframe=sys._getframe, type=type, oid=oid, module_dict=types.ModuleType.__dict__["__dict__"],
                module=types.ModuleType, dict=dict, tuple=tuple, len=len, isinstance=isinstance, set=set,
-               codetype=types.CodeType, setprofile=sys.setprofile, profiled=_profiled, watch=watch):
+               codetype=types.CodeType, setprofile=sys.setprofile, profiled=profiled, watch=watch):
         """At an ``exec`` of module code: the first one of a hidden test file run by the import system (pytest's
         assertion rewriter or importlib's source loader: both read the file) is its code, run in namespace ``ns``;
         a profile function reports that code's return, where what it bound is recorded (``afg.loaded``)."""
@@ -323,6 +331,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
             compiled.update(out)
             if watch:
                 pending.add(p)
+                watched.add(oid(code))
                 setprofile(profiled)
 
     def origin(item, isinstance=isinstance, type=type, str=str, getattr=getattr, oid=oid,
@@ -394,7 +403,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
               report_class=report_class, dumps=json.dumps, hmac_new=hmac.new, sha256=hashlib.sha256,
               write=os.write, close=os.close, sha=_sha, junit=junit, key=key, seal_fd=seal_fd,
               outcomes=outcomes, tampered=tampered, seals=seals, rank=_RANK, err=OSError, codetype=types.CodeType,
-              checked=checked, origin_code=origin_code, getattr=getattr, profiled_code=_profiled.__code__,
+              checked=checked, origin_code=origin_code, getattr=getattr, profiled_code=profiled.__code__,
               function=types.FunctionType, fcode=types.FunctionType.__dict__["__code__"],
               fattrs=("__code__", "__defaults__", "__kwdefaults__")):
         if event == "exec":
@@ -519,13 +528,6 @@ class GuardPlugin:
     def pytest_runtest_logreport(self, report):
         sys.audit("afg.report", str(report.nodeid), str(report.when), str(report.outcome),
                   bool(getattr(report, "wasxfail", None) is not None))
-
-
-def _profiled(frame, event, arg, audit=sys.audit):
-    """The profile function while a hidden test file's module code runs: reports each module code's return to
-    the state hook, which records what a hidden test file bound once its code ends."""
-    if event == "return" and frame.f_code.co_name == "<module>":
-        audit("afg.loaded", frame)
 
 
 def _seal(rc):
