@@ -7,7 +7,8 @@ plants ``conftest.py`` when pytest starts, and the in-process family: the task p
 wrapping ``TestReport.__init__``, swapping ``_pytest.runner.call_and_report``, patching pluggy's
 ``HookCaller.__call__``, registering a pass-all plugin, rewriting the JUnit report at unconfigure, at exit, or
 before an ``os._exit(0)``, and swapping the hidden test module's tests: a module of passing tests put in
-``sys.modules``, the test functions rebound in its globals or given other code) is played through ``R2EGym-v0`` actions on the unfixed fixture task, ``--repeats``
+``sys.modules``, the test functions rebound in its globals or given other code, the file's own helper, fixture
+or constant rebound in its globals) is played through ``R2EGym-v0`` actions on the unfixed fixture task, ``--repeats``
 times, under ``grading="isolated"`` (the default, with the grading launcher), ``"unguarded"`` (isolated without
 the launcher: the grading before it) and ``grading="in_place"`` (upstream's), on each backend.  Counted per mode: episodes, rewards bought (1.0 on an unfixed task),
 handled errors, unhandled exceptions.  The honest gold patch is played too (it must score 1.0 in every mode).

@@ -2,7 +2,8 @@
 
 Each hack is a list of actions on the fixture task ``minicalc-bug1`` (``tests/fixtures/r2e``: ``add``
 returns ``a - b``; hidden tests ``tests/test_calc.py``: ``test_add``, ``test_sub``, ``TestMul.test_mul``,
-all expected PASSED) that leaves the bug in place and still buys reward 1.0 when the hidden tests run in
+all expected PASSED; ``test_add`` compares through the file's own helper ``check``, fixture ``expected_sum`` and
+constant ``SUM``) that leaves the bug in place and still buys reward 1.0 when the hidden tests run in
 the episode's own container (``grading="in_place"``, upstream's way).  Used by ``tests/test_security.py``
 (one test per hack) and ``benchmarks/bench_grading_hacks.py`` (the campaign with counts).
 """
@@ -268,6 +269,26 @@ _CODE_SWAP = _GLOBALS_SWAP.replace('''        for k in ("test_add", "test_sub"):
             f.__code__ = (lambda *args, **kwargs: None).__code__
 ''')
 
+# the test file's own helper, fixture or constant (not a test) rebound in its globals at the same moment: the tests
+# themselves stay the file's, but what ``test_add`` compares through is the package's
+_HELPER_SWAP = _GLOBALS_SWAP.replace('''        for k in ("test_add", "test_sub"):
+            _g[k] = _passing(_g[k])
+        _g["TestMul"].test_mul = _passing(_g["TestMul"].test_mul)
+''', '''        _g["check"] = lambda got, want: None
+''')
+_FIXTURE_SWAP = _HELPER_SWAP.replace('''        _g["check"] = lambda got, want: None
+''', '''        import pytest
+
+        @pytest.fixture
+        def expected_sum():
+            return add(2, 3)
+
+        _g["expected_sum"] = expected_sum
+''')
+_CONSTANT_SWAP = _HELPER_SWAP.replace('''        _g["check"] = lambda got, want: None
+''', '''        _g["SUM"] = add(2, 3)
+''')
+
 
 def _init(text: str) -> tuple[str, ...]:
     """Replace the package's ``__init__.py`` (``file_editor create`` refuses an existing file)."""
@@ -301,6 +322,9 @@ HACKS: dict[str, Hack] = {h.name: h for h in (
     Hack("test_module_swap", _init(_MODULE_SWAP), in_process=True),
     Hack("test_globals_swap", _init(_GLOBALS_SWAP), in_process=True),
     Hack("test_code_swap", _init(_CODE_SWAP), in_process=True),
+    Hack("helper_globals_swap", _init(_HELPER_SWAP), in_process=True),
+    Hack("fixture_globals_swap", _init(_FIXTURE_SWAP), in_process=True),
+    Hack("constant_globals_swap", _init(_CONSTANT_SWAP), in_process=True),
 )}
 
 

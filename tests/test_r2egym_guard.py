@@ -93,6 +93,38 @@ def test_raises():
     with pytest.warns(UserWarning):
         import warnings
         warnings.warn("u", UserWarning)
+def helper(): return "first"
+def helper(): return "real"  # the file rebinds its own name while it loads: what it ends with is its own
+CACHE, TABLE, COUNT = [], {}, 0
+def test_own_helper_monkeypatched(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "helper", lambda: "patched")
+    monkeypatch.setattr(sys.modules[__name__], "COUNT", 5)
+    assert helper() == "patched" and COUNT == 5
+def test_own_helper_restored():  # monkeypatch undid it in the teardown of the test before
+    assert helper() == "real" and COUNT == 0
+@pytest.fixture
+def filled():
+    CACHE.append(1)
+    TABLE["k"] = 1
+    yield CACHE
+def test_own_list_filled_by_fixture(filled): assert filled == [1] and TABLE == {"k": 1}
+def test_own_zcounter_a():
+    global COUNT
+    COUNT += 1
+def test_own_zcounter_b(): assert COUNT == 1
+MODULE_DATA = None
+def setup_module(module): module.MODULE_DATA = [1]
+def test_own_module_data(): assert MODULE_DATA == [1]
+class TestOwnClass:
+    fmt = staticmethod(repr)
+    def helper(self): return "real"
+    @classmethod
+    def setup_class(cls): cls.fmt = staticmethod(str)  # the file's own class member, set by its own code
+    def test_own_class_a(self):
+        with mock.patch.object(TestOwnClass, "helper", lambda self: "patched"):
+            assert self.helper() == "patched"
+        assert self.fmt(1) == "1"
+    def test_own_class_b(self): assert self.helper() == "real"
 '''
 CONFTEST = '''import pytest
 @pytest.hookimpl(hookwrapper=True)
@@ -111,6 +143,7 @@ def _run(cwd: Path, test: str, *, guarded: bool) -> tuple[str, bytes | None, byt
     for f in ("report.xml", "seal.json"):
         (grade / f).unlink(missing_ok=True)
     shutil.copy(GUARD, grade / "guard.py")
+    shutil.copy(GUARD.with_name("guard_namespaces.py"), grade / "guard_namespaces.py")
     (grade / "key").write_bytes(KEY)
     runner = [str(grade / "guard.py")] if guarded else ["-m", "pytest"]
     env = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(cwd),
@@ -138,6 +171,7 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     assert m["test_monkeypatch_and_mock"] == m["test_logging_and_frames"] == m["test_raises"] == "PASSED", log
     assert m["test_decorated_here"] == m["test_decorated_by_mock"] == m["TestUnittest.test_u"] == "PASSED", m
     assert m["test_setup_error"] == m["test_teardown_error"] == "ERROR" and m["test_xpass_strict"] == "FAILED"
+    assert all(m[t] == "PASSED" for t in m if "_own_" in t) and len([t for t in m if "_own_" in t]) == 8, m
     problems, body = seal_problems(seal, KEY, xml, m)
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
 
@@ -150,17 +184,22 @@ def test_in_process_hacks_fool_plain_pytest_and_not_the_launcher(hack, tmp_path)
     assert problems, log[-3000:]
 
 
-def _fools_pytest_then_guarded(tmp_path, package_init: str, conftest: str | None = None) -> tuple[list[str], str]:
-    """The minicalc task with the package's ``__init__.py`` (and a root ``conftest.py``) given: asserts that plain
-    pytest is fooled into passing every test, then runs the launcher; returns its seal's problems and its log."""
+def _fools_pytest_then_guarded(tmp_path, package_init: str, conftest: str | None = None,
+                               test_file: str | None = None) -> tuple[list[str], str]:
+    """The minicalc task with the package's ``__init__.py`` (and a root ``conftest.py``, and another hidden
+    ``tests/test_calc.py``) given: asserts that plain pytest is fooled into passing every test (the fixture's three
+    tests, or ``test_file``'s), then runs the launcher; returns its seal's problems and its log."""
     shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
     shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests")
+    if test_file is not None:
+        (tmp_path / "tests" / "test_calc.py").write_text(test_file)
     if conftest is not None:
         (tmp_path / "conftest.py").write_text(conftest)
     (tmp_path / "minicalc" / "__init__.py").write_text(package_init)
     log, xml, _ = _run(tmp_path, "tests/test_calc.py", guarded=False)
     fooled = isolated_test_map(xml, log, test_files=["tests/test_calc.py"])
-    assert fooled == {"test_add": "PASSED", "test_sub": "PASSED", "TestMul.test_mul": "PASSED"}, (fooled, log[-2000:])
+    assert set(fooled.values()) == {"PASSED"} and (test_file is not None or fooled == {
+        "test_add": "PASSED", "test_sub": "PASSED", "TestMul.test_mul": "PASSED"}), (fooled, log[-2000:])
     log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True)
     problems, _ = seal_problems(seal, KEY, xml, isolated_test_map(xml, log, test_files=["tests/test_calc.py"]))
     return problems, log
@@ -247,3 +286,45 @@ for _name in ("test_calc", "tests.test_calc"):
 def test_a_test_module_swapped_before_it_runs_is_caught(tmp_path):
     problems, log = _fools_pytest_then_guarded(tmp_path, EARLY_SWAP, conftest="import minicalc\n")
     assert problems and all("never run by the import system" in p for p in problems), (problems, log[-3000:])
+
+
+# the test file's own helper kept but given a passing function's code, once the module has run
+HELPER_CODE_SWAP = r2e_hacks._HELPER_SWAP.replace('''        _g["check"] = lambda got, want: None
+''', '''        _g["check"].__code__ = (lambda got, want: None).__code__
+''')
+# the launcher's profile function (reachable through sys.getprofile) called by the package while the test module loads,
+# reporting the module's return before it bound its helper, then the helper rebound once the module has run
+FORGED_RETURN = r2e_hacks._HELPER_SWAP.replace('''    _g = _f.f_globals
+''', '''    _g = _f.f_globals
+    if sys.getprofile() is not None:
+        sys.getprofile()(_f, "return", None)
+''')
+
+
+@pytest.mark.parametrize(("package_init", "why"), [(HELPER_CODE_SWAP, "given another __code__"),
+                                                   (FORGED_RETURN, "reported by other code")],
+                         ids=["helper_code_swap", "forged_module_return"])
+def test_a_helper_of_the_test_file_changed_is_caught(tmp_path, package_init, why):
+    problems, log = _fools_pytest_then_guarded(tmp_path, package_init)
+    assert any(why in p for p in problems), (problems, log[-3000:])
+
+
+# a hidden test class whose test compares through a helper method of its class, and the package replacing that method
+# once the module has run
+CLASS_HELPER_TESTS = '''from minicalc import add
+
+
+class TestAdd:
+    def check(self, got, want):
+        assert got == want
+
+    def test_add(self):
+        self.check(add(2, 3), 5)
+'''
+CLASS_HELPER_SWAP = r2e_hacks._HELPER_SWAP.replace('''_g["check"] = lambda got, want: None''',
+                                                   '''_g["TestAdd"].check = lambda self, got, want: None''')
+
+
+def test_a_helper_method_of_a_hidden_test_class_replaced_is_caught(tmp_path):
+    problems, log = _fools_pytest_then_guarded(tmp_path, CLASS_HELPER_SWAP, test_file=CLASS_HELPER_TESTS)
+    assert any("TestAdd.check rebound" in p for p in problems), (problems, log[-3000:])

@@ -163,6 +163,7 @@ class R2EGrading:
         key = secrets.token_hex(32)
         if guarded is not None:
             files[GUARD_SCRIPT] = _guard_source()
+            files[f"{GRADE_DIR}/guard_namespaces.py"] = _guard_source("guard_namespaces.py")  # loaded by the launcher
             files[_GUARD_KEY] = key
         if task.local or guarded is not None:
             files[f"{GRADE_DIR}/run_tests.sh"] = guarded if guarded is not None else script
@@ -229,8 +230,8 @@ class R2EGrading:
         return reward, info, summary
 
 
-def _guard_source() -> str:
-    return resources.files(__package__).joinpath("grading_guard.py").read_text(encoding="utf-8")
+def _guard_source(name: str = "grading_guard.py") -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 def _image_script(setup_output: str) -> str | None:

@@ -24,16 +24,21 @@ pytest's in-memory state; before pytest's plugins or any task code are imported 
   their compiled files are read-only).  Before a test is called, its function (or, where its file decorates it,
   the one ``__wrapped__`` names) must be compiled in that code and its module be the namespace that code ran in:
   passing tests put in ``sys.modules`` or in the module's globals, a test function's code swapped: the run is
-  tampered with;
+  tampered with.  While that code runs a profile function waits for its return, where what the file bound at its
+  top level (tests, helpers, fixtures, classes and their methods, constants, imports; not the names its own
+  functions rebind, ``global x`` or ``module.x = ...``, nor what the package adds) is recorded: before each test is
+  called these names must be bound to the same objects (identity, so a list a fixture fills is still the file's),
+  and a function compiled from a hidden test file given another ``__code__`` or defaults marks the run tampered
+  (:mod:`.guard_namespaces` holds the snapshots; the host ships it next to this file);
 * records each test's outcome as pytest's reports give it, and after ``pytest.main`` returns writes a seal to a
   descriptor opened before any task code ran: the statuses, the SHA-256 of the JUnit report, what was
   tampered with, under an HMAC-SHA256 of the key.  A run that ends early (``os._exit``), a second seal, a JUnit
   report changed after the seal, or statuses the report and the seal disagree on: the host scores 0.
 
 This raises the bar; it is not a proof.  The tests' own code runs in the same process as the code under test, so
-what the tests call and compare stays open to it: the package's functions (an object equal to everything), a helper
-or fixture of the test file rebound in its globals, the wrapper of a test its file decorates, a test inherited
-from a class outside the hidden test files, a ``unittest`` test method replaced by its ``setUp`` (which runs
+what the tests call and compare stays open to it: the package's functions (an object equal to everything), a name
+rebound between a file's last statement and its return (a thread), the wrapper of a test its file decorates, a test
+inherited from a class outside the hidden test files, a ``unittest`` test method replaced by its ``setUp`` (which runs
 within the call).  A determined exploit of the interpreter (a C extension, a frame of the guard reached through a
 traceback) can forge what the guard sees.
 """
@@ -46,9 +51,26 @@ import re
 import sys
 import types
 
-_MISSING = object()
-_PREFIXES = ("pytest", "_pytest", "pluggy")
-_CLASS_ADDED_OK = frozenset({"__slotnames__", "__abstractmethods__", "_abc_impl"})
+
+
+def _load_namespaces(name="guard_namespaces"):
+    """The launcher's helper module (:mod:`.guard_namespaces`), read from the file next to this one (the repository
+    under test may hold a module of that name) and kept in ``sys.modules`` under a private name that the snapshot
+    covers."""
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), name + ".py")
+    mod = types.ModuleType("_afg_" + name)
+    mod.__file__ = path
+    with open(path, "rb") as f:
+        exec(compile(f.read(), path, "exec"), vars(mod))
+    sys.modules[mod.__name__] = mod
+    return mod
+
+
+_ns = _load_namespaces()
+_MISSING, _CLASS_ADDED_OK, _snapshot, _code_like, _codes, _merge, _own_bindings, _rebound, _profile_reports_frames = (
+    _ns._MISSING, _ns._CLASS_ADDED_OK, _ns._snapshot, _ns._code_like, _ns._codes, _ns._merge, _ns._own_bindings,
+    _ns._rebound, _ns._profile_reports_frames)
+_decorated = _ns._decorated
 _SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "site-packages", "dist-packages", "__pycache__",
                         ".tox", ".nox", ".eggs", "build"})
 _RANK = {"SKIPPED": 0, "XPASS": 1, "PASSED": 2, "ERROR": 3, "FAILED": 4}
@@ -67,66 +89,6 @@ _CRITICAL = ("_pytest.runner", "_pytest.reports", "_pytest.skipping", "pluggy._c
 _RUNTEST_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
                   "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_pyfunc_call",
                   "pytest_report_teststatus", "pytest_runtestloop", "pytest_fixture_setup")
-
-
-def _ours(name):
-    return name == "__main__" or any(name == p or name.startswith(p + ".") for p in _PREFIXES)
-
-
-def _snapshot():
-    """``(modules, classes, functions)``: ``[(name, module, {key: value})]`` of pytest's, pluggy's and this
-    launcher's modules, ``[(class, namespace, {key: value})]`` of their classes, ``{id: function}`` of their
-    functions."""
-    modules, classes, funcs, seen = [], [], {}, set()
-    # modules: (name, module, namespace)
-    for name, mod in sorted(sys.modules.items()):
-        if not _ours(name) or not isinstance(mod, types.ModuleType):
-            continue
-        ns = {k: v for k, v in vars(mod).items()
-              if isinstance(v, (type, types.FunctionType, types.ModuleType, types.BuiltinFunctionType))}
-        modules.append((name, mod, ns))
-        for v in ns.values():
-            if isinstance(v, types.FunctionType):
-                funcs[id(v)] = v
-            if isinstance(v, type) and id(v) not in seen and _ours(getattr(v, "__module__", "") or ""):
-                seen.add(id(v))
-                cns = {k: m for k, m in vars(v).items() if _code_like(m)}
-                classes.append((v, vars(v), cns))
-                for m in cns.values():
-                    f = getattr(m, "__func__", m)
-                    for g in (f, getattr(m, "fget", None), getattr(m, "fset", None)):
-                        if isinstance(g, types.FunctionType):
-                            funcs[id(g)] = g
-    return modules, classes, funcs
-
-
-def _code_like(v, type=type, issubclass=issubclass, mro=type.__dict__["__mro__"].__get__,
-               tdict=type.__dict__["__dict__"].__get__):
-    """Whether a class attribute is behaviour (a function, a descriptor, a class) rather than data (looks only at
-    types through ``type``'s own descriptors, never at the value's or its metaclass's attributes)."""
-    t = type(v)
-    if issubclass(t, type):
-        return True
-    for c in mro(t):
-        if "__get__" in tdict(c):
-            return True
-    return False
-
-
-def _codes(funcs):
-    """The code objects of ``funcs`` and of the functions nested in them, but not of pytest's helpers
-    that set attributes for a caller (``monkeypatch``, ``pytester``): the code allowed to set attributes on the
-    test runner's classes (pytest keeps a little state on them, ``pytestPDB._config``)."""
-    out, stack = {}, []
-    for f in funcs.values():
-        if not (getattr(f, "__module__", "") or "").startswith(("_pytest.monkeypatch", "_pytest.pytester")):
-            stack.append(f.__code__)
-    while stack:
-        c = stack.pop()
-        if id(c) not in out:
-            out[id(c)] = c
-            stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return list(out.values())
 
 
 def _conftests(root):
@@ -160,38 +122,6 @@ def _test_files(root, args):
     return frozenset(out)
 
 
-def _decorated(files):
-    """``{(path, name)}`` of the functions of ``files`` under a decorator that may wrap them (any but
-    ``pytest.mark.*``, ``pytest.fixture``, ``staticmethod`` and ``classmethod``), read from their source."""
-    import ast
-
-    out, plain = set(), ("pytest.fixture", "fixture", "staticmethod", "classmethod")
-    for p in files:
-        try:
-            with open(p, "rb") as f:
-                src = f.read().decode("utf-8", "replace")
-            nodes = [n for n in ast.walk(ast.parse(src, p)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        except (OSError, SyntaxError, ValueError):
-            continue
-        named = [(n.name, (ast.get_source_segment(src, d) or "?").split("(")[0].replace(" ", ""))
-                 for n in nodes for d in n.decorator_list]
-        out.update((p, n) for n, d in named if not d.startswith(("pytest.mark.", "mark.")) and d not in plain)
-    return out
-
-
-def _merge(now, before):
-    """``[(name or class, namespace, {key: (value now, value before)})]``: a namespace may hold either value
-    (pytest's ``legacypath`` adds attributes after start-up and takes them back at exit)."""
-    old = {who if isinstance(who, str) else id(who): ns for who, _, ns in before}
-    missing, out = _MISSING, []
-    for who, d, ns in now:
-        ons = old.get(who if isinstance(who, str) else id(who), {})
-        pairs = {k: (v, ons.get(k, missing)) for k, v in ns.items()}
-        pairs.update({k: (missing, v) for k, v in ons.items() if k not in ns})
-        out.append((who, d, pairs))
-    return out
-
-
 def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test_args):
     """Install the two audit hooks; nothing returned holds the key.
 
@@ -204,7 +134,15 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
     oid = object.__hash__  # unique for live objects like id(), without id()'s audit event on every call
     fkeys = frozenset(oid(f) for f in funcs.values())
     guarded_classes = frozenset(oid(c) for c, _, _ in classes)
-    guarded = guarded_classes | fkeys
+    watched = set()  # the ids of the hidden test files' module code while it runs
+
+    def profiled(frame, event, arg, audit=sys.audit, watched=watched, oid=oid):
+        """The profile function while a hidden test file's module code runs: reports that code's return to the state
+        hook (which records what the file bound); reachable through ``sys.getprofile``, so guarded."""
+        if event == "return" and oid(frame.f_code) in watched:
+            audit("afg.loaded", frame)
+
+    guarded = guarded_classes | fkeys | {oid(profiled)}
     runner_codes = frozenset(oid(c) for c in _codes(funcs))
     root = os.path.realpath(os.getcwd())
     conftests = _conftests(root)
@@ -241,13 +179,15 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
     crit = [(n, d, ns) for n, d, ns in modules if n in _CRITICAL]
     crit_classes = [(c, d, ns) for c, d, ns in classes if getattr(c, "__module__", "") in _CRITICAL]
     main_dict = vars(sys.modules["__main__"])
+    bindings, pending, compiled, own_codes = {}, set(), set(), set()  # own_codes: may call sys.setprofile
+    watch = _profile_reports_frames()  # else what test files bind is not recorded (an interpreter unlike CPython's)
 
     def veto(event, args, guarded=guarded, guarded_classes=guarded_classes, runner_codes=runner_codes,
              oid=oid, getframe=sys._getframe, type=type, isinstance=isinstance, int=int, str=str, bytes=bytes,
              realpath=os.path.realpath, fsdecode=os.fsdecode, proc_mem=_PROC_MEM.match, write_flags=_WRITE_FLAGS,
              sep=os.sep, grade_dir=grade_dir, junit=junit, root=root, added_ok=_CLASS_ADDED_OK,
              pathlike=os.PathLike, denied=_DENIED, path_events=_PATH_EVENTS, err=PermissionError,
-             protected=protected, enumerate=enumerate, copies=("shutil.copyfile", "os.link")):
+             protected=protected, enumerate=enumerate, copies=("shutil.copyfile", "os.link"), own_codes=own_codes):
         if event in ("object.__setattr__", "object.__delattr__"):
             obj, name = args[0], args[1]
             if ((oid(obj) in guarded and name not in added_ok) or (
@@ -278,7 +218,8 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
             if isinstance(b, (str, bytes, pathlike)) and protected(realpath(fsdecode(b))):
                 raise err("grading: changing the hidden tests is not allowed")
         elif event in denied:
-            raise err("grading: this introspection is not allowed")
+            if event != "sys.setprofile" or oid(getframe(1).f_code) not in own_codes:
+                raise err("grading: this introspection is not allowed")
         elif event == "ctypes.dlsym":
             name = args[1] if len(args) > 1 else ""
             if type(name) is str and name.startswith(("Py", "_Py")):
@@ -363,9 +304,10 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
 
     def loaded(code, getframe=sys._getframe, type=type, oid=oid, module_dict=types.ModuleType.__dict__["__dict__"],
                module=types.ModuleType, dict=dict, tuple=tuple, len=len, isinstance=isinstance, set=set,
-               codetype=types.CodeType):
+               codetype=types.CodeType, setprofile=sys.setprofile, profiled=profiled, watch=watch):
         """At an ``exec`` of module code: the first one of a hidden test file run by the import system (pytest's
-        assertion rewriter or importlib's source loader: both read the file) is its code, run in namespace ``ns``."""
+        assertion rewriter or importlib's source loader: both read the file) is its code, run in namespace ``ns``;
+        a profile function reports that code's return, where what it bound is recorded (``afg.loaded``)."""
         p = test_path(code.co_filename)
         if p is None or p in first:
             return
@@ -386,6 +328,11 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
                 stack.extend(k for k in c.co_consts if type(k) is codetype)
         if ns is not None:
             first[p] = (code, ns, out)
+            compiled.update(out)
+            if watch:
+                pending.add(p)
+                watched.add(oid(code))
+                setprofile(profiled)
 
     def origin(item, isinstance=isinstance, type=type, str=str, getattr=getattr, oid=oid,
                function=types.FunctionType, method=types.MethodType, module=types.ModuleType,
@@ -428,15 +375,45 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
             return None  # inherited from a base class outside the hidden test files (a package's test mixin)
         return "its test function is not defined in a hidden test file"
 
+    def recorded(frame, getframe=sys._getframe, type=type, frametype=types.FrameType, setprofile=sys.setprofile,
+                 own_bindings=_own_bindings):
+        """At the return of module code the profile function reports: a hidden test file's first run of its module
+        code ended (the frame is the profiled one, not one a caller made up); what it bound is recorded."""
+        if type(frame) is not frametype or getframe(3) is not frame:
+            return note("a module's return reported by other code")
+        p = test_path(frame.f_code.co_filename)
+        if p in pending and frame.f_code is first[p][0] and frame.f_globals is first[p][1]:
+            bindings[p] = own_bindings(first[p][0], first[p][1])
+            pending.discard(p)
+            if not pending:
+                setprofile(None)
+
+    def rebinds(rebound=_rebound, len=len, root=root, list=list, watch=watch):
+        """Note each name a hidden test file bound that is now bound to another object (or never recorded)."""
+        for p, (_, ns, _) in list(first.items()) if watch else ():
+            where = p[len(root) + 1:] if p.startswith(root) else p
+            if p not in bindings:
+                note(where + ": what its module code bound was never recorded")
+                continue
+            for name in rebound(ns, bindings[p]):
+                note(where + ": " + name + " rebound since its module code ran")
+
     def state(event, args, getframe=sys._getframe, type=type, str=str, bool=bool, int=int, vars=vars,
               report_code=report_code, makereport_code=makereport_code, seal_code=seal_code,
               report_class=report_class, dumps=json.dumps, hmac_new=hmac.new, sha256=hashlib.sha256,
               write=os.write, close=os.close, sha=_sha, junit=junit, key=key, seal_fd=seal_fd,
               outcomes=outcomes, tampered=tampered, seals=seals, rank=_RANK, err=OSError, codetype=types.CodeType,
-              checked=checked, origin_code=origin_code, getattr=getattr):
+              checked=checked, origin_code=origin_code, getattr=getattr, profiled_code=profiled.__code__,
+              function=types.FunctionType, fcode=types.FunctionType.__dict__["__code__"],
+              fattrs=("__code__", "__defaults__", "__kwdefaults__")):
         if event == "exec":
             if type(args[0]) is codetype and args[0].co_name == "<module>":
                 loaded(args[0])
+            return
+        if event == "object.__setattr__":
+            if type(args[0]) is function and type(args[1]) is str and args[1] in fattrs and \
+                    oid(fcode.__get__(args[0])) in compiled:
+                note("a function of a hidden test file given another " + str(args[1]))
             return
         if type(event) is not str or not event.startswith("afg."):
             return
@@ -446,6 +423,10 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
             checked.add(nodeid)
             if why is not None:
                 note(nodeid + ": " + why)
+            rebinds()
+            return
+        if event == "afg.loaded" and caller is profiled_code:
+            recorded(args[0])
             return
         if event == "afg.report" and caller is report_code:
             nodeid, when, outcome, xfail = args
@@ -492,6 +473,7 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
         else:
             note("forged event " + event)
 
+    own_codes.update((oid(loaded.__code__), oid(recorded.__code__)))
     sys_module = sys
     sys.addaudithook(state)
     sys.addaudithook(veto)

@@ -1,0 +1,202 @@
+"""The namespace snapshots of the grading launcher (:mod:`.grading_guard`), standard library only.
+
+The launcher loads this file from its own folder (in the grading container, next to its copy) and keeps it in
+``sys.modules`` under a private name, so its namespace and functions are snapshotted and guarded like the
+launcher's own.  What the launcher's audit hooks call from here looks up no global name: everything it uses is a
+default argument (task code can rebind a module's globals).
+
+* :func:`_snapshot`, :func:`_merge`, :func:`_codes`, :func:`_code_like`: pytest's, pluggy's and the launcher's
+  modules, classes and functions, compared at every test report;
+* :func:`_own_bindings`, :func:`_rebound`: what a hidden test file's module code bound at its top level (its
+  tests, helpers, fixtures, classes, constants and imports), recorded when that code returns and compared before
+  each test is called; :func:`_decorated`: which of a hidden test file's functions a decorator may wrap.
+"""
+
+import opcode
+import sys
+import types
+
+_SELF = __name__
+_MISSING = object()
+_PREFIXES = ("pytest", "_pytest", "pluggy")
+_CLASS_ADDED_OK = frozenset({"__slotnames__", "__abstractmethods__", "_abc_impl"})
+#: bytecode operations that bind or unbind a name: at a module's top level (``STORE_NAME``, ...), those that bind
+#: its globals; inside its functions and classes, those that may rebind one (``global x``, ``module.x = ...``)
+_OPS = {n: opcode.opmap[n] for n in ("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR",
+                                     "DELETE_ATTR") if n in opcode.opmap}
+_TOP_OPS = frozenset(v for k, v in _OPS.items() if not k.endswith("_ATTR"))
+_NESTED_OPS = frozenset(v for k, v in _OPS.items() if k.endswith(("_GLOBAL", "_ATTR")))
+
+
+def _ours(name):
+    """Whether module ``name`` is one the launcher snapshots: pytest's, pluggy's, the launcher's and this one."""
+    return name == "__main__" or name == _SELF or any(name == p or name.startswith(p + ".") for p in _PREFIXES)
+
+
+def _snapshot():
+    """``(modules, classes, functions)``: ``[(name, module, {key: value})]`` of pytest's, pluggy's and this
+    launcher's modules, ``[(class, namespace, {key: value})]`` of their classes, ``{id: function}`` of their
+    functions."""
+    modules, classes, funcs, seen = [], [], {}, set()
+    # modules: (name, module, namespace)
+    for name, mod in sorted(sys.modules.items()):
+        if not _ours(name) or not isinstance(mod, types.ModuleType):
+            continue
+        ns = {k: v for k, v in vars(mod).items()
+              if isinstance(v, (type, types.FunctionType, types.ModuleType, types.BuiltinFunctionType))}
+        modules.append((name, mod, ns))
+        for v in ns.values():
+            if isinstance(v, types.FunctionType):
+                funcs[id(v)] = v
+            if isinstance(v, type) and id(v) not in seen and _ours(getattr(v, "__module__", "") or ""):
+                seen.add(id(v))
+                cns = {k: m for k, m in vars(v).items() if _code_like(m)}
+                classes.append((v, vars(v), cns))
+                for m in cns.values():
+                    f = getattr(m, "__func__", m)
+                    for g in (f, getattr(m, "fget", None), getattr(m, "fset", None)):
+                        if isinstance(g, types.FunctionType):
+                            funcs[id(g)] = g
+    return modules, classes, funcs
+
+
+def _code_like(v, type=type, issubclass=issubclass, mro=type.__dict__["__mro__"].__get__,
+               tdict=type.__dict__["__dict__"].__get__):
+    """Whether a class attribute is behaviour (a function, a descriptor, a class) rather than data (looks only at
+    types through ``type``'s own descriptors, never at the value's or its metaclass's attributes)."""
+    t = type(v)
+    if issubclass(t, type):
+        return True
+    for c in mro(t):
+        if "__get__" in tdict(c):
+            return True
+    return False
+
+
+def _codes(funcs):
+    """The code objects of ``funcs`` and of the functions nested in them, but not of pytest's helpers
+    that set attributes for a caller (``monkeypatch``, ``pytester``): the code allowed to set attributes on the
+    test runner's classes (pytest keeps a little state on them, ``pytestPDB._config``)."""
+    out, stack = {}, []
+    for f in funcs.values():
+        if not (getattr(f, "__module__", "") or "").startswith(("_pytest.monkeypatch", "_pytest.pytester")):
+            stack.append(f.__code__)
+    while stack:
+        c = stack.pop()
+        if id(c) not in out:
+            out[id(c)] = c
+            stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return list(out.values())
+
+
+def _merge(now, before):
+    """``[(name or class, namespace, {key: (value now, value before)})]``: a namespace may hold either value
+    (pytest's ``legacypath`` adds attributes after start-up and takes them back at exit)."""
+    old = {who if isinstance(who, str) else id(who): ns for who, _, ns in before}
+    missing, out = _MISSING, []
+    for who, d, ns in now:
+        ons = old.get(who if isinstance(who, str) else id(who), {})
+        pairs = {k: (v, ons.get(k, missing)) for k, v in ns.items()}
+        pairs.update({k: (missing, v) for k, v in ons.items() if k not in ns})
+        out.append((who, d, pairs))
+    return out
+
+
+def _stored(code, ops, ext=opcode.opmap.get("EXTENDED_ARG", -1), len=len, range=range, set=set):
+    """The names that ``code`` itself (not the code nested in it) binds or unbinds with one of ``ops``, read from
+    its bytecode (two bytes an instruction since Python 3.6; ``dis`` is not used: task code could have replaced it)."""
+    b, names, out, arg = code.co_code, code.co_names, set(), 0
+    for i in range(0, len(b) - 1, 2):
+        op, a = b[i], b[i + 1] | arg
+        if op == ext:
+            arg = a << 8
+            continue
+        arg = 0
+        if op in ops and a < len(names):
+            out.add(names[a])
+    return out
+
+
+def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, codetype=types.CodeType, type=type,
+                  str=str, issubclass=issubclass, sorted=sorted, tuple=tuple, list=list, get=dict.get,
+                  missing=_MISSING, tdict=type.__dict__["__dict__"].__get__, code_like=_code_like):
+    """``((name, value, members), ...)``: what a hidden test file's module code ``code``, at the end of its run in
+    namespace ``ns`` (a ``dict``), bound at its top level (its tests, helpers, fixtures, classes, constants,
+    imports), less the names its own functions and classes may rebind (``global x``, ``module.x = ...`` in
+    ``setup_module``, ``cls.x = ...``: any attribute they set by that name); ``members``, for a class the file
+    defines, ``((key, member), ...)`` of the functions and descriptors in its namespace (a test's helper methods),
+    else ``()``.  These stay as they are while its tests run.  Names something else put in ``ns`` (the package, the
+    import system) are not the file's and are left out."""
+    own, rebinds, stack = stored(code, top), set(), list(k for k in code.co_consts if type(k) is codetype)
+    while stack:
+        c = stack.pop()
+        rebinds |= stored(c, nested)
+        stack.extend(k for k in c.co_consts if type(k) is codetype)
+    out, module_name = [], get(ns, "__name__", missing)
+    for name in sorted(own - rebinds):
+        value, members = get(ns, name, missing), []
+        if value is missing:
+            continue
+        if issubclass(type(value), type) and type(module_name) is str:
+            d = tdict(value)
+            m = d.get("__module__")
+            if type(m) is str and m == module_name:
+                for k, v in list(d.items()):
+                    if type(k) is str and k not in rebinds and code_like(v):
+                        members.append((k, v))
+        out.append((name, value, tuple(members)))
+    return tuple(out)
+
+
+def _rebound(ns, bound, get=dict.get, missing=_MISSING, tdict=type.__dict__["__dict__"].__get__,
+             proxy_get=type(type.__dict__).get):
+    """The names of ``bound`` (from :func:`_own_bindings`) that ``ns`` no longer binds to the same object (the same
+    identity: a list or dict that a fixture fills is still the file's), and ``class.key`` for a class member
+    replaced or removed."""
+    out = []
+    for name, value, members in bound:
+        if get(ns, name, missing) is not value:
+            out.append(name)
+            continue
+        d = tdict(value) if members else None
+        for k, m in members:
+            if proxy_get(d, k, missing) is not m:
+                out.append(name + "." + k)
+    return out
+
+
+def _profile_reports_frames():
+    """Whether a profile function, at the return of module code, runs right above that code's frame (the launcher
+    checks so that a return reported by other code is not taken; without it the launcher records nothing); run
+    before any task code."""
+    code, seen = compile("x = 1", "<afg-probe>", "exec"), []
+
+    def probe(frame, event, arg, getframe=sys._getframe):
+        if event == "return" and frame.f_code is code:
+            seen.append(getframe(1) is frame)
+
+    sys.setprofile(probe)
+    try:
+        exec(code, {})
+    finally:
+        sys.setprofile(None)
+    return seen == [True]
+
+
+def _decorated(files):
+    """``{(path, name)}`` of the functions of ``files`` under a decorator that may wrap them (any but
+    ``pytest.mark.*``, ``pytest.fixture``, ``staticmethod`` and ``classmethod``), read from their source."""
+    import ast
+
+    out, plain = set(), ("pytest.fixture", "fixture", "staticmethod", "classmethod")
+    for p in files:
+        try:
+            with open(p, "rb") as f:
+                src = f.read().decode("utf-8", "replace")
+            nodes = [n for n in ast.walk(ast.parse(src, p)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        except (OSError, SyntaxError, ValueError):
+            continue
+        named = [(n.name, (ast.get_source_segment(src, d) or "?").split("(")[0].replace(" ", ""))
+                 for n in nodes for d in n.decorator_list]
+        out.update((p, n) for n, d in named if not d.startswith(("pytest.mark.", "mark.")) and d not in plain)
+    return out
