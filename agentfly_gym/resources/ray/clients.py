@@ -14,7 +14,7 @@ from typing import Any
 from ...errors import ResourceStartError
 from . import _compat
 
-__all__ = ["CLIENT_NODE_CHECK", "PoolClients", "client_owner", "dead_owners"]
+__all__ = ["CLIENT_NODE_CHECK", "PoolClients", "client_owner", "dead_owners", "live_node_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,14 @@ def client_owner() -> dict[str, Any]:
 
     ctx = ray.get_runtime_context()
     return {"worker_id": ctx.get_worker_id(), "job_id": ctx.get_job_id(), "driver": ctx.worker.mode == ray.SCRIPT_MODE}
+
+
+def live_node_ids() -> set[str]:
+    """The ids (hex) of the cluster's live nodes, as the control store (GCS) lists them.  Blocking: run it in a
+    thread."""
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
 def dead_owners(owners: dict[str, dict[str, Any]]) -> list[str]:
@@ -68,17 +76,15 @@ class PoolClients:
     async def _watch_clients(self) -> None:
         """Every ``CLIENT_NODE_CHECK`` seconds: a client whose node died, or whose process ended without detaching
         (SIGKILL, a crash), is detached: its leases come back."""
-        import ray
-
         while not self._closed:
             await asyncio.sleep(CLIENT_NODE_CHECK)
             if self._client_nodes:
                 try:
-                    nodes = await asyncio.to_thread(ray.nodes)
+                    alive = await asyncio.to_thread(live_node_ids)
                 except Exception:  # noqa: BLE001 - GCS busy: try again next round
-                    nodes = None
-                if nodes is not None:
-                    alive = self._live_nodes = {n["NodeID"] for n in nodes if n.get("Alive")}
+                    alive = None
+                if alive is not None:
+                    self._live_nodes = alive
                     for client, node in list(self._client_nodes.items()):
                         if node not in alive:
                             log.warning("%s: client %s was on node %s, which died; returning its leases",
@@ -109,13 +115,10 @@ class PoolClients:
         """
         if node_id in self._live_nodes:
             return
-        import ray
-
         try:
-            nodes = await asyncio.to_thread(ray.nodes)
+            self._live_nodes = await asyncio.to_thread(live_node_ids)
         except Exception:  # noqa: BLE001 - GCS busy: the start there will tell
             return
-        self._live_nodes = {n["NodeID"] for n in nodes if n.get("Alive")}
         if node_id not in self._live_nodes:
             raise ResourceStartError(
                 f"{self.spec.label}: no instance can run on node {node_id!r}: it is not a live node of the cluster "
