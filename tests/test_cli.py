@@ -163,3 +163,9 @@ def test_append_without_a_seed_plays_new_episodes(tmp_path):
     assert seeds() == [0, 0, 1, 1]
     warning = [line for line in r.stderr.splitlines() if "WARNING" in line]
     assert len(warning) == 1 and "--seed 1 replays 1 seed(s)" in warning[0] and "(next: 2)" in warning[0], r.stderr
+    # a seed out of range is refused before anything plays (it was an OverflowError after the episodes, losing them)
+    for bad, says in ((["--seed", "-5"], "--seed=-5 must be an integer"),
+                      (["--seed", str(2**63 - 1), "-n", "2"], "past 2**63 - 1")):
+        r = cli(*quick, "--append", *bad)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert seeds() == [0, 0, 1, 1]

@@ -45,6 +45,9 @@ def test_task_dataset_round_trips_through_the_prompt():
     ('agentfly-gym task {"env_id": "Chess-v0", "seed": "0"}', "seed is '0', not an integer or null"),
     ('agentfly-gym task {"env_id": "Chess-v0", "seed": true}', "seed is True, not an integer or null"),
     ('agentfly-gym task {"env_id": "Chess-v0", "env_kwargs": "split=train"}', "env_kwargs is a str, not an object"),
+    ('agentfly-gym task {"env_id": "Chess-v0", "seed": -1}', "seed=-1 must be an integer in [0, 2**63)"),
+    ('agentfly-gym task {"env_id": "Chess-v0", "seed": 18446744073709551616}', "must be an integer in [0, 2**63)"),
+    ("agentfly-gym task " + "[" * 100000, "does not parse"),  # past the JSON decoder's depth: RecursionError
     ([{"role": "user", "content": "agentfly-gym task [1,2]"}], "a JSON array, not an object"),
     (5, "got int: '5'"),
     (["agentfly-gym task {}"], "a list of chat messages"),
@@ -65,6 +68,13 @@ def test_task_dataset_refuses_a_seed_that_is_not_an_integer(seed):
     argument, before anything is drawn or checked."""
     with pytest.raises(ConfigError, match=r"^seed=.* must be an integer in \[0, 2\*\*63\)"):
         task_dataset("Chess-v0", ["tewjc"], seed=seed, check=False)
+
+
+def test_task_dataset_refuses_a_seed_range_past_2_63():
+    """Row i resets with seed + i: a first seed that passes but a last one past 2**63 - 1 is refused before
+    anything is written (it was an OverflowError from pyarrow)."""
+    with pytest.raises(ConfigError, match="past 2\\*\\*63 - 1"):
+        task_dataset("Chess-v0", n=2, seed=2**63 - 1, check=False)
 
 
 def test_task_dataset_takes_a_numpy_integer_seed(tmp_path, capsys):

@@ -91,7 +91,7 @@ def parse_task_prompt(prompt: str | Sequence[Mapping[str, Any]]) -> TaskRow:
     body = text[text.index(TASK_PROMPT_PREFIX) + len(TASK_PROMPT_PREFIX):]
     try:
         key = json.loads(body)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested past the decoder's depth
         raise ConfigError(f"task prompt {text[:120]!r} does not parse: {e}; expected {_TASK_PROMPT_FORMAT}") from None
     problem = _task_key_problem(key)
     if problem:
@@ -116,6 +116,13 @@ def _task_key_problem(key: Any) -> str:
     seed = key.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         return f"seed is {seed!r}, not an integer or null"
+    if seed is not None:
+        from ..data.task_draw import check_seed
+
+        try:
+            check_seed(seed)  # the seed rule of every data set (task_draw)
+        except ConfigError as e:
+            return str(e)
     if key.get("env_kwargs") is not None and not isinstance(key["env_kwargs"], dict):
         return f"env_kwargs is a {type(key['env_kwargs']).__name__}, not an object"
     return ""

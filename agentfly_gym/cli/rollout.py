@@ -249,12 +249,18 @@ def _resolve_seed(args: argparse.Namespace) -> None:
     """Set ``args.seed``: without ``--seed`` 0, or with ``--append`` one more than the highest seed of the run in
     ``--output-dir`` (appended episodes are new ones, not the first run's again); an explicit ``--seed`` that would
     replay seeds of that run is kept, with a one-line warning.  Group ``g`` resets with seed ``args.seed + g``."""
+    from ..data.task_draw import check_seed
+    from ..errors import ConfigError
+
     played = _played_seeds(args.output_dir) if args.append and args.output_dir is not None else set()
-    if args.seed is None:
-        args.seed = max(played) + 1 if played else 0
-        return
     groups = -(-max(1, args.num_trajectories) // max(1, args.group_size))
-    again = sorted(s for s in played if args.seed <= s < args.seed + groups)
+    explicit = args.seed is not None
+    if not explicit:
+        args.seed = max(played) + 1 if played else 0
+    check_seed(args.seed, "--seed" if explicit else "the seed after the run's")
+    if args.seed + groups - 1 >= 2**63:
+        raise ConfigError(f"seed {args.seed} with {groups} groups: the last group's seed is past 2**63 - 1")
+    again = sorted(s for s in played if args.seed <= s < args.seed + groups) if explicit else []
     if again:
         print(f"agentfly-gym: WARNING: --seed {args.seed} replays {len(again)} seed(s) the run in {args.output_dir} "
               f"already played ({again[0]}..{again[-1]}); leave --seed out to continue after its seeds "

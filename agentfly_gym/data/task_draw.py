@@ -195,6 +195,8 @@ def draw_tasks(env_id: str, tasks: Sequence[str | int] | None = None, n: int | N
         n = len(task_list)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"n={n!r} must be an integer >= 1")
+    if seed + n - 1 >= 2**63:  # row i resets with seed + i
+        raise ConfigError(f"seed={seed} with n={n} rows: the last row's seed {seed + n - 1} is past 2**63 - 1")
     kwargs = dict(env_kwargs or {})
     cls = env_class(env_id)
     if split is not None and "split" in kwargs and kwargs["split"] != split:
