@@ -11,6 +11,7 @@ fixed text (``ScriptedServer``) and records which rollout asked first and under 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import json
 import logging
@@ -22,6 +23,7 @@ pytest.importorskip("verl.experimental.agent_loop.agent_loop")
 from transformers import AutoTokenizer  # noqa: E402
 
 from agentfly_gym.resources.priority import current_priority  # noqa: E402
+from agentfly_gym.rollout.ordering import StartGate  # noqa: E402
 from agentfly_gym_verl.runtime import aclose, get_runtime  # noqa: E402
 from test_verl_plugin import ScriptedServer, _make_loop, _rows, _sampling, _trainer_config  # noqa: E402
 
@@ -109,24 +111,45 @@ async def test_a_worker_starts_longest_predicted_first_across_steps_and_keeps_th
     assert [p for _, p in server.first] == [None] * 4
 
 
-async def test_a_bad_lengths_file_is_a_warning_and_a_fresh_start(tmp_path, tok, puzzles, worker, caplog):
+async def test_a_bad_lengths_file_is_a_warning_and_a_fresh_start(tmp_path, tok, puzzles, worker, caplog,
+                                                                 monkeypatch):
     """A lengths_path that holds something else (cut off, another program's file) never fails a rollout: a
     warning, a fresh estimate, and a good file at the end of the batch; without a cap the batch still starts
-    longest-predicted first (the gate lets them in by priority) and each rollout's acquisitions carry it."""
+    longest-predicted first (the gate lets them in by priority) and each rollout's acquisitions carry it.
+
+    Without a cap both rollouts run at once, so which asks the server first depends on how long each reset
+    took (CI once saw the shorter one first under load): the start order is read where the gate lets each in."""
+    admitted: list[float | None] = []
+    real_admit = StartGate.admit
+
+    @contextlib.asynccontextmanager
+    async def admit(self, priority=None):
+        async with real_admit(self, priority):
+            admitted.append(priority)
+            yield
+
+    monkeypatch.setattr(StartGate, "admit", admit)
     cfg = _trainer_config(response_length=256)
     rows = _rows(tmp_path, tok, cfg, "Chess", puzzles[:2], max_turns=2, env_kwargs={"mode": "puzzle"})
     path = tmp_path / "lengths.json"
     path.write_text('{"version": 1, "tasks": {"x": ')
     server = FirstCalls(tok)
     with caplog.at_level(logging.WARNING):
-        assert await _batch("agentfly_chain", server, tok, cfg, rows, lengths_path=str(path)) == puzzles[:2]
+        assert sorted(await _batch("agentfly_chain", server, tok, cfg, rows, lengths_path=str(path))) == \
+            sorted(puzzles[:2])
+    assert admitted == [None, None]  # nothing known yet: arrival order
     assert "is not a saved RolloutLengths" in caplog.text and "fresh estimate" in caplog.text
     assert sorted(json.loads(path.read_text())["tasks"]) == sorted(f"{ENV}/{t}" for t in puzzles[:2])
     lengths = get_runtime().lengths[str(path)]
     lengths.observe(f"{ENV}/{puzzles[0]}", 50.0)  # make the second row the longer one
     lengths.observe(f"{ENV}/{puzzles[0]}", 50.0)
     lengths.observe(f"{ENV}/{puzzles[0]}", 50.0)
-    assert await _batch("agentfly_chain", server, tok, cfg, rows[::-1], lengths_path=str(path)) == puzzles[:2]
-    assert server.first[0][1] > server.first[1][1]
+    longer, shorter = (lengths.priority(f"{ENV}/{t}") for t in puzzles[:2])
+    assert longer > shorter
+    admitted.clear()
+    assert sorted(await _batch("agentfly_chain", server, tok, cfg, rows[::-1], lengths_path=str(path))) == \
+        sorted(puzzles[:2])
+    assert admitted == [longer, shorter]  # the row that arrived second is let in first
+    assert sorted(p for _, p in server.first) == [shorter, longer]  # each rollout's acquisitions carry its own
     with pytest.raises(Exception, match="order="):
         _make_loop("agentfly_chain", server, tok, cfg, order="random")
