@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import r2e_hacks
 
-from agentfly_gym.envs.r2egym.isolation import guard_command, isolated_test_map, seal_problems
+from agentfly_gym.envs.r2egym.isolation import guard_command, isolated_test_map, seal_problems, without_probes
 
 REPO = Path(__file__).resolve().parents[1]
 GUARD = REPO / "agentfly_gym" / "envs" / "r2egym" / "grading_guard.py"
@@ -143,7 +143,8 @@ def _run(cwd: Path, test: str, *, guarded: bool) -> tuple[str, bytes | None, byt
     for f in ("report.xml", "seal.json"):
         (grade / f).unlink(missing_ok=True)
     shutil.copy(GUARD, grade / "guard.py")
-    shutil.copy(GUARD.with_name("guard_namespaces.py"), grade / "guard_namespaces.py")
+    for helper in ("guard_namespaces.py", "guard_probes.py"):
+        shutil.copy(GUARD.with_name(helper), grade / helper)
     (grade / "key").write_bytes(KEY)
     runner = [str(grade / "guard.py")] if guarded else ["-m", "pytest"]
     env = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(cwd),
@@ -166,13 +167,15 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     (tests / "conftest.py").write_text(CONFTEST)
     plain_log, plain_xml, _ = _run(tmp_path, "tests/test_x.py", guarded=False)
     log, xml, seal = _run(tmp_path, "tests/test_x.py", guarded=True)
-    m = isolated_test_map(xml, log, test_files=["tests/test_x.py"])
+    with_probes = isolated_test_map(xml, log, test_files=["tests/test_x.py"])
+    problems, body = seal_problems(seal, KEY, xml, with_probes, probes=True)
+    m = without_probes(with_probes, body)
+    assert len(with_probes) - len(m) == len(body["probes"]) == 6, (body["probes"], body["probe_notes"])
     assert m == isolated_test_map(plain_xml, plain_log, test_files=["tests/test_x.py"])  # same verdict as plain pytest
     assert m["test_monkeypatch_and_mock"] == m["test_logging_and_frames"] == m["test_raises"] == "PASSED", log
     assert m["test_decorated_here"] == m["test_decorated_by_mock"] == m["TestUnittest.test_u"] == "PASSED", m
     assert m["test_setup_error"] == m["test_teardown_error"] == "ERROR" and m["test_xpass_strict"] == "FAILED"
     assert all(m[t] == "PASSED" for t in m if "_own_" in t) and len([t for t in m if "_own_" in t]) == 8, m
-    problems, body = seal_problems(seal, KEY, xml, m)
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
 
 
@@ -266,8 +269,9 @@ def test_audit_hooks_refuse_what_reaches_past_pytest(tmp_path):
     assert isolated_test_map(xml, log) == {"test_vetoes": "FAILED"}, log[-2000:]
     log, xml, seal = _run(tmp_path, "tests/test_v.py", guarded=True)
     m = isolated_test_map(xml, log)
-    assert m == {"test_vetoes": "PASSED"}, log[-3000:]
-    assert seal_problems(seal, KEY, xml, m)[0] == []
+    problems, body = seal_problems(seal, KEY, xml, m, probes=True)
+    assert without_probes(m, body) == {"test_vetoes": "PASSED"}, log[-3000:]
+    assert problems == [], problems
 
 
 # the package, imported by the repository's conftest.py before any test module runs, runs a module of passing tests

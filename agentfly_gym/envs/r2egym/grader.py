@@ -22,7 +22,7 @@ from ...errors import EnvError
 from ...resources.containers.api import ContainerResource, ExecResult
 from .grading import compare_test_maps, parse_log_pytest, reward_from_log
 from .isolation import (DiffRules, filter_diff, guard_command, hidden_test_rules, isolated_test_map, seal_problems,
-                        shadow_candidates)
+                        shadow_candidates, without_probes)
 from .local_tasks import TESTBED
 from .tasks import R2ETask
 from .testbed import GIT, TOOLS_DIR, repo_tar
@@ -163,8 +163,9 @@ class R2EGrading:
         key = secrets.token_hex(32)
         if guarded is not None:
             files[GUARD_SCRIPT] = _guard_source()
-            files[f"{GRADE_DIR}/guard_namespaces.py"] = _guard_source("guard_namespaces.py")  # loaded by the launcher
-            files[_GUARD_KEY] = key
+            for helper in ("guard_namespaces.py", "guard_probes.py"):  # loaded by the launcher
+                files[f"{GRADE_DIR}/{helper}"] = _guard_source(helper)
+            files[_GUARD_KEY] = key + ("\n" if self.tamper_probes else "\nprobes=0\n")
         if task.local or guarded is not None:
             files[f"{GRADE_DIR}/run_tests.sh"] = guarded if guarded is not None else script
         record["guard"] = {"applied": guarded is not None}
@@ -187,13 +188,17 @@ class R2EGrading:
             parsed = isolated_test_map(xml, r.output, test_files=task.hidden_tests)
         except ValueError as e:
             return 0.0, {**fail_info, "error": str(e)}, f"Hidden tests not graded: {e}."
-        reward = compare_test_maps(parsed, task.expected)
+        body: dict[str, Any] = {}
         if guarded is not None:
-            problems, body = seal_problems(seal, key.encode(), xml, parsed)
+            problems, body = seal_problems(seal, key.encode(), xml, parsed, probes=self.tamper_probes)
             record["guard"].update({"sound": not problems, "problems": problems, "audit_hook": body.get("audit")})
-            if problems and not (xml is None and r.timed_out):
-                reward = 0.0
-        record["log_test_results"] = parse_log_pytest(r.output)
+            parsed = without_probes(parsed, body)  # the probes' failures are no hidden test's
+            record["tampered"] = [p.removeprefix("tampered: ") for p in problems]
+            record["probes"] = {"run": len(body.get("probes") or ()), "notes": list(body.get("probe_notes") or ())}
+        reward = compare_test_maps(parsed, task.expected)
+        if guarded is not None and record["guard"]["problems"] and not (xml is None and r.timed_out):
+            reward = 0.0
+        record["log_test_results"] = without_probes(parse_log_pytest(r.output), body)
         info = {"test_results": parsed, "tests_timed_out": r.timed_out, "score": reward, "won": reward == 1.0,
                 "grading": record}
         if xml is None and not r.timed_out:

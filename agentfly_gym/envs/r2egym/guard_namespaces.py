@@ -12,12 +12,16 @@ default argument (task code can rebind a module's globals).
   each test is called; :func:`_decorated`: which of a hidden test file's functions a decorator may wrap.
 """
 
+import hashlib
 import opcode
+import os
 import sys
 import types
 
 _SELF = __name__
 _MISSING = object()
+_SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "site-packages", "dist-packages", "__pycache__",
+                        ".tox", ".nox", ".eggs", "build"})
 _PREFIXES = ("pytest", "_pytest", "pluggy")
 _CLASS_ADDED_OK = frozenset({"__slotnames__", "__abstractmethods__", "_abc_impl"})
 #: bytecode operations that bind or unbind a name: at a module's top level (``STORE_NAME``, ...), those that bind
@@ -29,8 +33,8 @@ _NESTED_OPS = frozenset(v for k, v in _OPS.items() if k.endswith(("_GLOBAL", "_A
 
 
 def _ours(name):
-    """Whether module ``name`` is one the launcher snapshots: pytest's, pluggy's, the launcher's and this one."""
-    return name == "__main__" or name == _SELF or any(name == p or name.startswith(p + ".") for p in _PREFIXES)
+    """Whether module ``name`` is one the launcher snapshots: pytest's, pluggy's, the launcher's and its helpers."""
+    return name == "__main__" or name == _SELF or name.startswith("_afg_") or any(name == p or name.startswith(p + ".") for p in _PREFIXES)
 
 
 def _snapshot():
@@ -200,3 +204,51 @@ def _decorated(files):
                  for n in nodes for d in n.decorator_list]
         out.update((p, n) for n, d in named if not d.startswith(("pytest.mark.", "mark.")) and d not in plain)
     return out
+
+
+def _conftests(root):
+    """``{realpath: sha256}`` of the ``conftest.py`` files under ``root`` (virtual environments left out)."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.endswith((".egg-info", ".dist-info"))]
+        if "conftest.py" in files:
+            p = os.path.realpath(os.path.join(d, "conftest.py"))
+            out[p] = _sha(p)
+    return out
+
+
+def _sha(path, open=open, sha256=hashlib.sha256, err=OSError):
+    try:
+        with open(path, "rb") as f:
+            return sha256(f.read()).hexdigest()
+    except err:
+        return None
+
+
+def _test_files(root, args):
+    """``frozenset`` of the hidden test files' realpaths: the ``.py`` files pytest's positional arguments name or
+    hold (``path::node`` allowed); without any, the ``test_*.py`` and ``*_test.py`` files under ``root``."""
+    out, named = set(), [os.path.realpath(a.split("::")[0]) for a in args if isinstance(a, str) and a]
+    for p in named or [root]:
+        for d, dirs, files in os.walk(p) if os.path.isdir(p) else [(os.path.dirname(p), [], [os.path.basename(p)])]:
+            dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.endswith((".egg-info", ".dist-info"))]
+            out.update(os.path.join(d, f) for f in files if f.endswith(".py") and (
+                named or f.startswith("test_") or f.endswith("_test.py")))
+    return frozenset(out)
+
+
+def _trusted_impl(filename, plugin_file, root, conftests, realpath=os.path.realpath, basename=os.path.basename,
+                  isfile=os.path.isfile, sep=os.sep, skip=_SKIP_DIRS, any=any, str=str, type=type):
+    """A hook implementation registered after start-up (its function's file ``filename``; ``plugin_file`` the
+    ``__file__`` of its plugin when that is a module): from a ``conftest.py`` of the repository as it was at
+    start-up, or from code outside the repository (an installed pytest plugin)."""
+    if type(filename) is not str:
+        return False
+    path = realpath(filename)
+    if basename(path) == "conftest.py":
+        if type(plugin_file) is not str or realpath(plugin_file) != path:
+            return False
+        want = conftests.get(path)
+        return want is not None and want == _sha(path)
+    inside = path.startswith(root + sep) and not any(p in skip for p in path[len(root):].split(sep))
+    return not inside and isfile(path)

@@ -57,6 +57,7 @@ __all__ = [
     "junit_test_map",
     "seal_problems",
     "shadow_candidates",
+    "without_probes",
     "xpass_names",
 ]
 
@@ -480,21 +481,31 @@ def _guard_names(statuses: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def seal_problems(seal: bytes | None, key: bytes, xml: bytes | None,
-                  test_map: dict[str, str]) -> tuple[list[str], dict]:
+def without_probes(test_map: dict[str, str], body: dict) -> dict[str, str]:
+    """``test_map`` without the launcher's tamper probes (named by node id in the seal's ``body["probes"]``; the
+    names as :func:`junit_test_map` makes them)."""
+    probes = set(_guard_names({p: "FAILED" for p in body.get("probes") or [] if isinstance(p, str)}))
+    return {k: v for k, v in test_map.items() if k not in probes}
+
+
+def seal_problems(seal: bytes | None, key: bytes, xml: bytes | None, test_map: dict[str, str], *,
+                  probes: bool = False) -> tuple[list[str], dict]:
     """Why a guarded run's verdict cannot be trusted (``[]`` when it can), and the seal's body.
 
     The grading launcher (``grading_guard.py``) writes one seal line after pytest returns: a JSON body (the
     statuses pytest's reports gave, by node id; the SHA-256 of the JUnit report; what was tampered with) and its
     HMAC-SHA256 under ``key``.  The verdict is kept when the seal is there, authentic and alone, reports no
     tampering, the JUnit report is the one sealed, and every test the report calls PASSED was seen passing by the
-    launcher while no test it saw failing is missing from the report or passing there.
+    launcher while no test it saw failing is missing from the report or passing there.  With ``probes`` (the host
+    asked for tamper probes), a guarded seal must also name the probes it ran or say why there were none; the probes'
+    own verdicts are in ``tampered`` (a probe that passed, or was reported twice or never).
 
     Args:
         seal: the seal file's bytes (None when there is none: the run ended before pytest returned).
         key: the key the host gave the launcher.
         xml: the JUnit report's bytes (None when there is none).
-        test_map: :func:`isolated_test_map` of that report.
+        test_map: :func:`isolated_test_map` of that report, probes included (:func:`without_probes` removes them).
+        probes: whether the host asked the launcher for tamper probes.
     """
     if not seal or not seal.strip():
         return ["the test run ended without the grading launcher's seal (the process exited early)"], {}
@@ -515,6 +526,8 @@ def seal_problems(seal: bytes | None, key: bytes, xml: bytes | None,
         problems.append("the JUnit report changed after the seal")
     if not body.get("audit", False):
         return problems, body  # an interpreter without audit hooks (before Python 3.8): the report is taken as is
+    if probes and not body.get("probes") and not body.get("probe_notes"):
+        problems.append("the launcher ran no tamper probe and said not why")
     seen = _guard_names(body.get("statuses") or {})
     for name, st in sorted(test_map.items()):
         if name and st == "PASSED" and seen.get(name) not in ("PASSED", "XPASS"):
