@@ -125,6 +125,25 @@ class TestOwnClass:
             assert self.helper() == "patched"
         assert self.fmt(1) == "1"
     def test_own_class_b(self): assert self.helper() == "real"
+# honest patterns that rebind the file's own names by string (each once marked tampered)
+LIMIT, LABEL = 1, "a"
+def scale(x): return x
+def test_own_globals_written():
+    globals()["LIMIT"] = 2
+    assert LIMIT == 2
+def test_own_setattr_module():
+    setattr(sys.modules[__name__], "LABEL", "b")
+    assert LABEL == "b"
+@pytest.fixture
+def patched_scale():
+    with mock.patch(__name__ + ".scale", return_value=7):
+        yield
+def test_own_fixture_mock_patch(patched_scale): assert scale(1) == 7
+class TestOwnSetupClass:
+    def probe(self): return 1
+    @classmethod
+    def setup_class(cls): setattr(cls, "probe", lambda self: 2)
+    def test_own_setattr_in_setup_class(self): assert self.probe() == 2
 '''
 CONFTEST = '''import pytest
 @pytest.hookimpl(hookwrapper=True)
@@ -175,7 +194,7 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     assert m["test_monkeypatch_and_mock"] == m["test_logging_and_frames"] == m["test_raises"] == "PASSED", log
     assert m["test_decorated_here"] == m["test_decorated_by_mock"] == m["TestUnittest.test_u"] == "PASSED", m
     assert m["test_setup_error"] == m["test_teardown_error"] == "ERROR" and m["test_xpass_strict"] == "FAILED"
-    assert all(m[t] == "PASSED" for t in m if "_own_" in t) and len([t for t in m if "_own_" in t]) == 8, m
+    assert all(m[t] == "PASSED" for t in m if "_own_" in t) and len([t for t in m if "_own_" in t]) == 12, m
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
 
 

@@ -127,7 +127,8 @@ def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, co
     """``((name, value, members), ...)``: what a hidden test file's module code ``code``, at the end of its run in
     namespace ``ns`` (a ``dict``), bound at its top level (its tests, helpers, fixtures, classes, constants,
     imports), less the names its own functions and classes may rebind (``global x``, ``module.x = ...`` in
-    ``setup_module``, ``cls.x = ...``: any attribute they set by that name); ``members``, for a class the file
+    ``setup_module``, ``cls.x = ...``: any attribute they set by that name; a name they spell as a string:
+    ``setattr(cls, "x", v)``, ``globals()["x"] = v``, ``mock.patch(__name__ + ".x")``); ``members``, for a class the file
     defines, ``((key, member), ...)`` of the functions and descriptors in its namespace (a test's helper methods),
     else ``()``.  These stay as they are while its tests run.  Names something else put in ``ns`` (the package, the
     import system) are not the file's and are left out."""
@@ -136,6 +137,10 @@ def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, co
         c = stack.pop()
         rebinds |= stored(c, nested)
         stack.extend(k for k in c.co_consts if type(k) is codetype)
+        for k in c.co_consts:  # names its functions rebind by string: setattr(cls, "x", v), globals()["x"] = v,
+            for t in (k if type(k) is tuple else (k,)):  # mock.patch(__name__ + ".helper")
+                if type(t) is str and 0 < len(t) < 200:
+                    rebinds.add(t.rsplit(".", 1)[-1])
     out, module_name = [], get(ns, "__name__", missing)
     for name in sorted(own - rebinds):
         value, members = get(ns, name, missing), []
