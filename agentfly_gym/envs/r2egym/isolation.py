@@ -54,6 +54,7 @@ __all__ = [
     "FilteredDiff",
     "filter_diff",
     "guard_command",
+    "plugin_modules",
     "junit_test_map",
     "seal_problems",
     "shadow_candidates",
@@ -65,8 +66,8 @@ __all__ = [
 #: in the common ancestor of the test paths and above).  Their changes are dropped entirely.
 CONFIG_FILES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini",
                           "setup.cfg", "pyproject.toml"})
-#: Modules the interpreter runs at start-up when found on ``sys.path``.
-STARTUP_MODULES = frozenset({"sitecustomize.py", "usercustomize.py"})
+#: Modules the interpreter runs at start-up when found on ``sys.path``, as a file or a package.
+STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
 #: Top-level module names of the test runner and its dependencies: a file or package with one of these
 #: names at the repository root (or under ``src/``) would run instead of the real one.
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "exceptiongroup",
@@ -95,11 +96,14 @@ class DiffRules:
         shadowing: top-level module names (``"numpy"``, or ``"src/numpy"`` under ``src/``) that a NEW file
             may not define because the grading interpreter imports them from elsewhere (the standard
             library, an installed package); see :func:`shadow_candidates`.
+        plugins: top-level module names that ``PYTEST_PLUGINS`` names where the hidden tests run: no change to
+            such a module, file or package, is kept.
     """
 
     protected_files: frozenset[str] = frozenset()
     protected_dirs: tuple[str, ...] = ()
     shadowing: frozenset[str] = frozenset()
+    plugins: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass
@@ -255,11 +259,11 @@ def _path_problem(path: str, added: bool, rules: DiffRules) -> str | None:
         return "conftest.py steers test collection"
     if name in CONFIG_FILES:
         return "test configuration file"
-    if name in STARTUP_MODULES or name.endswith(".pth"):
-        return "interpreter start-up hook"
+    if any(p.split(".")[0] in STARTUP_MODULES for p in parts) or any(p.endswith(".pth") for p in parts):
+        return "interpreter start-up hook"  # sitecustomize.py, sitecustomize/__init__.py, a .pth (file or folder)
     if name.endswith(_COMPILED_SUFFIXES) or "__pycache__" in parts:
         return "compiled module (may run instead of its source)"
-    if any(p.endswith((".egg-info", ".dist-info")) for p in parts) or name.endswith(".egg-link"):
+    if any(p.endswith((".egg-info", ".dist-info")) for p in parts) or any(p.endswith(".egg-link") for p in parts):
         return "package metadata (entry points load pytest plugins)"
     if ".pytest_cache" in parts:
         return "pytest cache"
@@ -278,6 +282,8 @@ def _path_problem(path: str, added: bool, rules: DiffRules) -> str | None:
             key = "/".join((*root, mod))
             if added and key in rules.shadowing:
                 return f"a new module that shadows the installed module {mod!r}"
+            if mod.split(".")[0] in rules.plugins:
+                return f"a pytest plugin that PYTEST_PLUGINS names ({mod!r})"
     return None
 
 
@@ -435,6 +441,19 @@ def isolated_test_map(xml: bytes | None, log: str, *, test_files: Iterable[str] 
         if m.get(k) == "PASSED":
             del m[k]
     return m
+
+
+_PLUGIN_NAMES = re.compile(r"PYTEST_PLUGINS=[\"']?([\w.,]+)|(?<![\w-])-p\s*[\"']?([\w.]+)")
+
+
+def plugin_modules(script: str | None, environ_value: str = "") -> frozenset[str]:
+    """Top-level module names of the pytest plugins a task's test run loads by name: ``PYTEST_PLUGINS`` in the
+    grading container's environment (``environ_value``) or in its ``run_tests.sh``, and ``-p NAME`` there (not
+    ``-p no:NAME``)."""
+    names = set(environ_value.split(","))
+    for a, b in _PLUGIN_NAMES.findall(script or ""):
+        names.update(a.split(",") if a else [] if b.startswith("no:") else [b])
+    return frozenset(n.strip().split(".")[0] for n in names if n.strip() and n.strip() != "no")
 
 
 def as_rules(protected_files: Iterable[str], protected_dirs: Iterable[str], shadowing: Iterable[str]) -> DiffRules:
