@@ -28,6 +28,7 @@ _CLASS_ADDED_OK = frozenset({"__slotnames__", "__abstractmethods__", "_abc_impl"
 #: its globals; inside its functions and classes, those that may rebind one (``global x``, ``module.x = ...``)
 _OPS = {n: opcode.opmap[n] for n in ("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR",
                                      "DELETE_ATTR") if n in opcode.opmap}
+_DEREF_OPS = frozenset(opcode.opmap[n] for n in ("STORE_DEREF", "DELETE_DEREF") if n in opcode.opmap)
 _TOP_OPS = frozenset(v for k, v in _OPS.items() if not k.endswith("_ATTR"))
 _NESTED_OPS = frozenset(v for k, v in _OPS.items() if k.endswith(("_GLOBAL", "_ATTR")))
 
@@ -153,19 +154,47 @@ def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, co
                 for k, v in list(d.items()):
                     if type(k) is str and k not in rebinds and code_like(v):
                         members.append((k, v))
-        out.append((name, value, tuple(members)))
+        out.append((name, value, tuple(members), _function_state(value)))
     return tuple(out)
 
 
+def _function_state(f, type=type, function=types.FunctionType, tuple=tuple, err=ValueError,
+                    kwdefaults=types.FunctionType.__dict__["__kwdefaults__"].__get__,
+                    closure=types.FunctionType.__dict__["__closure__"].__get__,
+                    fcode=types.FunctionType.__dict__["__code__"].__get__, deref=None, len=len, range=range):
+    """For a function: ``(keyword defaults' values, closure cells' contents)``, the objects a test's helper compares
+    with (``def verify(got, *, want=5)``, a checker made by ``make_checker(5)``); cells the function itself rebinds
+    (``nonlocal x``: its code stores to a cell) are left out.  ``None`` for anything else."""
+    if type(f) is not function:
+        return None
+    kw = kwdefaults(f)
+    code, cells, out = fcode(f), closure(f) or (), []
+    b, ops = code.co_code, deref or _DEREF_OPS
+    if any(b[i] in ops for i in range(0, len(b) - 1, 2)):
+        cells = ()
+    for cell in cells:
+        try:
+            out.append(cell.cell_contents)
+        except err:
+            out.append(_MISSING)
+    return (tuple(kw.values()) if type(kw) is dict else (), tuple(out))
+
+
 def _rebound(ns, bound, get=dict.get, missing=_MISSING, tdict=type.__dict__["__dict__"].__get__,
-             proxy_get=type(type.__dict__).get):
+             proxy_get=type(type.__dict__).get, function_state=_function_state, len=len, zip=zip, any=any):
     """The names of ``bound`` (from :func:`_own_bindings`) that ``ns`` no longer binds to the same object (the same
     identity: a list or dict that a fixture fills is still the file's), and ``class.key`` for a class member
-    replaced or removed."""
+    replaced or removed, and ``name's keyword defaults or closure`` for a function whose keyword defaults or closure
+    cells now hold other objects."""
     out = []
-    for name, value, members in bound:
+    for name, value, members, fstate in bound:
         if get(ns, name, missing) is not value:
             out.append(name)
+            continue
+        now = function_state(value) if fstate is not None else None
+        if now is not None and (len(now[0]) != len(fstate[0]) or len(now[1]) != len(fstate[1]) or any(
+                a is not b for a, b in zip(now[0] + now[1], fstate[0] + fstate[1]))):
+            out.append(name + "'s keyword defaults or closure")
             continue
         d = tdict(value) if members else None
         for k, m in members:
