@@ -154,9 +154,10 @@ def pytest_collection_modifyitems(items):
 '''
 
 
-def _run(cwd: Path, test: str, *, guarded: bool) -> tuple[str, bytes | None, bytes | None]:
-    """Run pytest on ``test`` from ``cwd``, through the launcher (a copy in ``cwd/grade`` with its key) or
-    plainly; ``(log, JUnit report, seal)``."""
+def _run(cwd: Path, test: str, *, guarded: bool, probes: bool = True, key: bytes = KEY,
+         args: tuple[str, ...] = ()) -> tuple[str, bytes | None, bytes | None]:
+    """Run pytest on ``test`` from ``cwd``, through the launcher (a copy in ``cwd/grade`` with its key; tamper probes
+    unless ``probes`` is false) or plainly; ``(log, JUnit report, seal)``."""
     grade = cwd / "grade"
     grade.mkdir(exist_ok=True)
     for f in ("report.xml", "seal.json"):
@@ -164,12 +165,12 @@ def _run(cwd: Path, test: str, *, guarded: bool) -> tuple[str, bytes | None, byt
     shutil.copy(GUARD, grade / "guard.py")
     for helper in ("guard_namespaces.py", "guard_probes.py"):
         shutil.copy(GUARD.with_name(helper), grade / helper)
-    (grade / "key").write_bytes(KEY)
+    (grade / "key").write_bytes(key + (b"" if probes else b"\nprobes=0\n"))
     runner = [str(grade / "guard.py")] if guarded else ["-m", "pytest"]
     env = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(cwd),
            "PYTHONDONTWRITEBYTECODE": "1",
            "PYTEST_ADDOPTS": f"--junitxml={grade / 'report.xml'} -o junit_family=xunit1"}
-    r = subprocess.run([sys.executable, *runner, "-rA", "-p", "no:cacheprovider", "-o", "addopts=", test], cwd=cwd,
+    r = subprocess.run([sys.executable, *runner, "-rA", "-p", "no:cacheprovider", "-o", "addopts=", *args, test], cwd=cwd,
                        capture_output=True, text=True, env=env, timeout=120)
     read = lambda p: p.read_bytes() if p.exists() else None  # noqa: E731
     if guarded:
@@ -198,32 +199,68 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
 
 
-@pytest.mark.parametrize("hack", [n for n, h in r2e_hacks.HACKS.items() if h.in_process])
+#: in-process hacks the launcher does not catch: both name what one hidden test file holds (its constants, its helper)
+STILL_OPEN = {"constants_mutated": "a test file's dict and list constants changed in place (names them)",
+              "self_restoring_rebind": "a test file's helper rebound during a test's call and restored by itself"}
+#: the default run's hacks (one of each family the probes or the launcher's checks catch); the rest are slow
+CORE = {"testreport_wrap", "unittest_assert_patch", "builtins_patch", "hook_proxy_swap", "closure_cell_swap",
+        "helper_module_code_swap"}
+TASKS = {json.loads(line)["task_id"]: json.loads(line) for line in r2e_hacks.HACK_TASKS.read_text().splitlines()}
+
+
+def _hack_params():
+    for name, h in r2e_hacks.HACKS.items():
+        if not h.in_process:
+            continue
+        marks = [pytest.mark.xfail(strict=True, reason=STILL_OPEN[name])] if name in STILL_OPEN else []
+        yield pytest.param(name, marks=marks if name in CORE else [*marks, pytest.mark.slow], id=name)
+
+
+def _package_init(hack: r2e_hacks.Hack) -> str:
+    return hack.actions[0].split("<<'AFG_EOF' && echo replaced\n", 1)[1].rsplit("AFG_EOF", 1)[0]
+
+
+@pytest.mark.parametrize("hack", list(_hack_params()))
 def test_in_process_hacks_fool_plain_pytest_and_not_the_launcher(hack, tmp_path):
-    action = r2e_hacks.HACKS[hack].actions[0]
-    text = action.split("<<'AFG_EOF' && echo replaced\n", 1)[1].rsplit("AFG_EOF", 1)[0]
-    problems, log = _fools_pytest_then_guarded(tmp_path, text)
+    h = r2e_hacks.HACKS[hack]
+    problems, log = _fools_pytest_then_guarded(tmp_path, _package_init(h), task=h.task_id)
     assert problems, log[-3000:]
 
 
+@pytest.mark.parametrize("hack", ["unittest_assert_patch", "builtins_patch"])
+def test_tamper_probes_catch_what_only_they_see(hack, tmp_path):
+    """A patched ``unittest.TestCase.assertEqual`` or builtin buys a sound seal without probes (the test has teeth)
+    and is betrayed by a probe that passed with them."""
+    h = r2e_hacks.HACKS[hack]
+    problems, log = _fools_pytest_then_guarded(tmp_path / "off", _package_init(h), task=h.task_id, probes=False)
+    assert problems == [], problems
+    problems, log = _fools_pytest_then_guarded(tmp_path / "on", _package_init(h), task=h.task_id)
+    assert any("a tamper probe passed" in p for p in problems), (problems, log[-3000:])
+
+
 def _fools_pytest_then_guarded(tmp_path, package_init: str, conftest: str | None = None,
-                               test_file: str | None = None) -> tuple[list[str], str]:
-    """The minicalc task with the package's ``__init__.py`` (and a root ``conftest.py``, and another hidden
-    ``tests/test_calc.py``) given: asserts that plain pytest is fooled into passing every test (the fixture's three
-    tests, or ``test_file``'s), then runs the launcher; returns its seal's problems and its log."""
+                               test_file: str | None = None, task: str = r2e_hacks.TASK_ID,
+                               probes: bool = True) -> tuple[list[str], str]:
+    """The minicalc task (or another ``task`` of ``r2e_hacks.HACK_TASKS``) with the package's ``__init__.py`` (and a
+    root ``conftest.py``, and another hidden ``tests/test_calc.py``) given: asserts that plain pytest is fooled into
+    passing every test (the task's expected map, or ``test_file``'s tests), then runs the launcher (with tamper probes
+    unless ``probes`` is false); returns its seal's problems and its log."""
+    row = TASKS[task]
     shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
-    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests")
+    shutil.copytree(FIXTURES / row["hidden_dir"] / "tests", tmp_path / "tests")
+    test = next(t for t in row["hidden_tests"] if t.split("/")[-1].startswith("test_"))
     if test_file is not None:
         (tmp_path / "tests" / "test_calc.py").write_text(test_file)
     if conftest is not None:
         (tmp_path / "conftest.py").write_text(conftest)
     (tmp_path / "minicalc" / "__init__.py").write_text(package_init)
-    log, xml, _ = _run(tmp_path, "tests/test_calc.py", guarded=False)
-    fooled = isolated_test_map(xml, log, test_files=["tests/test_calc.py"])
-    assert set(fooled.values()) == {"PASSED"} and (test_file is not None or fooled == {
-        "test_add": "PASSED", "test_sub": "PASSED", "TestMul.test_mul": "PASSED"}), (fooled, log[-2000:])
-    log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True)
-    problems, _ = seal_problems(seal, KEY, xml, isolated_test_map(xml, log, test_files=["tests/test_calc.py"]))
+    log, xml, _ = _run(tmp_path, test, guarded=False)
+    fooled = isolated_test_map(xml, log, test_files=[test])
+    assert set(fooled.values()) == {"PASSED"} and (test_file is not None or fooled == json.loads(
+        row["expected_output_json"])), (fooled, log[-2000:])
+    log, xml, seal = _run(tmp_path, test, guarded=True, probes=probes)
+    problems, body = seal_problems(seal, KEY, xml, isolated_test_map(xml, log, test_files=[test]), probes=probes)
+    assert problems or without_probes(isolated_test_map(xml, log, test_files=[test]), body) == fooled, log[-2000:]
     return problems, log
 
 

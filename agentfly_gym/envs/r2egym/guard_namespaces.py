@@ -138,10 +138,10 @@ def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, co
         c = stack.pop()
         rebinds |= stored(c, nested)
         stack.extend(k for k in c.co_consts if type(k) is codetype)
-        for k in c.co_consts:  # names its functions rebind by string: setattr(cls, "x", v), globals()["x"] = v,
-            for t in (k if type(k) is tuple else (k,)):  # mock.patch(__name__ + ".helper")
-                if type(t) is str and 0 < len(t) < 200:
-                    rebinds.add(t.rsplit(".", 1)[-1])
+        for k in c.co_consts if c.co_flags & 1 else ():  # in functions (CO_OPTIMIZED; not class bodies, whose
+            for t in (k if type(k) is tuple else (k,)):  # constants name their methods), the names spelt as strings:
+                if type(t) is str and 0 < len(t) < 200 and "<" not in t:  # setattr(cls, "x", v), globals()["x"],
+                    rebinds.add(t.rsplit(".", 1)[-1])  # mock.patch(__name__ + ".helper")
     out, module_name = [], get(ns, "__name__", missing)
     for name in sorted(own - rebinds):
         value, members = get(ns, name, missing), []
