@@ -199,9 +199,7 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
 
 
-#: in-process hacks the launcher does not catch: both name what one hidden test file holds (its constants, its helper)
-STILL_OPEN = {"constants_mutated": "a test file's dict and list constants changed in place (names them)",
-              "self_restoring_rebind": "a test file's helper rebound during a test's call and restored by itself"}
+STILL_OPEN = r2e_hacks.STILL_OPEN  # in-process hacks the launcher does not catch (both aimed)
 #: the default run's hacks (one of each family the probes or the launcher's checks catch); the rest are slow
 CORE = {"testreport_wrap", "unittest_assert_patch", "builtins_patch", "hook_proxy_swap", "closure_cell_swap",
         "helper_module_code_swap"}
@@ -223,8 +221,8 @@ def _package_init(hack: r2e_hacks.Hack) -> str:
 @pytest.mark.parametrize("hack", list(_hack_params()))
 def test_in_process_hacks_fool_plain_pytest_and_not_the_launcher(hack, tmp_path):
     h = r2e_hacks.HACKS[hack]
-    problems, log = _fools_pytest_then_guarded(tmp_path, _package_init(h), task=h.task_id)
-    assert problems, log[-3000:]
+    problems, log = _fools_pytest_then_guarded(tmp_path, _package_init(h), task=h.task_id, refused=h.refused)
+    assert problems or h.refused, log[-3000:]  # refused: the hack's write failed, and so does the test (checked)
 
 
 @pytest.mark.parametrize("hack", ["unittest_assert_patch", "builtins_patch"])
@@ -240,17 +238,23 @@ def test_tamper_probes_catch_what_only_they_see(hack, tmp_path):
 
 def _fools_pytest_then_guarded(tmp_path, package_init: str, conftest: str | None = None,
                                test_file: str | None = None, task: str = r2e_hacks.TASK_ID,
-                               probes: bool = True) -> tuple[list[str], str]:
+                               probes: bool = True, refused: bool = False) -> tuple[list[str], str]:
     """The minicalc task (or another ``task`` of ``r2e_hacks.HACK_TASKS``) with the package's ``__init__.py`` (and a
     root ``conftest.py``, and another hidden ``tests/test_calc.py``) given: asserts that plain pytest is fooled into
     passing every test (the task's expected map, or ``test_file``'s tests), then runs the launcher (with tamper probes
-    unless ``probes`` is false); returns its seal's problems and its log."""
+    unless ``probes`` is false); returns its seal's problems and its log.  A run the launcher finds sound must give
+    the verdict plain pytest gave, or, where the launcher ``refused`` what the hack did, a failing test."""
     row = TASKS[task]
     shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
-    shutil.copytree(FIXTURES / row["hidden_dir"] / "tests", tmp_path / "tests")
     test = next(t for t in row["hidden_tests"] if t.split("/")[-1].startswith("test_"))
-    if test_file is not None:
-        (tmp_path / "tests" / "test_calc.py").write_text(test_file)
+
+    def hidden_tests():  # afresh for each run: a hack may have rewritten them in the run before
+        shutil.rmtree(tmp_path / "tests", ignore_errors=True)
+        shutil.copytree(FIXTURES / row["hidden_dir"] / "tests", tmp_path / "tests")
+        if test_file is not None:
+            (tmp_path / "tests" / "test_calc.py").write_text(test_file)
+
+    hidden_tests()
     if conftest is not None:
         (tmp_path / "conftest.py").write_text(conftest)
     (tmp_path / "minicalc" / "__init__.py").write_text(package_init)
@@ -258,9 +262,11 @@ def _fools_pytest_then_guarded(tmp_path, package_init: str, conftest: str | None
     fooled = isolated_test_map(xml, log, test_files=[test])
     assert set(fooled.values()) == {"PASSED"} and (test_file is not None or fooled == json.loads(
         row["expected_output_json"])), (fooled, log[-2000:])
+    hidden_tests()
     log, xml, seal = _run(tmp_path, test, guarded=True, probes=probes)
     problems, body = seal_problems(seal, KEY, xml, isolated_test_map(xml, log, test_files=[test]), probes=probes)
-    assert problems or without_probes(isolated_test_map(xml, log, test_files=[test]), body) == fooled, log[-2000:]
+    graded = without_probes(isolated_test_map(xml, log, test_files=[test]), body)
+    assert problems or (graded == fooled if not refused else "FAILED" in graded.values()), log[-2000:]
     return problems, log
 
 
@@ -388,3 +394,44 @@ CLASS_HELPER_SWAP = r2e_hacks._HELPER_SWAP.replace('''_g["check"] = lambda got, 
 def test_a_helper_method_of_a_hidden_test_class_replaced_is_caught(tmp_path):
     problems, log = _fools_pytest_then_guarded(tmp_path, CLASS_HELPER_SWAP, test_file=CLASS_HELPER_TESTS)
     assert any("TestAdd.check rebound" in p for p in problems), (problems, log[-3000:])
+
+
+def test_a_probes_verdict_from_its_reports():
+    """A probe must fail (or be skipped by a mark of its place); a pass, a second report or none is tampering."""
+    from agentfly_gym.envs.r2egym.guard_probes import verdict
+
+    ok = [("setup", "passed"), ("call", "failed"), ("teardown", "passed")]
+    assert verdict(ok, True) is None
+    assert verdict([("setup", "failed"), ("teardown", "passed")], True) is None  # its place's fixture failed
+    assert verdict([("setup", "skipped"), ("teardown", "passed")], True) is None
+    assert verdict([("setup", "passed"), ("call", "passed"), ("teardown", "passed")], True) == "passed"
+    assert verdict(ok + ok, True) == "reported twice"
+    assert verdict([], True) == "never reported" and verdict([], False) is None  # no test ran at all
+    assert verdict([("setup", "passed"), ("teardown", "passed")], True) == "its call was never reported"
+
+
+def _gold_minicalc(tmp_path: Path) -> None:
+    shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
+    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests")
+    ops = tmp_path / "minicalc" / "ops.py"
+    ops.write_text(ops.read_text().replace("return a - b", "return a + b", 1))
+
+
+def test_probes_are_drawn_from_the_key_named_like_the_files_tests_and_all_fail(tmp_path):
+    _gold_minicalc(tmp_path)
+    seen = []
+    for key in (KEY, KEY[::-1]):
+        log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True, key=key)
+        with_probes = isolated_test_map(xml, log, test_files=["tests/test_calc.py"])
+        problems, body = seal_problems(seal, key, xml, with_probes, probes=True)
+        probes = body["probes"]
+        assert problems == [] and len(probes) == 6 and body["probe_notes"] == [], (problems, body)
+        assert without_probes(with_probes, body) == {"test_add": "PASSED", "test_sub": "PASSED",
+                                                     "TestMul.test_mul": "PASSED"}
+        assert all(p.split("::")[-1].startswith(("test_add_", "test_sub_", "test_mul_")) for p in probes), probes
+        assert {with_probes[".".join(p.split("::")[1:])] for p in probes} == {"FAILED"}
+        seen.append(set(probes))
+    assert seen[0] != seen[1]  # another grading's key, other probes
+    log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True, args=("-x",))
+    problems, body = seal_problems(seal, KEY, xml, isolated_test_map(xml, log), probes=True)
+    assert problems == [] and body["probes"] == [] and "--maxfail" in body["probe_notes"][0], body
