@@ -20,26 +20,32 @@ pytest's in-memory state; before pytest's plugins or any task code are imported 
   plugin registered at run time out of the repository's code, a ``conftest.py`` that appeared or changed,
   each marks the run tampered;
 * records the module code the import system (pytest's assertion rewriter, importlib's source loader) first runs
-  for each hidden test file (the ``.py`` files named on the command line or under folders named there: they and
-  their compiled files are read-only).  Before a test is called, its function (or, where its file decorates it,
+  for each hidden test file (the ``.py`` files named on the command line or under folders named there: they, their
+  compiled files and the files of their folders, helpers and data, are read-only, and no code file is added there).  Before a test is called, its function (or, where its file decorates it,
   the one ``__wrapped__`` names) must be compiled in that code and its module be the namespace that code ran in:
   passing tests put in ``sys.modules`` or in the module's globals, a test function's code swapped: the run is
   tampered with.  While that code runs a profile function waits for its return, where what the file bound at its
   top level (tests, helpers, fixtures, classes and their methods, constants, imports; not the names its own
   functions rebind, ``global x`` or ``module.x = ...``, nor what the package adds) is recorded: before each test is
   called these names must be bound to the same objects (identity, so a list a fixture fills is still the file's),
-  and a function compiled from a hidden test file given another ``__code__`` or defaults marks the run tampered
-  (:mod:`.guard_namespaces` holds the snapshots; the host ships it next to this file);
-* records each test's outcome as pytest's reports give it, and after ``pytest.main`` returns writes a seal to a
-  descriptor opened before any task code ran: the statuses, the SHA-256 of the JUnit report, what was
-  tampered with, under an HMAC-SHA256 of the key.  A run that ends early (``os._exit``), a second seal, a JUnit
+  and so must its functions' keyword defaults and closure cells; they are checked again at the end (a rebind during
+  the last test), and a function compiled from a hidden test file or its folder given another ``__code__`` or
+  defaults marks the run tampered (:mod:`.guard_namespaces` holds the snapshots; the host ships it next to this file);
+* adds tamper probes to the session once it is collected (:mod:`.guard_probes`): in each hidden test file, tests
+  that must fail when pytest, the standard library and builtins are honest, under names and at places drawn from a
+  stream derived from the key; one that passes, or whose report is missing or doubled, marks the run tampered;
+* records each test's outcome as pytest's reports give it and, from its outermost wrapper of the call hook, whether
+  the call raised (a passed report for a call that raised is tampering), and after ``pytest.main`` returns writes a
+  seal to a descriptor opened before any task code ran: the statuses, the SHA-256 of the JUnit report, what was
+  tampered with, the probes' node ids (the host leaves them out of the verdict), under an HMAC-SHA256 of the key.  A run that ends early (``os._exit``), a second seal, a JUnit
   report changed after the seal, or statuses the report and the seal disagree on: the host scores 0.
 
 This raises the bar; it is not a proof.  The tests' own code runs in the same process as the code under test, so
 what the tests call and compare stays open to it: the package's functions (an object equal to everything), a name
 rebound between a file's last statement and its return (a thread), the wrapper of a test its file decorates, a test
 inherited from a class outside the hidden test files, a ``unittest`` test method replaced by its ``setUp`` (which runs
-within the call).  A determined exploit of the interpreter (a C extension, a frame of the guard reached through a
+within the call), tampering aimed at one hidden test by name (a constant changed in place, a helper rebound and
+restored within a call: the probes do not call the file's own names).  A determined exploit of the interpreter (a C extension, a frame of the guard reached through a
 traceback) can forge what the guard sees.
 """
 

@@ -11,7 +11,8 @@ there (background processes, wrappers around the interpreter, start-up hooks).  
    may make: files that steer test collection or the interpreter (``conftest.py`` anywhere, pytest's
    configuration files, ``sitecustomize``/``usercustomize``, ``.pth`` files, compiled modules, package
    metadata with entry points, modules that shadow the test runner, the standard library or an installed
-   package, the hidden tests' files and folders), symbolic links and submodules are dropped and listed;
+   package, the modules ``PYTEST_PLUGINS`` or ``-p`` names, the hidden tests' files and folders; a start-up hook or a
+   plugin as a file or as a package alike), symbolic links and submodules are dropped and listed;
 3. the hidden tests run in a fresh container (a separate grading pool of the same image and limits) on
    a clean copy of the task with the kept diff applied, and the statuses are read from pytest's JUnit
    XML report, written outside ``/testbed`` (:func:`junit_test_map`), not from the text summary;
@@ -25,7 +26,10 @@ there (background processes, wrappers around the interpreter, start-up hooks).  
    and authentic, reports nothing tampered with, and agrees with the JUnit report (:func:`seal_problems`); a
    wrapped ``TestReport.__init__``, a swapped ``_pytest.runner`` function, a patched pluggy class, a pass-all
    plugin registered at run time, a JUnit report rewritten (at unconfigure, at exit) or a run that ends early
-   (``os._exit``) score 0.
+   (``os._exit``) score 0.  Its tamper probes (:mod:`.guard_probes`), tests that must fail when pytest, the standard
+   library and builtins are honest, run in each hidden test file under names drawn from the key: generic tampering
+   (``unittest``'s assertions, a builtin or ``math.isclose`` patched, the items' functions or the hook relay swapped)
+   makes one pass, and the run scores 0 with ``info["grading"]["tampered"]``.
 
 What remains open: this raises the bar, it is not a proof.  On CPython (3.11, 3.12) assigning a class
 attribute raises no audit event, so such edits are caught when the snapshot is checked (at each test report
