@@ -319,12 +319,18 @@ def test_vetoes():
         open(__file__, "a")
     with pytest.raises(PermissionError):
         open(__file__[:-3] + ".cpython-311-pytest-9.2.0.pyc", "wb")
+    with pytest.raises(PermissionError):  # the files of the hidden tests' folder, and new code there
+        open(__file__.rsplit("/", 1)[0] + "/data.json", "w")
+    with pytest.raises(PermissionError):
+        open(__file__.rsplit("/", 1)[0] + "/helpers.py", "x")
+    open(__file__.rsplit("/", 1)[0] + "/output.txt", "w").close()  # a new data file is fine
 '''
 
 
 def test_audit_hooks_refuse_what_reaches_past_pytest(tmp_path):
     """What the audit hooks refuse raises PermissionError in the test (the same test fails under plain pytest)."""
     (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "data.json").write_text("{}")
     (tmp_path / "tests" / "test_v.py").write_text(VETOED.replace(
         'sys.argv[0].rsplit("/", 1)[0] + "/../grade/seal.json"', repr(str(tmp_path / "grade" / "seal.json"))))
     log, xml, _ = _run(tmp_path, "tests/test_v.py", guarded=False)
@@ -406,6 +412,7 @@ def test_a_probes_verdict_from_its_reports():
     assert verdict([("setup", "skipped"), ("teardown", "passed")], True) is None
     assert verdict([("setup", "passed"), ("call", "passed"), ("teardown", "passed")], True) == "passed"
     assert verdict(ok + ok, True) == "reported twice"
+    assert verdict([("setup", "passed"), ("call", "rerun"), *ok[1:]], True) is None  # pytest-rerunfailures' attempt
     assert verdict([], True) == "never reported" and verdict([], False) is None  # no test ran at all
     assert verdict([("setup", "passed"), ("teardown", "passed")], True) == "its call was never reported"
 
@@ -435,3 +442,15 @@ def test_probes_are_drawn_from_the_key_named_like_the_files_tests_and_all_fail(t
     log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True, args=("-x",))
     problems, body = seal_problems(seal, KEY, xml, isolated_test_map(xml, log), probes=True)
     assert problems == [] and body["probes"] == [] and "--maxfail" in body["probe_notes"][0], body
+
+
+def test_a_test_file_that_cannot_be_imported_gets_a_sound_seal_without_probes(tmp_path):
+    """Buggy code that breaks the hidden test file's import (a collection error): no test runs, no probe either, and
+    that is no tampering."""
+    _gold_minicalc(tmp_path)
+    (tmp_path / "minicalc" / "__init__.py").write_text("raise ImportError('broken by the bug')\n")
+    log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True)
+    m = isolated_test_map(xml, log, test_files=["tests/test_calc.py"])
+    problems, body = seal_problems(seal, KEY, xml, m, probes=True)
+    assert problems == [] and m == {"": "ERROR"}, (problems, m, log[-2000:])
+    assert body["probes"] == [] and body["probe_notes"] == ["no test of a hidden test file was collected"], body

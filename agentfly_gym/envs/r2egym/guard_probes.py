@@ -145,7 +145,9 @@ def places(items, lo, hi, same_class, draw):
 
 def verdict(reports, any_real_ran):
     """Why a probe's reports betray tampering, or None: ``reports`` is ``[(when, outcome)]`` as pytest's reports
-    gave them (``outcome`` "passed", "failed" or "skipped")."""
+    gave them (``outcome`` "passed", "failed" or "skipped"; a plugin's other outcomes, pytest-rerunfailures'
+    "rerun" for an attempt it runs again, are left out)."""
+    reports = [(w, o) for w, o in reports if o in ("passed", "failed", "skipped")]
     calls = [o for w, o in reports if w == "call"]
     failed = any(o == "failed" for _, o in reports)
     if len(calls) > 1 or len([w for w, _ in reports if w == "setup"]) > 1:
@@ -183,6 +185,8 @@ def add_probes(items, draw, hidden, function_cls, module_cls, getattr=getattr, i
         m = it.getparent(module_cls)
         if m is not None and m not in mods and hidden(str(m.path)):
             mods.append(m)
+    if not mods:
+        notes.append("no test of a hidden test file was collected")
     taken = set()
     for it in items:
         taken.update((it.name, str(getattr(it, "originalname", "") or "")))
