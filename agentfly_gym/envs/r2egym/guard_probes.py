@@ -5,8 +5,8 @@ honestly: an ``==`` of unequal values, a check through builtins (``len``, ``isin
 standard library (``math.isclose``, ``operator.eq``), a raised exception, ``unittest.TestCase`` assertions of
 false facts, a failing check inside a test class like the hidden tests' own.  The launcher adds probes to the
 pytest session after collection, in every hidden test file, as functions whose globals are that file's module
-namespace (they look up builtins and names as the file's tests do), under names made from the file's own test
-names and at places among its tests, all drawn from a stream only the launcher holds (derived from the grading's
+namespace (they look up builtins and names as the file's tests do, and are bound there), compiled at the lines of
+the file's tests, under names made from the file's own test names and at places among its tests, all drawn from a stream only the launcher holds (derived from the grading's
 secret key, which the launcher reads and deletes before any task code runs).  Generic tampering, anything that
 makes failing code pass (a report rewritten, an assertion method or builtin patched, a loader substituting
 test code), makes the probes pass too, and a probe that passes, or whose report is missing or doubled, marks the
@@ -217,6 +217,7 @@ def add_probes(items, draw, hidden, function_cls, module_cls, getattr=getattr, i
                 g_taken.add(name)
                 fn = make_function(name, function_body(kind, draw, has_unittest, has_pytest), g, filename,
                                    lines[draw(len(lines))])
+                g[name] = fn  # bound in the file's namespace as its tests are (after collection: none is collected)
                 made.append(([function_cls.from_parent(m, name=name, callobj=fn)], kind))
         except Exception as e:  # noqa: BLE001  (no probe from this file: said in the seal)
             notes.append("%s: probes not made (%s: %s)" % (m.nodeid, type(e).__name__, e))
@@ -251,6 +252,7 @@ def _class_probe(m, own, g, filename, lines, taken, draw, getattr=getattr, str=s
     fn = make_function(mname, body, g, filename, lines[draw(len(lines))], self_arg=True)
     cls = type(cname, (base,) if base is not None else (), {"__module__": g.get("__name__"), mname: fn,
                                                            "__qualname__": cname})
+    g[cname] = cls
     node = m.ihook.pytest_pycollect_makeitem(collector=m, name=cname, obj=cls)
     nodes = node if type(node) is list else [node] if node is not None else []
     for n in nodes:
