@@ -21,7 +21,8 @@ pytest's in-memory state; before pytest's plugins or any task code are imported 
   each marks the run tampered;
 * records the module code the import system (pytest's assertion rewriter, importlib's source loader) first runs
   for each hidden test file (the ``.py`` files named on the command line or under folders named there: they, their
-  compiled files and the files of their folders, helpers and data, are read-only, and no code file is added there).  Before a test is called, its function (or, where its file decorates it,
+  compiled files and the files of their folders, helpers and data, are read-only, and no code file is added
+  there).  Before a test is called, its function (or, where its file decorates it,
   the one ``__wrapped__`` names) must be compiled in that code and its module be the namespace that code ran in:
   passing tests put in ``sys.modules`` or in the module's globals, a test function's code swapped: the run is
   tampered with.  While that code runs a profile function waits for its return, where what the file bound at its
@@ -37,7 +38,8 @@ pytest's in-memory state; before pytest's plugins or any task code are imported 
 * records each test's outcome as pytest's reports give it and, from its outermost wrapper of the call hook, whether
   the call raised (a passed report for a call that raised is tampering), and after ``pytest.main`` returns writes a
   seal to a descriptor opened before any task code ran: the statuses, the SHA-256 of the JUnit report, what was
-  tampered with, the probes' node ids (the host leaves them out of the verdict), under an HMAC-SHA256 of the key.  A run that ends early (``os._exit``), a second seal, a JUnit
+  tampered with, the probes' node ids (the host leaves them out of the verdict), under an HMAC-SHA256 of the key.
+  A run that ends early (``os._exit``), a second seal, a JUnit
   report changed after the seal, or statuses the report and the seal disagree on: the host scores 0.
 
 This raises the bar; it is not a proof.  The tests' own code runs in the same process as the code under test, so
@@ -45,7 +47,8 @@ what the tests call and compare stays open to it: the package's functions (an ob
 rebound between a file's last statement and its return (a thread), the wrapper of a test its file decorates, a test
 inherited from a class outside the hidden test files, a ``unittest`` test method replaced by its ``setUp`` (which runs
 within the call), tampering aimed at one hidden test by name (a constant changed in place, a helper rebound and
-restored within a call: the probes do not call the file's own names).  A determined exploit of the interpreter (a C extension, a frame of the guard reached through a
+restored within a call: the probes do not call the file's own names).  A determined exploit of the interpreter (a
+C extension, a frame of the guard reached through a
 traceback) can forge what the guard sees.
 """
 
@@ -426,7 +429,8 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
             return
         if event == "afg.probes" and caller is probes_code:
             if draw is None or args[1]:
-                probe_notes.append("no tamper probes: " + ("--maxfail is set" if args[1] else "turned off"))
+                probe_notes.append("no tamper probes: " + (
+                    "--maxfail (or --stepwise) is set" if args[1] else "turned off"))
                 return
             made, why = _probes.add_probes(args[0], draw, test_path, function_class, module_class)
             probes.update(made)
@@ -524,7 +528,8 @@ class GuardPlugin:
         sys.audit("afg.called", str(item.nodeid), excinfo[0] if excinfo else None)
 
     def pytest_collection_modifyitems(self, session, config, items):
-        sys.audit("afg.probes", items, bool(getattr(config.option, "maxfail", 0)))
+        stops = getattr(config.option, "maxfail", 0) or getattr(config.option, "stepwise", 0)
+        sys.audit("afg.probes", items, bool(stops))
 
     def pytest_runtest_makereport(self, item, call):
         outcome = yield

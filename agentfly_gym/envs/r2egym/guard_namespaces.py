@@ -35,7 +35,8 @@ _NESTED_OPS = frozenset(v for k, v in _OPS.items() if k.endswith(("_GLOBAL", "_A
 
 def _ours(name):
     """Whether module ``name`` is one the launcher snapshots: pytest's, pluggy's, the launcher's and its helpers."""
-    return name == "__main__" or name == _SELF or name.startswith("_afg_") or any(name == p or name.startswith(p + ".") for p in _PREFIXES)
+    return name == "__main__" or name == _SELF or name.startswith("_afg_") or any(
+        name == p or name.startswith(p + ".") for p in _PREFIXES)
 
 
 def _snapshot():
@@ -129,8 +130,8 @@ def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, co
     namespace ``ns`` (a ``dict``), bound at its top level (its tests, helpers, fixtures, classes, constants,
     imports), less the names its own functions and classes may rebind (``global x``, ``module.x = ...`` in
     ``setup_module``, ``cls.x = ...``: any attribute they set by that name; a name they spell as a string:
-    ``setattr(cls, "x", v)``, ``globals()["x"] = v``, ``mock.patch(__name__ + ".x")``); ``members``, for a class the file
-    defines, ``((key, member), ...)`` of the functions and descriptors in its namespace (a test's helper methods),
+    ``setattr(cls, "x", v)``, ``globals()["x"] = v``, ``mock.patch(__name__ + ".x")``); ``members``, for a class the
+    file defines, ``((key, member), ...)`` of the functions and descriptors in its namespace (a test's helper methods),
     else ``()``.  These stay as they are while its tests run.  Names something else put in ``ns`` (the package, the
     import system) are not the file's and are left out."""
     own, rebinds, stack = stored(code, top), set(), list(k for k in code.co_consts if type(k) is codetype)

@@ -6,8 +6,9 @@ standard library (``math.isclose``, ``operator.eq``), a raised exception, ``unit
 false facts, a failing check inside a test class like the hidden tests' own.  The launcher adds probes to the
 pytest session after collection, in every hidden test file, as functions whose globals are that file's module
 namespace (they look up builtins and names as the file's tests do, and are bound there), compiled at the lines of
-the file's tests, under names made from the file's own test names and at places among its tests, all drawn from a stream only the launcher holds (derived from the grading's
-secret key, which the launcher reads and deletes before any task code runs).  Generic tampering, anything that
+the file's tests, under names made from the file's own test names and at places among its tests, all drawn from a
+stream only the launcher holds (derived from the grading's secret key, which the launcher reads and deletes before
+any task code runs).  Generic tampering, anything that
 makes failing code pass (a report rewritten, an assertion method or builtin patched, a loader substituting
 test code), makes the probes pass too, and a probe that passes, or whose report is missing or doubled, marks the
 run tampered.
