@@ -159,26 +159,30 @@ def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, co
     return tuple(out)
 
 
-def _function_state(f, type=type, function=types.FunctionType, tuple=tuple, err=ValueError,
+def _function_state(f, cells_count=None, type=type, function=types.FunctionType, tuple=tuple, err=ValueError,
                     kwdefaults=types.FunctionType.__dict__["__kwdefaults__"].__get__,
                     closure=types.FunctionType.__dict__["__closure__"].__get__,
                     fcode=types.FunctionType.__dict__["__code__"].__get__, deref=None, len=len, range=range):
-    """For a function: ``(keyword defaults' values, closure cells' contents)``, the objects a test's helper compares
-    with (``def verify(got, *, want=5)``, a checker made by ``make_checker(5)``); cells the function itself rebinds
-    (``nonlocal x``: its code stores to a cell) are left out.  ``None`` for anything else."""
+    """For a function with keyword defaults or a closure: ``(keyword defaults' values, closure cells' contents,
+    whether its cells count)``, the objects a test's helper compares with (``def verify(got, *, want=5)``, a checker
+    made by ``make_checker(5)``); the cells of a function that rebinds them itself (``nonlocal x``: its code stores to
+    a cell) are left out (``cells_count`` None: read that from its bytecode, once, when it is recorded).  ``None``
+    for anything else."""
     if type(f) is not function:
         return None
-    kw = kwdefaults(f)
-    code, cells, out = fcode(f), closure(f) or (), []
-    b, ops = code.co_code, deref or _DEREF_OPS
-    if any(b[i] in ops for i in range(0, len(b) - 1, 2)):
-        cells = ()
-    for cell in cells:
+    kw, cells = kwdefaults(f), closure(f) or ()
+    if not kw and not cells:
+        return None
+    if cells_count is None:
+        b, ops = fcode(f).co_code, deref or _DEREF_OPS
+        cells_count = not any(b[i] in ops for i in range(0, len(b) - 1, 2))
+    out = []
+    for cell in cells if cells_count else ():
         try:
             out.append(cell.cell_contents)
         except err:
             out.append(_MISSING)
-    return (tuple(kw.values()) if type(kw) is dict else (), tuple(out))
+    return (tuple(kw.values()) if type(kw) is dict else (), tuple(out), cells_count)
 
 
 def _rebound(ns, bound, get=dict.get, missing=_MISSING, tdict=type.__dict__["__dict__"].__get__,
@@ -192,8 +196,8 @@ def _rebound(ns, bound, get=dict.get, missing=_MISSING, tdict=type.__dict__["__d
         if get(ns, name, missing) is not value:
             out.append(name)
             continue
-        now = function_state(value) if fstate is not None else None
-        if now is not None and (len(now[0]) != len(fstate[0]) or len(now[1]) != len(fstate[1]) or any(
+        now = function_state(value, fstate[2]) if fstate is not None else None
+        if fstate is not None and (now is None or len(now[0]) != len(fstate[0]) or len(now[1]) != len(fstate[1]) or any(
                 a is not b for a, b in zip(now[0] + now[1], fstate[0] + fstate[1]))):
             out.append(name + "'s keyword defaults or closure")
             continue
