@@ -11,9 +11,21 @@ from __future__ import annotations
 class AgentFlyError(Exception):
     """Base class of every error raised on purpose by agentfly-gym."""
 
+    def __reduce__(self):  # keep keyword-only fields and custom constructors across pickling
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
 
 class ConfigError(AgentFlyError, ValueError):
-    """A spec, option or argument has an invalid value; the message names it and what is valid."""
+    """A spec, option or argument has an invalid value; the message names it and what is valid.
+
+    Attributes:
+        field: the name of the offending option or argument (e.g. ``"max_turns"``), or None when the
+            error is about several at once; tests and callers match on it rather than on the message.
+    """
+
+    def __init__(self, message: str = "", *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ModelOutputError(AgentFlyError):
@@ -83,3 +95,15 @@ class TokenizationError(AgentFlyError):
 
 class PolicyError(AgentFlyError):
     """A policy cannot serve a request (e.g. a server that returns no token ids)."""
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> BaseException:
+    """Unpickle an error: rebuild it from ``args`` (bypassing a constructor that takes other arguments),
+    then restore its attributes (the keyword-only fields)."""
+    try:
+        err = cls(*args)
+    except Exception:  # noqa: BLE001 - e.g. APIError(message, status) pickled with args=(message,): no constructor
+        err = cls.__new__(cls, *args)
+        err.args = args
+    err.__dict__.update(state)
+    return err

@@ -27,6 +27,7 @@ from gymnasium.vector.utils import batch_space
 
 from .envs.base import AgentFlyEnv, fault_step
 from .errors import ConfigError, ModelOutputError
+from .limits import check_int
 from .resources.protocol import Manager
 from .utils.aio import run_sync
 from .utils.imports import load_object
@@ -152,8 +153,7 @@ class AsyncTextVectorEnv(VectorEnv):
         This is the ``vector_entry_point`` of every registered env, so
         ``gymnasium.make_vec("agentfly/Chess-v0", num_envs=8)`` returns one of these.
         """
-        if not isinstance(num_envs, int) or num_envs < 1:
-            raise ConfigError(f"num_envs={num_envs!r} must be an integer >= 1")
+        check_int("num_envs", num_envs)
         env_cls = _load(entry_point)
         if max_episode_steps is not None:
             env_kwargs["max_episode_steps"] = max_episode_steps

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import gymnasium
 
 from ..errors import ConfigError, ModelOutputError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
+from ..limits import check_int
 from ..resources.inprocess import InProcessResource
 from ..resources.protocol import Manager
 from ..resources.scope import RolloutScope
@@ -146,8 +147,7 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
             raise ConfigError(f"render_mode={render_mode!r} is not one of {self.metadata['render_modes']}")
         if step_timeout is not None and step_timeout <= 0:
             raise ConfigError(f"step_timeout={step_timeout!r} must be None or > 0 seconds")
-        if max_episode_steps is not None and (not isinstance(max_episode_steps, int) or max_episode_steps < 1):
-            raise ConfigError(f"max_episode_steps={max_episode_steps!r} must be None or an integer >= 1")
+        check_int("max_episode_steps", max_episode_steps, optional=True)
         self.render_mode = render_mode
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout

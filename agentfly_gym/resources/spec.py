@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..errors import ConfigError
+from ..limits import check_int
 from .backends import backend_names
 
 __all__ = [
@@ -107,12 +108,10 @@ class ResourceSpec:
     name: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_instances, int) or self.max_instances < 1:
-            raise ConfigError(f"max_instances={self.max_instances!r} must be an integer >= 1")
+        check_int("max_instances", self.max_instances)
         if not isinstance(self.min_idle, int) or not 0 <= self.min_idle <= self.max_instances:
             raise ConfigError(f"min_idle={self.min_idle!r} must be an integer in [0, max_instances={self.max_instances}]")
-        if self.max_uses is not None and (not isinstance(self.max_uses, int) or self.max_uses < 1):
-            raise ConfigError(f"max_uses={self.max_uses!r} must be None or an integer >= 1")
+        check_int("max_uses", self.max_uses, optional=True)
         check_max_idle_time(self.max_idle_time)
         if self.start_timeout <= 0:
             raise ConfigError(f"start_timeout={self.start_timeout!r} must be > 0 seconds")
@@ -235,8 +234,7 @@ class ContainerSpec(ResourceSpec):
             raise ConfigError(f"backend={self.backend!r} is not one of {', '.join(map(repr, known))}")
         if isinstance(self.cpus, bool) or not isinstance(self.cpus, (int, float)) or not self.cpus > 0:
             raise ConfigError(f"cpus={self.cpus!r} must be a number of cores > 0")
-        if not isinstance(self.pids, int) or self.pids < 1:
-            raise ConfigError(f"pids={self.pids!r} must be an integer >= 1")
+        check_int("pids", self.pids)
         object.__setattr__(self, "memory", parse_bytes(self.memory))
         object.__setattr__(self, "disk", parse_bytes(self.disk, field="disk"))
         if isinstance(self.command, str):
@@ -302,8 +300,7 @@ class ModelServiceSpec(ResourceSpec):
             raise ConfigError(f"engine={self.engine!r} is not one of 'vllm', 'transformers'")
         if not self.model:
             raise ConfigError("model must name a model or a local model folder")
-        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size!r} must be an integer >= 1")
+        check_int("tensor_parallel_size", self.tensor_parallel_size)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import chess
 
 from ...errors import ConfigError, ResetNeeded
+from ...limits import check_int
 from ...resources.protocol import Manager
 from ...resources.scope import RolloutScope
 from ..base import AgentFlyEnv, StepResult
@@ -213,14 +214,11 @@ class ChessEnv(BoardView, AgentFlyEnv):
         self._check_split(split)
         if skill_level is not None and (not isinstance(skill_level, int) or not 0 <= skill_level <= 20):
             raise ConfigError(f"skill_level={skill_level!r} must be None or an integer in 0..20")
-        if engine_depth is not None and (not isinstance(engine_depth, int) or engine_depth < 1):
-            raise ConfigError(f"engine_depth={engine_depth!r} must be None or an integer >= 1 (plies)")
+        check_int("engine_depth", engine_depth, optional=True, unit="plies")
         if engine_movetime is not None and not engine_movetime > 0:
             raise ConfigError(f"engine_movetime={engine_movetime!r} must be None or > 0 seconds")
-        if not isinstance(max_moves, int) or max_moves < 1:
-            raise ConfigError(f"max_moves={max_moves!r} must be an integer >= 1")
-        if not isinstance(expert_depth, int) or expert_depth < 1:
-            raise ConfigError(f"expert_depth={expert_depth!r} must be an integer >= 1 (plies)")
+        check_int("max_moves", max_moves)
+        check_int("expert_depth", expert_depth, unit="plies")
         self.mode = mode
         self.reset_options = _PUZZLE_OPTIONS if mode == "puzzle" else _PLAY_OPTIONS
         self.min_rating, self.max_rating = min_rating, max_rating
