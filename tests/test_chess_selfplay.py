@@ -59,8 +59,9 @@ def test_registered_for_make_multiagent_and_bad_ids_are_named():
     assert env.possible_agents == ["white", "black"] and env.max_moves == 10
     with pytest.raises(ConfigError, match="NoSuchGame"):
         agentfly_gym.make_multiagent("NoSuchGame-v0")
-    with pytest.raises(ConfigError, match="max_invalid_moves=0"):
+    with pytest.raises(ConfigError) as info:
         agentfly_gym.make_multiagent("ChessSelfPlay", max_invalid_moves=0)
+    assert info.value.field == "max_invalid_moves"
 
 
 def test_mate_gives_zero_sum_rewards_and_observations_per_side():

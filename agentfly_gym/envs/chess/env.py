@@ -202,18 +202,17 @@ class ChessEnv(BoardView, AgentFlyEnv):
         super().__init__(manager=manager, step_timeout=step_timeout, reset_timeout=reset_timeout,
                          max_episode_steps=max_episode_steps, render_mode=render_mode)
         if mode not in ("puzzle", "play"):
-            raise ConfigError(f"mode={mode!r} is not one of 'puzzle', 'play'")
+            raise ConfigError(f"mode={mode!r} is not one of 'puzzle', 'play'", field="mode")
         for name, value in (("min_rating", min_rating), ("max_rating", max_rating)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
                 raise ConfigError(f"{name}={value!r} must be None or an integer rating")
         min_rating = None if min_rating is None else int(min_rating)
         max_rating = None if max_rating is None else int(max_rating)
         if min_rating is not None and max_rating is not None and min_rating > max_rating:
-            raise ConfigError(f"min_rating={min_rating} is above max_rating={max_rating}")
+            raise ConfigError(f"min_rating={min_rating} is above max_rating={max_rating}", field="min_rating")
         self._check_color(agent_color, "agent_color")
         self._check_split(split)
-        if skill_level is not None and (not isinstance(skill_level, int) or not 0 <= skill_level <= 20):
-            raise ConfigError(f"skill_level={skill_level!r} must be None or an integer in 0..20")
+        check_int("skill_level", skill_level, minimum=0, maximum=20, optional=True)
         check_int("engine_depth", engine_depth, optional=True, unit="plies")
         if engine_movetime is not None and not engine_movetime > 0:
             raise ConfigError(f"engine_movetime={engine_movetime!r} must be None or > 0 seconds")
@@ -252,7 +251,7 @@ class ChessEnv(BoardView, AgentFlyEnv):
     @staticmethod
     def _check_color(value: Any, name: str) -> None:
         if value not in ("white", "black", "random"):
-            raise ConfigError(f"{name}={value!r} is not one of 'white', 'black', 'random'")
+            raise ConfigError(f"{name}={value!r} is not one of 'white', 'black', 'random'", field=name)
 
     @staticmethod
     def _check_split(value: Any) -> str:
