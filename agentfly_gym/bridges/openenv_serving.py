@@ -193,7 +193,7 @@ def create_openenv_app(env_id: str, *, env_kwargs: dict[str, Any] | None = None,
     check_int("max_sessions", max_sessions)
     try:  # fail on a typo now, not in the first session (building the env acquires nothing)
         probe = gymnasium.make(env_id, **dict(env_kwargs or {})).unwrapped
-        probe._closed = True
+        probe.discard()
     except TypeError as e:
         raise ConfigError(f"{env_id}: bad keyword arguments {sorted(env_kwargs or {})}: {e}") from None
     factory = functools.partial(AgentFlyOpenEnvironment, env_id, dict(env_kwargs or {}))

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import gymnasium
 
-from ..errors import ConfigError, ModelOutputError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
+from ..errors import ConfigError, EnvError, ModelOutputError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
 from ..limits import check_int
 from ..resources.inprocess import InProcessResource
 from ..resources.protocol import Manager
@@ -84,6 +84,17 @@ class EnvResources:
         if self._manager is None or self._manager.closed:
             self._manager = default_manager()
         return self._manager
+
+    def discard(self) -> None:
+        """Close an environment that never started an episode (a probe built only to check its constructor's
+        arguments): it holds nothing, so no event loop is needed.  Idempotent.
+
+        Raises:
+            EnvError: an episode was started (its resources must be released: call ``close()``).
+        """
+        if self._scope is not None and not self._closed:
+            raise EnvError(f"{type(self).__name__}: an episode was started; close() it to release its resources")
+        self._closed = True
 
     def close(self) -> None:
         """Sync wrapper of ``aclose()``; nothing to do when closed or when no episode ever started."""

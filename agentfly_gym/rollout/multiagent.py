@@ -430,7 +430,7 @@ async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, config
 
     config = MultiAgentConfig.merge(config, **fields)
     probe = make_multiagent(env_id, **config.env_kwargs)  # bad kwargs fail before any game starts
-    probe._closed = True  # nothing was acquired: closing needs no event loop
+    probe.discard()  # nothing was acquired: closing needs no event loop
     if config.output_dir is not None:
         check_output_dir(config.output_dir, config.if_exists, mode=config.mode)
     from ..resources import teardown

@@ -121,6 +121,17 @@ class DockerContainer(DockerFiles, ContainerResource):
         self._own_engine: DockerEngine | None = None  # made by hand (no manager's services): closed on release
 
     @property
+    def upper_dir(self) -> str | None:
+        """The host folder of the container's writable layer (overlay2), which the disk watchdog measures; None:
+        not known (another storage driver, a remote engine) or no container."""
+        return self._upper_dir
+
+    def mark_dead(self, reason: str) -> None:
+        """Record why the container is being killed from outside (the disk watchdog): every later call on it
+        raises :class:`~agentfly_gym.errors.ResourceDied` with ``reason``, until it is replaced."""
+        self._death_reason = reason
+
+    @property
     def engine(self) -> DockerEngine:
         """The Docker engine access of the manager that built this container (client, thread pool, watchdog)."""
         if self.services is not None:
