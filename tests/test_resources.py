@@ -504,7 +504,7 @@ async def test_pool_rejects_use_from_another_event_loop():
 class Counter:
     """A blocking, non-thread-safe object: records which thread calls it."""
 
-    instances: list["Counter"] = []
+    instances: list[Counter] = []
 
     def __init__(self, start: int = 0, other: int = 0, k: int = 0):
         self.n = start

@@ -258,7 +258,7 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
                                                                    info, env)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a policy's failure ends the game, recorded
                 log.warning("game %s: %s's policy failed: %s", gid, agent, e)
                 failure = (agent, f"{type(e).__name__}: {e}")
                 break
@@ -269,7 +269,7 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
                 await env.astep(action)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - an env's failure ends the game, recorded
                 log.warning("game %s: the env failed on %s's move %r: %s", gid, agent, action, e)
                 failure = ("env", f"{type(e).__name__}: {e}")
                 break
@@ -479,7 +479,7 @@ async def _run_games(env_id: str, config: MultiAgentConfig, player: tuple[Any, A
                                                  limits=config.limits, seed=seed + g, env_id=full_id, game_id=gid)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a game that cannot start is recorded
                 log.warning("game %s failed to start: %s", gid, e)
                 return [PlayerTrajectory(trajectory_id=f"{gid}-{a}", group_id=gid, env_id=full_id, task_id=gid,
                                          seed=seed + g, mode=mode, prompt_ids=[], agent=a, game_id=gid,

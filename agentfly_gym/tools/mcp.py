@@ -165,7 +165,7 @@ class MCPConnection:
             self._loop.call_soon_threadsafe(self._stop.set)
             try:
                 asyncio.run_coroutine_threadsafe(asyncio.wait({self._task}, timeout=10.0), self._loop).result(15.0)
-            except Exception:  # noqa: BLE001  (a server that will not stop: the loop goes anyway)
+            except Exception:  # noqa: BLE001, S110  (a server that will not stop: the loop goes anyway)
                 pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10.0)

@@ -265,7 +265,7 @@ class StockfishEngine:
         try:
             self._call(self._protocol.ping())
             return True
-        except Exception:
+        except Exception:  # noqa: BLE001 - any failure to answer a ping is 'not healthy'
             return False
 
     def close(self) -> None:
@@ -281,7 +281,7 @@ class StockfishEngine:
                 # closing the transport kills a process that is still running
                 self._loop.loop.call_soon_threadsafe(transport.close)
                 self._call(self._exit_code(), timeout=5)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a process that will not exit is killed below
                 pid = getattr(self, "pid", None)
                 if pid:
                     try:

@@ -253,7 +253,7 @@ class WebShopEnv(AgentFlyEnv):
             return
         try:
             await self._server.end_session(sid)
-        except Exception as e:  # a dead server has no session to drop
+        except Exception as e:  # noqa: BLE001 - a dead server has no session to drop
             log.debug("WebShop: end_session(%s) failed: %s", sid, e)
 
     @staticmethod

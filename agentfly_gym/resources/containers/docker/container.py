@@ -348,7 +348,7 @@ class DockerContainer(DockerFiles, ContainerResource):
             return self._status
         try:
             state = await self._in_thread(self._state_sync)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an engine that cannot say: the container is not known running
             state = None
         if state is None or state.get("Status") != "running" or state.get("OOMKilled"):
             self._status = ResourceStatus.UNHEALTHY
@@ -387,7 +387,7 @@ class DockerContainer(DockerFiles, ContainerResource):
     def _remove_sync(self, cid: str) -> None:
         try:
             self.engine.client().api.remove_container(cid, force=True, v=True)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - best-effort removal; all but NotFound is logged
             if type(e).__name__ != "NotFound":
                 log.warning("removing container %s failed: %s", cid[:12], e)
 
