@@ -91,10 +91,12 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
         common = dict(env_id=env_id, sampling=sampling, max_turns=limits.max_turns, seed=seed, options=options,
                       trajectory_id=trajectory_id, group_id=group_id, keep_on_error=on_error == "record")
         if mode == "chain":
-            return await run_chain_episode(env, policy, chat, max_context_tokens=limits.max_context_tokens,
+            traj = await run_chain_episode(env, policy, chat, max_context_tokens=limits.max_context_tokens,
                                            max_response_tokens=limits.max_response_tokens, **common)
-        return await run_step_episode(env, policy, chat, history=limits.history,
-                                      max_prompt_tokens=limits.max_prompt_tokens, **common)
+        else:
+            traj = await run_step_episode(env, policy, chat, history=limits.history,
+                                          max_prompt_tokens=limits.max_prompt_tokens, **common)
+        return traj
     except asyncio.CancelledError:
         raise
     except Exception as e:
@@ -104,7 +106,8 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
         log.debug("%s", traceback.format_exc())
         return Trajectory(trajectory_id=trajectory_id or "", group_id=group_id or "", env_id=env_id, task_id="",
                           seed=seed, mode=mode, prompt_ids=[], error=f"{type(e).__name__}: {e}", status="error",
-                          timings={"wall": time.monotonic() - t0})
+                          timings={"wall": time.monotonic() - t0},
+                          scope_id=getattr(env, "scope_id", "") if env is not None else "")
     finally:
         if env is not None:
             await env.aclose()
