@@ -195,7 +195,9 @@ def create_openenv_app(env_id: str, *, env_kwargs: dict[str, Any] | None = None,
         probe = gymnasium.make(env_id, **dict(env_kwargs or {})).unwrapped
         probe._closed = True
     except TypeError as e:
-        raise ConfigError(f"{env_id}: bad keyword arguments {sorted(env_kwargs or {})}: {e}") from None
+        from ..registration import bad_kwargs_error
+
+        raise bad_kwargs_error(env_id, dict(env_kwargs or {}), e) from None
     factory = functools.partial(AgentFlyOpenEnvironment, env_id, dict(env_kwargs or {}))
     app = create_fastapi_app(factory, TextAction, TextObservation, max_concurrent_envs=max_sessions)
     from ._compat import QuietClientDisconnect, needs_quiet_disconnect
