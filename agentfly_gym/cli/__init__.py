@@ -62,7 +62,7 @@ def _run_delegated(argv: list[str]) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agentfly-gym", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="agentfly-gym", description=__doc__.split("\n\n")[0].replace("``", ""), allow_abbrev=False)
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="-v: INFO logging (e.g. one line per finished trajectory); -vv: DEBUG (accepted anywhere)")
     sub = p.add_subparsers(dest="command", required=True)

@@ -2,6 +2,8 @@
 
 - ``<!-- cli-reference -->`` in a page becomes the ``--help`` of every ``agentfly-gym`` command, run as a
   subprocess (the command a user types), so the reference cannot drift from the parsers.
+- The docstrings' Sphinx roles (``:class:`~pkg.mod.Name` ``), which mkdocstrings shows as written, are shown as
+  the code they name (``Name``; the full path without the ``~``).
 - The benchmark plots (``benchmarks/results/*.png``) are added to the site under ``benchmarks/results/``, so the
   pages show the committed figures without a copy of them in ``docs/``.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +57,19 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, cli_reference())
     return markdown
+
+
+#: ``:class:<code>~a.b.Name</code>`` as mkdocstrings renders a docstring's Sphinx role
+ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj):<code>(~?)([^<]*)</code>")
+
+
+def _role(m: re.Match) -> str:
+    target = m.group(2)
+    return f"<code>{target.rsplit('.', 1)[-1] if m.group(1) else target}</code>"
+
+
+def on_page_content(html_text: str, page, config, files) -> str:
+    return ROLE.sub(_role, html_text)
 
 
 def on_files(files, config):
