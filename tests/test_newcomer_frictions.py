@@ -130,6 +130,7 @@ def test_a_misspelt_env_kwargs_key_gets_a_suggestion(kwargs, said):
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # two data sets built and checked: 20 s on the loaded 2-core machine
 def test_the_verl_example_prepares_its_data_from_the_shipped_samples(tmp_path):
     """The example's data step runs with no data folder (the Lichess sample ships in the package) and writes a
     training and a validation set from disjoint splits, checked with ``dataset check``; ``PREPARE_ONLY=1`` stops
@@ -144,3 +145,18 @@ def test_the_verl_example_prepares_its_data_from_the_shipped_samples(tmp_path):
     train, val = pq.read_table(tmp_path / "train.parquet"), pq.read_table(tmp_path / "val.parquet")
     assert (train.num_rows, val.num_rows) == (4, 2)
     assert "0 shared task" in r.stdout + r.stderr
+
+
+def test_the_verl_example_needs_no_data_folder_and_splits_its_sets():
+    """The fast half of the check above: the script builds from the train and validation splits (not from two seed
+    ranges of one task list) and checks them, and no longer says it needs a data folder."""
+    text = (ROOT / "plugins" / "verl" / "examples" / "run_grpo_chess.sh").read_text()
+    assert "$AGENTFLY_GYM_DATA/chess" not in text
+    assert '"$N_TRAIN" train' in text and '"$N_VAL" validation' in text and "dataset check" in text
+
+
+def test_the_verl_quickstart_says_why_it_writes_two_data_sets():
+    text = (ROOT / "docs" / "trainers.md").read_text(encoding="utf-8")
+    before = text[:text.index("agentfly-gym dataset Chess -o data/train.parquet")]
+    said = " ".join(before[-700:].split())
+    assert "two data sets" in said and "validation" in said and "share no task" in said
