@@ -142,8 +142,8 @@ def bad_kwargs_error(env_id: str, kwargs: dict[str, Any], error: Exception) -> E
     for k in unknown:
         close = difflib.get_close_matches(k, known, n=1)
         said.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
-    return ConfigError(f"{env_id} takes no argument{'s' if len(said) > 1 else ''} {', '.join(said)}; its arguments "
-                       f"are {known}")
+    return ConfigError(f"{env_id}: bad keyword argument{'s' if len(said) > 1 else ''} {', '.join(said)}: the env "
+                       f"takes no such argument; its arguments are {known}")
 
 
 def normalize_multiagent_id(name: str) -> str:
