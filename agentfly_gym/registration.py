@@ -133,7 +133,7 @@ def bad_kwargs_error(env_id: str, kwargs: dict[str, Any], error: Exception) -> E
 
     try:
         known = env_kwarg_names(env_id)
-    except Exception:  # an entry point that cannot be read: the error as it came
+    except (ImportError, AttributeError, TypeError, ValueError, gymnasium.error.Error):  # unreadable entry point
         return ConfigError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {error}")
     unknown = [k for k in kwargs if k not in known]
     if not unknown:
