@@ -7,7 +7,7 @@ PY ?= $(VENV)/bin/python
 # No data folder is needed: the envs fall back to the samples shipped in the package. A data root you
 # export yourself (AGENTFLY_GYM_DATA=...) is passed through; `agentfly-gym data download NAME` gets full sets.
 
-.PHONY: setup demo test test-fast lock docs
+.PHONY: setup demo test test-fast lint lock docs
 # No stamp file here: setup.sh keeps its stamp inside the environment it set up, so `PY=<another python>`
 # sets that one up instead of trusting a marker left by another interpreter.
 setup:
@@ -37,6 +37,10 @@ test-fast: setup
 # an unresolved API reference fails; `$(PY) -m mkdocs serve` previews it while you edit.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+# Lint: ruff with the rules in pyproject.toml ([tool.ruff]); CI runs it before the tests.
+lint: setup
+	$(PY) -m ruff check .
 
 # Regenerate requirements/lock.txt after changing pyproject.toml's dependencies (UPGRADE=1 moves every pin).
 lock:
