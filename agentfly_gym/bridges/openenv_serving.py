@@ -32,7 +32,6 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field
 
 from ..envs.base import AgentFlyEnv
-from ..errors import ConfigError
 from ..limits import check_int
 from .uvicorn_server import exit_when_set, started_server
 
