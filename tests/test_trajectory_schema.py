@@ -65,10 +65,10 @@ async def test_status_and_versions_round_trip(tmp_path, chat):
     paths = save_trajectories(list(trajs.values()), tmp_path)
     steps = save_step_rows([trajs["step"]], tmp_path)["steps"]
     for p in (paths["parquet"], paths["jsonl"], steps):
-        assert read_schema_version(p) == SCHEMA_VERSION == 3
-    assert pq.read_schema(paths["parquet"]).metadata[b"agentfly_gym.schema_version"] == b"3"
+        assert read_schema_version(p) == SCHEMA_VERSION == 4
+    assert pq.read_schema(paths["parquet"]).metadata[b"agentfly_gym.schema_version"] == b"4"
     head = json.loads(paths["jsonl"].read_text().splitlines()[0])
-    assert head == {"agentfly_gym_schema": "trajectories", "schema_version": 3}
+    assert head == {"agentfly_gym_schema": "trajectories", "schema_version": 4}
     for p in (paths["parquet"], paths["jsonl"]):
         back = load_trajectories(p)
         assert [b.status for b in back] == list(status.values())

@@ -22,7 +22,7 @@ import gymnasium
 from ..errors import ConfigError
 from .chain import run_chain_episode
 from .env_needs import policy_env_kwargs
-from .policies.base import ActionPolicy, SamplingParams, TextPolicy
+from .policies.base import ActionPolicy, SamplingParams, TextPolicy, is_chat_policy
 from .step import DEFAULT_HISTORY, run_step_episode
 from .trajectory import Trajectory
 
@@ -49,8 +49,11 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
 
     Args:
         env_id: a registered env id (full, e.g. ``"agentfly/Chess-v0"``: it is recorded as given).
-        policy: a :class:`TextPolicy` (token ids) or an :class:`ActionPolicy` (scripted actions).
-        chat: a :class:`~agentfly_gym.rollout.chat.ChatTokenizer` for the policy's tokenizer.
+        policy: a :class:`TextPolicy` (token ids), an :class:`ActionPolicy` (scripted actions) or a
+            :class:`~agentfly_gym.rollout.policies.base.ChatPolicy` (an endpoint: messages in, a reply out; chain
+            mode only, played by :func:`~agentfly_gym.rollout.chat_episode.run_chat_episode`).
+        chat: a :class:`~agentfly_gym.rollout.chat.ChatTokenizer` for the policy's tokenizer (None for a
+            ChatPolicy, which renders nothing itself).
         mode: ``"chain"`` (:func:`~agentfly_gym.rollout.chain.run_chain_episode`: one sequence,
             ``max_context_tokens`` and ``max_response_tokens`` apply) or ``"step"``
             (:func:`~agentfly_gym.rollout.step.run_step_episode`: one row per step, ``history`` and
@@ -69,7 +72,7 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
             ``status="error"``.
 
     Raises:
-        ConfigError: a bad ``mode`` or ``on_error`` (always raised).
+        ConfigError: a bad ``mode`` or ``on_error``, or step mode with a ChatPolicy (always raised).
         Exception: with ``on_error="raise"``, what making or playing the env raised.
         asyncio.CancelledError: when cancelled (the env is closed first).
     """
@@ -77,12 +80,20 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
         raise ConfigError(f"mode={mode!r} is not one of {MODES}")
     if on_error not in ("record", "raise"):
         raise ConfigError(f"on_error={on_error!r} is not one of ('record', 'raise')")
+    chat_policy = is_chat_policy(policy)
+    if chat_policy and mode != "chain":
+        raise ConfigError(f"mode={mode!r}: a chat endpoint policy ({type(policy).__name__}) plays chain mode only "
+                          "(step mode renders a fresh token prompt per step, which an endpoint does not take)")
     t0 = time.monotonic()
     env = None
     try:
         env = gymnasium.make(env_id, manager=manager, **policy_env_kwargs(policy, env_id, env_kwargs)).unwrapped
         common = dict(env_id=env_id, sampling=sampling, max_turns=max_turns, seed=seed, options=options,
                       trajectory_id=trajectory_id, group_id=group_id, keep_on_error=on_error == "record")
+        if chat_policy:
+            from .chat_episode import run_chat_episode
+
+            return await run_chat_episode(env, policy, **common)
         if mode == "chain":
             return await run_chain_episode(env, policy, chat, max_context_tokens=max_context_tokens,
                                            max_response_tokens=max_response_tokens, **common)
@@ -97,6 +108,7 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
         log.debug("%s", traceback.format_exc())
         return Trajectory(trajectory_id=trajectory_id or "", group_id=group_id or "", env_id=env_id, task_id="",
                           seed=seed, mode=mode, prompt_ids=[], error=f"{type(e).__name__}: {e}", status="error",
+                          text_only=chat_policy,
                           timings={"wall": time.monotonic() - t0})
     finally:
         if env is not None:
