@@ -48,6 +48,7 @@ def _plot(results: Mapping[str, Any], path: Path) -> bool:
     for env_id, r in envs.items():
         js = [j for j in range(1, k + 1) if r.get(f"pass@{j}") is not None]
         ax1.plot(js, [r[f"pass@{j}"] for j in js], marker="o", label=env_id)
+    ax1.set_xticks(range(1, k + 1) if k <= 20 else range(1, k + 1, max(1, k // 10)))
     ax1.set_xlabel("k (samples)")
     ax1.set_ylabel("pass@k")
     ax1.set_ylim(0, 1.02)
