@@ -18,7 +18,11 @@ import pytest
 
 from agentfly_gym.errors import ConfigError, PolicyError
 from agentfly_gym.rollout.policies.base import SamplingParams, is_chat_policy
-from agentfly_gym.rollout.policies.endpoint_policy import EndpointError, EndpointPolicy, RateLimiter
+from agentfly_gym.rollout.policies.endpoint_policy import (
+    EndpointError,
+    EndpointPolicy,
+    RateLimiter,
+)
 from agentfly_gym.rollout.trajectory import TextOnlyTrajectory
 
 SECRET = "sk-test-do-not-leak-4f1b2c"
@@ -40,7 +44,7 @@ class Stub:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 stub.bodies.append(body)
                 stub.auth.append(self.headers.get("authorization", ""))
@@ -174,9 +178,9 @@ def _tool_answer(body: dict) -> dict:
 
 
 async def test_native_tool_calls_drive_a_tool_env_and_the_trajectory_is_text_only(key):
+    import evaltools
     import gymnasium
 
-    import evaltools
     from agentfly_gym.rollout.episode import play_episode
 
     stub = Stub(_tool_answer)
@@ -226,6 +230,7 @@ def _ids_answer(consistent: bool):
 @pytest.mark.parametrize("consistent", [True, False])
 async def test_token_ids_from_the_server_make_a_trainable_chain_only_when_faithful(key, consistent):
     import evaltools
+
     from agentfly_gym.rollout.episode import play_episode
 
     stub = Stub(_ids_answer(consistent))

@@ -13,13 +13,13 @@ import json
 import math
 from fractions import Fraction
 
-import pytest
-
 import evaltools
+import pytest
+from test_endpoint_policy import SECRET, Stub, _tool_answer
+
 from agentfly_gym.cli import main
 from agentfly_gym.errors import ConfigError
 from agentfly_gym.eval import bootstrap_ci, parse_tasks, pass_at_k, plan_tasks
-from test_endpoint_policy import SECRET, Stub, _tool_answer
 
 ENV = "evaltools:make_env"
 
@@ -190,3 +190,29 @@ def test_eval_on_a_real_transformers_serve_endpoint(tmp_path):
     r = _results(out)
     assert r["overall"]["errors"] == 0 and r["overall"]["scored_samples"] == 4 and r["text_only"]
     assert r["pass@1"] is not None and r["pass@2"] is not None
+
+
+def test_rollout_shares_tasks_split_and_endpoints(tmp_path, monkeypatch, capsys):
+    from agentfly_gym.rollout.trajectory import load_trajectories
+
+    out = tmp_path / "ro"
+    # --tasks: group i plays task i; 4 trajectories over 4 tasks play each once (never drawn with replacement)
+    assert main(["rollout", "--env", ENV, "--policy", "random", "-n", "4", "--tasks", "all", "--output-dir", str(out),
+                 "--no-progress"]) == 0
+    assert sorted(t.task_id for t in load_trajectories(out / "trajectories.parquet")) == \
+        ["broken", "half", "right", "wrong"]
+    # refused at parse time, with the reason
+    assert main(["rollout", "--env", ENV, "--policy", "random", "--split", "test", "--no-progress"]) == 2
+    assert "no task splits" in capsys.readouterr().err
+    assert main(["rollout", "--env", ENV, "--policy", "openai:m", "--mode", "step", "--no-progress"]) == 2
+    assert "chain only" in capsys.readouterr().err
+    monkeypatch.setenv("EVAL_TEST_KEY", SECRET)
+    stub = Stub(_tool_answer)
+    try:
+        ep = tmp_path / "ep"
+        assert main(["rollout", "--env", ENV, "--policy", "openai:m", "--base-url", stub.base_url, "--api-key-env",
+                     "EVAL_TEST_KEY", "-n", "2", "--tasks", "right", "--output-dir", str(ep), "--no-progress"]) == 0
+    finally:
+        stub.close()
+    trajs = load_trajectories(ep / "trajectories.parquet")
+    assert [t.success for t in trajs] == [True, True] and all(t.text_only for t in trajs)

@@ -10,7 +10,7 @@ import asyncio
 import sys
 from typing import Any
 
-__all__ = ["add_eval_parser", "cmd_eval", "add_endpoint_arguments", "endpoint_options"]
+__all__ = ["add_endpoint_arguments", "add_eval_parser", "cmd_eval", "endpoint_options"]
 
 
 def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["EVAL_SPLIT", "EnvTasks", "plan_tasks", "parse_tasks", "SEED_PREFIX"]
+__all__ = ["EVAL_SPLIT", "SEED_PREFIX", "EnvTasks", "parse_tasks", "plan_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,11 @@ def parse_tasks(text: str | int | Sequence[str] | None) -> str | int | list[str]
 
 
 def plan_tasks(env_id: str, tasks: str | int | Sequence[str] | None = "all", *, split: str | None = None,
-               env_kwargs: Mapping[str, Any] | None = None) -> EnvTasks:
+               env_kwargs: Mapping[str, Any] | None = None, default_split: str | None = EVAL_SPLIT) -> EnvTasks:
     """The tasks ``env_id`` plays (see the module docstring).  Makes the env once to list its tasks.
+
+    ``default_split`` is the split of an env with splits when neither ``split`` nor ``env_kwargs`` name one
+    (:data:`EVAL_SPLIT`; None: the env's own default, as ``agentfly-gym rollout`` has it).
 
     Raises:
         ConfigError: an unknown env or split, constructor arguments it does not take, ``tasks="all"`` (or ids) on
@@ -104,7 +107,7 @@ def plan_tasks(env_id: str, tasks: str | int | Sequence[str] | None = "all", *, 
         raise ConfigError(f"{env_id} has no task splits (its constructor takes no split argument), so "
                           f"--split {split!r} cannot be played: leave --split out")
     if split is None and "split" not in kwargs and takes is True:
-        split = EVAL_SPLIT
+        split = default_split
     if split is not None:
         kwargs["split"] = split
     check_env_kwargs(env_id, cls, kwargs)

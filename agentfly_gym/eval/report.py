@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_report", "format_ci", "PLOT_NAME", "REPORT_NAME"]
+__all__ = ["PLOT_NAME", "REPORT_NAME", "format_ci", "write_report"]
 
 log = logging.getLogger(__name__)
 

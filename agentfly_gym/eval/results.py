@@ -24,7 +24,7 @@ from typing import Any
 
 from .stats import DEFAULT_CONFIDENCE, bootstrap_ci, pass_at_k
 
-__all__ = ["is_error", "task_result", "group_result", "summarize_eval"]
+__all__ = ["group_result", "is_error", "summarize_eval", "task_result"]
 
 
 def is_error(traj: Any) -> bool:

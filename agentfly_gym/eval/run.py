@@ -34,7 +34,7 @@ from ..rollout.trajectory import Trajectory, Turn
 from .plan import EnvTasks
 from .results import is_error, summarize_eval
 
-__all__ = ["EvalConfig", "EvalResult", "arun_eval", "MANIFEST_NAME", "PROGRESS_NAME", "RESULTS_NAME"]
+__all__ = ["MANIFEST_NAME", "PROGRESS_NAME", "RESULTS_NAME", "EvalConfig", "EvalResult", "arun_eval"]
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,9 @@ async def arun_eval(config: EvalConfig, policy: Any, chat: Any, *, manager: Any 
 
         manager = manager_from_environment()
     sem = asyncio.Semaphore(config.max_concurrency)
-    sink = open(out / PROGRESS_NAME, "a", encoding="utf-8") if out is not None else None  # noqa: SIM115
+    # one short line per finished episode, flushed at once so a crash loses nothing finished (too small to hand
+    # to a thread)
+    sink = open(out / PROGRESS_NAME, "a", encoding="utf-8") if out is not None else None  # noqa: ASYNC230, SIM115
     bar = None
     if progress and todo:
         from tqdm.auto import tqdm

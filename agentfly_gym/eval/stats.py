@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import ConfigError
 
-__all__ = ["pass_at_k", "bootstrap_ci", "DEFAULT_RESAMPLES", "DEFAULT_CONFIDENCE"]
+__all__ = ["DEFAULT_CONFIDENCE", "DEFAULT_RESAMPLES", "bootstrap_ci", "pass_at_k"]
 
 #: Bootstrap resamples per interval.
 DEFAULT_RESAMPLES = 2000

@@ -27,7 +27,7 @@ from .policies.base import SamplingParams
 from .trajectory import Trajectory
 from .turns import act_and_record, fail_trajectory, finish_trajectory
 
-__all__ = ["run_chat_episode", "reply_text"]
+__all__ = ["reply_text", "run_chat_episode"]
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,7 @@ def reply_text(reply: Any, tool_format: str = "hermes") -> str:
         if isinstance(args, dict):
             parts.append(format_tool_call(call["name"], args, tool_format if tool_format != "auto" else "hermes"))
         else:
-            parts.append('<tool_call>\n{"name": %s, "arguments": %s}\n</tool_call>'
-                         % (json.dumps(call["name"]), call["arguments"]))
+            parts.append(f'<tool_call>\n{{"name": {json.dumps(call["name"])}, "arguments": {call["arguments"]}}}\n</tool_call>')
     return "\n".join(parts)
 
 

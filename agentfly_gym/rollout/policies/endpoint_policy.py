@@ -189,8 +189,8 @@ class EndpointPolicy:
             body.setdefault("top_k", s.top_k)
         if s.stop_token_ids:
             body.setdefault("stop_token_ids", list(s.stop_token_ids))
-        kwargs: dict[str, Any] = dict(model=self.model, messages=[dict(m) for m in messages], max_tokens=s.max_tokens,
-                                      temperature=s.temperature, top_p=s.top_p)
+        kwargs: dict[str, Any] = {"model": self.model, "messages": [dict(m) for m in messages],
+                                  "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
         if s.seed is not None:
             kwargs["seed"] = s.seed
         if tools:
@@ -236,7 +236,7 @@ class EndpointPolicy:
 
         try:
             run_sync(self.aclose())
-        except Exception:  # noqa: BLE001 - the client's loop is gone: its sockets go with the process
+        except Exception:
             log.debug("closing the endpoint client failed", exc_info=True)
 
 
