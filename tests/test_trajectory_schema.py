@@ -107,7 +107,7 @@ async def test_unknown_versions_are_refused_and_version_1_is_read(tmp_path, chat
     (v9 / "trajectories.jsonl").write_text(json.dumps({"agentfly_gym_schema": "trajectories", "schema_version": 9})
                                            + "\n" + "\n".join(lines) + "\n")
     for p in (v9 / "trajectories.parquet", v9 / "trajectories.jsonl"):
-        with pytest.raises(SchemaVersionError, match=r"schema version 9 .*versions \[1, 2, 3\]"):
+        with pytest.raises(SchemaVersionError, match=r"schema version 9 .*versions \[1, 2, 3, 4\]"):
             load_trajectories(p)
     steps = save_step_rows([trajs[3]], tmp_path / "s")["steps"]
     t = pq.read_table(steps)
