@@ -75,12 +75,55 @@ def test_parse_and_plan_tasks():
         plan_tasks(env, "nope")
 
 
+# ----------------------------------------------------------------------------- scoring and resuming (library)
+def _traj(task, j, *, success=False, reward=0.0, error=None):
+    from agentfly_gym.rollout.trajectory import Trajectory
+
+    return Trajectory(trajectory_id=f"{task}/{j}", group_id=task, env_id="e", task_id=task, seed=j, mode="chain",
+                      prompt_ids=[], success=success, reward=reward, error=error, status="error" if error else "")
+
+
+def test_summarize_scores_each_task_alike_and_counts_errors_apart():
+    from agentfly_gym.eval.results import summarize_eval
+
+    samples = {"e": {"a": [_traj("a", j, success=j < 1, reward=1.0 if j < 1 else 0.25) for j in range(3)],
+                     "b": [_traj("b", 0), _traj("b", 1, error="EndpointError: HTTP 500"), _traj("b", 2)]}}
+    r = summarize_eval(samples, 3)
+    a, b = r["envs"]["e"]["per_task"]["a"], r["envs"]["e"]["per_task"]["b"]
+    assert (a["n"], a["c"], a["errors"]) == (3, 1, 0) and (b["n"], b["c"], b["errors"]) == (2, 0, 1)
+    assert a["pass@1"] == pytest.approx(1 / 3) and a["pass@2"] == pytest.approx(2 / 3) and a["pass@3"] == 1.0
+    assert "pass@3" not in b and b["mean_reward"] == 0.0  # the error is no sample: n = 2 < k = 3
+    assert r["pass@1"] == pytest.approx((1 / 3 + 0) / 2) and r["pass@3"] == 1.0  # over the tasks with n >= 3
+    assert r["overall"]["tasks_scored@3"] == 1 and r["overall"]["errors"] == 1
+    assert r["envs"]["e"]["mean_reward"] == pytest.approx(((1 + 0.25 + 0.25) / 3 + 0) / 2)
+    json.dumps(r, allow_nan=False)  # strict JSON
+
+
+async def test_resume_plays_only_what_is_missing(tmp_path):
+    from agentfly_gym.eval import EvalConfig, arun_eval
+    from agentfly_gym.rollout.policies.factory import make_policy
+
+    policy, chat = make_policy("expert")
+    config = EvalConfig(plans=[plan_tasks(evaltools.make_env(), "right,broken")], k=2, model="expert",
+                        output_dir=tmp_path)
+    evaltools.PLAYS.clear()
+    first = await arun_eval(config, policy, chat, progress=False)
+    assert first.played == 4 and dict(evaltools.PLAYS) == {"right": 2, "broken": 2}
+    evaltools.PLAYS.clear()
+    again = await arun_eval(config, policy, chat, progress=False)  # the errors only
+    assert again.played == 2 and dict(evaltools.PLAYS) == {"broken": 2}
+    assert again.results["envs"][evaltools.ENV_ID]["per_task"]["right"]["c"] == 2
+
+
 # ----------------------------------------------------------------------------- the command
 def _results(out):
     return json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_eval_expert_k4_scores_errors_apart_and_resumes(tmp_path, capsys):
+    """The command end to end, four runs into one folder (~15 s under load): scores, files, resume after errors,
+    a torn last line and a larger k, and a refusal of other settings."""
     out = tmp_path / "ev"
     evaltools.PLAYS.clear()
     argv = ["eval", "--env", ENV, "--model", "expert", "-k", "4", "--output-dir", str(out), "--no-progress",
@@ -135,7 +178,10 @@ def test_random_policy_on_a_tool_env_makes_valid_calls(tmp_path):
     assert all(o == "0" for o in observations)  # add(0, 0): a valid call, run by the tool
 
 
+@pytest.mark.slow
 def test_eval_through_an_endpoint_keeps_the_key_out_of_every_file(tmp_path, monkeypatch, caplog):
+    """Two eval runs through the stub endpoint (~7 s under load); the key's absence from logs is also checked
+    fast in tests/test_endpoint_policy.py."""
     import logging
 
     caplog.set_level(logging.DEBUG)

@@ -110,7 +110,9 @@ class EndpointPolicy:
         model: the model name the endpoint serves.
         base_url: the API root, e.g. ``http://127.0.0.1:8000/v1`` (None: the ``openai`` client's default, i.e.
             ``$OPENAI_BASE_URL`` or OpenAI's API).
-        api_key_env: the environment variable holding the key (None: a placeholder key, for local servers).
+        api_key_env: the environment variable holding the key.  None: with no ``base_url`` (the ``openai``
+            client's default endpoint) ``$OPENAI_API_KEY`` as that client reads it; with a ``base_url`` a
+            placeholder key, for local servers that need none (a key is never sent to a URL it was not named for).
         timeout: seconds one attempt may take (connect + answer).
         max_retries: retries after a 429, a 5xx, a connection error or a timeout (the ``openai`` client's).
         requests_per_second: a client-side rate limit on request starts (None: none).
@@ -148,7 +150,11 @@ class EndpointPolicy:
         self._max_concurrency = max_concurrency
         self._sem: asyncio.Semaphore | None = None
         # the key goes to the client only (it sends it as a header); nothing of this object keeps it
-        self._client = openai.AsyncOpenAI(api_key=os.environ[api_key_env] if api_key_env else NO_KEY,
+        if api_key_env:
+            key = os.environ[api_key_env]
+        else:
+            key = (os.environ.get("OPENAI_API_KEY") if base_url is None else None) or NO_KEY
+        self._client = openai.AsyncOpenAI(api_key=key,
                                           base_url=base_url, timeout=self.timeout, max_retries=max_retries)
         #: no local tokenizer: an endpoint renders and tokenizes on its side
         self.tokenizer = None
