@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..limits import EpisodeLimits, check_int
 from ..rollout.policies.base import SamplingParams
 from ..rollout.trajectory import Trajectory, Turn
 from .plan import EnvTasks
@@ -52,7 +53,8 @@ class EvalConfig:
         k: samples per task (>= 1); sample j of a listed task resets with seed ``seed + j``.
         model: how the policy is named in the outputs (e.g. ``"openai:gpt-4.1-mini"``, ``"smollm2"``).
         max_concurrency: most episodes in flight at once.
-        max_turns: most policy turns per episode.
+        max_turns: most policy turns per episode (the older way; ``limits`` holds it).
+        limits: the episode's :class:`~agentfly_gym.limits.EpisodeLimits` (None: ``max_turns`` and the defaults).
         sampling: how replies are sampled.
         seed: the first reset seed, and the bootstrap's seed.
         output_dir: the folder (None: nothing saved, nothing resumed).
@@ -66,21 +68,22 @@ class EvalConfig:
     k: int = 1
     model: str = ""
     max_concurrency: int = 8
-    max_turns: int = 10
+    max_turns: int | None = None
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     seed: int = 0
     output_dir: str | Path | None = None
     mode: str = "chain"
+    limits: EpisodeLimits | None = None
 
     def __post_init__(self) -> None:
         from ..data.task_draw import check_seed
 
         if not self.plans:
-            raise ConfigError("an evaluation needs at least one environment")
-        for name in ("k", "max_concurrency", "max_turns"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name}={v!r} must be an integer >= 1")
+            raise ConfigError("an evaluation needs at least one environment", field="plans")
+        self.k = check_int("k", self.k)
+        self.max_concurrency = check_int("max_concurrency", self.max_concurrency)
+        self.limits = EpisodeLimits.merge(self.limits, max_turns=self.max_turns)
+        self.max_turns = self.limits.max_turns
         check_seed(self.seed, "seed")
         if self.seed + self.k - 1 >= 2**63:
             raise ConfigError(f"seed={self.seed} with k={self.k}: the last sample's seed is past 2**63 - 1")
@@ -91,6 +94,7 @@ class EvalConfig:
     def settings(self) -> dict[str, Any]:
         """What must not change between a run and its resumption."""
         return {"model": self.model, "mode": self.mode, "max_turns": self.max_turns, "seed": self.seed,
+                "limits": self.limits.to_dict(),
                 "sampling": self.sampling.to_dict(),
                 "envs": {p.env_id: {"split": p.split, "env_kwargs": p.env_kwargs} for p in self.plans}}
 
@@ -213,7 +217,7 @@ async def arun_eval(config: EvalConfig, policy: Any, chat: Any, *, manager: Any 
         async with sem:
             traj = await play_episode(
                 plan.env_id, policy, chat, mode=config.mode, manager=manager, env_kwargs=plan.env_kwargs,
-                sampling=config.sampling, max_turns=config.max_turns,
+                sampling=config.sampling, limits=config.limits,
                 seed=seed if seed is not None else config.seed + j,
                 options={"task_id": task_id} if task_id is not None else None,
                 trajectory_id=f"{plan.env_id.rsplit('/', 1)[-1]}/{task}/{j}", group_id=f"{plan.env_id}/{task}")

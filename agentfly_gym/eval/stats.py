@@ -15,10 +15,10 @@ section 13.3) from a seeded NumPy generator, so the same results give the same i
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Sequence
 
 from ..errors import ConfigError
+from ..limits import check_int
 
 __all__ = ["DEFAULT_CONFIDENCE", "DEFAULT_RESAMPLES", "bootstrap_ci", "pass_at_k"]
 
@@ -26,12 +26,6 @@ __all__ = ["DEFAULT_CONFIDENCE", "DEFAULT_RESAMPLES", "bootstrap_ci", "pass_at_k
 DEFAULT_RESAMPLES = 2000
 #: The confidence of an interval (0.95: the 2.5th and 97.5th percentiles of the resampled statistic).
 DEFAULT_CONFIDENCE = 0.95
-
-
-def _count(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ConfigError(f"{name}={value!r} must be an integer >= 0")
-    return int(value)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -54,7 +48,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     >>> pass_at_k(5, 1, 5)
     1.0
     """
-    n, c, k = _count(n, "n"), _count(c, "c"), _count(k, "k")
+    n, c, k = check_int("n", n), check_int("c", c, minimum=0), check_int("k", k, minimum=0)
     if c > n:
         raise ConfigError(f"c={c} successes out of n={n} samples: c must be <= n")
     if not 1 <= k <= n:
@@ -90,8 +84,7 @@ def bootstrap_ci(values: Sequence[float], *, statistic: Callable[..., float] | N
 
     if not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
         raise ConfigError(f"confidence={confidence!r} must be in (0, 1)")
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
-        raise ConfigError(f"resamples={resamples!r} must be an integer >= 1")
+    check_int("resamples", resamples)
     data = np.asarray(list(values), dtype=float)
     if data.size == 0:
         return math.nan, math.nan
