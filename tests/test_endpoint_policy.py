@@ -159,13 +159,21 @@ def test_bad_settings_are_refused(monkeypatch):
 
 
 async def test_rate_limiter_spaces_request_starts():
-    """The starts it grants are ``1 / per_second`` apart on the monotonic clock (read from the limiter's own
-    schedule, not from wall-clock measurements)."""
-    limiter = RateLimiter(1000.0)
-    for _ in range(3):
+    """Four requests at once at 10 per second wait 0, 0.1, 0.2 and 0.3 s; one after a pause waits nothing.  The
+    clock and the sleep are the limiter's injected ones (a frozen clock, a recording sleep): no wall-clock timing."""
+    now = [100.0]
+    waited: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waited.append(round(seconds, 9))
+
+    limiter = RateLimiter(10, clock=lambda: now[0], sleep=sleep)
+    for _ in range(4):
         await limiter.wait()
-    first = limiter._next - 3 * limiter.interval
-    assert limiter.interval == pytest.approx(0.001) and limiter._next >= first + 3 * limiter.interval
+    assert waited == [0.1, 0.2, 0.3]
+    now[0] += 5.0
+    await limiter.wait()
+    assert waited == [0.1, 0.2, 0.3]
 
 
 def _tool_answer(body: dict) -> dict:

@@ -79,28 +79,34 @@ class ChatReply:
 class RateLimiter:
     """Spaces the starts of requests at least ``1 / per_second`` seconds apart (FIFO among waiters).
 
+    Args:
+        per_second: most request starts per second.
+        clock, sleep: the monotonic clock (seconds) and the coroutine that waits (seconds); the defaults are
+            ``time.monotonic`` and ``asyncio.sleep``.
+
     Raises:
         ConfigError: ``per_second`` is not a positive finite number.
     """
 
-    def __init__(self, per_second: float) -> None:
+    def __init__(self, per_second: float, *, clock: Any = time.monotonic, sleep: Any = asyncio.sleep) -> None:
         import math
 
         if isinstance(per_second, bool) or not isinstance(per_second, (int, float)) or not math.isfinite(per_second) \
                 or per_second <= 0:
             raise ConfigError(f"requests_per_second={per_second!r} must be a positive number")
         self.interval = 1.0 / float(per_second)
+        self._clock, self._sleep = clock, sleep
         self._next = 0.0
         self._lock = asyncio.Lock()
 
     async def wait(self) -> None:
         """Return when the next request may start."""
         async with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             start = max(now, self._next)
             self._next = start + self.interval
         if start > now:
-            await asyncio.sleep(start - now)
+            await self._sleep(start - now)
 
 
 class EndpointPolicy:
