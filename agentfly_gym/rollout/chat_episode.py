@@ -12,7 +12,9 @@ it (:func:`~agentfly_gym.rollout.trajectory.require_token_ids`): ids re-tokenize
 Native tool calls: a reply's ``tool_calls`` are written into the reply text in the env's tool format
 (:func:`~agentfly_gym.tools.formats.format_tool_call`; Hermes unless the env says otherwise), which the env
 parses as any model's reply; the conversation sent back to the endpoint keeps the assistant message's native
-``tool_calls`` and answers each with a ``role: "tool"`` message under its call id.
+``tool_calls`` and answers each with a ``role: "tool"`` message under its call id.  Calls the model wrote into its
+text instead (a server without native tool calling) are run by the env all the same, and their results go back as
+``role: "user"`` messages: an OpenAI-compatible API refuses a tool message that answers no native call.
 """
 
 from __future__ import annotations
