@@ -256,3 +256,26 @@ async def test_token_ids_from_the_server_make_a_trainable_chain_only_when_faithf
         assert traj.trainer_response()[0] == traj.response_ids
     else:  # the server re-rendered the past differently: the ids would not be what was sampled
         assert traj.text_only and traj.response_ids == []
+
+
+async def test_a_call_written_in_the_text_runs_and_its_result_comes_back_as_a_user_message(key):
+    """A server without native tool calling: the model writes the call into its content; the env runs it, and
+    the result goes back as a user message (an API refuses a tool message answering no native call)."""
+    import evaltools
+    from agentfly_gym.rollout.episode import play_episode
+
+    def answer(body: dict) -> dict:
+        if body["messages"][-1]["role"] == "user" and len(body["messages"]) > 2:
+            return {"content": body["messages"][-1]["content"]}
+        return {"content": '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'}
+
+    stub = Stub(answer)
+    try:
+        policy = _policy(stub, key)
+        traj = await play_episode(evaltools.make_env(), policy, None, options={"task_id": "right"}, max_turns=3)
+        await policy.aclose()
+    finally:
+        stub.close()
+    assert traj.success and traj.turns[0].observation == "5"
+    assert stub.bodies[1]["messages"][-1] == {"role": "user", "content": "5"}
+    assert "tool_calls" not in stub.bodies[1]["messages"][-2]
