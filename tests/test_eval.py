@@ -113,6 +113,10 @@ async def test_resume_plays_only_what_is_missing(tmp_path):
     again = await arun_eval(config, policy, chat, progress=False)  # the errors only
     assert again.played == 2 and dict(evaltools.PLAYS) == {"broken": 2}
     assert again.results["envs"][evaltools.ENV_ID]["per_task"]["right"]["c"] == 2
+    from agentfly_gym.rollout.outputs import OutputBusyError, folder_lock
+
+    with folder_lock(tmp_path), pytest.raises(OutputBusyError, match="being written by process"):
+        await arun_eval(config, policy, chat, progress=False)  # a second writer of the folder is refused
 
 
 # ----------------------------------------------------------------------------- the command

@@ -12,6 +12,9 @@ The output folder holds
   (:func:`~agentfly_gym.eval.results.summarize_eval`), ``report.md`` and ``pass_at_k.png``
   (:mod:`agentfly_gym.eval.report`).
 
+While it runs, the folder is locked (:func:`~agentfly_gym.rollout.outputs.folder_lock`, the lock of a rollout
+run): a second process evaluating into it is refused with a message naming the first.
+
 Resume: a sample (env, task, j) already in ``progress.jsonl`` without an infrastructure error is not played
 again; one that ended in an error (:func:`~agentfly_gym.eval.results.is_error`) is played again, and the
 latest line of a sample wins.
@@ -185,14 +188,25 @@ async def arun_eval(config: EvalConfig, policy: Any, chat: Any, *, manager: Any 
 
     Raises:
         ConfigError: the output folder holds another evaluation.
+        OutputBusyError: another process is evaluating into the output folder.
         asyncio.CancelledError: when cancelled (finished samples are already saved in ``progress.jsonl``).
     """
+    out = Path(config.output_dir) if config.output_dir is not None else None
+    if out is None:
+        return await _play(config, policy, chat, None, manager=manager, progress=progress)
+    from ..rollout.outputs import folder_lock
+
+    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out):  # a second process evaluating into the folder is refused, naming this one
+        return await _play(config, policy, chat, out, manager=manager, progress=progress)
+
+
+async def _play(config: EvalConfig, policy: Any, chat: Any, out: Path | None, *, manager: Any,
+                progress: bool) -> EvalResult:
     from ..rollout.episode import play_episode
 
-    out = Path(config.output_dir) if config.output_dir is not None else None
     done: dict[tuple[str, str, int], Trajectory] = {}
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         _check_manifest(out, config)
         done = _load_progress(out)
     todo = [(p, task, j) for p in config.plans for task in p.tasks for j in range(config.k)
