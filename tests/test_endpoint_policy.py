@@ -200,6 +200,7 @@ async def test_native_tool_calls_drive_a_tool_env_and_the_trajectory_is_text_onl
     finally:
         stub.close()
     assert traj.status == "complete" and traj.success and traj.reward == 1.0 and traj.text_only
+    assert traj.scope_id.startswith("Arith-v0")  # the env's episode (rollout scope) id
     assert traj.prompt_ids == [] and traj.response_ids == [] and len(traj.turns) == 2
     assert "<tool_call>" in traj.turns[0].reply and traj.turns[0].observation == "5"
     first, second = stub.bodies

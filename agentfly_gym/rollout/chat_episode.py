@@ -139,7 +139,7 @@ async def run_chat_episode(env: Any, policy: Any, *, env_id: str = "", sampling:
                                           {"role": "user", "content": prompt.first_message(obs)}]
         traj = Trajectory(trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id or "",
                           env_id=env_id or env.env_name, task_id=str(info.get("task_id", "")), seed=seed,
-                          mode="chain", prompt_ids=[])
+                          mode="chain", prompt_ids=[], scope_id=getattr(env, "scope_id", ""))
         traj.messages = messages
         tokens = _Tokens(traj)
         terminated = truncated = False

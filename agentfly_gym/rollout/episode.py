@@ -103,10 +103,12 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
 
             return await run_chat_episode(env, policy, **common)
         if mode == "chain":
-            return await run_chain_episode(env, policy, chat, max_context_tokens=limits.max_context_tokens,
+            traj = await run_chain_episode(env, policy, chat, max_context_tokens=limits.max_context_tokens,
                                            max_response_tokens=limits.max_response_tokens, **common)
-        return await run_step_episode(env, policy, chat, history=limits.history,
-                                      max_prompt_tokens=limits.max_prompt_tokens, **common)
+        else:
+            traj = await run_step_episode(env, policy, chat, history=limits.history,
+                                          max_prompt_tokens=limits.max_prompt_tokens, **common)
+        return traj
     except asyncio.CancelledError:
         raise
     except Exception as e:
@@ -117,7 +119,8 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
         return Trajectory(trajectory_id=trajectory_id or "", group_id=group_id or "", env_id=env_id, task_id="",
                           seed=seed, mode=mode, prompt_ids=[], error=f"{type(e).__name__}: {e}", status="error",
                           text_only=chat_policy,
-                          timings={"wall": time.monotonic() - t0})
+                          timings={"wall": time.monotonic() - t0},
+                          scope_id=getattr(env, "scope_id", "") if env is not None else "")
     finally:
         if env is not None:
             await env.aclose()
