@@ -24,7 +24,7 @@ MARKER = "<!-- cli-reference -->"
 
 #: Every command, in the order of the reference: the top level, then each (sub)command with a parser of its own.
 COMMANDS: tuple[tuple[str, ...], ...] = (
-    (), ("rollout",), ("envs",), ("dataset",), ("dataset", "check"), ("data",), ("data", "download"),
+    (), ("rollout",), ("eval",), ("envs",), ("dataset",), ("dataset", "check"), ("data",), ("data", "download"),
     ("data", "verify"), ("data", "precompute"), ("images",), ("resources", "gc"), ("r2e", "build-tasks"),
     ("drift",), ("serve",),
 )
