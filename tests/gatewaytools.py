@@ -54,8 +54,8 @@ def add_then_answer(final: Callable[[str], str]) -> Callable[[str], str]:
     """A script: call ``add(2, 3)`` until a tool result is in the prompt (a ``<tool_response>`` block, or
     smolagents' ``Observation:`` message), then answer ``final(result)``."""
     def script(prompt: str) -> str:
-        results = re.findall(r"<tool_response>\s*(.*?)\s*</tool_response>", prompt, re.S) \
-            or re.findall(r"Observation:\s*(.*?)\s*<\|im_end\|>", prompt, re.S)
+        results = re.findall(r"<tool_response>\s*(.*?)\s*</tool_response>", prompt, re.DOTALL) \
+            or re.findall(r"<\|im_start\|>user\nObservation:\s*(.*?)\s*<\|im_end\|>", prompt, re.DOTALL)
         if not results:
             return "Let me add.\n" + tool_call("add", {"a": 2, "b": 3})
         return final(results[-1])

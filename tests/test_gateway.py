@@ -101,7 +101,7 @@ async def test_openai_client_turns_are_recorded_as_sampled(tiny):
     check_exact(traj, spy.calls)
     seg = traj["segments"][0]
     assert seg["logprobs"] == [lp if m else 0.0 for lp, m in zip(seg["logprobs"], seg["response_mask"])]
-    assert [x for x, m in zip(seg["logprobs"], seg["response_mask"]) if m] == sum((c[2] for c in spy.calls), [])
+    assert [x for x, m in zip(seg["logprobs"], seg["response_mask"]) if m] == [x for c in spy.calls for x in c[2]]
 
 
 async def test_streaming_gives_the_same_reply_and_usage(tiny):
@@ -313,3 +313,35 @@ async def test_the_gateway_binds_loopback_only(qwen_chat):
         assert url.startswith("http://127.0.0.1:")
     with pytest.raises(ConfigError):
         Gateway(gw.policy, qwen_chat, max_body_bytes=0)
+
+
+def test_the_command_refuses_a_public_host_before_loading_a_model(capsys):
+    from agentfly_gym.cli import main
+
+    assert main(["gateway", "--policy", "tiny-qwen", "--host", "0.0.0.0"]) == 2
+    assert "loopback" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # starts a process that imports torch and loads the tiny model (~30 s on a loaded machine)
+def test_the_command_serves_sessions_to_the_openai_client(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, AGENTFLY_GATEWAY_ADMIN_KEY="afg-admin-cli-test")
+    proc = subprocess.Popen([sys.executable, "-m", "agentfly_gym", "gateway", "--policy", "tiny-qwen", "--port", "0",
+                             "--max-tokens", "8"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env)
+    try:
+        line = proc.stdout.readline()
+        assert "serving tiny-qwen on http://127.0.0.1:" in line and "afg-admin-cli-test" not in line
+        url = line.split(" on ")[1].split(" ")[0]
+        admin = {"Authorization": "Bearer afg-admin-cli-test"}
+        created = httpx.post(f"{url}/sessions", json={"max_turns": 2}, headers=admin).json()
+        c = openai.OpenAI(base_url=url + created["base_url"], api_key=created["api_key"], max_retries=0)
+        r = c.chat.completions.create(model="agentfly-policy", messages=[{"role": "user", "content": "hi"}])
+        traj = httpx.get(f"{url}/sessions/{created['id']}/trajectory", headers=admin).json()
+        assert traj["num_calls"] == 1 and len(traj["segments"][0]["response_ids"]) == r.usage.completion_tokens
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -20,5 +20,14 @@ from .rows import segment_rows
 from .server import serve_gateway
 from .session import Segment, Session
 
-__all__ = ["Gateway", "Session", "Segment", "BadRequest", "serve_gateway", "AgentRollout", "run_agent", "run_agents",
-           "segment_rows"]
+__all__ = [
+           "AgentRollout",
+           "BadRequest",
+           "Gateway",
+           "Segment",
+           "Session",
+           "run_agent",
+           "run_agents",
+           "segment_rows",
+           "serve_gateway",
+]

@@ -108,12 +108,12 @@ async def run_agent(gateway: Any, agent: Callable[..., Any], task: Any, *, base_
     url = f"{base_url.rstrip('/')}/sessions/{session.id}/v1"
     t0 = time.monotonic()
     try:
-        if inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(getattr(agent, "__call__", None)):
+        if inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(type(agent).__call__):
             call = agent(url, session.api_key, task, **(resources or {}))
         else:
             call = asyncio.to_thread(agent, url, session.api_key, task, **(resources or {}))
         out.answer = await asyncio.wait_for(_maybe_await(call), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         out.status, out.error = "error", f"the agent ran past its time limit of {timeout_s:g} s"
     except asyncio.CancelledError:
         raise

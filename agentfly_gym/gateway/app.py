@@ -26,8 +26,8 @@ ignored, as OpenAI-compatible servers do.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -242,7 +242,7 @@ class Gateway:
         for k, t in enumerate(ids):
             piece = tok.decode([t])
             lp = logprobs[k] if logprobs is not None else None
-            out.append({"token": piece, "logprob": lp if lp is not None and lp == lp else -9999.0,
+            out.append({"token": piece, "logprob": lp if lp is not None and math.isfinite(lp) else -9999.0,
                         "bytes": list(piece.encode("utf-8")), "top_logprobs": []})
         return out
 
@@ -302,7 +302,3 @@ class Gateway:
             out.append({**base, "choices": [], "usage": completion["usage"]})
         return out
 
-
-def dumps(obj: Any) -> bytes:
-    """Compact JSON bytes (non-finite floats as null: OpenAI's clients parse strict JSON)."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()

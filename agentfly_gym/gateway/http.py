@@ -13,15 +13,19 @@ from typing import Any
 
 from .messages import BadRequest
 
-__all__ = ["routes", "read_json", "not_found"]
+__all__ = ["dumps", "not_found", "read_json", "routes"]
 
 log = logging.getLogger(__name__)
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON bytes (non-finite floats refused: OpenAI's clients parse strict JSON)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 def _error(e: BadRequest) -> Any:
     from starlette.responses import Response
 
-    from .app import dumps
 
     headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
     return Response(dumps(e.body()), status_code=e.status, media_type="application/json", headers=headers)
@@ -30,7 +34,6 @@ def _error(e: BadRequest) -> Any:
 def _ok(obj: Any) -> Any:
     from starlette.responses import Response
 
-    from .app import dumps
 
     return Response(dumps(obj), media_type="application/json")
 
@@ -91,7 +94,7 @@ def routes(gateway: Any) -> list[tuple[str, Any, list[str]]]:
                 return await fn(request)
             except BadRequest as e:
                 return _error(e)
-            except Exception as e:  # noqa: BLE001  (a bug or a policy fault: an API error, never a traceback page)
+            except Exception as e:  # a bug or a policy fault: an API error, never a traceback page
                 log.exception("gateway: %s %s failed", request.method, request.url.path)
                 return _error(BadRequest(f"internal error: {type(e).__name__}", status=500, kind="server_error"))
         return handler
@@ -113,8 +116,6 @@ def routes(gateway: Any) -> list[tuple[str, Any, list[str]]]:
         chunks = gateway.stream_chunks(completion, usage)
 
         async def events() -> AsyncIterator[bytes]:
-            from .app import dumps
-
             for c in chunks:
                 yield b"data: " + dumps(c) + b"\n\n"
             yield b"data: [DONE]\n\n"

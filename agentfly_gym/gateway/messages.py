@@ -18,8 +18,15 @@ from typing import Any
 
 from ..errors import AgentFlyError
 
-__all__ = ["BadRequest", "Message", "read_messages", "read_tools", "template_messages", "reply_message",
-           "tools_key"]
+__all__ = [
+    "BadRequest",
+    "Message",
+    "read_messages",
+    "read_tools",
+    "reply_message",
+    "template_messages",
+    "tools_key",
+]
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

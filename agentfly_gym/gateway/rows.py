@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..rollout.trajectory import Trajectory
 
-__all__ = ["segment_rows", "JOINS"]
+__all__ = ["JOINS", "segment_rows"]
 
 JOINS = ("rows", "chain")
 
@@ -56,11 +56,12 @@ def segment_rows(rollouts: Sequence[Any], *, join: str = "rows", env_id: str = "
             raise ConfigError(f"rollout {get('trajectory_id')} has {len(segments)} segments (its agent rewrote its "
                               "history), not one chain; use join='rows'")
         tid, status, error = str(get("trajectory_id", "")), str(get("status", "") or ""), get("error")
-        common = dict(group_id=str(get("group_id", "")), env_id=env_id, task_id=str(get("task_id", "")), seed=None,
-                      mode="chain", reward=float(get("reward", 0.0)), error=error,
-                      status=status if status in ("complete", "truncated", "error") else "",
-                      terminated=status == "complete", truncated=status == "truncated",
-                      reward_error=get("reward_error"))
+        common: dict[str, Any] = {
+            "group_id": str(get("group_id", "")), "env_id": env_id, "task_id": str(get("task_id", "")), "seed": None,
+            "mode": "chain", "reward": float(get("reward", 0.0)), "error": error,
+            "status": status if status in ("complete", "truncated", "error") else "",
+            "terminated": status == "complete", "truncated": status == "truncated",
+            "reward_error": get("reward_error")}
         if not segments:
             out.append(Trajectory(trajectory_id=tid, prompt_ids=[], **common))
             continue

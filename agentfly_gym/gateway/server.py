@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["serve_gateway", "check_host", "bind_socket"]
+__all__ = ["bind_socket", "check_host", "serve_gateway"]
 
 
 def check_host(host: str, *, allow_remote: bool = False) -> None:

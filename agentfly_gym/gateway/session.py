@@ -29,7 +29,7 @@ from typing import Any
 
 from .messages import BadRequest, Message, template_messages, tools_key
 
-__all__ = ["Segment", "CallRecord", "Session"]
+__all__ = ["CallRecord", "Segment", "Session"]
 
 
 @dataclasses.dataclass

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["config_path", "AgentFlyAgentLoop", "VerlServerPolicy", "build_dataset", "dataset_main", "get_manager",
-           "close", "aclose", "failure_metrics", "SelfPlayAgentLoop", "selfplay_rows"]
+           "close", "aclose", "failure_metrics", "SelfPlayAgentLoop", "selfplay_rows",
+           "gateway_outputs"]
 
 _LAZY = {
     "AgentFlyAgentLoop": "agent_loop",
@@ -27,6 +28,7 @@ _LAZY = {
     "failure_metrics": "runtime",
     "SelfPlayAgentLoop": "selfplay",
     "selfplay_rows": "selfplay",
+    "gateway_outputs": "gateway",
 }
 
 
