@@ -37,7 +37,7 @@ import pytest
 from proctools import TREE_MARKER, pids_with_env, wait_gone
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 MIN_BLOCKS = 9
 
 

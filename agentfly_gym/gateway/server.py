@@ -59,11 +59,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     try:
         sock.bind((host, port))
     except OSError as e:
-        for s in sockets:
-            s.close()
-        if uds is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(uds)
+        sock.close()
         raise ConfigError(f"cannot bind {host}:{port}: {e}") from None
     sock.listen(1024)
     sock.setblocking(False)
@@ -89,11 +85,7 @@ def bind_unix_socket(path: str | os.PathLike) -> socket.socket:
         sock.bind(p)
         os.chmod(p, 0o666)
     except OSError as e:
-        for s in sockets:
-            s.close()
-        if uds is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(uds)
+        sock.close()
         raise ConfigError(f"cannot bind the Unix socket {p!r}: {e}") from None
     sock.listen(1024)
     sock.setblocking(False)
