@@ -304,13 +304,23 @@ async def test_sessions_over_http_need_the_admin_key(qwen_chat):
         assert (await h.post("/sessions", json={}, headers={"Authorization": "Bearer nope"})).status_code == 401
 
 
-async def test_the_gateway_binds_loopback_only(qwen_chat):
+async def test_the_gateway_binds_loopback_only(qwen_chat, tmp_path):
     gw = Gateway(ScriptedPolicy(qwen_chat, lambda prompt: "ok"), qwen_chat)
     with pytest.raises(ConfigError, match="loopback"):
         async with serve_gateway(gw, host="0.0.0.0"):
             pass
     async with serve_gateway(gw, host="127.0.0.1") as url:
         assert url.startswith("http://127.0.0.1:")
+        port = int(url.rsplit(":", 1)[1])
+        with pytest.raises(ConfigError, match="cannot bind"):  # the port is taken
+            async with serve_gateway(gw, port=port):
+                pass
+    not_a_socket = tmp_path / "file"
+    not_a_socket.write_text("x")
+    with pytest.raises(ConfigError, match="not a socket"):
+        async with serve_gateway(gw, uds=not_a_socket):
+            pass
+    assert not_a_socket.read_text() == "x"
     with pytest.raises(ConfigError):
         Gateway(gw.policy, qwen_chat, max_body_bytes=0)
 
