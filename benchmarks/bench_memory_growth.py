@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C  # noqa: E402
+import _common as C
 
 REPO = Path(__file__).resolve().parents[1]
 ALF_SPLITS = ("valid_seen", "valid_unseen", "train")

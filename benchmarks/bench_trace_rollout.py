@@ -59,10 +59,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's agentfly_gym (spawned workers too)
 
-import _common as C  # noqa: E402
+import _common as C
 
-from agentfly_gym.envs.base import AgentFlyEnv  # noqa: E402
-from agentfly_gym.resources.spec import InProcessSpec  # noqa: E402
+from agentfly_gym.envs.base import AgentFlyEnv
+from agentfly_gym.resources.spec import InProcessSpec
 
 
 # ----------------------------------------------------------------------------- workload profiles
@@ -114,7 +114,7 @@ class Profile:
         return {"turns": n, "reply_tokens": reply.tolist(), "gen_s": gen.tolist(), "tool_s": tool.tolist()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capped_lognormal_mu(mean: float, sigma: float, lo: int, cap: int) -> float:
     """``mu`` such that ``min(cap, max(lo, round(LogNormal(mu, sigma))))`` has mean ``mean`` (bisection on a
     fixed-seed Monte-Carlo sample of 200,000 draws: a method-of-moments fit of the published mean)."""

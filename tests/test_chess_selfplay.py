@@ -14,14 +14,14 @@ import pytest
 
 pytest.importorskip("pettingzoo")
 
-import agentfly_gym  # noqa: E402
-from agentfly_gym.errors import ConfigError, PolicyError, ResetNeeded  # noqa: E402
-from agentfly_gym.resources import ResourceManager  # noqa: E402
-from agentfly_gym.rollout import ExpertPolicy, RandomPolicy, SamplingParams  # noqa: E402
-from agentfly_gym.rollout.chat import ChatTokenizer  # noqa: E402
-from agentfly_gym.rollout.multiagent import run_multiagent_game, run_multiagent_rollouts, summarize_games  # noqa: E402
+import agentfly_gym
+from agentfly_gym.errors import ConfigError, PolicyError, ResetNeeded
+from agentfly_gym.resources import ResourceManager
+from agentfly_gym.rollout import ExpertPolicy, RandomPolicy, SamplingParams
+from agentfly_gym.rollout.chat import ChatTokenizer
+from agentfly_gym.rollout.multiagent import run_multiagent_game, run_multiagent_rollouts, summarize_games
 
-from proctools import live_processes, mark_tree, wait_gone  # noqa: E402
+from proctools import live_processes, mark_tree, wait_gone
 
 MATE_IN_ONE = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"  # Ra8#
 
@@ -59,8 +59,9 @@ def test_registered_for_make_multiagent_and_bad_ids_are_named():
     assert env.possible_agents == ["white", "black"] and env.max_moves == 10
     with pytest.raises(ConfigError, match="NoSuchGame"):
         agentfly_gym.make_multiagent("NoSuchGame-v0")
-    with pytest.raises(ConfigError, match="max_invalid_moves=0"):
+    with pytest.raises(ConfigError) as info:
         agentfly_gym.make_multiagent("ChessSelfPlay", max_invalid_moves=0)
+    assert info.value.field == "max_invalid_moves"
 
 
 def test_mate_gives_zero_sum_rewards_and_observations_per_side():

@@ -22,16 +22,16 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
+from ray.cluster_utils import Cluster
 
-from agentfly_gym.envs.remote import RemoteEnv  # noqa: E402
-from agentfly_gym.errors import ConfigError, ResourceStartError, ResourceTimeout  # noqa: E402
-from agentfly_gym.resources import ContainerSpec, InProcessSpec  # noqa: E402
-from agentfly_gym.resources.ray import RayResourceManager  # noqa: E402
-from agentfly_gym.resources.select import manager_kind  # noqa: E402
+from agentfly_gym.envs.remote import RemoteEnv
+from agentfly_gym.errors import ConfigError, ResourceStartError, ResourceTimeout
+from agentfly_gym.resources import ContainerSpec, InProcessSpec
+from agentfly_gym.resources.ray import RayResourceManager
+from agentfly_gym.resources.select import manager_kind
 
-from proctools import alive, pids_with_env  # noqa: E402
-from raytools import lifetimes, max_alive, pids  # noqa: E402
+from proctools import alive, pids_with_env
+from raytools import lifetimes, max_alive, pids
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
