@@ -47,6 +47,8 @@ The tree (classes defined outside this module are named with their module)::
     │   ├── tools.mcp.MCPToolError (RuntimeError)
     │   ├── tools.stalls.ToolBlockedLoop (TimeoutError)
     │   └── tools.threads.UserCodeExit (RuntimeError)
+    ├── gateway.messages.BadRequest                    .status, .code, .param: an OpenAI-shaped API error
+    ├── gateway.command.CommandFailed (RuntimeError)   an agent's command failed in its container
     ├── envs.r2egym.actions.ActionParseError (ValueError)
     ├── envs.r2egym.local_tasks.TaskBuildError
     ├── envs.scienceworld.java_fold.FoldUnavailable (RuntimeError)

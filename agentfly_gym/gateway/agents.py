@@ -99,7 +99,7 @@ async def run_agent(gateway: Any, agent: Callable[..., Any], task: Any, *, base_
         ConfigError: a bad ``timeout_s``.
     """
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ConfigError(f"timeout_s={timeout_s!r} must be a number of seconds > 0")
+        raise ConfigError(f"timeout_s={timeout_s!r} must be a number of seconds > 0", field="timeout_s")
     if task_id is None:
         task_id = str(task.get("task_id", "")) if isinstance(task, dict) else ""
     out = AgentRollout(trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id, task_id=task_id)
@@ -143,9 +143,9 @@ async def run_agents(gateway: Any, agent: Callable[..., Any], tasks: Sequence[An
     Raises:
         ConfigError: ``concurrency`` or ``group_size`` < 1.
     """
-    for name, v in (("concurrency", concurrency), ("group_size", group_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{name}={v!r} must be an integer >= 1")
+    from ..limits import check_int
+
+    concurrency, group_size = check_int("concurrency", concurrency), check_int("group_size", group_size)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(task: Any, group: str) -> AgentRollout:

@@ -69,12 +69,13 @@ class Gateway:
                  default_sampling: SamplingParams | None = None) -> None:
         from ..tools.formats import FORMATS, detect_tool_format
 
-        for name, v in (("max_turns", max_turns), ("max_tokens", max_tokens), ("max_body_bytes", max_body_bytes),
-                        ("max_sessions", max_sessions)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name}={v!r} must be an integer >= 1")
+        from ..limits import check_int
+
+        max_turns, max_tokens = check_int("max_turns", max_turns), check_int("max_tokens", max_tokens, unit="tokens")
+        max_body_bytes = check_int("max_body_bytes", max_body_bytes, unit="bytes")
+        max_sessions = check_int("max_sessions", max_sessions)
         if tool_format is not None and tool_format not in FORMATS:
-            raise ConfigError(f"tool_format={tool_format!r} is not one of {FORMATS}")
+            raise ConfigError(f"tool_format={tool_format!r} is not one of {FORMATS}", field="tool_format")
         self.policy, self.chat, self.model_name = policy, chat, model_name
         self.max_turns, self.max_tokens, self.max_body_bytes, self.max_sessions = (max_turns, max_tokens,
                                                                                    max_body_bytes, max_sessions)

@@ -21,7 +21,7 @@ import shlex
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import AgentFlyError, ConfigError
 
 __all__ = ["RELAY", "CommandFailed", "command_agent", "gateway_mount"]
 
@@ -70,7 +70,7 @@ sys.exit(asyncio.run(main()))
 '''
 
 
-class CommandFailed(RuntimeError):
+class CommandFailed(AgentFlyError, RuntimeError):
     """The agent's command exited with a non-zero status or ran past its time limit (the rollout's error)."""
 
 
@@ -104,10 +104,11 @@ def command_agent(command: str | list[str], *, uds: str | os.PathLike, port: int
     Raises:
         ConfigError: a bad ``port`` or ``timeout_s``.
     """
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ConfigError(f"port={port!r} must be an integer in [1, 65535]")
+    from ..limits import check_int
+
+    port = check_int("port", port, maximum=65535)
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ConfigError(f"timeout_s={timeout_s!r} must be a number of seconds > 0")
+        raise ConfigError(f"timeout_s={timeout_s!r} must be a number of seconds > 0", field="timeout_s")
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
     inner_sock = f"{SOCKET_DIR}/{os.path.basename(os.fspath(uds))}"
 

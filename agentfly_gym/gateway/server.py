@@ -51,8 +51,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     Raises:
         ConfigError: the address cannot be bound (in use, bad port).
     """
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"port={port!r} must be an integer in [0, 65535]")
+    from ..limits import check_int
+
+    port = check_int("port", port, minimum=0, maximum=65535)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

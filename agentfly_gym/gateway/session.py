@@ -113,10 +113,9 @@ class Session:
     """
 
     def __init__(self, *, max_turns: int = 32, metadata: dict[str, Any] | None = None) -> None:
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            from ..errors import ConfigError
+        from ..limits import check_int
 
-            raise ConfigError(f"max_turns={max_turns!r} must be an integer >= 1")
+        max_turns = check_int("max_turns", max_turns)
         self.id = secrets.token_urlsafe(16)
         self.api_key = "afg-" + secrets.token_urlsafe(32)
         self.max_turns = max_turns
