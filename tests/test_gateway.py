@@ -300,6 +300,8 @@ async def test_sessions_over_http_need_the_admin_key(qwen_chat):
         assert admin_view["num_calls"] == 1 and admin_view["metadata"] == {"task_id": "t1"}
         closed = (await h.delete(f"/sessions/{created['id']}", headers=admin)).json()
         assert closed["closed"] and closed["segments"] == admin_view["segments"]
+        assert (await h.get(f"/sessions/{created['id']}/trajectory", headers=admin)).status_code == 401  # forgotten
+        assert (await h.delete(f"/sessions/{created['id']}", headers=admin)).status_code == 404
         assert (await h.post("/sessions", json={"max_turns": 0}, headers=admin)).status_code == 400
         assert (await h.post("/sessions", json={}, headers={"Authorization": "Bearer nope"})).status_code == 401
 

@@ -179,6 +179,9 @@ async def test_a_crashing_a_hanging_and_a_looping_agent_are_error_rollouts(qwen_
         while True:
             await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
 
+    opened = []
+    open_session = gw.open_session
+    gw.open_session = lambda **kw: opened.append(open_session(**kw)) or opened[-1]  # keep each session to check
     async with serve_gateway(gw) as url:
         try:
             crashed, hung, hung_thread, looped = await asyncio.gather(
@@ -192,7 +195,8 @@ async def test_a_crashing_a_hanging_and_a_looping_agent_are_error_rollouts(qwen_
     assert hung.status == hung_thread.status == "error" and "time limit" in hung.error and "time limit" in hung_thread.error
     assert looped.status == "truncated" and "turn limit" in looped.error and looped.num_calls == 3
     assert looped.reward == 0.0 and looped.reward_error is None
-    assert all(s.closed for s in gw.sessions.values())  # a lingering agent's next call is refused
+    assert len(opened) == 4 and all(s.closed for s in opened)  # a lingering agent's next call is refused
+    assert gw.sessions == {}  # and the gateway forgot them
     with pytest.raises(ConfigError):
         await run_agent(gw, crashes, {}, base_url="http://127.0.0.1:1", timeout_s=0)
 

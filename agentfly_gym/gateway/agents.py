@@ -2,8 +2,8 @@
 
 An agent is ``async def agent(base_url, api_key, task, **resources) -> answer``: it points its OpenAI client (or
 framework) at ``base_url`` with ``api_key``, works on ``task`` and returns its answer.  :func:`run_agent` opens a
-session with the rollout's turn limit, runs the agent under a time limit, closes the session (later calls of a
-lingering agent are refused), scores the answer and returns an :class:`AgentRollout` holding the recorded
+session with the rollout's turn limit, runs the agent under a time limit, closes and drops the session (later
+calls of a lingering agent are refused; the gateway's memory does not grow with the rollouts), scores the answer and returns an :class:`AgentRollout` holding the recorded
 segments.  An agent that raises, hangs past ``timeout_s`` or exhausts its turns gives an error rollout (reward 0,
 ``status`` ``"error"`` / ``"truncated"``), never an exception that stalls a batch.  A plain (non-async) function
 runs in a worker thread; on a time-out the rollout ends at once, and the thread's further calls are refused.
@@ -121,6 +121,7 @@ async def run_agent(gateway: Any, agent: Callable[..., Any], task: Any, *, base_
         out.status, out.error = "error", _describe(e)
     finally:
         session.close()
+        gateway.sessions.pop(session.id, None)  # the rollout keeps what was recorded; the gateway forgets it
         out.seconds = time.monotonic() - t0
     if out.status == "error" and len(session.calls) >= session.max_turns:
         out.status = "truncated"  # the turn limit ended it (the agent failed on the refused call)

@@ -7,7 +7,8 @@ Routes (every body and error in OpenAI's shapes; errors are ``{"error": {"messag
 * ``POST /sessions/{id}/v1/chat/completions`` and ``GET /sessions/{id}/v1/models`` (the session's api key): the
   OpenAI API of one rollout; every call is recorded (:mod:`.session`).
 * ``GET /sessions/{id}/trajectory`` (the session's key or the admin key): the recorded segments
-  (:meth:`Session.trajectory`).  ``DELETE /sessions/{id}`` (admin key): close it and return its trajectory.
+  (:meth:`Session.trajectory`).  ``DELETE /sessions/{id}`` (admin key): close it, return its trajectory and
+  forget it (the gateway holds no more of it).
 * ``POST /v1/chat/completions``, ``GET /v1/models`` (admin key): the same API, recorded nowhere.
 
 Keys travel as ``Authorization: Bearer <key>`` (what the ``openai`` client sends).  A wrong key and an unknown

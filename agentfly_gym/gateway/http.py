@@ -152,7 +152,7 @@ def routes(gateway: Any) -> list[tuple[str, Any, list[str]]]:
         sid = request.path_params["sid"]
         if sid not in gateway.sessions:
             raise BadRequest("no such session", status=404, code="session_not_found")
-        return _ok(gateway.close_session(sid))
+        return _ok(gateway.close_session(sid, forget=True))
 
     async def admin_completions(request: Any) -> Any:
         _admin(request)
