@@ -242,3 +242,26 @@ async def test_segments_are_trainer_rows_for_trl_and_verl(qwen_chat):
     short = gateway_outputs([oa], eot_token_id=qwen_chat.eot_token_id, response_length=5, prompt_length=8)[0]
     assert len(short.response_ids) <= 5 and short.response_mask[-1] == 1 and len(short.prompt_ids) == 8
     assert short.extra_fields["status"] == "token_budget" and short.extra_fields["prompt_truncated"]
+
+
+def test_trls_rollout_func_runs_the_agent_per_prompt(qwen_chat):
+    """GatewayRollout as TRL calls it (``rollout_func(prompts, trainer)``), with a stand-in for the trainer object
+    (only what the bridge reads: its model, unwrapped, its tokenizer and sampling arguments) and the scripted
+    policy given as ``policy=``; ``test_trl_grpo_step_through_the_gateway`` runs TRL's own GRPOTrainer."""
+    from types import SimpleNamespace
+
+    from agentfly_gym.bridges.trl_gateway import GatewayRollout
+
+    policy = ScriptedPolicy(qwen_chat, add_then_answer(lambda r: f"The answer is {r}."))
+    rollout = GatewayRollout(openai_agents_adder, score=lambda answer, task: float("5" in str(answer)),
+                             policy=policy, timeout_s=120)
+    trainer = SimpleNamespace(model=None, accelerator=SimpleNamespace(unwrap_model=lambda m: m),
+                              processing_class=qwen_chat.tokenizer, args=SimpleNamespace(temperature=1.0, top_p=1.0))
+    prompts = [[{"role": "user", "content": "What is 2+3?"}]] * 2
+    out = rollout(prompts, trainer)
+    assert out["env_return"] == [1.0, 1.0] and out["gateway_segments"] == [1, 1]
+    for i, r in enumerate(rollout.last_rollouts):
+        (seg,) = r.segments
+        assert out["prompt_ids"][i] == seg.prompt_ids and out["completion_ids"][i] == seg.response_ids
+        assert out["env_mask"][i] == seg.response_mask and out["logprobs"][i] == seg.logprobs
+    rollout.close()
