@@ -265,3 +265,79 @@ def test_trls_rollout_func_runs_the_agent_per_prompt(qwen_chat):
         assert out["prompt_ids"][i] == seg.prompt_ids and out["completion_ids"][i] == seg.response_ids
         assert out["env_mask"][i] == seg.response_mask and out["logprobs"][i] == seg.logprobs
     rollout.close()
+
+
+async def two_turn_agent(base_url, api_key, task):
+    """A plain OpenAI-SDK agent: answers, is asked to check, answers again (one chain of two calls)."""
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        messages = list(task["messages"])
+        for follow_up in ("Check it.", None):
+            r = await client.chat.completions.create(model="agentfly-policy", messages=messages, max_tokens=6)
+            messages.append(r.choices[0].message.model_dump(exclude_none=True))
+            if follow_up:
+                messages.append({"role": "user", "content": follow_up})
+    return messages[-1]["content"]
+
+
+@pytest.mark.slow  # TRL's GRPOTrainer: imports, one step on the tiny model (~1-2 min on a loaded 2-core machine)
+def test_trl_grpo_step_through_the_gateway(tiny_qwen, tmp_path):
+    """One GRPO step of TRL's own GRPOTrainer whose rollout_func runs an OpenAI-SDK agent through the gateway on
+    the live weights: the completions' log-probs equal a forward pass of those weights at the sampled (mask 1)
+    ids, the loss is finite."""
+    import importlib.util
+    import math
+    import os
+    from pathlib import Path
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    pytest.importorskip("trl")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from transformers import TrainerCallback
+
+    from agentfly_gym.bridges.trl import env_return
+    from agentfly_gym.bridges.trl_gateway import GatewayRollout
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "train_grpo.py"
+    spec = importlib.util.spec_from_file_location("train_grpo_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen, dtype=torch.float32)
+    rollout = GatewayRollout(two_turn_agent, score=lambda answer, task: len(str(answer)) % 7 / 7, max_tokens=6,
+                             seed=0, concurrency=2, timeout_s=300)
+    seen, gaps, logs = [], [], []
+
+    def checked(prompts, trainer):
+        out = rollout(prompts, trainer)
+        seen.append(out)
+        model.eval()
+        with torch.no_grad():
+            for p, c, lp, m in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
+                logits = model(torch.tensor([p + c])).logits[0, len(p) - 1:-1].float()
+                ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(c)[:, None])[:, 0].tolist()
+                gaps.extend(abs(a - b) for a, b, k in zip(lp, ref, m) if k)
+        model.train()
+        return out
+
+    class Keep(TrainerCallback):
+        def on_log(self, args, state, control, logs_=None, **kw):
+            if kw.get("logs") and "loss" in kw["logs"]:
+                logs.append(dict(kw["logs"]))
+
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2+3?"}]}] * 2)
+    trainer = example.build_trainer(model, tokenizer, checked, data, out_dir=tmp_path, steps=1, num_generations=2,
+                                    learning_rate=1e-4, callbacks=[Keep()], reward_funcs=[env_return])
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+    assert len(seen) == 1 and seen[0]["gateway_segments"] == [1, 1]
+    assert [r.num_calls for r in rollout.last_rollouts] == [2, 2]  # both calls' sampled ids in one chain
+    assert gaps and max(gaps) < 1e-3, max(gaps)
+    assert logs and all(math.isfinite(float(e["loss"])) for e in logs)
