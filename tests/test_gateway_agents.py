@@ -13,6 +13,7 @@ import threading
 
 import pytest
 from gatewaytools import ScriptedPolicy, Spy, add_then_answer, tool_call
+from waiting import until
 
 from agentfly_gym.errors import ConfigError
 from agentfly_gym.gateway import (
@@ -134,6 +135,37 @@ async def test_smolagents_runs_unchanged_and_its_rewritten_history_starts_segmen
     assert r.num_calls == 2 and len(r.segments) == 2 and r.num_rewritten == 1
     for seg, (prompt, ids, lps) in zip(r.segments, policy.calls):
         assert seg.prompt_ids == prompt and seg.response_ids == ids and seg.logprobs == lps
+
+
+async def test_a_reply_sampled_after_the_rollout_ended_leaves_its_segments_alone(qwen_chat):
+    """An agent timed out while its call was sampling: the rollout is returned at once, and the late reply is
+    neither recorded into the segments the rollout took nor answered to the agent."""
+    policy = ScriptedPolicy(qwen_chat, lambda prompt: "late")
+    gw = Gateway(policy, qwen_chat)
+    answered = []
+
+    async def two_calls(base_url, api_key, task):
+        from openai import AsyncOpenAI
+
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as c:
+            msgs = [{"role": "user", "content": "hi"}]
+            r = await c.chat.completions.create(model="m", messages=msgs)
+            policy.release = asyncio.Event()  # the second call hangs in the policy
+            msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+            try:
+                await c.chat.completions.create(model="m", messages=msgs)
+            except asyncio.CancelledError:
+                raise
+            answered.append(True)
+
+    async with serve_gateway(gw) as url:
+        r = await run_agent(gw, two_calls, {}, base_url=url, timeout_s=10)
+        assert r.status == "error" and "time limit" in r.error and r.num_calls == 1
+        before = [list(s.response_ids) for s in r.segments]
+        policy.release.set()
+        await until(lambda: len(policy.calls) == 2, what="the late reply to be sampled")
+        await asyncio.sleep(0)  # let the handler finish its step
+    assert [list(s.response_ids) for s in r.segments] == before and not answered
 
 
 @pytest.mark.slow  # loads the tiny model (~30 s on a loaded 2-core machine); test_gateway.py covers it fast

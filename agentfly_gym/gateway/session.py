@@ -179,8 +179,16 @@ class Session:
     def record(self, prompt_ids: list[int], sampled: Sequence[int], logprobs: Sequence[float] | None,
                messages: list[Message], reply: Message, tools: list[dict[str, Any]] | None, *, incremental: bool,
                finish_reason: str, seconds: float) -> CallRecord:
-        """Stitch one call into the segments (see the module docstring) and return its record."""
+        """Stitch one call into the segments (see the module docstring) and return its record.
+
+        Raises:
+            BadRequest: the session was closed while the call was sampling (403, ``session_closed``): its rollout
+                has ended and taken its segments, which must not change afterwards; the reply is dropped.
+        """
         self._pending = max(0, self._pending - 1)
+        if self.closed:
+            raise BadRequest("this session was closed while the reply was sampled: its rollout has ended",
+                             status=403, code="session_closed", kind="permission_error")
         key = tools_key(tools)
         target = None
         for i in range(len(self.segments) - 1, -1, -1):
