@@ -27,19 +27,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..gateway import Gateway, run_agents, segment_rows, serve_gateway
+from ..gateway.agents import prompt_task
 from ..rollout.policies.base import SamplingParams
 from .trl import AgentFlyRollout
 
 __all__ = ["GatewayRollout", "prompt_task"]
-
-
-def prompt_task(prompt: Any) -> dict[str, Any]:
-    """The task of a TRL prompt: ``{"prompt": text, "messages": messages}`` (text: the last user message's)."""
-    if isinstance(prompt, str):
-        return {"prompt": prompt, "messages": [{"role": "user", "content": prompt}]}
-    messages = [dict(m) for m in prompt]
-    text = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
-    return {"prompt": text, "messages": messages}
 
 
 class GatewayRollout:

@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import ConfigError
 from .session import Segment
 
-__all__ = ["AgentRollout", "run_agent", "run_agents"]
+__all__ = ["AgentRollout", "prompt_task", "run_agent", "run_agents"]
 
 
 @dataclasses.dataclass
@@ -63,6 +63,16 @@ class AgentRollout:
             d["answer"] = str(d["answer"])
         d["segments"] = [s.to_json() for s in self.segments]
         return d
+
+
+def prompt_task(prompt: Any) -> dict[str, Any]:
+    """The task of a trainer's prompt row: ``{"prompt": text, "messages": messages}`` (text: the last user
+    message's; a plain string is one user message)."""
+    if isinstance(prompt, str):
+        return {"prompt": prompt, "messages": [{"role": "user", "content": prompt}]}
+    messages = [dict(m) for m in prompt]
+    text = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
+    return {"prompt": text, "messages": messages}
 
 
 async def _maybe_await(value: Any) -> Any:
