@@ -649,7 +649,7 @@ def main() -> int:
                    help="trace sets in the simulated arrival-order vs longest-first study "
                         "(default 200; 5 at --scale 0; 0 skips it)")
     p.add_argument("--orders", default="arrival",
-                   help="start orders of ours: comma-separated of arrival, predicted, clairvoyant (issue 29)")
+                   help="start orders of ours: comma-separated of arrival, predicted, clairvoyant")
     p.add_argument("--predict-noise", type=float, default=0.3,
                    help="sigma of the lognormal noise between the earlier epoch the prediction learns from and "
                         "this one (0: the same lengths)")
@@ -665,7 +665,7 @@ def main() -> int:
     per_slot = [2] if tiny else [int(x) for x in args.per_slot.split(",")]
     profiles = make_profiles()
     res.data["gpu"] = ("no GPU on this machine: generation is a latency model (ttft + tokens / decode speed) of an "
-                       "inference server, not a model run; the GPU figure of issue 17 is not measured here")
+                       "inference server, not a model run; the GPU figure is not measured here")
     res.data["config"] = {"slots": b, "trajectories": [k * b for k in per_slot], "repeats": repeats}
     res.data["profiles"] = {}
     load = LoadSampler()

@@ -377,7 +377,7 @@ def test_agent_prompt_round_trip():
     assert agentfly_gym.__version__
 
 
-# ---------------------------------------------------------------------------------------- fidelity (issue 10)
+# ---------------------------------------------------------------------------------------- fidelity
 # Black (the engine) a queen up; both kings shuffle e1-f1 / e8-f8.
 QUEEN_UP = "q3k3/8/8/8/8/8/8/4K3 w - - 0 1"
 SHUFFLE = ["e1f1", "e8f8", "f1e1", "f8e8", "e1f1", "e8f8"]

@@ -186,6 +186,7 @@ async def test_an_opponent_failure_is_recorded_not_raised(qwen_chat):
             assert white.truncated and black.truncated and white.reward == black.reward == 0.0
             assert white.num_turns == 3 and black.num_turns == 2
             assert summarize_games([white, black])["failed"] == 1
+            assert white.scope_id == black.scope_id == env.game_id != ""  # the game's rollout scope, recorded
             assert env._scope is None  # the game's resources were released
         await env.aclose()
 
@@ -206,6 +207,7 @@ async def test_step_mode_rows_per_player_and_runner_summary(qwen_chat, tmp_path)
     # the expert plays White in game 0 and Black in game 1 and never loses
     assert trajs[0].reward >= 0 and trajs[3].reward >= 0
     assert games["illegal_move_rate"] == 0.0
+    assert res.summary["config"]["limits"]["max_turns"] == 150  # the old keyword built the limits
     assert (tmp_path / "steps.parquet").is_file() and (tmp_path / "summary.json").is_file()
 
 

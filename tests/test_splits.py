@@ -1,4 +1,4 @@
-"""Task splits without overlap (issue 27, item 6): every env's train / validation / test splits share no task,
+"""Task splits without overlap: every env's train / validation / test splits share no task,
 data-set rows record the concrete task id, and ``agentfly-gym dataset`` keeps two files apart or says that
 they are not.
 

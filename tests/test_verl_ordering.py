@@ -1,4 +1,4 @@
-"""The verl plugin's start order (issue 29): each agent-loop worker keeps the predicted rollout lengths across
+"""The verl plugin's start order: each agent-loop worker keeps the predicted rollout lengths across
 training steps and starts the rollouts of a batch longest-predicted first, in chain and step mode.
 
 Built as verl builds the agent loops (the plugin's YAML through hydra, verl's generated trainer config, rows

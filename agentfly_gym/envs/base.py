@@ -225,7 +225,14 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
 
     @property
     def episode_id(self) -> str | None:
+        """The current (or last) episode's id, None before the first reset; also its rollout scope's id."""
         return self._episode_id
+
+    @property
+    def scope_id(self) -> str:
+        """The id of the current (or last) episode's rollout scope (:meth:`ResourceManager.scope`), ``""`` before
+        the first reset; what a :class:`~agentfly_gym.rollout.trajectory.Trajectory` records as ``scope_id``."""
+        return self._episode_id or ""
 
     @property
     def task_id(self) -> str:

@@ -7,7 +7,7 @@ recycles, ``max_idle_time`` expires idle instances (as asyncpg's
 nobody asks for again is released without waiting for the next acquisition), ``aclose()``
 is graceful and ``aclose(timeout=0)`` immediate (asyncpg's ``close()`` and ``terminate()``).
 
-Guarantees (pinned by tests/test_pool.py):
+Guarantees (pinned by tests/test_resources.py and tests/test_faults.py):
 
 * at most ``spec.max_instances`` instances are alive (in use, idle or starting);
 * acquisitions beyond capacity wait and are served as others release: in FIFO order, unless they carry

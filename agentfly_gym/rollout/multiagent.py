@@ -212,7 +212,7 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
         prefix = trajectory_prefix or gid
         players = {a: _Player(a, pols[a], chts[a], PlayerTrajectory(
             trajectory_id=f"{prefix}-{a}", group_id=gid, env_id=env_id, task_id=gid, seed=seed, mode=mode,
-            prompt_ids=[], agent=a, game_id=gid)) for a in agents}
+            prompt_ids=[], agent=a, game_id=gid, scope_id=env.scope_id)) for a in agents}
         prompt = env.agent_prompt
         failure: tuple[str, str] | None = None  # (agent, message)
         stop: str | None = None

@@ -194,7 +194,8 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
         reset_s = time.monotonic() - t0
         traj_id = trajectory_id or uuid.uuid4().hex[:12]
         traj = Trajectory(trajectory_id=traj_id, group_id=group_id or "", env_id=env_id or env.env_name,
-                          task_id=str(info.get("task_id", "")), seed=seed, mode="step", prompt_ids=[])
+                          task_id=str(info.get("task_id", "")), seed=seed, mode="step", prompt_ids=[],
+                          scope_id=getattr(env, "scope_id", ""))
         task_obs, past = obs, []
         terminated = truncated = False
         try:

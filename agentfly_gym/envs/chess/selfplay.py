@@ -270,6 +270,11 @@ class ChessSelfPlayEnv(BoardView, EnvResources, AECEnv):
         return self._game_id
 
     @property
+    def scope_id(self) -> str:
+        """The id of the current game's rollout scope (the game id), ``""`` before the first reset."""
+        return self._game_id
+
+    @property
     def outcome(self) -> dict[str, Any] | None:
         """After the game: ``{"result", "termination", "winner"}`` (winner ``"white"``, ``"black"`` or None)."""
         return None if self._outcome is None else dict(self._outcome)

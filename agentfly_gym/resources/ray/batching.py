@@ -1,4 +1,4 @@
-"""A client's acquisitions and releases, sent to the cluster pool actor in batches (issue 28's throughput).
+"""A client's acquisitions and releases, sent to the cluster pool actor in batches (for throughput).
 
 Every acquisition or release a process makes is one message to the pool actor, which is one Python process for the
 whole cluster: past a few hundred per second its own per-call cost (Ray's task handling, about 1 ms of CPU an

@@ -222,17 +222,17 @@ class RayPool:
         return PoolClosedError(f"the cluster pool of {self.spec.label} died ({type(e).__name__}); "
                                "the next acquisition makes a new one")
 
-    def release_nowait(self, res: RayResource, *, discard: bool = False) -> None:
+    def _release_nowait(self, res: RayResource, *, discard: bool = False) -> None:
         """:meth:`release` as a plain function: sends the lease back (one actor message) and returns without
-        waiting, so callers that must not yield (a scope's ``aclose`` under cancellation, a handle's
-        ``adestroy``) can give back too; elsewhere ``await pool.release(res)``."""
+        waiting, so a caller in this module that must not yield (a Ray scope's ``aclose`` under cancellation)
+        can give back too.  Private: the public way is ``await pool.release(res)``, which never yields either."""
         if self._leases.pop(res.lease_id, None) is None:
             return
         self._requests.release(res.lease_id, discard or res.dead is not None, res.host_died)
 
     async def release(self, res: RayResource, *, discard: bool = False) -> None:
         """Return ``res``; ``discard=True`` stops the instance instead of reusing it."""
-        self.release_nowait(res, discard=discard)
+        self._release_nowait(res, discard=discard)
 
     async def prewarm(self, n: int | None = None) -> None:
         """Start ``n`` (default ``spec.min_idle``) instances now and leave them idle in the cluster pool."""
@@ -240,19 +240,19 @@ class RayPool:
         leases = await asyncio.gather(*(self.acquire() for _ in range(n)), return_exceptions=True)
         for r in leases:
             if isinstance(r, RayResource):
-                self.release_nowait(r)
+                self._release_nowait(r)
 
 
 class RayRolloutScope(RolloutScope):
     """Resources held by one rollout, as :class:`~agentfly_gym.resources.RolloutScope` but leased from the
     cluster pools: the same instance per spec key for the whole scope, all returned when it ends.  Leases go
-    back with ``release_nowait`` (one actor message, no wait), so ``aclose`` never yields."""
+    back with ``_release_nowait`` (one actor message, no wait), so ``aclose`` never yields."""
 
     def _pool_of(self, key: str, lease: Resource) -> Any:
         return lease.pool
 
     async def _give_back(self, pool: Any, lease: Resource, *, discard: bool = False) -> None:
-        pool.release_nowait(lease, discard=discard)
+        pool._release_nowait(lease, discard=discard)
 
 
 class RayResourceManager(Manager):

@@ -163,7 +163,7 @@ class RayResource(Resource):
         """Destroy this process's handle: its lease goes back to the cluster pool, which stops the instance
         when it is dead and otherwise keeps it for reuse (the instance belongs to the cluster pool, not to
         this handle); idempotent."""
-        self._pool.release_nowait(self, discard=self._dead is not None)
+        await self._pool.release(self, discard=self._dead is not None)  # never yields: one actor message
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
