@@ -42,6 +42,8 @@ The tree (classes defined outside this module are named with their module)::
     │       └── envs.alfworld.planner.ExpertPlanTimeout (TimeoutError)
     ├── TokenizationError
     ├── PolicyError
+    │   ├── rollout.policies.endpoint_policy.EndpointError   .status: the last HTTP status
+    │   └── rollout.trajectory.TextOnlyTrajectory        a text-only trajectory where token ids are needed
     ├── ToolError                                      the tool layer
     │   ├── tools.formats.ToolCallError (ValueError)
     │   ├── tools.mcp.MCPToolError (RuntimeError)

@@ -39,8 +39,13 @@ def gateway_main(argv: list[str] | None = None) -> int:
 
     check_host(args.host, allow_remote=args.allow_remote)  # refuse before loading a model
     policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
-    if not hasattr(policy, "generate"):
-        print(f"agentfly-gym gateway: --policy {args.policy} samples no tokens; name a model", file=sys.stderr)
+    if chat is None or not hasattr(policy, "generate"):
+        # an endpoint policy (openai:MODEL) returns text, a scripted one samples nothing: no ids to record
+        print(f"agentfly-gym gateway: --policy {args.policy} gives no sampled token ids; name a model the gateway "
+              "samples from (smollm2, tiny-qwen or a local model folder)", file=sys.stderr)
+        close = getattr(policy, "close", None)
+        if close is not None:
+            close()
         return 2
     gateway = Gateway(policy, chat, model_name=args.model_name, max_turns=args.max_turns, max_tokens=args.max_tokens,
                       max_body_bytes=args.max_body_bytes, max_sessions=args.max_sessions,
