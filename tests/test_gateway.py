@@ -327,11 +327,14 @@ async def test_the_gateway_binds_loopback_only(qwen_chat, tmp_path):
         Gateway(gw.policy, qwen_chat, max_body_bytes=0)
 
 
-def test_the_command_refuses_a_public_host_before_loading_a_model(capsys):
+def test_the_command_refuses_a_public_host_and_a_text_endpoint(capsys):
     from agentfly_gym.cli import main
 
     assert main(["gateway", "--policy", "tiny-qwen", "--host", "0.0.0.0"]) == 2
     assert "loopback" in capsys.readouterr().err
+    # an endpoint policy answers text: there are no sampled ids to record (nothing is sent to it)
+    assert main(["gateway", "--policy", "openai:some-model"]) == 2
+    assert "no sampled token ids" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # starts a process that imports torch and loads the tiny model (~30 s on a loaded machine)
