@@ -68,6 +68,7 @@ NEEDS: dict[str, Needs] = {
                                            setup=(("{python}", "-m", "openenv.cli", "init", "echo_env"),)),
     "GRPOTrainer(": Needs(modules=("trl",), slow=True, timeout=900),
     "TaskRunner(": Needs(slow=True, timeout=600),
+    "serve_gateway(": Needs(slow=True, timeout=600),   # the bundled SmolLM2 behind the gateway
     "mcp_server_spec(": Needs(modules=("mcp",), slow=True, timeout=600),     # a stdio MCP server: ~10-14 s
     "build_openenv_image(": Needs(modules=("openenv.core",), docker=True, slow=True, timeout=1800,
                                   said="needs a Docker engine"),
