@@ -73,6 +73,7 @@ NEEDS: dict[str, Needs] = {
                                            setup=(("{python}", "-m", "openenv.cli", "init", "echo_env"),)),
     "GRPOTrainer(": Needs(modules=("trl",), slow=True, timeout=900),
     "TaskRunner(": Needs(slow=True, timeout=1200),   # the plain loop trains SmolLM2 on the CPU: over 600 s at load 16
+    "serve_gateway(": Needs(slow=True, timeout=600),   # the bundled SmolLM2 behind the gateway
     "mcp_server_spec(": Needs(modules=("mcp",), slow=True, timeout=600),     # a stdio MCP server: ~10-14 s
     'task_name="boil", split="validation"': Needs(slow=True, timeout=600),       # a ScienceWorld JVM
     '"agentfly/ALFWorld-v0", split="validation"': Needs(slow=True, timeout=600),  # TextWorld's first load

@@ -11,6 +11,7 @@ Subcommands:
     dataset          write a verl training dataset (needs the verl plugin); dataset check: tasks two data sets share
     data             the full public data sets: status | download NAME | verify NAME | precompute alfworld
     serve            serve an environment through OpenEnv's server interface (needs the openenv extra)
+    gateway          serve a policy through an OpenAI-compatible API that records every session's token ids
 
 Each command lives in its own module here (``cli/<command>.py``); library modules hold no argument parsing or
 printing for the terminal.  ``python -m agentfly_gym`` runs the same command.
@@ -45,6 +46,8 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
                 "the full public data sets: status | download NAME | verify NAME (resumable, checksummed) | precompute alfworld"),
     ("serve",): ("agentfly_gym.cli.serve", "serve_main",
                  "serve an environment to OpenEnv clients: --env ID --openenv [--port P] [--max-sessions N]"),
+    ("gateway",): ("agentfly_gym.cli.gateway", "gateway_main",
+                   "serve a policy through an OpenAI-compatible API recording token ids: --policy P [--port PORT]"),
 }
 
 

@@ -26,7 +26,7 @@ MARKER = "<!-- cli-reference -->"
 COMMANDS: tuple[tuple[str, ...], ...] = (
     (), ("rollout",), ("eval",), ("envs",), ("dataset",), ("dataset", "check"), ("data",), ("data", "download"),
     ("data", "verify"), ("data", "precompute"), ("images",), ("resources", "gc"), ("r2e", "build-tasks"),
-    ("drift",), ("serve",),
+    ("drift",), ("serve",), ("gateway",),
 )
 
 
