@@ -7,7 +7,7 @@ PY ?= $(VENV)/bin/python
 # No data folder is needed: the envs fall back to the samples shipped in the package. A data root you
 # export yourself (AGENTFLY_GYM_DATA=...) is passed through; `agentfly-gym data download NAME` gets full sets.
 
-.PHONY: setup demo test test-fast lint lock
+.PHONY: setup demo test test-fast lint lock docs
 # No stamp file here: setup.sh keeps its stamp inside the environment it set up, so `PY=<another python>`
 # sets that one up instead of trusting a marker left by another interpreter.
 setup:
@@ -32,6 +32,11 @@ test: setup
 test-fast: setup
 	bash scripts/docker-engine.sh start
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/): built into site/ with --strict, so a broken link, a missing page or
+# an unresolved API reference fails; `$(PY) -m mkdocs serve` previews it while you edit.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # Lint: ruff with the rules in pyproject.toml ([tool.ruff]); CI runs it before the tests.
 lint: setup
