@@ -16,7 +16,6 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Optional
 
 import gymnasium
 import pytest
@@ -169,7 +168,7 @@ async def test_a_reply_over_max_action_length_is_said_to_be_cut():
 
 # ----------------------------------------------------------------------------- (3) a float for an int
 @tool
-def kinds(a: int, xs: list[int], pair: tuple[int, str], opt: Optional[int] = None, num: float = 0.0,
+def kinds(a: int, xs: list[int], pair: tuple[int, str], opt: int | None = None, num: float = 0.0,
           either: int | float = 0) -> str:
     """Name the types the function received.
 
