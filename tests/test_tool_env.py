@@ -482,6 +482,7 @@ def test_an_integer_past_pythons_digit_limit_is_a_malformed_call_not_an_error():
     env.close()
 
 
+@pytest.mark.slow  # a Python process of its own with 40 threads: seconds, a minute on a loaded machine
 def test_stuck_sync_tools_neither_starve_later_calls_nor_keep_the_process_alive(tmp_path):
     """Forty calls of a sync tool that never returns, in one reply, each time out; the next call of another sync tool
     answers at once (they ran on daemon threads of their own, not the loop's few executor workers), and the process
@@ -515,16 +516,16 @@ env = gymnasium.make(make_tool_env("x/Stuck-v0", tasks=[{"prompt": "p"}], tools=
 env.reset(seed=0)
 obs, *_ = env.step("".join('<tool_call>{"name": "stuck", "arguments": {"x": "a"}}</tool_call>' for _ in range(40)))
 assert obs.count("did not finish within its timeout") == 40, obs[:300]
-t = time.monotonic()
+# starved (queued behind the stuck calls on the loop's executor), it would end in the 20 s step timeout: an error
 obs, reward, terminated, truncated, info = env.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')
-assert obs.strip() == "5" and not info.get("error") and time.monotonic() - t < 10, (obs, info)
+assert obs.strip() == "5" and not info.get("error") and not truncated, (obs, info)
 env.close()
 print("done")
 ''')
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "done" in r.stdout, r.stderr[-2000:]
 
 
