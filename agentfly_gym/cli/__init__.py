@@ -2,6 +2,7 @@
 
 Subcommands:
     rollout          roll out trajectories of one or more environments with a policy
+    eval             evaluate a model (local, scripted or an OpenAI-compatible endpoint): pass@k with intervals
     envs             list the registered environments, where their data comes from and how many tasks
     images           build container images offline: build [names] | list | openenv [ENV_NAME]
     resources gc     reap containers and sandboxes left by dead managers
@@ -23,6 +24,7 @@ import re
 import sys
 
 from .envs import add_envs_parser
+from .eval import add_eval_parser
 from .rollout import add_rollout_parser
 
 __all__ = ["main"]
@@ -68,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     add_rollout_parser(sub)
+
+    add_eval_parser(sub)
 
     add_envs_parser(sub)
 

@@ -39,7 +39,7 @@ from ..envs.prompting import AgentPrompt
 from ..errors import ConfigError, ResetNeeded, ResourceError
 from ..limits import check_int
 from ..resources.scope import RolloutScope
-from .formats import FORMATS, ToolCall, ToolCallError, parse_tool_calls
+from .formats import FORMATS, ToolCall, ToolCallError, format_tool_call, parse_tool_calls
 from .stalls import ToolBlockedLoop
 from .tasks import load_tasks
 from .tool import Tool, check_tools
@@ -342,9 +342,41 @@ class ToolEnv(AgentFlyEnv):
         return await out if inspect.isawaitable(out) else out
 
     @property
+    def random_actions(self) -> tuple[str, ...]:
+        """Well-formed replies for the ``random`` policy: one call of each tool with placeholder arguments that
+        pass its schema (the first ``enum`` value, else ``"x"``, 0, 0.0, False, [] or {} by type), written in the
+        env's tool format, and a plain answer that calls no tool (ends the episode).  A tool whose schema no
+        placeholder passes is left out."""
+        fmt = self.tool_format if self.tool_format != "auto" else "hermes"
+        out = []
+        for t in self.tools.values():
+            props = (t.parameters or {}).get("properties") or {}
+            args = {name: _placeholder(schema) for name, schema in props.items()}
+            if not t.check_arguments(args):
+                out.append(format_tool_call(t.name, args, fmt))
+        return (*out, "I do not know the answer.")
+
+    @property
     def messages(self) -> list[dict[str, Any]]:
         """The running episode's conversation so far (system, user, then assistant replies and tool messages)."""
         return [dict(m) for m in self._messages]
+
+
+_PLACEHOLDERS = {"string": "x", "integer": 0, "number": 0.0, "boolean": False, "array": [], "object": {}, "null": None}
+
+
+def _placeholder(schema: Any) -> Any:
+    """A value of a JSON schema's type (``enum``: its first value; a list of types: the first known)."""
+    if not isinstance(schema, Mapping):
+        return "x"
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type", "string")
+    for k in (kind if isinstance(kind, list) else [kind]):
+        if k in _PLACEHOLDERS:
+            value = _PLACEHOLDERS[k]
+            return list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value
+    return "x"
 
 
 def _check_kwargs(kwargs: Mapping[str, Any]) -> None:
