@@ -200,9 +200,11 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
 
 
 STILL_OPEN = r2e_hacks.STILL_OPEN  # in-process hacks the launcher does not catch (both aimed)
-#: the default run's hacks (one of each family the probes or the launcher's checks catch); the rest are slow
-CORE = {"testreport_wrap", "unittest_assert_patch", "builtins_patch", "hook_proxy_swap", "closure_cell_swap",
-        "helper_module_code_swap"}
+#: The in-process hacks the fast suite (``-m "not slow"``) checks, one of each kind (a pytest internal wrapped, a test's
+#: code swapped, a helper rebound in the test file's globals, a closure cell changed, unittest patched, pytest's hook
+#: relay swapped); the others (two pytest runs each, seconds) are slow.
+CORE = {"testreport_wrap", "test_code_swap", "helper_globals_swap", "closure_cell_swap", "unittest_assert_patch",
+        "hook_proxy_swap"}
 TASKS = {json.loads(line)["task_id"]: json.loads(line) for line in r2e_hacks.HACK_TASKS.read_text().splitlines()}
 
 
