@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent / "peers"))
 sys.path.insert(2, str(Path(__file__).resolve().parents[1]))
 
-import _common as C  # noqa: E402
+import _common as C
 
 HERE = Path(__file__).resolve().parent / "peers"
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +56,9 @@ PEERS: dict[str, dict[str, Any]] = {
                   "api": "skyrl_gym BaseTextEnv per trajectory, asyncio tasks, env.step in a thread pool"},
 }
 PROFILES = {"container": "r2e", "light": "alfworld"}
+MAX_N_WHY = {"verifiers": "each rollout prepares its chat program (a uv script) and starts its MCP tool server in its "
+                          "own processes: ~1-3 min per rollout measured at n = 4 on this shared 2-core machine, so "
+                          "n = 64 / 256 (128 / 512 rollouts) would take hours and starve the other systems' runs"}
 
 
 def peer_venv(name: str) -> Path:
@@ -71,7 +74,7 @@ def peer_venv(name: str) -> Path:
     uv = Path(sys.executable).parent / "uv"
     env = dict(os.environ)
     env.update(_uv_env())
-    subprocess.run([str(uv), "venv", "-q", "--python", "3.11", str(root)], check=True, env=env)
+    subprocess.run([str(uv), "venv", "-q", "--clear", "--python", "3.11", str(root)], check=True, env=env)
     subprocess.run([str(uv), "pip", "install", "-q", "--python", str(py), *spec["requires"]], check=True, env=env)
     (root / ".complete").write_text("ok")
     return py
@@ -97,9 +100,9 @@ def bench_image() -> str:
     import io
 
     import docker
+    import workload as W
 
     from agentfly_gym.images.base import build_base_image
-    import workload as W
 
     client = docker.from_env(timeout=300)
     try:
@@ -174,12 +177,13 @@ def run_driver(system: str, py: Path, args: dict[str, Any], timeout: float,
         t0 = time.monotonic()
         while not stop.wait(0.25):
             peak[0] = max(peak[0], _tree_rss(proc.pid))
-            if kill_after_s is not None and not killed["containers_killed"] and time.monotonic() - t0 > kill_after_s:
+            if kill_after_s is not None and not killed["containers_killed"]:
                 import workload as W
 
                 ids = subprocess.run(["docker", "ps", "-q", "--filter", f"ancestor={W.IMAGE}"], capture_output=True,
                                      text=True, check=False).stdout.split()
-                if ids:
+                # mid-episode: once half the rollouts in flight hold a container (or past kill_after_s with any)
+                if ids and (len(ids) >= max(1, args["n"] // 2) or time.monotonic() - t0 > kill_after_s):
                     subprocess.run(["docker", "kill", *ids], capture_output=True, check=False)
                     killed["containers_killed"] = len(ids)
 
@@ -229,6 +233,7 @@ def figures(res: dict[str, Any], replay: Any, workload: str, n: int, total: int,
         nominal.append(sum(tr["gen_s"]) * replay.time_scale +
                        (sum(tr["tool_s"][:-1]) * replay.time_scale if workload == "container" else 0.0))
     ideal = max(max(nominal), sum(nominal) / n)
+    expected = sum(replay.trace(k)["turns"] - 1 for k in range(total))
     wall = res.get("wall_s")
     over = []
     for k, t, secs in res.get("steps", []):
@@ -263,7 +268,12 @@ def figures(res: dict[str, Any], replay: Any, workload: str, n: int, total: int,
            "peak_rss_per_rollout_bytes": (res.get("peak_tree_rss_bytes") or 0) / n,
            "ids_equal_sampled": {"turns": turns, "equal": match, "share": match / turns if turns else None,
                                  "how": how},
+           "tool_results_seen": {"expected": expected, "seen": len(replay.tool_seen),
+                                 "how": "the request for turn t carries the output of tool call t - 1"},
            "errors": res.get("errors"), "rc": res.get("rc")}
+    for key in ("command", "cli_wall_s", "rc_vf_eval", "notes"):
+        if key in res:
+            out[key] = res[key]
     if res.get("failed") or res.get("stderr_tail"):
         out["failure"] = res.get("failed") or res.get("stderr_tail")
     return out
@@ -272,23 +282,29 @@ def figures(res: dict[str, Any], replay: Any, workload: str, n: int, total: int,
 # ----------------------------------------------------------------------------- the campaign
 def main() -> int:
     p = C.base_parser(__doc__.split("\n")[0])
-    p.add_argument("--systems", default="ours,verifiers,gem,skyrl-gym")
+    p.add_argument("--systems", default="ours,gem,skyrl-gym,verifiers")
     p.add_argument("--workloads", default="container,light")
     p.add_argument("--ns", default="16,64,256", help="rollouts in flight (each run plays 2 n trajectories)")
     p.add_argument("--time-scale", type=float, default=0.05, help="multiplies every replayed duration")
     p.add_argument("--turn-div", type=float, default=8.0, help="traced turn counts are divided by this (>= 2 turns)")
     p.add_argument("--kill-n", type=int, default=16, help="n of the containers-killed-mid-episode run (0: none)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per driver run")
+    p.add_argument("--max-n", default="verifiers=16",
+                   help="SYSTEM=N,...: largest n a system is run at (the reason is recorded in the JSON)")
+    p.add_argument("--kill-systems", default="ours,gem,skyrl-gym",
+                   help="systems that get the containers-killed-mid-episode run")
     a = p.parse_args()
+    a.kill_systems = [x for x in a.kill_systems.split(",") if x]
+    a.max_n = {k: int(v) for k, v in (x.split("=") for x in a.max_n.split(",") if x)}
     if a.scale == 0:
         a.ns = "4"
     C.setup_env_vars()
     res = C.Result("bench_peers", a)
+    import bench_trace_rollout as T
+    from replay_server import Replay, ReplayServer
     from transformers import AutoTokenizer
 
-    import bench_trace_rollout as T
     from agentfly_gym.rollout.models import smollm2_dir
-    from replay_server import Replay, ReplayServer
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir()))
     systems = [s for s in a.systems.split(",") if s]
@@ -327,10 +343,14 @@ def main() -> int:
                 total = 2 * n
                 row: dict[str, Any] = {}
                 for s in systems:
+                    if n > a.max_n.get(s, n):
+                        res.skip(f"{wl}/{n}/{s}", f"n > {a.max_n[s]} (--max-n): {MAX_N_WHY.get(s, '')}")
+                        continue
                     args = {"url": url, "workload": wl, "n": n, "total": total, "run_id": f"{s}-{wl}-{n}",
                             "config": res.data["systems"][s]}
                     print(f"[bench_peers] {wl} n={n} {s} ...", flush=True)
                     _cleanup_containers()
+                    replay.reset_logs()
                     r = run_driver(s, pys[s], args, a.timeout)
                     row[s] = figures(r, replay, wl, n, total, tok)
                     print(f"[bench_peers] {wl} n={n} {s}: {row[s]['trajectories_per_s']} traj/s, "
@@ -338,6 +358,7 @@ def main() -> int:
                           + (f" FAILED {row[s].get('failure', '')[-400:]}" if row[s].get("failure") else ""),
                           flush=True)
                 res.data["runs"][wl][str(n)] = row
+                _save_partial(res)
                 tps = {s: row[s]["trajectories_per_s"] for s in row}
                 best_peer = max((v or 0.0 for s, v in tps.items() if s != "ours"), default=0.0)
                 res.data["summary"].setdefault(wl, {})[str(n)] = {
@@ -345,14 +366,26 @@ def main() -> int:
                     "ours_over_best_peer": (tps.get("ours") or 0.0) / best_peer if best_peer else None}
             if wl == "container" and a.kill_n:
                 for s in systems:
+                    if s not in a.kill_systems:
+                        res.skip(f"kill_mid_episode/{s}", "not in --kill-systems (time budget of the run)")
+                        continue
                     args = {"url": url, "workload": wl, "n": a.kill_n, "total": a.kill_n, "run_id": f"{s}-kill"}
                     _cleanup_containers()
-                    r = run_driver(s, pys[s], args, a.timeout, kill_after_s=max(2.0, 20 * a.time_scale))
+                    r = run_driver(s, pys[s], args, a.timeout, kill_after_s=30.0)
                     res.data["kill_mid_episode"][s] = {k: r.get(k) for k in (
                         "containers_killed", "containers_left", "processes_left", "trajectories", "rc")}
                     res.data["kill_mid_episode"][s]["errors"] = (r.get("errors") or [])[:3]
                     print(f"[bench_peers] kill mid-episode {s}: {res.data['kill_mid_episode'][s]}", flush=True)
+                    _save_partial(res)
     return C.finish(res, plot)
+
+
+def _save_partial(res: C.Result) -> None:
+    """Write the JSON as it stands (a long campaign keeps what it measured if it is stopped)."""
+    import json as _json
+
+    res.out.mkdir(parents=True, exist_ok=True)
+    (res.out / f"{res.name}.partial.json").write_text(_json.dumps(C.clean(res.data), indent=2, default=str))
 
 
 def plot(res: C.Result) -> None:

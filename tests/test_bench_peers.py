@@ -22,7 +22,7 @@ def test_bench_peers_smoke_one_peer(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_peers.py"), "--scale", "0", "--systems",
                         "ours,gem", "--workloads", "light", "--kill-n", "0", "--out", str(tmp_path)],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     data = json.loads((tmp_path / "bench_peers.json").read_text())
     assert data["skipped"] == {}, data["skipped"]
@@ -42,11 +42,11 @@ def test_bench_peers_smoke_one_peer(tmp_path):
 def test_replay_is_deterministic_and_logs_the_sampled_ids():
     """Same seed, same replies (ids, tool calls, delays); another seed, other replies; the final turn answers."""
     sys.path.insert(0, str(REPO / "benchmarks"))
+    import bench_trace_rollout as T
+    from replay_server import Replay
     from transformers import AutoTokenizer
 
-    import bench_trace_rollout as T
     from agentfly_gym.rollout.models import smollm2_dir
-    from replay_server import Replay
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir()))
     prof = T.make_profiles()["r2e"]

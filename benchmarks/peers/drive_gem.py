@@ -15,9 +15,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import workload as W  # noqa: E402
-from gem.core import Env  # noqa: E402
-from gem.vector.async_vector_env import AsyncVectorEnv  # noqa: E402
+import workload as W
+from gem.core import Env
+from gem.vector.async_vector_env import AsyncVectorEnv
 
 
 class BenchEnv(Env):

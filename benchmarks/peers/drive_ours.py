@@ -18,7 +18,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
-import workload as W  # noqa: E402
+import workload as W
 
 
 def _turn_ids(traj: Any) -> list[list[int]]:
@@ -42,8 +42,8 @@ async def main(a: dict[str, Any]) -> dict[str, Any]:
     from agentfly_gym.rollout import run_chain_episode
     from agentfly_gym.rollout.chat import ChatTokenizer
     from agentfly_gym.rollout.models import smollm2_dir
-    from agentfly_gym.rollout.policies.openai_policy import OpenAITokenPolicy
     from agentfly_gym.rollout.policies.base import SamplingParams
+    from agentfly_gym.rollout.policies.openai_policy import OpenAITokenPolicy
     from agentfly_gym.tools import ToolEnv, tool
 
     n, total, wl = a["n"], a["total"], a["workload"]

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import workload as W  # noqa: E402
+import workload as W
 
 SETTINGS = ["--env.agent.runtime.type", "subprocess", "--env.agent.harness.id", "null", "--no-push", "--no-rich"]
 
@@ -37,7 +37,10 @@ def main(a: dict[str, Any]) -> dict[str, Any]:
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, check=False)
     cli_wall = time.monotonic() - t0
-    episodes = [json.loads(x) for f in glob.glob(f"{out}/*/traces.jsonl") for x in open(f) if x.strip()]
+    episodes = []
+    for f in glob.glob(f"{out}/*/traces.jsonl"):
+        with open(f) as fh:
+            episodes.extend(json.loads(x) for x in fh if x.strip())
     starts, ends, done, errors = [], [], 0, []
     for ep in episodes:
         for tr in ep.get("traces", []):

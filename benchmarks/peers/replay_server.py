@@ -50,17 +50,31 @@ class Replay:
         self.pool = sorted(i for s, i in vocab.items() if re.fullmatch(r"Ġ?[a-z]{3,8}", s))[:4000]
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.log: dict[str, list[int]] = {}
+        self.tool_seen: set[str] = set()  # "k/t": the conversation of turn t holds the result of tool call t - 1
         self._traces: dict[int, dict[str, Any]] = {}
 
     def trace(self, k: int) -> dict[str, Any]:
         if k not in self._traces:
             tr = self.profile.trace(self.seed + k)
-            n = max(2, int(round(tr["turns"] / self.turn_div)))
+            n = max(2, round(tr["turns"] / self.turn_div))
             self._traces[k] = {"turns": n, **{f: tr[f][:n] for f in ("reply_tokens", "gen_s", "tool_s")}}
         return self._traces[k]
 
     def turns(self, k: int) -> int:
         return self.trace(k)["turns"]
+
+    def marker(self, k: int, t: int) -> str:
+        """Text the result of trajectory k's tool call t holds when the tool really ran."""
+        return f"{k}-{t}" if self.workload == "container" else f"k{(k * 31 + t) % 97} = "
+
+    def saw(self, k: int, t: int, text: str) -> None:
+        """Record whether the request for turn t carries the result of tool call t - 1."""
+        if t > 0 and self.marker(k, t - 1) in text:
+            self.tool_seen.add(f"{k}/{t}")
+
+    def reset_logs(self) -> None:
+        self.log.clear()
+        self.tool_seen.clear()
 
     def reply(self, k: int, t: int) -> dict[str, Any]:
         tr = self.trace(k)
@@ -117,6 +131,8 @@ def make_app(replay: Replay):
         if k < 0:
             stats["bad"] += 1
             return JSONResponse({"error": {"message": "no TASK-<k> in the conversation"}}, status_code=400)
+        last = (body.get("messages") or [{}])[-1]
+        replay.saw(k, t, last.get("content") if isinstance(last.get("content"), str) else json.dumps(last))
         r = replay.reply(k, t)
         await asyncio.sleep(r["delay_s"])
         msg: dict[str, Any] = {"role": "assistant", "content": r["content"]}
@@ -158,6 +174,8 @@ def make_app(replay: Replay):
             return JSONResponse({"error": {"message": "no TASK-<k> in the prompt"}}, status_code=400)
         k = int(hit.group(1))
         t = max(0, text.count("<|im_start|>assistant") - 1)
+        parts = text.split("<|im_start|>")
+        replay.saw(k, t, parts[-2] if len(parts) >= 2 else "")  # the message before the generation prompt
         r = replay.reply(k, t)
         await asyncio.sleep(r["delay_s"])
         ids = r["ids"] + [replay.eos]
@@ -207,6 +225,6 @@ class ReplayServer:
             time.sleep(0.05)
         return self.url
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(30)

@@ -71,7 +71,7 @@ class DockerBox:
         if self.container is not None:
             try:
                 self.container.remove(force=True)
-            except Exception:  # noqa: BLE001  (already gone: killed mid-episode)
+            except Exception:  # noqa: BLE001, S110  (already gone: killed mid-episode)
                 pass
             self.container = None
 

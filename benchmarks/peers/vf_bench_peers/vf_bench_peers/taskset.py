@@ -5,7 +5,8 @@ runtime needs network access from the container to install uv, which this machin
 import os
 
 import verifiers.v1 as vf
-from vf_bench_peers.tools import BenchToolset, PROMPT
+
+from vf_bench_peers.tools import PROMPT, BenchToolset
 
 
 class BenchTaskConfig(vf.TaskConfig):

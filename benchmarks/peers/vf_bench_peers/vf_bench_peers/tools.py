@@ -16,7 +16,7 @@ def lookup_value(key: str) -> str:
 
 
 class BenchToolset(vf.Toolset[vf.ToolsetConfig]):
-    TOOL_PREFIX = "bench"
+    TOOL_PREFIX = None  # tools advertised bare: "run" / "lookup", the names every system serves
     _box = None
 
     def _container(self):
@@ -29,15 +29,15 @@ class BenchToolset(vf.Toolset[vf.ToolsetConfig]):
             def remove(*_):
                 try:
                     BenchToolset._box.remove(force=True)
-                except Exception:
+                except Exception:  # noqa: BLE001, S110  (already gone: killed mid-episode)
                     pass
             atexit.register(remove)
             signal.signal(signal.SIGTERM, lambda *a: (remove(), sys.exit(0)))
         return BenchToolset._box
 
     if os.environ.get("BENCH_PEERS_WORKLOAD", "light") == "container":
-        @vf.tool
-        def run(self, cmd: str) -> str:
+        @vf.tool(name="run")  # a method named run would shadow Toolset.run (the server's entry point)
+        def run_command(self, cmd: str) -> str:
             """Run a shell command in the task's container and return its output."""
             code, out = self._container().exec_run(["/bin/sh", "-c", cmd])
             return out.decode(errors="replace")[-2000:] + ("" if code == 0 else f"\n(exit {code})")
