@@ -293,7 +293,12 @@ def main() -> int:
                    help="SYSTEM=N,...: largest n a system is run at (the reason is recorded in the JSON)")
     p.add_argument("--kill-systems", default="ours,gem,skyrl-gym",
                    help="systems that get the containers-killed-mid-episode run")
+    p.add_argument("--merge", default="",
+                   help="FILE,...: no run; merge these result files (e.g. two workloads run as two processes, "
+                        "their .partial.json) into one JSON and PNG")
     a = p.parse_args()
+    if a.merge:
+        return merge(a, [Path(x) for x in a.merge.split(",") if x])
     a.kill_systems = [x for x in a.kill_systems.split(",") if x]
     a.max_n = {k: int(v) for k, v in (x.split("=") for x in a.max_n.split(",") if x)}
     if a.scale == 0:
@@ -349,7 +354,8 @@ def main() -> int:
                     args = {"url": url, "workload": wl, "n": n, "total": total, "run_id": f"{s}-{wl}-{n}",
                             "config": res.data["systems"][s]}
                     print(f"[bench_peers] {wl} n={n} {s} ...", flush=True)
-                    _cleanup_containers()
+                    if wl == "container":  # never while another run's containers may be up (a light run has none)
+                        _cleanup_containers()
                     replay.reset_logs()
                     r = run_driver(s, pys[s], args, a.timeout)
                     row[s] = figures(r, replay, wl, n, total, tok)
@@ -377,6 +383,24 @@ def main() -> int:
                     res.data["kill_mid_episode"][s]["errors"] = (r.get("errors") or [])[:3]
                     print(f"[bench_peers] kill mid-episode {s}: {res.data['kill_mid_episode'][s]}", flush=True)
                     _save_partial(res)
+    return C.finish(res, plot)
+
+
+def merge(a: Any, files: list[Path]) -> int:
+    """One result from several runs' files: runs, summary, kill runs, systems and skips are joined (a later file's
+    (workload, n) replaces an earlier one's); each file's command and machine load are kept under ``merged_from``."""
+    res = C.Result("bench_peers", a)
+    parts = [json.loads(f.read_text()) for f in files]
+    res.data.update({k: parts[0][k] for k in ("time_scale", "turn_div", "ns", "trajectories_per_run", "nemo_gym")})
+    res.data.update({"systems": {}, "runs": {}, "summary": {}, "kill_mid_episode": {}, "merged_from": []})
+    for d in parts:
+        for key in ("systems", "kill_mid_episode", "skipped"):
+            res.data[key].update(d.get(key) or {})
+        for key in ("runs", "summary"):  # per workload, per n: a later file's n replaces an earlier one's
+            for wl, byn in (d.get(key) or {}).items():
+                res.data[key].setdefault(wl, {}).update(byn)
+        res.data["merged_from"].append({"command": d["command"], "started": d["started"],
+                                        "machine": d["machine"], "workloads": list(d.get("runs") or {})})
     return C.finish(res, plot)
 
 

@@ -48,7 +48,10 @@ async def main(a: dict[str, Any]) -> dict[str, Any]:
 
     n, total, wl = a["n"], a["total"], a["workload"]
     steps: list[list[float]] = []
-    box_spec = ContainerSpec(image=W.IMAGE, backend="docker", max_instances=n, name="bench-peers")
+    # the library's defaults (disk limit on a volume of its own, 1 CPU, 1 GiB, 256 pids); the "ours-nolimits"
+    # variant drops the disk volume, which the peers' containers do not have either
+    limits = {"disk": None} if a.get("variant") == "nolimits" else {}
+    box_spec = ContainerSpec(image=W.IMAGE, backend="docker", max_instances=n, name="bench-peers", **limits)
 
     if wl == "container":
         @tool(resources={"box": box_spec}, timeout=600)
