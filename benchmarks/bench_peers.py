@@ -364,12 +364,8 @@ def main() -> int:
                           + (f" FAILED {row[s].get('failure', '')[-400:]}" if row[s].get("failure") else ""),
                           flush=True)
                 res.data["runs"][wl][str(n)] = row
+                res.data["summary"].setdefault(wl, {})[str(n)] = summarize(row)
                 _save_partial(res)
-                tps = {s: row[s]["trajectories_per_s"] for s in row}
-                best_peer = max((v or 0.0 for s, v in tps.items() if s != "ours"), default=0.0)
-                res.data["summary"].setdefault(wl, {})[str(n)] = {
-                    "trajectories_per_s": tps,
-                    "ours_over_best_peer": (tps.get("ours") or 0.0) / best_peer if best_peer else None}
             if wl == "container" and a.kill_n:
                 for s in systems:
                     if s not in a.kill_systems:
@@ -386,6 +382,14 @@ def main() -> int:
     return C.finish(res, plot)
 
 
+def summarize(row: dict[str, Any]) -> dict[str, Any]:
+    """One (workload, n)'s summary: each system's trajectories/s and ours over the best peer's."""
+    tps = {s: r.get("trajectories_per_s") for s, r in row.items()}
+    best_peer = max((v or 0.0 for s, v in tps.items() if s != "ours"), default=0.0)
+    return {"trajectories_per_s": tps,
+            "ours_over_best_peer": (tps.get("ours") or 0.0) / best_peer if best_peer else None}
+
+
 def merge(a: Any, files: list[Path]) -> int:
     """One result from several runs' files: runs, summary, kill runs, systems and skips are joined (a later file's
     (workload, n) replaces an earlier one's); each file's command and machine load are kept under ``merged_from``."""
@@ -399,6 +403,10 @@ def merge(a: Any, files: list[Path]) -> int:
         for key in ("runs", "summary"):  # per workload, per n: a later file's n replaces an earlier one's
             for wl, byn in (d.get(key) or {}).items():
                 res.data[key].setdefault(wl, {}).update(byn)
+        for wl, byn in (d.get("runs") or {}).items():
+            for n, row in byn.items():
+                if n.isdigit():
+                    res.data["summary"].setdefault(wl, {})[n] = summarize(row)
         res.data["merged_from"].append({"command": d["command"], "started": d["started"],
                                         "machine": d["machine"], "workloads": list(d.get("runs") or {})})
     return C.finish(res, plot)
