@@ -1,4 +1,4 @@
-"""Faults injected into real rollouts (issue 12): nothing leaks, nothing hangs, no fault ends more than its episode.
+"""Faults injected into real rollouts: nothing leaks, nothing hangs, no fault ends more than its episode.
 
 Each case drives the real thing: Stockfish engines, a ScienceWorld JVM, the ALFWorld planner's child
 process, the ``agentfly-gym`` command.  Cases whose failure mode is a hang run in a child Python with a
@@ -152,7 +152,7 @@ async def test_stopped_jvm_does_not_block_the_event_loop():
             t0 = time.monotonic()
             del proxy
             gc.collect()  # py4j's finalizer used to call the stopped JVM from here, forever
-            assert time.monotonic() - t0 < 5
+            assert time.monotonic() - t0 < 60  # "forever" before (a loaded machine's collection takes seconds)
             obs, reward, terminated, truncated, info = await env.astep("look around")
             assert truncated and "step_timeout" in info["error"]
         finally:

@@ -1,4 +1,4 @@
-"""One name per concept (issue 25): the old names stay gone.
+"""One name per concept: the old names stay gone.
 
 A pool's cap is ``max_instances`` and its idle time ``max_idle_time`` in every env, spec and benchmark;
 where an in-process object runs is ``isolation="thread" | "process"``; a lease goes back with ``release``
@@ -50,7 +50,7 @@ OLD_VERBS = {"close_sync", "terminate", "terminate_sync", "shutdown", "ashutdown
 
 def _scanned_files() -> list[Path]:
     files = [REPO / "README.md", REPO / "benchmarks" / "README.md"]
-    for top in ("agentfly_gym", "plugins", "benchmarks"):
+    for top in ("agentfly_gym", "plugins", "benchmarks", "docs"):
         files += [p for p in (REPO / top).rglob("*") if p.is_file() and p.suffix in SUFFIXES
                   and "results" not in p.relative_to(REPO).parts and "__pycache__" not in p.parts]
     return sorted(set(files))

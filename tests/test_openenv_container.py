@@ -18,9 +18,9 @@ from waiting import until
 
 pytest.importorskip("openenv.core", reason="pip install 'agentfly-gym[openenv]'")
 
-from agentfly_gym.bridges.openenv import OpenEnvEnv  # noqa: E402
-from agentfly_gym.errors import ConfigError, ResourceUnavailable  # noqa: E402
-from agentfly_gym.resources import ContainerSpec, ResourceManager  # noqa: E402
+from agentfly_gym.bridges.openenv import OpenEnvEnv
+from agentfly_gym.errors import ConfigError, ResourceUnavailable
+from agentfly_gym.resources import ContainerSpec, ResourceManager
 
 READY = "Echo Env environment ready!"  # the reset observation of OpenEnv's echo template
 
@@ -74,6 +74,7 @@ def _ours(client) -> list:
 
 
 @pytest.mark.docker
+@pytest.mark.slow  # builds the echo server's image, minutes when not cached
 def test_unchanged_image_is_not_rebuilt(echo_image, docker_client):
     """The second build finds the image by its labels (the copied packages' versions) and builds nothing."""
     from agentfly_gym.images.openenv import build_openenv_image

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ...errors import ConfigError
+from ...limits import check_int
 from ...resources.inprocess import ObjectProxy, forward
 from ...resources.protocol import Manager
 from ...resources.scope import RolloutScope
@@ -111,12 +112,12 @@ class ScienceWorldEnv(AgentFlyEnv):
         max_idle_time: seconds a JVM the pool keeps idle (after an episode or a closed env) waits for
             the next episode before it is stopped (default 300, as containers); ``None`` keeps idle JVMs
             until the manager closes (for the default manager of sync envs: process exit).
-        manager, step_timeout (seconds; default 60), reset_timeout (seconds, includes waiting
-            for a free JVM), max_episode_steps (default 1000: gold paths reach 770 steps, e.g.
-            inclined-plane-friction-named-surfaces:1086, in the sampled census of
-            ``benchmarks/results/scienceworld_gold_paths.json``; a replay can take a few steps more
-            or fewer than planned),
-            render_mode: see :class:`~agentfly_gym.envs.base.AgentFlyEnv`.
+        manager, step_timeout, reset_timeout, max_episode_steps, render_mode: see
+            :class:`~agentfly_gym.envs.base.AgentFlyEnv`; here ``step_timeout`` defaults to 60 seconds,
+            ``reset_timeout`` includes waiting for a free JVM, and ``max_episode_steps`` defaults to 1000 (gold
+            paths reach 770 steps, e.g. inclined-plane-friction-named-surfaces:1086, in the sampled census of
+            ``benchmarks/results/scienceworld_gold_paths.json``; a replay can take a few steps more or fewer
+            than planned).
 
     Reset options (override the defaults above for one episode): ``task_name``, ``task_id``
     (``"<task_name>:<variation>"``, as ``info["task_id"]``), ``variation``, ``split``,
@@ -145,8 +146,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         self.default_split = self._check_split(split)
         self.default_simplification = check_simplification(simplification, self.default_task_name)
         self.with_admissible_actions = bool(with_admissible_actions)
-        if isinstance(max_instances, bool) or not isinstance(max_instances, int) or max_instances < 1:
-            raise ConfigError(f"max_instances={max_instances!r} must be an integer >= 1")
+        check_int("max_instances", max_instances)
         self.resource_spec = self.simulator_spec(max_instances=max_instances, java_heap=java_heap,
                                                  max_idle_time=max_idle_time)
         self._sim: ScienceWorldProxy | None = None
@@ -275,6 +275,5 @@ class ScienceWorldEnv(AgentFlyEnv):
     def _check_variation(variation: Any) -> int | None:
         if variation is None:
             return None
-        if isinstance(variation, bool) or not isinstance(variation, int) or variation < 0:
-            raise ConfigError(f"variation={variation!r} must be None or an int >= 0")
+        check_int("variation", variation, minimum=0, optional=True)
         return variation

@@ -9,7 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["SamplingParams", "Generation", "TextPolicy", "ActionPolicy", "check_policy", "take_turn"]
+from ...limits import check_int
+
+__all__ = ["SamplingParams", "Generation", "TextPolicy", "ActionPolicy", "ChatPolicy", "check_policy", "is_chat_policy",
+           "take_turn"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,14 +40,12 @@ class SamplingParams:
 
         from ...errors import ConfigError
 
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise ConfigError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
+        check_int("max_tokens", self.max_tokens)
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ConfigError(f"temperature={self.temperature!r} must be a finite number >= 0")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p={self.top_p!r} must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ConfigError(f"top_k={self.top_k!r} must be an integer >= -1 (0 or -1 disable it)")
+        check_int("top_k", self.top_k, minimum=-1, unit="0 or -1 disable it")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,6 +98,25 @@ class ActionPolicy(Protocol):
         ...
 
 
+@runtime_checkable
+class ChatPolicy(Protocol):
+    """A policy over chat messages (an OpenAI-compatible endpoint,
+    :class:`~agentfly_gym.rollout.policies.endpoint_policy.EndpointPolicy`): the conversation and the env's
+    tools in, a :class:`~agentfly_gym.rollout.policies.endpoint_policy.ChatReply` out.  Played in chain mode by
+    :func:`~agentfly_gym.rollout.chat_episode.run_chat_episode`; its trajectories hold token ids only where
+    the server returned them (``text_only`` otherwise)."""
+
+    async def complete(self, messages: Any, *, tools: Any = (), sampling: SamplingParams | None = None) -> Any:
+        """The reply to ``messages``."""
+        ...
+
+
+def is_chat_policy(policy: Any) -> bool:
+    """True for a :class:`ChatPolicy` (it has ``complete`` and neither ``generate`` nor ``act``)."""
+    return callable(getattr(policy, "complete", None)) and not hasattr(policy, "generate") \
+        and not hasattr(policy, "act")
+
+
 def check_policy(policy: Any) -> bool:
     """True for a :class:`TextPolicy`, False for an :class:`ActionPolicy`.
 
@@ -109,6 +129,9 @@ def check_policy(policy: Any) -> bool:
         return True
     if hasattr(policy, "act"):
         return False
+    if is_chat_policy(policy):
+        raise PolicyError(f"{type(policy).__name__} is a ChatPolicy (messages in, a reply out): it plays chain mode "
+                          "through play_episode / run_chat_episode, not a token-id turn loop")
     raise PolicyError(f"{type(policy).__name__} is neither a TextPolicy (generate) nor an ActionPolicy (act)")
 
 

@@ -2,7 +2,9 @@
 
 Names: ``smollm2`` (the bundled SmolLM2-135M-Instruct on CPU, batched), ``tiny-qwen``
 (a random tiny Qwen2 on the Qwen3 tokenizer, for plumbing tests), a local model folder,
-``random`` (random admissible action) and ``expert`` (the env's expert).  Scripted policies
+``random`` (random admissible action), ``expert`` (the env's expert) and ``openai:MODEL`` (any
+OpenAI-compatible chat endpoint serving MODEL at ``base_url``, with the key from ``api_key_env``:
+:class:`~agentfly_gym.rollout.policies.endpoint_policy.EndpointPolicy`, which needs the ``openai`` package).  Scripted policies
 still need a tokenizer to turn their actions into token ids: ``tokenizer=`` names a folder,
 by default the bundled SmolLM2's; they load it with
 :func:`~agentfly_gym.rollout.light_tokenizer.load_tokenizer` (the ``tokenizers`` package, no
@@ -20,7 +22,10 @@ from ...errors import ConfigError
 
 __all__ = ["make_policy", "POLICY_NAMES"]
 
-POLICY_NAMES = ("smollm2", "tiny-qwen", "random", "expert")
+POLICY_NAMES = ("smollm2", "tiny-qwen", "random", "expert", "openai:MODEL")
+
+#: The prefix of an endpoint policy's name: ``openai:MODEL``.
+ENDPOINT_PREFIX = "openai:"
 
 
 def _tokenizer_dir(tokenizer: str | None) -> Path:
@@ -42,13 +47,37 @@ def _tokenizer_dir(tokenizer: str | None) -> Path:
 
 
 def make_policy(name: str, *, tokenizer: str | None = None, seed: int | None = 0, max_batch_size: int = 16,
-                torch_threads: int = 1) -> tuple[Any, Any]:
-    """``(policy, chat_tokenizer)`` for ``name`` (see the module docstring).
+                torch_threads: int = 1, base_url: str | None = None, api_key_env: str | None = None,
+                endpoint_options: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """``(policy, chat_tokenizer)`` for ``name`` (see the module docstring); an endpoint policy has no chat
+    tokenizer (None).
+
+    Args:
+        base_url, api_key_env: an ``openai:MODEL`` endpoint's API root and key variable (ignored otherwise).
+        endpoint_options: more :class:`~agentfly_gym.rollout.policies.endpoint_policy.EndpointPolicy` arguments
+            (``timeout``, ``max_retries``, ``requests_per_second``, ``token_ids``, ...).
 
     Raises:
-        ConfigError: unknown name or missing folder.
+        ConfigError: unknown name or missing folder; ``base_url``/``api_key_env`` with a policy that is no
+            endpoint; an endpoint without the ``openai`` package.
     """
     from ..chat import ChatTokenizer
+
+    if name.startswith(ENDPOINT_PREFIX):
+        model = name[len(ENDPOINT_PREFIX):]
+        if not model:
+            raise ConfigError(f"policy={name!r} names no model: write openai:MODEL, e.g. openai:gpt-4.1-mini")
+        try:
+            import openai  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"policy={name!r} needs the openai package (pip install 'agentfly-gym[agents]' or "
+                              "pip install openai)") from None
+        from .endpoint_policy import EndpointPolicy
+
+        return EndpointPolicy(model, base_url=base_url, api_key_env=api_key_env, **dict(endpoint_options or {})), None
+    if base_url is not None or api_key_env is not None:
+        raise ConfigError(f"policy={name!r} is not an endpoint: a base URL or an API key variable goes with "
+                          "openai:MODEL only")
 
     if name in ("random", "expert"):
         from ..light_tokenizer import load_tokenizer

@@ -35,6 +35,7 @@ from typing import Any
 
 from agentfly_gym.data.task_draw import DEFAULT_SPLIT, check_draw, check_seed, draw_tasks, env_class
 from agentfly_gym.errors import ConfigError, DataNotFoundError
+from agentfly_gym.limits import check_int
 from agentfly_gym.utils.jsonargs import json_object
 
 __all__ = ["build_dataset", "dataset_main", "shared_tasks", "AGENT_NAMES", "DEFAULT_SPLIT"]
@@ -104,8 +105,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         raise ConfigError(f"mode={mode!r} is not one of {list(AGENT_NAMES)}")
     seed = check_seed(seed)  # a plain int in the rows (a NumPy integer would be one there too)
     for name, v, lo in (("max_turns", max_turns, 1), ("history", history, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ConfigError(f"{name}={v!r} must be an integer >= {lo}")
+        check_int(name, v, minimum=lo)
     if _same_file(out_path, exclude):
         raise ConfigError(f"{out_path} is both the output and an --exclude file: writing it would replace the data "
                           "set whose tasks are to be left out; write to another file")
@@ -288,8 +288,15 @@ def _check_main(args: Sequence[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agentfly-gym dataset",
-                                description="Write a verl parquet data set of agentfly-gym episodes.")
+    p = argparse.ArgumentParser(
+        prog="agentfly-gym dataset", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s ENV -o OUT [options]\n       %(prog)s check A.parquet B.parquet ...",
+        description="Write a verl parquet data set of agentfly-gym episodes.",
+        epilog="subcommand:\n"
+               "  check A.parquet B.parquet ...\n"
+               "                        print the tasks each pair of data sets shares; exit 1 when any pair shares\n"
+               "                        one (e.g. a training and a validation set), 0 when none, 2 on an unreadable\n"
+               "                        file (agentfly-gym dataset check --help)")
     p.add_argument("env", help="environment id, e.g. Chess, ScienceWorld-v0, agentfly/ALFWorld-v0")
     p.add_argument("-o", "--out", required=True, help="parquet file to write (an existing file is refused unless "
                                                       "--overwrite is given)")
