@@ -39,6 +39,7 @@ def test_bench_peers_smoke_one_peer(tmp_path):
     assert (tmp_path / "bench_peers.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # the tokenizer and the profile's turn fit: ~5-25 s on the shared machine
 def test_replay_is_deterministic_and_logs_the_sampled_ids():
     """Same seed, same replies (ids, tool calls, delays); another seed, other replies; the final turn answers."""
     sys.path.insert(0, str(REPO / "benchmarks"))
