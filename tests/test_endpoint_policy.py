@@ -280,3 +280,48 @@ async def test_a_call_written_in_the_text_runs_and_its_result_comes_back_as_a_us
     assert traj.success and traj.turns[0].observation == "5"
     assert stub.bodies[1]["messages"][-1] == {"role": "user", "content": "5"}
     assert "tool_calls" not in stub.bodies[1]["messages"][-2]
+
+
+class RawStub:
+    """A stub endpoint answering HTTP 200 with ``body`` (bytes) verbatim: what a broken or hostile server sends."""
+
+    def __init__(self, body: bytes) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("body,match", [
+    (b"{not json", "not a chat completion: JSONDecodeError"),
+    (b'{"choices": [{"message": {"content": "\xff\xfe"}}]}', "not a chat completion: UnicodeDecodeError"),
+    (b'{"id": "x", "object": "chat.completion", "created": 0, "model": "m", '
+     b'"choices": [{"index": 0, "message": null, "finish_reason": "stop"}]}', "choice holds no message"),
+])
+async def test_a_garbage_answer_is_an_endpoint_error_that_says_so(key, body, match):
+    raw = RawStub(body)
+    policy = EndpointPolicy("m", base_url=raw.base_url, api_key_env=key, max_retries=0)
+    try:
+        with pytest.raises(EndpointError, match=match):
+            await policy.complete([{"role": "user", "content": "hi"}], sampling=SamplingParams(max_tokens=4))
+    finally:
+        await policy.aclose()
+        raw.close()

@@ -119,6 +119,52 @@ async def test_resume_plays_only_what_is_missing(tmp_path):
         await arun_eval(config, policy, chat, progress=False)  # a second writer of the folder is refused
 
 
+def test_a_k_past_the_sample_limit_is_refused_before_anything_is_built():
+    from agentfly_gym.eval import EvalConfig
+    from agentfly_gym.eval.run import MAX_SAMPLES
+
+    plan = plan_tasks(evaltools.make_env(), "all")  # 4 tasks
+    with pytest.raises(ConfigError, match=f"k=1000000000 with 4 task\\(s\\).*at most {MAX_SAMPLES}"):
+        EvalConfig(plans=[plan], k=10**9)
+    assert EvalConfig(plans=[plan], k=MAX_SAMPLES // 4).k == MAX_SAMPLES // 4
+
+
+async def test_resume_skips_corrupted_progress_lines_and_plays_only_those_samples(tmp_path, caplog):
+    from agentfly_gym.eval import EvalConfig, arun_eval
+    from agentfly_gym.rollout.policies.factory import make_policy
+
+    policy, chat = make_policy("expert")
+    config = EvalConfig(plans=[plan_tasks(evaltools.make_env(), "right")], k=2, model="expert", output_dir=tmp_path)
+    await arun_eval(config, policy, chat, progress=False)
+    lines = (tmp_path / "progress.jsonl").read_bytes().splitlines(keepends=True)
+    good = {json.loads(x)["sample"]: x for x in lines}
+    bad_reward = json.loads(good[0])
+    bad_reward["trajectory"]["reward"] = "lots"
+    # sample 0: its good line, then corrupted ones (which are skipped); sample 1: only corrupted lines
+    (tmp_path / "progress.jsonl").write_bytes(
+        good[0] + b"\xff\xfe not UTF-8 \x80\n" + (json.dumps(bad_reward) + "\n").encode() + b"[1, 2]\n"
+        + b'{"env_id": "x"}\n' + good[1][: len(good[1]) // 2] + b"\n")
+    evaltools.PLAYS.clear()
+    again = await arun_eval(config, policy, chat, progress=False)
+    assert again.played == 1 and dict(evaltools.PLAYS) == {"right": 1}  # sample 1 only
+    assert again.results["envs"][evaltools.ENV_ID]["per_task"]["right"]["c"] == 2
+    assert "line 2 is not a finished sample" in caplog.text and "reward='lots'" in caplog.text
+
+
+async def test_a_folder_holding_another_commands_run_is_refused_and_left_alone(tmp_path):
+    from agentfly_gym.eval import EvalConfig, arun_eval
+    from agentfly_gym.rollout.policies.factory import make_policy
+
+    (tmp_path / "trajectories.parquet").write_bytes(b"a rollout's trajectories")
+    (tmp_path / "summary.json").write_text("{}")
+    policy, chat = make_policy("expert")
+    config = EvalConfig(plans=[plan_tasks(evaltools.make_env(), "right")], k=1, model="expert", output_dir=tmp_path)
+    with pytest.raises(ConfigError, match="another command's run"):
+        await arun_eval(config, policy, chat, progress=False)
+    assert (tmp_path / "trajectories.parquet").read_bytes() == b"a rollout's trajectories"
+    assert not (tmp_path / "eval.json").exists()
+
+
 # ----------------------------------------------------------------------------- the command
 def _results(out):
     return json.loads((out / "results.json").read_text())

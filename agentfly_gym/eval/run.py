@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,13 +39,15 @@ from ..rollout.trajectory import Trajectory, Turn
 from .plan import EnvTasks
 from .results import is_error, summarize_eval
 
-__all__ = ["MANIFEST_NAME", "PROGRESS_NAME", "RESULTS_NAME", "EvalConfig", "EvalResult", "arun_eval"]
+__all__ = ["MANIFEST_NAME", "MAX_SAMPLES", "PROGRESS_NAME", "RESULTS_NAME", "EvalConfig", "EvalResult", "arun_eval"]
 
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "eval.json"
 PROGRESS_NAME = "progress.jsonl"
 RESULTS_NAME = "results.json"
+#: The most samples (tasks x k, over every env) one evaluation plays: each is held in memory until the end.
+MAX_SAMPLES = 1_000_000
 
 
 @dataclasses.dataclass
@@ -64,7 +67,8 @@ class EvalConfig:
         mode: ``"chain"`` or ``"step"`` (a chat endpoint plays chain).
 
     Raises:
-        ConfigError: a bad ``k``, ``max_concurrency`` or ``max_turns``, or no env.
+        ConfigError: a bad ``k``, ``max_concurrency`` or ``max_turns``, no env, or more than
+            :data:`MAX_SAMPLES` samples (tasks x k).
     """
 
     plans: list[EnvTasks]
@@ -84,6 +88,10 @@ class EvalConfig:
         if not self.plans:
             raise ConfigError("an evaluation needs at least one environment", field="plans")
         self.k = check_int("k", self.k)
+        n_tasks = sum(len(p.tasks) for p in self.plans)
+        if n_tasks * self.k > MAX_SAMPLES:
+            raise ConfigError(f"k={self.k} with {n_tasks} task(s) is {n_tasks * self.k} samples; an evaluation plays "
+                              f"at most {MAX_SAMPLES} (lower -k or --tasks)", field="k")
         self.max_concurrency = check_int("max_concurrency", self.max_concurrency)
         self.limits = EpisodeLimits.merge(self.limits, max_turns=self.max_turns)
         self.max_turns = self.limits.max_turns
@@ -124,6 +132,20 @@ def _from_record(r: dict[str, Any]) -> Trajectory:
     return Trajectory(**kw)
 
 
+def _checked(traj: Trajectory) -> Trajectory:
+    """``traj`` if the fields the scores read have their types (a hand-edited or corrupted line may not).
+
+    Raises:
+        TypeError: a reward that is not a finite number, a success that is not a bool, a status that is not a str.
+    """
+    reward = traj.reward
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise TypeError(f"reward={reward!r} is not a finite number")
+    if not isinstance(traj.success, bool) or not isinstance(traj.status, str):
+        raise TypeError(f"success={traj.success!r} / status={traj.status!r} are not a bool and a str")
+    return traj
+
+
 def _jsonable(settings: Any) -> Any:
     return json.loads(json.dumps(settings, default=str))
 
@@ -154,21 +176,41 @@ def _check_manifest(out: Path, config: EvalConfig) -> None:
         Path(tmp).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
 
 
+def _check_foreign(out: Path) -> None:
+    """Refuse a folder that holds another command's run (``agentfly-gym rollout``'s files without an ``eval.json``):
+    the evaluation would overwrite its ``trajectories.parquet``.
+
+    Raises:
+        ConfigError: naming the folder and what it holds.
+    """
+    from ..rollout.outputs import RUN_FILES
+
+    if (out / MANIFEST_NAME).exists():
+        return
+    held = [name for name in (*RUN_FILES, PROGRESS_NAME, RESULTS_NAME) if (out / name).exists()]
+    if held:
+        raise ConfigError(f"--output-dir {out} holds {held} but no {MANIFEST_NAME}: another command's run, not an "
+                          "evaluation; give another --output-dir (nothing there was changed)")
+
+
 def _load_progress(out: Path) -> dict[tuple[str, str, int], Trajectory]:
     """The latest trajectory of each sample in ``progress.jsonl`` (a torn last line, from a crash, is skipped)."""
     path = out / PROGRESS_NAME
     done: dict[tuple[str, str, int], Trajectory] = {}
     if not path.exists():
         return done
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad line, not a failed resume
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-                done[_key(rec["env_id"], rec["task"], rec["sample"])] = _from_record(rec["trajectory"])
-            except (ValueError, KeyError, TypeError) as e:
+                key = _key(rec["env_id"], rec["task"], rec["sample"])
+                traj = _checked(_from_record(rec["trajectory"]))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 log.warning("%s line %d is not a finished sample (%s); it is played again", path, n, e)
+                continue
+            done[key] = traj
     return done
 
 
@@ -207,6 +249,7 @@ async def _play(config: EvalConfig, policy: Any, chat: Any, out: Path | None, *,
 
     done: dict[tuple[str, str, int], Trajectory] = {}
     if out is not None:
+        _check_foreign(out)
         _check_manifest(out, config)
         done = _load_progress(out)
     todo = [(p, task, j) for p in config.plans for task in p.tasks for j in range(config.k)

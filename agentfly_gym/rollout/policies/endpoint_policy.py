@@ -190,7 +190,8 @@ class EndpointPolicy:
                 ``stop_token_ids`` through vLLM's extra fields, only when set).
 
         Raises:
-            EndpointError: the endpoint failed after the retries, or answered with no choice.
+            EndpointError: the endpoint failed after the retries, or answered a body that is not a chat
+                completion (not JSON, not UTF-8, no choice, no message).
             asyncio.CancelledError: when cancelled.
         """
         import openai
@@ -231,6 +232,9 @@ class EndpointPolicy:
         except openai.APIConnectionError as e:
             raise EndpointError(f"could not reach the endpoint {self.base_url or 'default'} (after {self.max_retries} "
                                 f"retries): {_short(str(e.__cause__ or e))}") from None
+        except ValueError as e:  # a body the client could not parse: not JSON, not UTF-8
+            raise EndpointError(f"the endpoint {self.base_url or 'default'} answered a body that is not a chat "
+                                f"completion: {type(e).__name__}: {_short(str(e))}") from None
         return _reply(resp, time.monotonic() - t0)
 
     async def _send(self, kwargs: dict[str, Any]) -> Any:
@@ -262,13 +266,15 @@ def _reply(resp: Any, latency: float) -> ChatReply:
     extra fields).
 
     Raises:
-        EndpointError: no choice, or token ids that do not match their logprobs.
+        EndpointError: no choice, a choice without a message, or token ids that do not match their logprobs.
     """
     choices = getattr(resp, "choices", None) or []
     if not choices:
         raise EndpointError(f"the endpoint's answer holds no choice: {_short(repr(resp))}")
     choice = choices[0]
-    msg = choice.message
+    msg = getattr(choice, "message", None)
+    if msg is None:
+        raise EndpointError(f"the endpoint's choice holds no message: {_short(repr(choice))}")
     calls = []
     for c in getattr(msg, "tool_calls", None) or []:
         fn = getattr(c, "function", None)
