@@ -325,3 +325,39 @@ async def test_a_garbage_answer_is_an_endpoint_error_that_says_so(key, body, mat
     finally:
         await policy.aclose()
         raw.close()
+
+
+def _completion(content: str, **choice: object) -> bytes:
+    import json
+
+    return json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                       "choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": content}, **choice}]}).encode()
+
+
+@pytest.mark.parametrize("body,match", [
+    (_completion("A" * 200_000), "holds 200000 characters, more than max_tokens=4"),
+    (_completion("ok", token_ids=list(range(50))), "returned 50 token ids for max_tokens=4"),
+], ids=["text", "ids"])
+async def test_a_reply_past_max_tokens_is_refused_not_stored(key, body, match):
+    """An endpoint that ignores max_tokens (a hostile or broken one) would fill the trajectory files: refused."""
+    raw = RawStub(body)
+    policy = EndpointPolicy("m", base_url=raw.base_url, api_key_env=key, max_retries=0)
+    try:
+        with pytest.raises(EndpointError, match=match):
+            await policy.complete([{"role": "user", "content": "hi"}], sampling=SamplingParams(max_tokens=4))
+    finally:
+        await policy.aclose()
+        raw.close()
+
+
+async def test_a_reply_within_max_tokens_passes_the_size_check(key):
+    raw = RawStub(_completion("A" * 200, token_ids=[1, 2, 3, 4]))
+    policy = EndpointPolicy("m", base_url=raw.base_url, api_key_env=key, max_retries=0)
+    try:
+        reply = await policy.complete([{"role": "user", "content": "hi"}], sampling=SamplingParams(max_tokens=4))
+        assert reply.text == "A" * 200
+        assert reply.token_ids == [1, 2, 3, 4]
+    finally:
+        await policy.aclose()
+        raw.close()

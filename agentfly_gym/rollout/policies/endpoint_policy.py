@@ -235,7 +235,7 @@ class EndpointPolicy:
         except ValueError as e:  # a body the client could not parse: not JSON, not UTF-8
             raise EndpointError(f"the endpoint {self.base_url or 'default'} answered a body that is not a chat "
                                 f"completion: {type(e).__name__}: {_short(str(e))}") from None
-        return _reply(resp, time.monotonic() - t0)
+        return _reply(resp, time.monotonic() - t0, max_tokens=s.max_tokens)
 
     async def _send(self, kwargs: dict[str, Any]) -> Any:
         if self._limiter is not None:
@@ -261,12 +261,20 @@ def _short(text: str, n: int = 300) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-def _reply(resp: Any, latency: float) -> ChatReply:
+# The most characters one sampled token can stand for, with room to spare: a reply longer than max_tokens times
+# this (text and tool calls together) ignored max_tokens, and is refused rather than stored.
+CHARS_PER_TOKEN_BOUND = 64
+
+
+def _reply(resp: Any, latency: float, *, max_tokens: int | None = None) -> ChatReply:
     """A :class:`ChatReply` from a ``ChatCompletion`` (vLLM's ``token_ids`` / ``prompt_token_ids`` read from its
     extra fields).
 
     Raises:
-        EndpointError: no choice, a choice without a message, or token ids that do not match their logprobs.
+        EndpointError: no choice, a choice without a message, token ids that do not match their logprobs, or
+            (given ``max_tokens``) a reply past it: more token ids than ``max_tokens``, or more characters than
+            ``max_tokens * CHARS_PER_TOKEN_BOUND + 1024`` (an endpoint that ignores ``max_tokens`` would
+            otherwise fill the trajectory files).
     """
     choices = getattr(resp, "choices", None) or []
     if not choices:
@@ -282,6 +290,12 @@ def _reply(resp: Any, latency: float) -> ChatReply:
             continue
         args = fn.arguments if isinstance(fn.arguments, str) else json.dumps(fn.arguments)
         calls.append({"id": str(getattr(c, "id", "") or ""), "name": str(fn.name or ""), "arguments": args or "{}"})
+    if max_tokens is not None:
+        size = len(msg.content or "") + sum(len(c["name"]) + len(c["arguments"]) for c in calls)
+        bound = max_tokens * CHARS_PER_TOKEN_BOUND + 1024
+        if size > bound:
+            raise EndpointError(f"the endpoint's reply holds {size} characters, more than max_tokens={max_tokens} "
+                                f"tokens can (at most {bound}): it ignored max_tokens; the reply is refused")
     finish = choice.finish_reason or "stop"
     finish = finish if finish in ("stop", "length", "tool_calls") else "stop"
     ids = _extra(choice, "token_ids")
@@ -292,6 +306,9 @@ def _reply(resp: Any, latency: float) -> ChatReply:
         logprobs = [float(x.logprob) for x in content_lp]
     if ids is not None:
         ids = [int(i) for i in ids]
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise EndpointError(f"the endpoint returned {len(ids)} token ids for max_tokens={max_tokens}: it ignored "
+                                "max_tokens; the reply is refused")
         if logprobs is not None and len(logprobs) != len(ids):
             # vLLM leaves the stop token out of the logprobs in some versions: such ids have no faithful logprobs
             log.debug("endpoint returned %d logprobs for %d token ids; logprobs dropped", len(logprobs), len(ids))
