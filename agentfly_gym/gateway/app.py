@@ -118,7 +118,9 @@ class Gateway:
 
     def _sampling(self, body: dict[str, Any]) -> SamplingParams:
         d = self.default_sampling
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = body.get("max_completion_tokens")
+        if max_tokens is None:  # absent or null (clients send null for "not set")
+            max_tokens = body.get("max_tokens")
         if max_tokens is None:
             max_tokens = min(d.max_tokens, self.max_tokens)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= self.max_tokens:
@@ -172,7 +174,7 @@ class Gateway:
         """
         if not isinstance(body, dict):
             raise BadRequest(f"the request body must be a JSON object, got {type(body).__name__}")
-        if body.get("n", 1) != 1:
+        if body.get("n") not in (None, 1):
             raise BadRequest("n must be 1: each sample is one recorded call", param="n")
         messages = read_messages(body.get("messages"))
         tools = read_tools(body.get("tools"))
@@ -203,7 +205,7 @@ class Gateway:
             except ConfigError as e:
                 raise BadRequest(str(e)) from None
             except PolicyError as e:
-                if "long" in str(e) or "length" in str(e):
+                if any(w in str(e) for w in ("long", "length", "context")):  # the prompt does not fit the model
                     raise BadRequest(str(e), code="context_length_exceeded", param="messages") from None
                 raise BadRequest(f"the policy failed: {e}", status=500, kind="server_error") from None
             sampled, logprobs = list(gen.token_ids), (list(gen.logprobs) if gen.logprobs is not None else None)
