@@ -5,7 +5,6 @@ under test, else the scripted policy of tests/gatewaytools.py over the real Qwen
 
 from __future__ import annotations
 
-import json
 
 import httpx
 import openai
@@ -75,3 +74,38 @@ async def test_a_prompt_past_the_context_is_context_length_exceeded(tiny_qwen):
             assert r.usage.completion_tokens <= 2  # the refused call took no turn
     finally:
         policy.close()
+
+
+class HeldChat:
+    """The real ChatTokenizer, whose full renders wait for ``hold`` (a fault injected: a render that takes as
+    long as the test says, the way a prompt of megabytes takes seconds) and report their start to ``started``."""
+
+    def __init__(self, chat, loop, started):
+        import threading
+
+        self._chat, self._loop, self._started, self.hold = chat, loop, started, threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._chat, name)
+
+    def prompt_ids(self, *args, **kwargs):
+        self._loop.call_soon_threadsafe(self._started.set)
+        self.hold.wait(timeout=20)  # bounded: on the event loop (the bug) this blocks every request meanwhile
+        return self._chat.prompt_ids(*args, **kwargs)
+
+
+async def test_a_slow_render_does_not_stall_other_sessions(qwen_chat):
+    import asyncio
+
+    started = asyncio.Event()
+    chat = HeldChat(qwen_chat, asyncio.get_running_loop(), started)
+    gw = Gateway(ScriptedPolicy(qwen_chat, lambda prompt: "ok"), chat)
+    async with serve_gateway(gw) as url:
+        slow, other = gw.open_session(), gw.open_session()
+        big = asyncio.create_task(client(url, slow).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hello " * 100_000}]))
+        await started.wait()
+        models = await client(url, other).models.list()  # served while the slow render is still running
+        assert [m.id for m in models.data] == [gw.model_name] and not big.done()
+        chat.hold.set()
+        assert (await big).choices[0].message.content == "ok"

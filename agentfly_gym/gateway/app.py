@@ -26,6 +26,7 @@ ignored, as OpenAI-compatible servers do.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import math
@@ -163,6 +164,15 @@ class Gateway:
                 return k
         return None
 
+    def _plan_prompt(self, messages: list[Any], tools: list[dict[str, Any]] | None,
+                     session: Session | None) -> tuple[list[int], bool]:
+        if session is not None:
+            return session.plan_prompt(messages, tools, self.chat)
+        from .messages import template_messages
+
+        return self.chat.prompt_ids(template_messages(messages, renders_tools=self.chat.renders_tools),
+                                    tools=tools), False
+
     async def complete(self, body: Any, session: Session | None) -> dict[str, Any]:
         """Answer one chat-completion request (a parsed JSON body) and record it in ``session`` (None: nowhere).
 
@@ -187,14 +197,9 @@ class Gateway:
             await session.lock.acquire()
         try:
             try:
-                if session is not None:
-                    prompt_ids, incremental = session.plan_prompt(messages, tools, self.chat)
-                else:
-                    from .messages import template_messages
-
-                    prompt_ids = self.chat.prompt_ids(template_messages(messages, renders_tools=self.chat.renders_tools),
-                                                      tools=tools)
-                    incremental = False
+                # rendering and tokenizing a body of megabytes takes seconds: off the event loop, so one agent's
+                # huge prompt does not stall every other session (the session's lock keeps its state still)
+                prompt_ids, incremental = await asyncio.to_thread(self._plan_prompt, messages, tools, session)
             except TokenizationError as e:
                 raise BadRequest(f"the chat template cannot render these messages: {e}", param="messages") from None
             except Exception as e:  # noqa: BLE001  (a template's own error, e.g. jinja's raise_exception)
