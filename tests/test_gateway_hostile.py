@@ -109,3 +109,22 @@ async def test_a_slow_render_does_not_stall_other_sessions(qwen_chat):
         assert [m.id for m in models.data] == [gw.model_name] and not big.done()
         chat.hold.set()
         assert (await big).choices[0].message.content == "ok"
+
+
+def test_an_unknown_session_compares_the_key_as_a_known_one_does(qwen_chat, monkeypatch):
+    """No timing assertion (the machine is noisy): the same constant-time comparison runs on both paths."""
+    import hmac
+
+    from agentfly_gym.gateway.messages import BadRequest
+
+    gw = Gateway(ScriptedPolicy(qwen_chat, lambda prompt: "ok"), qwen_chat)
+    s = gw.open_session()
+    seen = []
+    real = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: seen.append(len(b)) or real(a, b))
+    for sid in (s.id, "no-such-session"):
+        with pytest.raises(BadRequest) as e:
+            gw.session_for(sid, "afg-" + "x" * 43)
+        assert e.value.status == 401
+    assert len(seen) == 2 and seen[0] == seen[1] == len(s.api_key)
+    assert gw.session_for(s.id, s.api_key) is s

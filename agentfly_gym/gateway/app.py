@@ -85,6 +85,7 @@ class Gateway:
         self.tool_format = tool_format or detect_tool_format(getattr(chat.tokenizer, "chat_template", None))
         self.default_sampling = default_sampling or SamplingParams(max_tokens=max_tokens)
         self.sessions: dict[str, Session] = {}
+        self._decoy_key = ("afg-" + secrets.token_urlsafe(32)).encode()
         self.app = self._build_app()
 
     # ------------------------------------------------------------------ sessions (Python API)
@@ -273,7 +274,10 @@ class Gateway:
             BadRequest: 401 for an unknown session and for a wrong key alike.
         """
         s = self.sessions.get(session_id)
-        if s is not None and (s.check_key(key) or (admin_ok and self.is_admin(key))):
+        # an unknown session compares the key too (against a key no one holds): its 401 takes the time a known
+        # session's does, so answers' timing does not tell which session ids exist
+        ok = s.check_key(key) if s is not None else hmac.compare_digest(str(key).encode(), self._decoy_key)
+        if s is not None and (ok or (admin_ok and self.is_admin(key))):
             return s
         raise BadRequest("invalid api key for this session", status=401, code="invalid_api_key")
 
