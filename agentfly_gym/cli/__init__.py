@@ -8,7 +8,7 @@ Subcommands:
     resources gc     reap containers and sandboxes left by dead managers
     r2e build-tasks  build the local R2E-Gym task set
     drift            measure re-tokenization drift on saved trajectories
-    dataset          write a verl training dataset (needs the verl plugin)
+    dataset          write a verl training dataset (needs the verl plugin); dataset check: tasks two data sets share
     data             the full public data sets: status | download NAME | verify NAME | precompute alfworld
     serve            serve an environment through OpenEnv's server interface (needs the openenv extra)
     gateway          serve a policy through an OpenAI-compatible API that records every session's token ids
@@ -41,7 +41,7 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
                              "build the local R2E-Gym task set from PyPI sdists: [--out DIR] [--force] [--only ID ...]"),
     ("drift",): ("agentfly_gym.cli.drift", "drift_main",
                  "measure what re-tokenizing saved trajectories would change: FILE [--tokenizer ...]"),
-    ("dataset",): ("agentfly_gym_verl.dataset", "dataset_main", "write a verl training parquet for an environment"),
+    ("dataset",): ("agentfly_gym_verl.dataset", "dataset_main", "write a verl training parquet for an environment: ENV -o OUT [options] | check A.parquet B.parquet ..."),
     ("data",): ("agentfly_gym.cli.data", "data_main",
                 "the full public data sets: status | download NAME | verify NAME (resumable, checksummed) | precompute alfworld"),
     ("serve",): ("agentfly_gym.cli.serve", "serve_main",
@@ -67,7 +67,7 @@ def _run_delegated(argv: list[str]) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agentfly-gym", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="agentfly-gym", description=__doc__.split("\n\n")[0].replace("``", ""), allow_abbrev=False)
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="-v: INFO logging (e.g. one line per finished trajectory); -vv: DEBUG (accepted anywhere)")
     sub = p.add_subparsers(dest="command", required=True)

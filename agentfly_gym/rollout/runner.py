@@ -202,7 +202,9 @@ def check_config(config: RolloutConfig) -> None:
         try:
             env = gymnasium.make(env_id, **kwargs)
         except TypeError as e:
-            raise ConfigError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {e}") from None
+            from ..registration import bad_kwargs_error
+
+            raise bad_kwargs_error(env_id, kwargs, e) from None
         env.unwrapped.discard()  # nothing was acquired: closing needs no event loop
     if config.output_dir is not None:
         check_output_dir(config.output_dir, config.if_exists, mode=config.mode)

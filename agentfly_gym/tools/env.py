@@ -41,7 +41,7 @@ from ..limits import check_int
 from ..resources.scope import RolloutScope
 from .formats import FORMATS, ToolCall, ToolCallError, format_tool_call, parse_tool_calls
 from .stalls import ToolBlockedLoop
-from .tasks import load_tasks
+from .tasks import check_fields, load_tasks
 from .tool import Tool, check_tools
 from .threads import run_in_daemon_thread
 
@@ -126,9 +126,14 @@ class ToolEnv(AgentFlyEnv):
         if tool_format not in FORMATS:
             raise ConfigError(f"tool_format={tool_format!r} is not one of {FORMATS}")
         check_int("max_turns", max_turns)
-        self.tasks = tasks if _is_loaded(tasks, prompt_key) else load_tasks(tasks, prompt_key=prompt_key, id_key=id_key)
-        self.tools = {t.name: t for t in check_tools(tools)}
         self.reward_fn = _check_reward(reward)
+        needs = reward_fields(self.reward_fn)
+        if _is_loaded(tasks, prompt_key):
+            check_fields(tasks, needs)
+            self.tasks = tasks
+        else:
+            self.tasks = load_tasks(tasks, prompt_key=prompt_key, id_key=id_key, required=needs)
+        self.tools = {t.name: t for t in check_tools(tools)}
         self.max_turns = max_turns
         self.tool_format = tool_format
         self.prompt_key, self.id_key = prompt_key, id_key
@@ -419,6 +424,19 @@ def _check_reward(reward: Any) -> Callable[..., Any]:
     return reward
 
 
+def reward_fields(reward: Callable[..., Any]) -> list[str]:
+    """The row fields ``reward`` cannot do without: its arguments that have no default, less those the environment
+    supplies (``completion``, ``messages``) and the resources a ``@resourced`` reward gets from the manager.
+
+    ``def exact(completion, answer, **row)`` -> ``["answer"]``; a reward that reads fields only through ``**row``
+    declares none (nothing to check).
+    """
+    params = inspect.signature(inspect.unwrap(reward)).parameters
+    supplied = {"completion", "messages", "manager", "scope", *(getattr(reward, "resource_specs", None) or {})}
+    return [n for n, p in params.items() if n not in supplied and p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def _make_vector(factory: Callable[..., ToolEnv], num_envs: int = 1, *, autoreset_mode: Any = None,
                  manager: Any = None, max_episode_steps: int | None = None, **env_kwargs: Any):
     from ..vector import AsyncTextVectorEnv, AutoresetMode
@@ -515,14 +533,16 @@ def make_tool_env(env_id: str, *, tasks: Any, tools: Sequence[Tool | Callable[..
         ``env_id``.
 
     Raises:
-        ConfigError: a bad id, task rows, tool (no type hints or docstring, two with one name) or reward; an id
+        ConfigError: a bad id, task rows (among them a row without a field the reward reads: an argument of
+            ``reward`` without a default), tool (no type hints or docstring, two with one name) or reward; an id
             already registered to another environment (without ``replace=True``).
     """
     if not isinstance(env_id, str) or not env_id:
         raise ConfigError(f"env_id must be a non-empty str such as 'my/Task-v0', got {env_id!r}")
     prompt_key, id_key = env_kwargs.get("prompt_key", "prompt"), env_kwargs.get("id_key", "id")
-    config = dict(tasks=load_tasks(tasks, prompt_key=prompt_key, id_key=id_key), tools=check_tools(tools),
-                  reward=_check_reward(reward), system_prompt=system_prompt, max_turns=max_turns,
+    reward = _check_reward(reward)
+    config = dict(tasks=load_tasks(tasks, prompt_key=prompt_key, id_key=id_key, required=reward_fields(reward)),
+                  tools=check_tools(tools), reward=reward, system_prompt=system_prompt, max_turns=max_turns,
                   env_name=env_kwargs.pop("env_name", env_id.rsplit("/", 1)[-1]), **env_kwargs)
     ToolEnv(**config)  # every argument checked now, not at the first make
     factory = functools.partial(ToolEnv, **config)
