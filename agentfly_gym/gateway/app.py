@@ -26,6 +26,7 @@ ignored, as OpenAI-compatible servers do.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import math
@@ -84,6 +85,7 @@ class Gateway:
         self.tool_format = tool_format or detect_tool_format(getattr(chat.tokenizer, "chat_template", None))
         self.default_sampling = default_sampling or SamplingParams(max_tokens=max_tokens)
         self.sessions: dict[str, Session] = {}
+        self._decoy_key = ("afg-" + secrets.token_urlsafe(32)).encode()
         self.app = self._build_app()
 
     # ------------------------------------------------------------------ sessions (Python API)
@@ -118,7 +120,9 @@ class Gateway:
 
     def _sampling(self, body: dict[str, Any]) -> SamplingParams:
         d = self.default_sampling
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = body.get("max_completion_tokens")
+        if max_tokens is None:  # absent or null (clients send null for "not set")
+            max_tokens = body.get("max_tokens")
         if max_tokens is None:
             max_tokens = min(d.max_tokens, self.max_tokens)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= self.max_tokens:
@@ -161,6 +165,15 @@ class Gateway:
                 return k
         return None
 
+    def _plan_prompt(self, messages: list[Any], tools: list[dict[str, Any]] | None,
+                     session: Session | None) -> tuple[list[int], bool]:
+        if session is not None:
+            return session.plan_prompt(messages, tools, self.chat)
+        from .messages import template_messages
+
+        return self.chat.prompt_ids(template_messages(messages, renders_tools=self.chat.renders_tools),
+                                    tools=tools), False
+
     async def complete(self, body: Any, session: Session | None) -> dict[str, Any]:
         """Answer one chat-completion request (a parsed JSON body) and record it in ``session`` (None: nowhere).
 
@@ -172,7 +185,7 @@ class Gateway:
         """
         if not isinstance(body, dict):
             raise BadRequest(f"the request body must be a JSON object, got {type(body).__name__}")
-        if body.get("n", 1) != 1:
+        if body.get("n") not in (None, 1):
             raise BadRequest("n must be 1: each sample is one recorded call", param="n")
         messages = read_messages(body.get("messages"))
         tools = read_tools(body.get("tools"))
@@ -185,14 +198,9 @@ class Gateway:
             await session.lock.acquire()
         try:
             try:
-                if session is not None:
-                    prompt_ids, incremental = session.plan_prompt(messages, tools, self.chat)
-                else:
-                    from .messages import template_messages
-
-                    prompt_ids = self.chat.prompt_ids(template_messages(messages, renders_tools=self.chat.renders_tools),
-                                                      tools=tools)
-                    incremental = False
+                # rendering and tokenizing a body of megabytes takes seconds: off the event loop, so one agent's
+                # huge prompt does not stall every other session (the session's lock keeps its state still)
+                prompt_ids, incremental = await asyncio.to_thread(self._plan_prompt, messages, tools, session)
             except TokenizationError as e:
                 raise BadRequest(f"the chat template cannot render these messages: {e}", param="messages") from None
             except Exception as e:  # noqa: BLE001  (a template's own error, e.g. jinja's raise_exception)
@@ -203,7 +211,7 @@ class Gateway:
             except ConfigError as e:
                 raise BadRequest(str(e)) from None
             except PolicyError as e:
-                if "long" in str(e) or "length" in str(e):
+                if any(w in str(e) for w in ("long", "length", "context")):  # the prompt does not fit the model
                     raise BadRequest(str(e), code="context_length_exceeded", param="messages") from None
                 raise BadRequest(f"the policy failed: {e}", status=500, kind="server_error") from None
             sampled, logprobs = list(gen.token_ids), (list(gen.logprobs) if gen.logprobs is not None else None)
@@ -266,7 +274,10 @@ class Gateway:
             BadRequest: 401 for an unknown session and for a wrong key alike.
         """
         s = self.sessions.get(session_id)
-        if s is not None and (s.check_key(key) or (admin_ok and self.is_admin(key))):
+        # an unknown session compares the key too (against a key no one holds): its 401 takes the time a known
+        # session's does, so answers' timing does not tell which session ids exist
+        ok = s.check_key(key) if s is not None else hmac.compare_digest(str(key).encode(), self._decoy_key)
+        if s is not None and (ok or (admin_ok and self.is_admin(key))):
             return s
         raise BadRequest("invalid api key for this session", status=401, code="invalid_api_key")
 

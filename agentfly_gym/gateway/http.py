@@ -58,7 +58,7 @@ async def read_json(request: Any, max_bytes: int) -> Any:
 
     Raises:
         BadRequest: 413 past ``max_bytes`` (a declared ``Content-Length`` is refused before reading); 400 for a
-            body that is not UTF-8 JSON or nests past the decoder's depth.
+            body that is not UTF-8 JSON (``NaN`` and ``Infinity`` included) or nests past the decoder's depth.
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
@@ -75,13 +75,19 @@ async def read_json(request: Any, max_bytes: int) -> Any:
     if not raw.strip():
         return {}
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError:
         raise BadRequest("the request body is not UTF-8 text") from None
     except RecursionError:
         raise BadRequest("the request body's JSON is nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, and an integer past Python's digit limit
         raise BadRequest(f"We could not parse the JSON body of your request. ({e})") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    """``NaN`` / ``Infinity`` are not JSON (Python's decoder accepts them): refused, or they would reach a
+    sampling field, a session's metadata or a trajectory that strict JSON cannot carry."""
+    raise BadRequest(f"the request body's JSON holds {name}, which is not a JSON value")
 
 
 def routes(gateway: Any) -> list[tuple[str, Any, list[str]]]:
