@@ -3,10 +3,18 @@
 Concurrent :meth:`TransformersPolicy.generate` calls are collected by one worker thread for up
 to ``batch_wait_s`` seconds (or until ``max_batch_size`` requests are waiting) and decoded
 together: one left-padded forward pass per new token for the whole batch, with a KV cache.
-Each request is sampled with its own parameters and its own random generator, so requests
-with different :class:`~agentfly_gym.rollout.policies.base.SamplingParams` share a batch correctly and
-a seeded request gives the same tokens whatever it was batched with (up to floating-point
-differences of padded batched matmuls, which can flip a near-tie).
+Sampling runs on the model's device, batched over the rows (:func:`~.sampling.sample_rows`): each request
+keeps its own :class:`~agentfly_gym.rollout.policies.base.SamplingParams` and its own random generator on the
+device, so requests with different parameters share a batch correctly and a seeded request draws the same noise
+whatever it is batched with.  Its tokens are then the same on the same device and dtype except where the
+batch's padding changes a logit's floating-point rounding enough to flip a near-tie between two tokens
+(a padded batched matmul is not bit-identical to the same row alone; measured: none in the tests' seeded runs
+on the CPU in float32, and bf16 on a GPU rounds coarser).  Prefill computes logits only for the last position
+(``logits_to_keep=1`` where the model takes it).
+
+KV reuse (:mod:`~.prefix_cache`): a finished request's KV cache is kept (within ``prefix_cache_bytes``) under
+its token ids; a request whose prompt extends a kept sequence (a chain-mode trajectory's next turn) prefills
+only its new tokens.
 
 Batching is continuous: requests that arrive while a batch runs are prefilled together (one
 forward pass) and join the running batch at the next decoding step, their KV cache left-padded to
@@ -38,8 +46,10 @@ from typing import Any
 
 from ...errors import ConfigError, PolicyError
 from .base import Generation, SamplingParams
+from .prefix_cache import PrefixCache
+from .sampling import sample_rows
 
-__all__ = ["TransformersPolicy"]
+__all__ = ["TransformersPolicy", "resolve_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +66,49 @@ class _Request:
     t0: float
 
 
+def resolve_dtype(device: str, dtype: Any = None) -> Any:
+    """The torch dtype to load a model in on ``device``.
+
+    Args:
+        device: a torch device string ("cpu", "cuda", "cuda:1").
+        dtype: a ``torch.dtype``, its name ("float32", "bfloat16", "float16"), or None / "auto": bfloat16 on a
+            CUDA device that supports it (``torch.cuda.is_bf16_supported()``), otherwise None (the folder's own
+            dtype, float32 for the bundled models).
+
+    Raises:
+        ConfigError: ``device`` is not a torch device, names a CUDA device that is not there, or ``dtype`` is not
+            a floating torch dtype name.
+    """
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device {device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {e}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r}: torch sees no CUDA device here (torch.cuda.is_available() is False); "
+                          "use 'cpu'")
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype) or not getattr(torch, dtype).is_floating_point:
+            raise ConfigError(f"dtype {dtype!r} is not a floating torch dtype name "
+                              "(valid: 'auto', 'float32', 'bfloat16', 'float16')")
+        return getattr(torch, dtype)
+    if not isinstance(dtype, torch.dtype):
+        raise ConfigError(f"dtype must be a torch.dtype, its name or 'auto', got {dtype!r}")
+    return dtype
+
+
+def _default_prefix_cache_bytes(device: Any) -> int:
+    """512 MiB on the CPU; a fifth of the device's memory on a GPU."""
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory // 5)
+    return 512 * 2**20
+
+
 def _check_args(max_batch_size: int, batch_wait_s: float, torch_threads: int | None) -> None:
     if max_batch_size < 1:
         raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
@@ -68,8 +121,8 @@ def _check_args(max_batch_size: int, batch_wait_s: float, torch_threads: int | N
 class TransformersPolicy:
     """A :class:`~agentfly_gym.rollout.policies.base.TextPolicy` backed by a transformers causal LM.
 
-    Sampling, per request (``SamplingParams``): the next-token logits ``z`` (float32) give the
-    distribution ``p = softmax(z / temperature)``; ``top_k`` (> 0) keeps the k most likely
+    Sampling, per request (``SamplingParams``; see :func:`~.sampling.sample_rows`): the next-token logits ``z``
+    (float32) give the distribution ``p = softmax(z / temperature)``; ``top_k`` (> 0) keeps the k most likely
     tokens, then ``top_p`` (< 1) keeps the smallest set of most likely tokens whose mass
     reaches ``top_p`` (HF ``TopPLogitsWarper`` order); the token is drawn from the renormalised
     remainder.  ``temperature == 0`` is greedy (argmax of ``z``).
@@ -98,10 +151,13 @@ class TransformersPolicy:
         seed: seeds the per-request seeds of requests whose ``sampling.seed`` is None (drawn in
             the order ``generate`` is called), so a run with a fixed seed and a fixed call
             order is reproducible; None draws them from the OS.
-        dtype: torch dtype (or its name, e.g. "bfloat16") of the weights; None keeps the
-            folder's (float32 for the bundled models).
+        dtype: torch dtype (or its name, e.g. "bfloat16") of the weights; None or "auto": bfloat16 on a
+            CUDA device that supports it, else the folder's (float32 for the bundled models); see
+            :func:`resolve_dtype`.
         continuous_batching: let requests join a running batch (default); False runs static
             waves (a request arriving mid-batch waits for the whole batch), e.g. for comparison.
+        prefix_cache_bytes: bound in bytes of the kept KV caches of finished requests (KV reuse for prompts
+            that extend them); 0 disables reuse; None: 512 MiB on the CPU, a fifth of a GPU's memory.
 
     Attributes:
         tokenizer: the Hugging Face tokenizer of ``model``.
@@ -111,6 +167,9 @@ class TransformersPolicy:
         num_forward_passes: model forward calls so far (prefills and decoding steps).
         num_requests: requests served so far.
         num_joined: requests that joined a batch already running (continuous batching).
+        num_prefill_tokens: prompt tokens run through the model so far (the reused ones not counted).
+        num_prompt_tokens: prompt tokens of all requests so far (reused or not).
+        prefix_cache: the :class:`~.prefix_cache.PrefixCache` (``hits``, ``reused_tokens``, ``nbytes``).
 
     Raises:
         ConfigError: a bad argument (the message names it).
@@ -119,7 +178,7 @@ class TransformersPolicy:
 
     def __init__(self, model: str | os.PathLike, *, device: str = "cpu", torch_threads: int | None = 1,
                  max_batch_size: int = 8, batch_wait_s: float = 0.02, seed: int | None = None,
-                 dtype: Any = None, continuous_batching: bool = True) -> None:
+                 dtype: Any = None, continuous_batching: bool = True, prefix_cache_bytes: int | None = None) -> None:
         _check_args(max_batch_size, batch_wait_s, torch_threads)
         try:
             import torch
@@ -127,10 +186,7 @@ class TransformersPolicy:
         except ImportError as e:
             raise PolicyError(f"TransformersPolicy needs torch and transformers ({e}); "
                               "install agentfly-gym[cpu-model]") from e
-        if isinstance(dtype, str):
-            if not isinstance(getattr(torch, dtype, None), torch.dtype):
-                raise ConfigError(f"dtype {dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16')")
-            dtype = getattr(torch, dtype)
+        dtype = resolve_dtype(device, dtype)
         path = Path(model).expanduser()
         if not path.is_dir():
             raise ConfigError(f"model {str(path)!r} is not a local model folder "
@@ -142,19 +198,23 @@ class TransformersPolicy:
         except Exception as e:  # noqa: BLE001  (reported as one clear error)
             raise PolicyError(f"cannot load model folder {str(path)!r}: {type(e).__name__}: {e}") from e
         self._setup(torch.device(device), torch_threads=torch_threads, max_batch_size=max_batch_size,
-                    batch_wait_s=batch_wait_s, seed=seed, continuous_batching=continuous_batching, name=str(path))
+                    batch_wait_s=batch_wait_s, seed=seed, continuous_batching=continuous_batching, name=str(path),
+                    prefix_cache_bytes=prefix_cache_bytes)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, torch_threads: int | None = None, max_batch_size: int = 8,
-                   batch_wait_s: float = 0.02, seed: int | None = None,
-                   continuous_batching: bool = True) -> TransformersPolicy:
+                   batch_wait_s: float = 0.02, seed: int | None = None, continuous_batching: bool = True,
+                   prefix_cache_bytes: int | None = None) -> TransformersPolicy:
         """A policy that samples from ``model`` itself: the live weights of a model being trained.
 
         The model is used as it is: not copied, not moved, its train/eval mode left alone (generation runs
         under ``torch.inference_mode`` on the model's own device).  So after an optimizer step (or a
         ``load_state_dict``) on ``model``, the next :meth:`generate` samples from, and reports the
         log-probs of, the updated weights; nothing needs syncing.  Do not update the weights while a
-        generation is running (a trainer's loop alternates rollout and update, which is safe).
+        generation is running (a trainer's loop alternates rollout and update, which is safe).  Generation,
+        sampling and KV reuse take the same path as a policy loaded from a folder; the KV caches kept for reuse
+        were computed with the weights of their time, so call :meth:`clear_prefix_cache` after a weight update
+        (or pass ``prefix_cache_bytes=0``).
 
         Args:
             model: a transformers causal LM (``PreTrainedModel``; a PEFT-wrapped one works too), e.g. a
@@ -162,7 +222,7 @@ class TransformersPolicy:
             tokenizer: its Hugging Face tokenizer (with a chat template for chat use).
             torch_threads: as in the constructor, but None by default: the trainer's process keeps its
                 torch thread count.
-            max_batch_size, batch_wait_s, seed, continuous_batching: as in the constructor.
+            max_batch_size, batch_wait_s, seed, continuous_batching, prefix_cache_bytes: as in the constructor.
 
         Raises:
             ConfigError: a bad argument, or ``model``/``tokenizer`` are not a model and a tokenizer.
@@ -176,12 +236,18 @@ class TransformersPolicy:
         self.tokenizer, self.model = tokenizer, model
         device = model.get_input_embeddings().weight.device
         self._setup(device, torch_threads=torch_threads, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
-                    seed=seed, continuous_batching=continuous_batching, name=type(model).__name__)
+                    seed=seed, continuous_batching=continuous_batching, name=type(model).__name__,
+                    prefix_cache_bytes=prefix_cache_bytes)
         return self
 
     def _setup(self, device: Any, *, torch_threads: int | None, max_batch_size: int, batch_wait_s: float,
-               seed: int | None, continuous_batching: bool, name: str) -> None:
+               seed: int | None, continuous_batching: bool, name: str, prefix_cache_bytes: int | None) -> None:
         """Everything but loading: ``self.model`` and ``self.tokenizer`` are set."""
+        import inspect
+
+        if prefix_cache_bytes is not None and (not isinstance(prefix_cache_bytes, int) or prefix_cache_bytes < 0):
+            raise ConfigError(f"prefix_cache_bytes must be an int >= 0 (0 disables KV reuse) or None, "
+                              f"got {prefix_cache_bytes!r}")
         path = name
         self.device = device
         self.max_batch_size = max_batch_size
@@ -205,6 +271,16 @@ class TransformersPolicy:
         self.num_forward_passes = 0
         self.num_requests = 0
         self.num_joined = 0
+        self.num_prefill_tokens = 0
+        self.num_prompt_tokens = 0
+        self.prefix_cache = PrefixCache(_default_prefix_cache_bytes(device) if prefix_cache_bytes is None
+                                        else prefix_cache_bytes)
+        self._cache_joinable: bool | None = None  # known after the first prefill
+        self._clear_cache = False
+        try:
+            self._logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        except (TypeError, ValueError):
+            self._logits_to_keep = False
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -251,6 +327,11 @@ class TransformersPolicy:
                 self._thread.start()
             self._queue.put(req)
         return await req.future
+
+    def clear_prefix_cache(self) -> None:
+        """Drop the kept KV caches (e.g. after the weights of :meth:`from_model`'s model changed).  Safe to call
+        between generations; a call while requests run takes effect at the worker's next step."""
+        self._clear_cache = True
 
     def close(self) -> None:
         """Stop the worker thread (after the running batch finishes); waiting requests fail with
@@ -312,6 +393,9 @@ class TransformersPolicy:
         stop = False
         while True:
             new: list[_Request] = []
+            if self._clear_cache:
+                self._clear_cache = False
+                self.prefix_cache.clear()
             if rows is None:
                 if stop:
                     break
@@ -378,28 +462,46 @@ class TransformersPolicy:
                 _resolve(item, exc=PolicyError("the policy was closed before this request ran"))
 
     def _prefill(self, reqs: list[_Request]) -> _Rows:
-        """One forward pass over the left-padded prompts of ``reqs``; samples each one's first token."""
+        """One forward pass over the left-padded prompts of ``reqs`` (each starting from its kept KV cache where
+        the prefix cache has one); samples each one's first token.
+
+        With reuse the layout of row ``i`` is ``[pad | cached_i | pad | new_i]``: the cached part right-aligned
+        in the past's ``P`` columns, the new tokens right-aligned in the ``N`` input columns, the attention
+        mask ``(n, P + N)`` zero on the padding and the position ids counting the row's own tokens."""
         import torch
 
         n = len(reqs)
         self.num_batches += 1
         self.num_requests += n
-        width = max(len(r.prompt_ids) for r in reqs)
+        hits = [self.prefix_cache.lookup(r.prompt_ids) if self._cache_joinable else None for r in reqs]
+        cached = [len(h.token_ids) if h is not None else 0 for h in hits]
+        news = [r.prompt_ids[c:] for r, c in zip(reqs, cached)]
+        self.num_prompt_tokens += sum(len(r.prompt_ids) for r in reqs)
+        self.num_prefill_tokens += sum(len(x) for x in news)
+        p_w, width = max(cached), max(len(x) for x in news)
         input_ids = torch.full((n, width), self._pad_id, dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            input_ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            attn[i, width - len(r.prompt_ids):] = 1
+        attn = torch.zeros((n, p_w + width), dtype=torch.long)
+        for i, x in enumerate(news):
+            input_ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
+            attn[i, p_w - cached[i]:p_w] = 1
+            attn[i, p_w + width - len(x):] = 1
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
-        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)[:, p_w:]
+        kw: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        if p_w:
+            kw["past_key_values"] = _cache_of([_stack_right_aligned([h.layers[j] if h else None for h in hits], p_w)
+                                               for j in range(len(next(h for h in hits if h).layers))])
         with torch.inference_mode():
-            out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True)
+            out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True,
+                             **kw)
         self.num_forward_passes += 1
-        rows = _Rows(reqs=list(reqs), gens=[torch.Generator(device="cpu").manual_seed(r.seed) for r in reqs],
+        rows = _Rows(reqs=list(reqs), gens=[torch.Generator(device=self.device).manual_seed(r.seed) for r in reqs],
                      stops=[self.eos_token_ids | set(r.sampling.stop_token_ids) for r in reqs],
                      out_ids=[[] for _ in reqs], out_lp=[[] for _ in reqs], finish=[None] * n,
                      next_ids=input_ids[:, -1:], attn=attn, pos=position_ids[:, -1:], past=out.past_key_values)
         rows.joinable = _joinable(rows.past)
+        if self._cache_joinable is None:
+            self._cache_joinable = rows.joinable
         self._sample_rows(rows, out.logits[:, -1, :])
         return rows
 
@@ -417,23 +519,43 @@ class TransformersPolicy:
     def _sample_rows(self, rows: _Rows, logits: Any) -> None:
         import torch
 
-        logits = logits.float().cpu()
-        nxt = torch.full((len(rows.reqs),), self._pad_id, dtype=torch.long)
+        live = [r.sampling if rows.finish[i] is None else None  # None: a finished row the cache could not drop
+                for i, r in enumerate(rows.reqs)]
+        toks, lps = sample_rows(logits, live, rows.gens)
         for i, r in enumerate(rows.reqs):
-            if rows.finish[i] is not None:  # only where the cache could not drop the row
+            if live[i] is None:
+                toks[i] = self._pad_id
                 continue
-            tok, lp = _sample(logits[i], r.sampling, rows.gens[i])
+            tok = toks[i]
             rows.out_ids[i].append(tok)
-            rows.out_lp[i].append(lp)
-            nxt[i] = tok
+            rows.out_lp[i].append(lps[i])
             if tok in rows.stops[i]:
                 rows.finish[i] = "stop"
             elif len(rows.out_ids[i]) >= r.sampling.max_tokens:
                 rows.finish[i] = "length"
-        rows.next_ids = nxt.unsqueeze(1).to(self.device)
+        rows.next_ids = torch.tensor(toks, dtype=torch.long).unsqueeze(1).to(self.device)
         rows.attn = torch.cat([rows.attn, torch.ones((rows.attn.shape[0], 1), dtype=rows.attn.dtype,
                                                      device=self.device)], dim=1)
         rows.pos = rows.pos + 1
+
+    def _keep_prefix(self, rows: _Rows, i: int) -> None:
+        """Store row ``i``'s KV cache (its prompt and all sampled tokens but the pending last one) for reuse."""
+        import torch
+
+        if not rows.joinable or self.prefix_cache.max_bytes <= 0:
+            return
+        r = rows.reqs[i]
+        token_ids = r.prompt_ids + rows.out_ids[i][:-1]
+        width = rows.attn.shape[1] - 1  # cache columns (the last mask column is the pending token's)
+        if any(la.keys.shape[-2] != width for la in rows.past.layers):
+            return
+        cols = torch.nonzero(rows.attn[i, :width]).squeeze(1)
+        if cols.numel() != len(token_ids):
+            return
+        with torch.inference_mode():
+            layers = [(la.keys[i:i + 1].index_select(2, cols), la.values[i:i + 1].index_select(2, cols))
+                      for la in rows.past.layers]
+        self.prefix_cache.store(token_ids, layers)
 
     def _retire(self, rows: _Rows) -> _Rows | None:
         """Resolve finished rows and drop them (and cancelled ones) with their KV-cache rows, so that short
@@ -441,6 +563,7 @@ class TransformersPolicy:
         for i, r in enumerate(rows.reqs):
             if rows.finish[i] is not None and not rows.resolved[i]:
                 rows.resolved[i] = True
+                self._keep_prefix(rows, i)
                 ids = rows.out_ids[i]
                 g = Generation(token_ids=ids, logprobs=rows.out_lp[i], finish_reason=rows.finish[i],
                                text=self.tokenizer.decode(ids, skip_special_tokens=True),
@@ -543,30 +666,22 @@ def _joinable(past: Any) -> bool:
             and all(getattr(la, "keys", None) is not None and la.keys.dim() == 4 for la in layers))
 
 
-def _sample(z: Any, s: SamplingParams, gen: Any) -> tuple[int, float]:
-    """One token from logits ``z`` (1-D float32 tensor, length vocab) and its logprob (see
-    :class:`TransformersPolicy` for the exact definitions)."""
+def _stack_right_aligned(layers: list[tuple[Any, Any] | None], width: int) -> tuple[Any, Any]:
+    """One layer's batched ``(keys, values)`` ``(rows, kv_heads, width, head_dim)`` from per-row cached
+    ``(keys, values)`` ``(1, kv_heads, L_i, head_dim)`` (None: no cache for that row), each right-aligned,
+    zeros on the left."""
     import torch
 
-    if s.temperature == 0:
-        tok = int(torch.argmax(z))
-        return tok, float(torch.log_softmax(z, dim=-1)[tok])
-    scaled = z / s.temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    masked = scaled
-    if s.top_k and s.top_k > 0 and s.top_k < masked.numel():
-        kth = torch.topk(masked, s.top_k).values[-1]
-        masked = masked.masked_fill(masked < kth, float("-inf"))
-    if s.top_p < 1.0:
-        sorted_l, idx = torch.sort(masked, descending=True)
-        cum = torch.softmax(sorted_l, dim=-1).cumsum(-1)
-        remove = cum - torch.softmax(sorted_l, dim=-1) >= s.top_p  # keep until the mass reaches top_p
-        remove[0] = False
-        masked = masked.clone()
-        masked[idx[remove]] = float("-inf")
-    probs = torch.softmax(masked, dim=-1)
-    tok = int(torch.multinomial(probs, 1, generator=gen))
-    return tok, float(logp[tok])
+    ref = next(la for la in layers if la is not None)
+    out = []
+    for t in (0, 1):
+        full = ref[t].new_zeros((len(layers), ref[t].shape[1], width, ref[t].shape[3]))
+        for i, la in enumerate(layers):
+            if la is not None and la[t].shape[2]:
+                full[i, :, width - la[t].shape[2]:] = la[t][0]
+        out.append(full)
+    with torch.inference_mode():
+        return out[0], out[1]
 
 
 def _resolve(r: _Request, *, result: Generation | None = None, exc: BaseException | None = None) -> None:
