@@ -30,7 +30,13 @@ def add_rollout_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument("-n", "--num-trajectories", type=int, default=8)
     r.add_argument("--group-size", type=int, default=1, help="trajectories per task (GRPO group)")
     r.add_argument("--concurrency", type=int, default=8, help="trajectories in flight at once")
-    r.add_argument("--batch-size", type=int, default=16, help="most generation requests batched together")
+    r.add_argument("--batch-size", "--max-batch-size", dest="batch_size", type=int, default=16,
+                   help="most generation requests batched together (model policies)")
+    r.add_argument("--device", default="cpu",
+                   help="torch device of a model policy: cpu (default), cuda, cuda:1, ...")
+    r.add_argument("--dtype", default="auto",
+                   help="dtype of a model policy's weights: auto (default: bfloat16 on a GPU that supports it, else "
+                        "the model folder's), float32, bfloat16, float16")
     r.add_argument("--max-turns", type=int, default=8)
     r.add_argument("--max-tokens", type=int, default=64, help="new tokens per turn")
     r.add_argument("--max-context-tokens", type=int, default=None)
@@ -155,7 +161,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         reward=args.reward, if_exists=_if_exists(args), order=args.order)
     config.output_dir = _output_dir(args)  # once the arguments are known to be good
     check_config(config)  # fail on a typo before the model is loaded
-    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
+    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size,
+                               device=args.device, dtype=args.dtype)
 
     try:
         result = _run_interruptible(lambda: run_rollouts(config, policy, chat, progress=not args.no_progress),
@@ -320,11 +327,12 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
             raise ConfigError(f"--env-kwargs names {k!r}, which is not rolled out (--env {env_id})")
         kwargs.update(v)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
-    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
+    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size,
+                               device=args.device, dtype=args.dtype)
     opponent = opp_chat = None
     if args.opponent:
         opponent, opp_chat = make_policy(args.opponent, tokenizer=args.tokenizer, seed=args.seed + 1,
-                                         max_batch_size=args.batch_size)
+                                         max_batch_size=args.batch_size, device=args.device, dtype=args.dtype)
     output_dir = _output_dir(args)
     try:
         # the same Ctrl-C / SIGTERM handling as single-agent runs: the finished games are saved
