@@ -155,7 +155,7 @@ def test_device_and_dtype_are_checked_and_default_to_bf16_on_a_gpu():
 def test_make_policy_takes_device_dtype_and_batch_size(tiny_qwen):
     from agentfly_gym.rollout.policies.factory import make_policy
 
-    policy, chat = make_policy(str(tiny_qwen), device="cpu", dtype="bfloat16", max_batch_size=3)
+    policy, _ = make_policy(str(tiny_qwen), device="cpu", dtype="bfloat16", max_batch_size=3)
     try:
         assert policy.model.dtype == torch.bfloat16 and policy.max_batch_size == 3 and policy.device.type == "cpu"
         g = asyncio.run(policy.generate(chat_ids(policy, "hi"), GREEDY))

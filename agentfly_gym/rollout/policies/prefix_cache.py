@@ -14,7 +14,7 @@ import collections
 import dataclasses
 from typing import Any
 
-__all__ = ["PrefixCache", "CachedPrefix"]
+__all__ = ["CachedPrefix", "PrefixCache"]
 
 
 @dataclasses.dataclass

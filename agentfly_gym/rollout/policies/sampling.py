@@ -44,7 +44,7 @@ def sample_rows(logits: Any, params: Sequence[SamplingParams | None], generators
     import torch
 
     z = logits.float()
-    rows, vocab = z.shape
+    _, vocab = z.shape
     dev = z.device
     sampled = [s is not None and s.temperature > 0 for s in params]
     if not any(sampled):
