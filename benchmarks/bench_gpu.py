@@ -365,6 +365,8 @@ def main() -> int:
     p = C.base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="every part tiny, on the CPU (the smoke test)")
     p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
+    p.add_argument("--tiny", action="store_true", help="the 2-layer model of --smoke with the other sizes as given "
+                                                       "(a CPU measurement)")
     p.add_argument("--parts", default="generate,engine,schedule,reuse,logprobs")
     p.add_argument("--rows", default="64,256", help="batch sizes of the generate part")
     p.add_argument("--prompt-tokens", type=int, default=1800)
@@ -392,7 +394,8 @@ def main() -> int:
             parts.discard("engine")
             res.skip("engine/transformers_continuous_batching", "--smoke: measured on the GPU run only")
     else:
-        cfg, rows, plen, new = QWEN3_06B, [int(x) for x in args.rows.split(",")], args.prompt_tokens, args.new_tokens
+        cfg = TINY if args.tiny else QWEN3_06B
+        rows, plen, new = [int(x) for x in args.rows.split(",")], args.prompt_tokens, args.new_tokens
         b = args.slots
         n_uni, n_heavy, turns, max_tokens = 2 * b, 4 * b, args.max_turns, args.new_tokens
     dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
@@ -400,7 +403,7 @@ def main() -> int:
     chat = ChatTokenizer(tok)
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
     res.data["config"] = {"device": device, "gpu": gpu, "dtype": str(dtype).replace("torch.", ""),
-                          "model": "Qwen3 (random weights), " + ("tiny" if args.smoke else "0.6B shape"),
+                          "model": "Qwen3 (random weights), " + ("tiny" if cfg is TINY else "0.6B shape"),
                           "model_config": cfg, "parts": sorted(parts)}
     res.data["results"] = results = {}
     # warm-up: kernels, allocator, the policy's thread

@@ -120,6 +120,12 @@ async def test_a_turn_with_a_reused_cache_equals_a_fresh_prefill(reuse, fresh):
         assert got[0].logprobs == pytest.approx(forward_logprobs(reuse, p2, got[0].token_ids, sampling.temperature),
                                                 abs=2e-4)
     assert fresh.prefix_cache.hits == 0 and len(fresh.prefix_cache) == 0
+    # after new weights (clear_prefix_cache), nothing kept before is reused
+    assert len(reuse.prefix_cache) > 0
+    reuse.clear_prefix_cache()
+    hits = reuse.prefix_cache.hits
+    await reuse.generate(p2 + got[0].token_ids + obs, GREEDY)
+    assert reuse.prefix_cache.hits == hits
     assert reuse._logits_to_keep  # prefill computes logits for the last position only
 
 

@@ -285,6 +285,9 @@ class AgentFlyRollout:
         """Play one episode per prompt; returns TRL's rollout dict (lists of length ``len(prompts)``)."""
         rows = [parse_task_prompt(p) for p in prompts]
         model = self._setup(trainer)
+        clear = getattr(self._runner.policy, "clear_prefix_cache", None)
+        if callable(clear):  # KV kept from the last step was computed with the weights before its update
+            clear()
         was_training = bool(getattr(model, "training", False))
         if was_training:
             model.eval()  # no dropout, and the KV cache that gradient checkpointing turns off in train mode

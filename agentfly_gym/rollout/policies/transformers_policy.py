@@ -333,8 +333,9 @@ class TransformersPolicy:
         return await req.future
 
     def clear_prefix_cache(self) -> None:
-        """Drop the kept KV caches (e.g. after the weights of :meth:`from_model`'s model changed).  Safe to call
-        between generations; a call while requests run takes effect at the worker's next step."""
+        """Drop the kept KV caches (e.g. after the weights of :meth:`from_model`'s model changed): no request
+        admitted after this call reuses a cache kept before it.  Requests running at the time still store theirs
+        when they finish, so call it between generations (a trainer's rollout and update alternate)."""
         self._clear_cache = True
 
     def close(self) -> None:
@@ -397,9 +398,6 @@ class TransformersPolicy:
         stop = False
         while True:
             new: list[_Request] = []
-            if self._clear_cache:
-                self._clear_cache = False
-                self.prefix_cache.clear()
             if rows is None:
                 if stop:
                     break
@@ -477,6 +475,9 @@ class TransformersPolicy:
         n = len(reqs)
         self.num_batches += 1
         self.num_requests += n
+        if self._clear_cache:  # asked for by clear_prefix_cache (the weights changed): before any lookup
+            self._clear_cache = False
+            self.prefix_cache.clear()
         hits = [self.prefix_cache.lookup(r.prompt_ids) if self._cache_joinable else None for r in reqs]
         cached = [len(h.token_ids) if h is not None else 0 for h in hits]
         news = [r.prompt_ids[c:] for r, c in zip(reqs, cached)]
