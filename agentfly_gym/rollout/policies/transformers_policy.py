@@ -6,15 +6,16 @@ together: one left-padded forward pass per new token for the whole batch, with a
 Sampling runs on the model's device, batched over the rows (:func:`~.sampling.sample_rows`): each request
 keeps its own :class:`~agentfly_gym.rollout.policies.base.SamplingParams` and its own random generator on the
 device, so requests with different parameters share a batch correctly and a seeded request draws the same noise
-whatever it is batched with.  Its tokens are then the same on the same device and dtype except where the
-batch's padding changes a logit's floating-point rounding enough to flip a near-tie between two tokens
-(a padded batched matmul is not bit-identical to the same row alone; measured: none in the tests' seeded runs
-on the CPU in float32, and bf16 on a GPU rounds coarser).  Prefill computes logits only for the last position
+whatever it is batched with: its tokens are the same on the same device and dtype unless the batch's padding
+changes a logit's rounding enough to flip a near-tie (a padded batched matmul is not bit-identical to the row
+alone; bf16 rounds coarser than float32).  Prefill computes logits for the last position only
 (``logits_to_keep=1`` where the model takes it).
 
 KV reuse (:mod:`~.prefix_cache`): a finished request's KV cache is kept (within ``prefix_cache_bytes``) under
 its token ids; a request whose prompt extends a kept sequence (a chain-mode trajectory's next turn) prefills
-only its new tokens.
+only its new tokens.  Why not transformers' own continuous batching (``generate_batch``, transformers 5.10):
+one generation config and one random stream serve the whole batch (no per-request seed, no greedy row beside
+a sampled one) and its logprobs are taken after top-k/top-p; ``benchmarks/bench_gpu.py`` measures its speed.
 
 Batching is continuous: requests that arrive while a batch runs are prefilled together (one
 forward pass) and join the running batch at the next decoding step, their KV cache left-padded to
