@@ -7,7 +7,7 @@ PY ?= $(VENV)/bin/python
 # No data folder is needed: the envs fall back to the samples shipped in the package. A data root you
 # export yourself (AGENTFLY_GYM_DATA=...) is passed through; `agentfly-gym data download NAME` gets full sets.
 
-.PHONY: setup demo test test-fast lock
+.PHONY: setup demo test test-fast lint lock
 # No stamp file here: setup.sh keeps its stamp inside the environment it set up, so `PY=<another python>`
 # sets that one up instead of trusting a marker left by another interpreter.
 setup:
@@ -32,6 +32,10 @@ test: setup
 test-fast: setup
 	bash scripts/docker-engine.sh start
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Lint: ruff with the rules in pyproject.toml ([tool.ruff]); CI runs it before the tests.
+lint: setup
+	$(PY) -m ruff check .
 
 # Regenerate requirements/lock.txt after changing pyproject.toml's dependencies (UPGRADE=1 moves every pin).
 lock:

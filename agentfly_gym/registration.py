@@ -25,7 +25,7 @@ ENVS: dict[str, tuple[str, dict[str, Any]]] = {
     "ALFWorld-v0": ("agentfly_gym.envs.alfworld:ALFWorldEnv", {}),
     "WebShop-v0": ("agentfly_gym.envs.webshop:WebShopEnv", {}),
     "R2EGym-v0": ("agentfly_gym.envs.r2egym:R2EGymEnv", {}),
-    # tool-calling tasks built on agentfly_gym.tools (issue 26)
+    # tool-calling tasks built on agentfly_gym.tools
     "CodeInterpreter-v0": ("agentfly_gym.envs.code_interpreter:CodeInterpreterEnv", {}),
     "Retrieval-v0": ("agentfly_gym.envs.retrieval:RetrievalEnv", {}),
 }

@@ -21,17 +21,35 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import gymnasium.error
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from .envs.base import AgentFlyEnv, fault_step
-from .errors import ConfigError, ModelOutputError
+from .errors import CallOrderError, ConfigError, ModelOutputError, ResetNeeded
+from .limits import check_int
 from .resources.protocol import Manager
 from .utils.aio import run_sync
 from .utils.imports import load_object
 
-__all__ = ["AsyncTextVectorEnv", "VectorResult"]
+__all__ = ["AlreadyPendingCallError", "AsyncTextVectorEnv", "VectorResult"]
+
+
+class AlreadyPendingCallError(CallOrderError, gymnasium.error.AlreadyPendingCallError):
+    """``send`` named a sub-env whose previous step was not received yet (``recv`` it first).
+
+    Gymnasium's name for this misuse, so a Gymnasium user's ``except AlreadyPendingCallError`` still
+    catches it; also a :class:`~agentfly_gym.errors.CallOrderError`.
+
+    Attributes:
+        name: the call that is pending (``"step"``), as in Gymnasium.
+        env_id: the sub-env's index.
+    """
+
+    def __init__(self, message: str, name: str = "step", *, env_id: int | None = None) -> None:
+        Exception.__init__(self, message)
+        self.name, self.env_id = name, env_id
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +142,8 @@ class AsyncTextVectorEnv(VectorEnv):
         try:
             self.autoreset_mode = AutoresetMode(autoreset_mode)
         except ValueError:
-            raise ConfigError(f"autoreset_mode={autoreset_mode!r} is not one of {[m.value for m in AutoresetMode]}") from None
+            raise ConfigError(f"autoreset_mode={autoreset_mode!r} is not one of {[m.value for m in AutoresetMode]}",
+                              field="autoreset_mode") from None
         self.envs: list[AgentFlyEnv] = [fn() for fn in env_fns]
         for i, e in enumerate(self.envs):
             if not isinstance(e.unwrapped, AgentFlyEnv):
@@ -152,8 +171,7 @@ class AsyncTextVectorEnv(VectorEnv):
         This is the ``vector_entry_point`` of every registered env, so
         ``gymnasium.make_vec("agentfly/Chess-v0", num_envs=8)`` returns one of these.
         """
-        if not isinstance(num_envs, int) or num_envs < 1:
-            raise ConfigError(f"num_envs={num_envs!r} must be an integer >= 1")
+        check_int("num_envs", num_envs)
         env_cls = _load(entry_point)
         if max_episode_steps is not None:
             env_kwargs["max_episode_steps"] = max_episode_steps
@@ -204,12 +222,16 @@ class AsyncTextVectorEnv(VectorEnv):
         (:class:`~agentfly_gym.errors.ModelOutputError`, even where it is also a ``ConfigError``), truncates its episode
         with ``info["error"]`` (the same observation and info as a fault the sub-env handles itself:
         :func:`~agentfly_gym.envs.base.fault_step`), so one broken rollout cannot crash the others.
+
+        Raises:
+            ResetNeeded: with ``autoreset_mode=DISABLED``, the sub-env's episode has ended (a
+                :class:`~agentfly_gym.errors.CallOrderError`: reset it first).
         """
         env = self.envs[env_id]
+        if self._needs_reset[env_id] and self.autoreset_mode == AutoresetMode.DISABLED:
+            raise ResetNeeded(f"sub-env {env_id} has ended; reset it with options={{'reset_mask': ...}}")
         try:
             if self._needs_reset[env_id]:
-                if self.autoreset_mode == AutoresetMode.DISABLED:
-                    raise ConfigError(f"sub-env {env_id} has ended; reset it with options={{'reset_mask': ...}}")
                 obs, info = await env.areset()
                 self._needs_reset[env_id] = False
                 self._obs[env_id] = obs
@@ -252,7 +274,8 @@ class AsyncTextVectorEnv(VectorEnv):
         """Schedule one step for each of ``env_ids`` (default: all) and return at once.
 
         Raises:
-            ConfigError: lengths differ, an id is out of range, or an env already has a step in flight.
+            ConfigError: lengths differ, or an id is out of range.
+            AlreadyPendingCallError: an env already has a step in flight (a :class:`CallOrderError`).
         """
         ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
         if len(actions) != len(ids):
@@ -261,7 +284,7 @@ class AsyncTextVectorEnv(VectorEnv):
             if not 0 <= i < self.num_envs:
                 raise ConfigError(f"env id {i} is out of range [0, {self.num_envs})")
             if i in self._pending:
-                raise ConfigError(f"sub-env {i} already has a step in flight; recv() it first")
+                raise AlreadyPendingCallError(f"sub-env {i} already has a step in flight; recv() it first", env_id=i)
         for i, a in zip(ids, actions):
             self._pending[i] = asyncio.ensure_future(self.astep_env(i, a))
 
@@ -342,7 +365,7 @@ class AsyncTextVectorEnv(VectorEnv):
                 raise ConfigError(
                     f"a batch reset of {n} sub-environments needs {n} instances of {spec.label}, but its pool holds at "
                     f"most max_instances={spec.max_instances}: raise the env's cap (max_instances=) "
-                    f"to >= {n}, or drive sub-environments asynchronously (astep_env, asend/arecv)")
+                    f"to >= {n}, or drive sub-environments asynchronously (astep_env, asend/arecv)", field="max_instances")
 
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
         if seed is None:

@@ -176,7 +176,7 @@ class Guard:
 
 
 @contextlib.contextmanager
-def skip_on_error(res: "Result", what: str, *, trace: bool = True, prefix: str = "failed: ") -> Iterator[Guard]:
+def skip_on_error(res: Result, what: str, *, trace: bool = True, prefix: str = "failed: ") -> Iterator[Guard]:
     """Run a part of a benchmark so that its failure is recorded as a skip instead of losing the
     other parts' numbers.
 
@@ -213,7 +213,7 @@ def label_bars(axes, labels) -> None:
         ax.legend(fontsize=8)
 
 
-def save_figure(res: "Result", fig) -> None:
+def save_figure(res: Result, fig) -> None:
     """Lay out ``fig``, write it to the result's PNG and close it."""
     fig.tight_layout()
     fig.savefig(res.png, dpi=110)
@@ -221,7 +221,7 @@ def save_figure(res: "Result", fig) -> None:
     print(f"[{res.name}] wrote {res.png}")
 
 
-def finish(res: "Result", plot) -> int:
+def finish(res: Result, plot) -> int:
     """Clean the result's data for JSON, write it, draw its plot; the script's exit status (0)."""
     res.data = clean(res.data)
     res.save()

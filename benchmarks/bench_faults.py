@@ -27,7 +27,7 @@ how many load and their rows, and whether the complete run's files are unchanged
 
 Leaks, after the manager closed and after each driver died: live processes (engines, JVMs, servers,
 planners: any child of this process or a pid ever seen), stopped processes, containers labelled with a
-manager id of the run, sandbox folders and cgroups named after one.  Goal (issue 12): 0 leaks and 0
+manager id of the run, sandbox folders and cgroups named after one.  Goal: 0 leaks and 0
 unhandled after 1,000 faulted rollouts; the JSON says how many this run did.
 """
 

@@ -1,4 +1,4 @@
-"""Reward-hack campaign against R2E-Gym grading (issue 23), with counts, and what isolated grading costs.
+"""Reward-hack campaign against R2E-Gym grading, with counts, and what isolated grading costs.
 
 Every hack of ``tests/r2e_hacks.py`` (a pass-all ``conftest.py``, a ``pytest.py`` shadowing pytest, a
 ``sitecustomize.py`` setting ``PYTEST_PLUGINS``, a ``.pth`` in the user site folder, an exception message

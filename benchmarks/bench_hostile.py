@@ -1,4 +1,4 @@
-"""Hostile-model campaign: the attacks of issue 23 (stalls, crashes and host reach from model output), run as a
+"""Hostile-model campaign: the attacks (stalls, crashes and host reach from model output), run as a
 model would run them, on both container backends, with counts.
 
 Each attack runs ``--repeats`` times (default 3 x scale, at least 1) per backend where it applies and counts

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C  # noqa: E402
+import _common as C
 
 ENVS: dict[str, dict[str, Any]] = {
     "Chess": {"id": "agentfly/Chess-v0", "kwargs": {"mode": "play"}, "cap_key": "max_instances"},

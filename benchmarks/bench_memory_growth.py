@@ -1,6 +1,6 @@
 """Memory of a long-lived worker over a long run: ALFWorld over every game once, ScienceWorld JVMs over many episodes.
 
-ALFWorld (issue 24): one fresh interpreter (``--child``) holds one ``ALFWorldSimulator`` and plays every game of
+ALFWorld: one fresh interpreter (``--child``) holds one ``ALFWorldSimulator`` and plays every game of
 a set once, in order (load, then ``--steps`` admissible commands), reading its resident memory (RSS, bytes) and
 the size of TextWorld's process-wide intern cache (``mementos``' ``_memento_cache``, entries) every ``--every``
 games.  Two modes:
@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C  # noqa: E402
+import _common as C
 
 REPO = Path(__file__).resolve().parents[1]
 ALF_SPLITS = ("valid_seen", "valid_unseen", "train")

@@ -19,7 +19,7 @@ the network" is across processes over Ray's RPC, the floor of what a real networ
   the worker processes and the server's host process, minus the workers' PSS before the episode.
 
 Two more, on a local 3-node ``ray.cluster_utils.Cluster`` (a head and two workers, each offering a ``slot``
-resource), for both designs in the same run (issue 28): ``hosting="node"`` (one host actor per node and pool holds
+resource), for both designs in the same run: ``hosting="node"`` (one host actor per node and pool holds
 all the pool's instances there) and ``hosting="instance"`` (one host actor, a Ray worker process, per instance):
 
 - memory per hosted instance (``--parts memory``): a pool of a cheap in-process kind (``builtins:dict``), instances
@@ -257,7 +257,7 @@ async def measure_webshop(workers: int) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------------- issue 28: hosting designs on 3 nodes
+# ---------------------------------------------------------------------- hosting designs on 3 nodes
 HOSTINGS = ("node", "instance")
 GOAL_MB_PER_INSTANCE = 5.0
 GOAL_ACQUIRES_PER_S = 500.0
@@ -449,7 +449,7 @@ async def measure_throughput(address: str, drivers: int, conc: int, seconds: flo
                         # CPU ms per acquire/release cycle by process kind, over the measured window (the rate on a
                         # shared 2-core machine is bounded by the sum; the pool actor, one process, bounds it anywhere)
                         "cpu_ms_per_acquire": {k: v / max(n, 1) * 1e3 for k, v in cpu.items()},
-                        # acquisitions (releases, resets) per call that carried them: the batching of issue 28
+                        # acquisitions (releases, resets) per call that carried them: the batching
                         "acquires_per_call": (snap["acquires"] - before["acquires"])
                         / max(1, snap["acquire_calls"] - before["acquire_calls"]),
                         "releases_per_call": (snap["acquires"] - before["acquires"])

@@ -59,10 +59,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's agentfly_gym (spawned workers too)
 
-import _common as C  # noqa: E402
+import _common as C
 
-from agentfly_gym.envs.base import AgentFlyEnv  # noqa: E402
-from agentfly_gym.resources.spec import InProcessSpec  # noqa: E402
+from agentfly_gym.envs.base import AgentFlyEnv
+from agentfly_gym.resources.spec import InProcessSpec
 
 
 # ----------------------------------------------------------------------------- workload profiles
@@ -114,7 +114,7 @@ class Profile:
         return {"turns": n, "reply_tokens": reply.tolist(), "gen_s": gen.tolist(), "tool_s": tool.tolist()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capped_lognormal_mu(mean: float, sigma: float, lo: int, cap: int) -> float:
     """``mu`` such that ``min(cap, max(lo, round(LogNormal(mu, sigma))))`` has mean ``mean`` (bisection on a
     fixed-seed Monte-Carlo sample of 200,000 draws: a method-of-moments fit of the published mean)."""
@@ -649,7 +649,7 @@ def main() -> int:
                    help="trace sets in the simulated arrival-order vs longest-first study "
                         "(default 200; 5 at --scale 0; 0 skips it)")
     p.add_argument("--orders", default="arrival",
-                   help="start orders of ours: comma-separated of arrival, predicted, clairvoyant (issue 29)")
+                   help="start orders of ours: comma-separated of arrival, predicted, clairvoyant")
     p.add_argument("--predict-noise", type=float, default=0.3,
                    help="sigma of the lognormal noise between the earlier epoch the prediction learns from and "
                         "this one (0: the same lengths)")
@@ -665,7 +665,7 @@ def main() -> int:
     per_slot = [2] if tiny else [int(x) for x in args.per_slot.split(",")]
     profiles = make_profiles()
     res.data["gpu"] = ("no GPU on this machine: generation is a latency model (ttft + tokens / decode speed) of an "
-                       "inference server, not a model run; the GPU figure of issue 17 is not measured here")
+                       "inference server, not a model run; the GPU figure is not measured here")
     res.data["config"] = {"slots": b, "trajectories": [k * b for k in per_slot], "repeats": repeats}
     res.data["profiles"] = {}
     load = LoadSampler()

@@ -1,5 +1,5 @@
 """Every environment's action parser: equal to the regex it replaced, linear in the input, never raising
-anything but its own parse error (issue 12: one action must not freeze every rollout).
+anything but its own parse error (one action must not freeze every rollout).
 
 The reference regexes below are the former implementations (upstream WebShop's ``parse_action`` regex
 among them); hypothesis draws texts from the characters and words that drive their backtracking and

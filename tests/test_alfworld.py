@@ -103,7 +103,7 @@ def test_split_counts_match_alfworld(alfworld_root, fresh_cache, monkeypatch):
     assert train.folder.name == "valid_train"
     assert all(g.game_file.is_file() for g in seen.games)
     assert any(fresh_cache.joinpath("alfworld", "index").glob("*.json"))  # the index is cached on disk
-    # the split names every env shares (issue 27): validation = valid_seen, test = valid_unseen
+    # the split names every env shares: validation = valid_seen, test = valid_unseen
     assert [g.task_id for g in load_index(alfworld_root, "validation").games] == [g.task_id for g in seen.games]
     assert [g.task_id for g in load_index(alfworld_root, "test").games] == [g.task_id for g in unseen.games]
     with pytest.raises(ConfigError, match="valid_seen"):

@@ -24,7 +24,7 @@ from agentfly_gym.errors import EnvError
 from agentfly_gym.resources.manager import ResourceManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import fidelity_alfworld as fidelity  # noqa: E402
+import fidelity_alfworld as fidelity
 
 pytestmark = pytest.mark.timeout(600)
 

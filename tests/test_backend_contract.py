@@ -127,7 +127,7 @@ def test_exit_teardown_reaches_instances_still_held(registry):
     manager built and still references, whether a pool lists it or not."""
     registry.register_backend("counter", "", lambda spec, labels: Counter(spec, labels=labels))
     m = ResourceManager()
-    built = [m._build(CounterSpec(start=i)) for i in range(3)]
+    built = [m.build_resource(CounterSpec(start=i)) for i in range(3)]
     m.close()
     assert all(c.terminated for c in built) and m.closed
 

@@ -154,8 +154,9 @@ async def test_puzzle_choice_by_seed_and_rating_filter():
     await env.aclose()
     with pytest.raises(ConfigError, match="no puzzle"):
         await ChessEnv(min_rating=3500).areset()
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError) as info:
         ChessEnv(min_rating=2000, max_rating=1000)
+    assert info.value.field == "min_rating"
 
 
 def test_puzzle_data_resolution(tmp_path, test_data):
@@ -345,14 +346,12 @@ def test_no_stockfish_outlives_close_api():
 def test_bad_config_and_missing_stockfish(tmp_path):
     with pytest.raises(ResourceUnavailable, match="stockfish_path"):
         ChessEnv(mode="play", stockfish_path=tmp_path / "nope")
-    with pytest.raises(ConfigError, match="mode"):
-        ChessEnv(mode="blitz")
-    with pytest.raises(ConfigError, match="skill_level"):
-        ChessEnv(mode="play", skill_level=25)
-    with pytest.raises(ConfigError, match="agent_color"):
-        ChessEnv(mode="play", agent_color="red")
-    with pytest.raises(ConfigError, match="max_instances"):
-        ChessEnv(mode="play", max_instances=0)
+    for kwargs, field in (({"mode": "blitz"}, "mode"), ({"mode": "play", "skill_level": 25}, "skill_level"),
+                          ({"mode": "play", "agent_color": "red"}, "agent_color"),
+                          ({"mode": "play", "max_instances": 0}, "max_instances")):
+        with pytest.raises(ConfigError) as info:
+            ChessEnv(**kwargs)
+        assert info.value.field == field, kwargs
     assert os.access(find_stockfish(), os.X_OK)
 
 
@@ -378,7 +377,7 @@ def test_agent_prompt_round_trip():
     assert agentfly_gym.__version__
 
 
-# ---------------------------------------------------------------------------------------- fidelity (issue 10)
+# ---------------------------------------------------------------------------------------- fidelity
 # Black (the engine) a queen up; both kings shuffle e1-f1 / e8-f8.
 QUEEN_UP = "q3k3/8/8/8/8/8/8/4K3 w - - 0 1"
 SHUFFLE = ["e1f1", "e8f8", "f1e1", "f8e8", "e1f1", "e8f8"]

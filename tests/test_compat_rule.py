@@ -1,4 +1,4 @@
-"""Third-party internals are touched only in ``_compat.py`` modules (issue 25: every workaround of a dependency
+"""Third-party internals are touched only in ``_compat.py`` modules (every workaround of a dependency
 lives in one version-guarded ``_compat`` module next to its user, with a test that fails on a version it does
 not know).
 
@@ -16,7 +16,7 @@ An AST check over ``agentfly_gym/`` and ``plugins/``; outside files named ``_com
 Third-party means neither the standard library nor ``agentfly_gym``/``plugins``; the standard library's own
 underscored API (``os._exit``, ``sys._getframe``, a named tuple's ``_replace``) is not in scope.
 
-:data:`ALLOWED` lists the files other engineers are still moving into ``_compat`` modules (issue 25, item 1);
+:data:`ALLOWED` lists the files other engineers are still moving into ``_compat`` modules;
 an entry whose file is clean fails the test, so the list only shrinks.
 """
 

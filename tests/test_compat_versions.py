@@ -92,3 +92,26 @@ def test_with_an_unknown_py4j_calls_are_not_pipelined(monkeypatch):
     _unknown(monkeypatch, _compat, "py4j")
     assert _compat.can_pipeline(gateway) is False
     assert _compat.defer_object_frees(gateway, []) is False
+
+
+def test_one_version_rule_for_every_compat_module(caplog):
+    """Exact versions and release series ("2.60.") are matched by one rule (utils.versions.is_checked), which the
+    env _compat modules' TESTED tables, Ray's and the tokenizer mirror's checks all use; warnings come once."""
+    import logging
+    import threading
+
+    from agentfly_gym.utils.versions import is_checked, warn_once
+
+    assert is_checked("1.4.0", ("1.4.0",))
+    assert not is_checked("1.4.01", ("1.4.0",))
+    assert is_checked("2.60.1", ("2.60.",))
+    assert not is_checked("2.600.0", ("2.60.",))
+    assert not is_checked("not installed", ("2.60.",))
+    log = logging.getLogger("agentfly_gym.test_versions")
+    per_version: set[str] = set()
+    once = threading.Event()
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        for v in ("9.0", "9.0", "9.1"):
+            warn_once(per_version, v, log, "per version %s", v)
+            warn_once(once, v, log, "once %s", v)
+    assert [r.getMessage() for r in caplog.records] == ["per version 9.0", "once 9.0", "per version 9.1"]

@@ -96,7 +96,9 @@ async def test_a_policy_failure_mid_episode_keeps_what_was_played(chat, mode):
 
 
 async def test_bad_arguments_name_the_value(chat):
-    with pytest.raises(ConfigError, match="mode='tree'"):
+    with pytest.raises(ConfigError, match="mode='tree'") as info:
         await play_episode("agentfly/Chess-v0", ExpertPolicy(), chat, mode="tree")
-    with pytest.raises(ConfigError, match="on_error='ignore'"):
+    assert info.value.field == "mode"
+    with pytest.raises(ConfigError, match="on_error='ignore'") as info:
         await play_episode("agentfly/Chess-v0", ExpertPolicy(), chat, on_error="ignore")
+    assert info.value.field == "on_error"

@@ -1,5 +1,5 @@
 """``gymnasium.make(id, max_episode_steps=N)`` reaches every env's own step limit, and a truncation at that
-limit releases the episode's resources at once (issue 10).
+limit releases the episode's resources at once.
 
 Gymnasium's ``make`` does not pass ``max_episode_steps`` to the env: it wraps it in ``TimeLimit``.  The
 env reads the value from the ``make`` call (and from a hand-made ``TimeLimit`` at its sync reset), so it

@@ -1,4 +1,4 @@
-"""Faults injected into real rollouts (issue 12): nothing leaks, nothing hangs, no fault ends more than its episode.
+"""Faults injected into real rollouts: nothing leaks, nothing hangs, no fault ends more than its episode.
 
 Each case drives the real thing: Stockfish engines, a ScienceWorld JVM, the ALFWorld planner's child
 process, the ``agentfly-gym`` command.  Cases whose failure mode is a hang run in a child Python with a

@@ -30,9 +30,9 @@ try:
 except ImportError as e:  # pragma: no cover
     pytest.skip(f"verl 0.9.1 cannot be imported ({e})", allow_module_level=True)
 
-from agentfly_gym.errors import ConfigError  # noqa: E402
-import agentfly_gym_verl  # noqa: E402
-from agentfly_gym_verl.gigpo import (GiGPOOptions, StepKey, compute_gigpo_advantage, gigpo_scores,  # noqa: E402
+from agentfly_gym.errors import ConfigError
+import agentfly_gym_verl
+from agentfly_gym_verl.gigpo import (GiGPOOptions, StepKey, compute_gigpo_advantage, gigpo_scores,
                                      step_index)
 
 PUZZLE = "tewjc"

@@ -36,9 +36,9 @@ except ImportError as e:  # pragma: no cover
 
 from test_verl_training import GLOBAL_STEPS, ScriptedServer, _config, _generate, _worker, store  # noqa: E402,F401
 
-from agentfly_gym.errors import ConfigError  # noqa: E402
-from agentfly_gym_verl.dataset import build_dataset  # noqa: E402
-from agentfly_gym_verl.gigpo_trainer import TRAINER_MODES, GiGPOTrainerSync  # noqa: E402
+from agentfly_gym.errors import ConfigError
+from agentfly_gym_verl.dataset import build_dataset
+from agentfly_gym_verl.gigpo_trainer import TRAINER_MODES, GiGPOTrainerSync
 
 PUZZLE = "tewjc"
 # the four sessions' moves (cycled): two mate (reward 1), two never do (reward 0); the same moves from

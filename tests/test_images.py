@@ -117,7 +117,6 @@ def test_recipe_build_is_content_addressed(engine, base_image, tmp_path):
         assert _run(engine, tag, ["cat", "/upper.txt"]) == "ONE\n"
         image_id = engine.images.get(tag).id
         lines.clear()
-        t0 = time.monotonic()
         assert build_image(recipe, name="agentfly-test/hello", base=base_image, progress=lines.append) == tag
         assert not any("Step" in line for line in lines)  # unchanged: no build
         assert engine.images.get(tag).id == image_id

@@ -1,4 +1,4 @@
-"""The library's layout, checked statically (issue 25): no module over 600 lines, no import circle, command-line
+"""The library's layout, checked statically: no module over 600 lines, no import circle, command-line
 code only in ``agentfly_gym/cli/``, and one manager contract that both managers keep and every caller names.
 
 The checks read the source with :mod:`ast` (nothing is imported but the managers of the last two tests), so they
@@ -18,7 +18,7 @@ PACKAGE = ROOT / "agentfly_gym"
 
 MAX_LINES = 600
 #: Modules allowed past MAX_LINES.  Each is being rewritten by the engineers who remove the dependency
-#: workarounds it holds (issue 25, item 1: py4j client, ALFWorld engine patches, python-chess engine, the encode
+#: workarounds it holds (py4j client, ALFWorld engine patches, python-chess engine, the encode
 #: path, KV-cache layers, ray._private), so it is not split here; remove an entry once that work has landed.
 ALLOWED_LONG = {
     "agentfly_gym/envs/scienceworld/simulator.py",

@@ -28,7 +28,7 @@ MARKER_ENV = {"python_version": "3.11", "python_full_version": "3.11.7", "sys_pl
               "implementation_name": "cpython", "platform_python_implementation": "CPython"}
 
 sys.path.insert(0, str(REPO / "scripts"))
-from lock_digest import dependency_digest  # noqa: E402
+from lock_digest import dependency_digest
 
 
 def _pins() -> dict[str, Version]:

@@ -1,4 +1,4 @@
-"""One name per concept (issue 25): the old names stay gone.
+"""One name per concept: the old names stay gone.
 
 A pool's cap is ``max_instances`` and its idle time ``max_idle_time`` in every env, spec and benchmark;
 where an in-process object runs is ``isolation="thread" | "process"``; a lease goes back with ``release``

@@ -18,15 +18,15 @@ from waiting import until
 
 pytest.importorskip("openenv.core", reason="pip install 'agentfly-gym[openenv]'")
 
-from openenv.core.generic_client import GenericEnvClient   # noqa: E402
+from openenv.core.generic_client import GenericEnvClient
 
-from agentfly_gym.bridges.openenv import OpenEnvEnv   # noqa: E402
-from agentfly_gym.bridges.openenv_serving import create_openenv_app, serve  # noqa: E402
-from agentfly_gym.cli.serve import serve_main  # noqa: E402
-from agentfly_gym.errors import ConfigError   # noqa: E402
-from agentfly_gym.resources import ResourceManager   # noqa: E402
-from agentfly_gym.resources.backends.model_service import free_port   # noqa: E402
-from agentfly_gym.resources.defaults import _default_managers  # noqa: E402
+from agentfly_gym.bridges.openenv import OpenEnvEnv
+from agentfly_gym.bridges.openenv_serving import create_openenv_app, serve
+from agentfly_gym.cli.serve import serve_main
+from agentfly_gym.errors import ConfigError
+from agentfly_gym.resources import ResourceManager
+from agentfly_gym.resources.backends.model_service import free_port
+from agentfly_gym.resources.defaults import _default_managers
 
 PUZZLE = "tewjc"  # from the Lichess puzzles in tests/data
 
@@ -128,8 +128,9 @@ def test_serve_command_rejects_bad_input():
         create_openenv_app("NoSuchEnv")
     with pytest.raises(ConfigError, match="bad keyword arguments"):
         create_openenv_app("Chess", env_kwargs={"colour": "red"})
-    with pytest.raises(ConfigError, match="max_sessions=0"):
+    with pytest.raises(ConfigError) as info:
         create_openenv_app("Chess", max_sessions=0)
+    assert info.value.field == "max_sessions"
 
 
 @pytest.fixture(scope="module")

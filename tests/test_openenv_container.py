@@ -18,9 +18,9 @@ from waiting import until
 
 pytest.importorskip("openenv.core", reason="pip install 'agentfly-gym[openenv]'")
 
-from agentfly_gym.bridges.openenv import OpenEnvEnv  # noqa: E402
-from agentfly_gym.errors import ConfigError, ResourceUnavailable  # noqa: E402
-from agentfly_gym.resources import ContainerSpec, ResourceManager  # noqa: E402
+from agentfly_gym.bridges.openenv import OpenEnvEnv
+from agentfly_gym.errors import ConfigError, ResourceUnavailable
+from agentfly_gym.resources import ContainerSpec, ResourceManager
 
 READY = "Echo Env environment ready!"  # the reset observation of OpenEnv's echo template
 

@@ -1,4 +1,4 @@
-"""Longest-predicted-first when resources are scarce (issue 29): priorities of waiting acquisitions (with an
+"""Longest-predicted-first when resources are scarce: priorities of waiting acquisitions (with an
 age bound), the prediction of a task's rollout length from its earlier rollouts, and the runners' start order.
 
 Real components: the in-process pool with the test_resources ``Box`` resource (an in-memory resource, as in

@@ -1,4 +1,4 @@
-"""R2E-Gym's tools as tools of ``agentfly_gym.tools`` and its native tool-call format (issue 26), on a real local
+"""R2E-Gym's tools as tools of ``agentfly_gym.tools`` and its native tool-call format, on a real local
 task (the fixture repository ``minicalc-bug1``) in a real bubblewrap sandbox container (image "host"):
 
 * the tools' schemas are upstream R2E-Gym's function-calling definitions (copied below from

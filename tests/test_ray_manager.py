@@ -22,16 +22,16 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
+from ray.cluster_utils import Cluster
 
-from agentfly_gym.envs.remote import RemoteEnv  # noqa: E402
-from agentfly_gym.errors import ConfigError, ResourceStartError, ResourceTimeout  # noqa: E402
-from agentfly_gym.resources import ContainerSpec, InProcessSpec  # noqa: E402
-from agentfly_gym.resources.ray import RayResourceManager  # noqa: E402
-from agentfly_gym.resources.select import manager_kind  # noqa: E402
+from agentfly_gym.envs.remote import RemoteEnv
+from agentfly_gym.errors import ConfigError, ResourceStartError, ResourceTimeout
+from agentfly_gym.resources import ContainerSpec, InProcessSpec
+from agentfly_gym.resources.ray import RayResourceManager
+from agentfly_gym.resources.select import manager_kind
 
-from proctools import alive, pids_with_env  # noqa: E402
-from raytools import lifetimes, max_alive, pids  # noqa: E402
+from proctools import alive, pids_with_env
+from raytools import lifetimes, max_alive, pids
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -654,7 +654,7 @@ def test_priorities_travel_to_the_cluster_pool_and_larger_is_served_first(cluste
     asyncio.run(main())
 
 
-# ---------------------------------------------------------------------- issue 28: one host actor per node
+# ---------------------------------------------------------------------- one host actor per node
 def host_pids_by_node(snap: dict) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     for inst in snap["instances"].values():
@@ -776,8 +776,8 @@ def test_batched_calls_run_in_order_in_one_round_trip(cluster, tmp_path):
 @pytest.mark.slow
 def test_acquisitions_and_releases_of_one_turn_travel_in_one_call(cluster, tmp_path):
     """Eight acquisitions made in one turn of a process's event loop reach the pool actor in one call, their
-    releases in one more, and the instances that came back are reset with one call per host (issue 28's
-    throughput); every lease of a reused instance still starts from its reset state."""
+    releases in one more, and the instances that came back are reset with one call per host
+    (throughput); every lease of a reused instance still starts from its reset state."""
     spec = counted(tmp_path, 8)
 
     async def main():

@@ -95,8 +95,9 @@ def test_spec_equality_hash_and_key():
     (lambda: InProcessSpec(factory="m:f", max_uses=0), "max_uses"),
 ])
 def test_spec_validation_names_the_field(make, words):
-    with pytest.raises(ConfigError, match=words):
+    with pytest.raises(ConfigError, match=words) as info:
         make()
+    assert info.value.field == words
 
 
 # ----------------------------------------------------------------------------- scopes
@@ -200,9 +201,11 @@ async def test_acquire_timeout_raises_clear_error_and_leaks_nothing():
     async with box_manager() as m:
         pool = m.pool(spec(max_instances=1))
         held = await pool.acquire()
-        with pytest.raises(ResourceTimeout, match="capacity 1"):
+        with pytest.raises(ResourceTimeout, match="capacity 1") as info:
             await pool.acquire(timeout=0.05)
-        assert pool.metrics.waiting == 0 and pool.metrics.timeouts == 1
+        assert info.value.spec == pool.spec  # the field names the saturated pool's spec
+        assert pool.metrics.waiting == 0
+        assert pool.metrics.timeouts == 1
         await pool.release(held)
         r = await asyncio.wait_for(pool.acquire(), 1)
         assert r is held
@@ -501,7 +504,7 @@ async def test_pool_rejects_use_from_another_event_loop():
 class Counter:
     """A blocking, non-thread-safe object: records which thread calls it."""
 
-    instances: list["Counter"] = []
+    instances: list[Counter] = []
 
     def __init__(self, start: int = 0, other: int = 0, k: int = 0):
         self.n = start

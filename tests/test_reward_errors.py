@@ -1,5 +1,5 @@
 """A judge that cannot read its rating is recorded per trajectory and counted in the run summary; a run where
-most judgements fail says so (issue 27, item 7).
+most judgements fail says so.
 
 Real components: a real local HTTP server (Python's http.server on 127.0.0.1) answering chat completions
 with replies that hold no ``[[N]]`` rating (as the bundled judge does with ``max_tokens=16``), real Chess

@@ -214,10 +214,12 @@ async def test_the_runner_makes_the_manager_the_setting_names(smollm2_policy, mo
 def test_config_errors_name_the_value():
     with pytest.raises(ConfigError, match="unknown environment"):
         RolloutConfig(env_ids=["Checkers-v0"])
-    with pytest.raises(ConfigError, match="group_size"):
-        RolloutConfig(env_ids=["Chess-v0"], group_size=0)
-    with pytest.raises(ConfigError, match="mode"):
-        RolloutConfig(env_ids=["Chess-v0"], mode="tree")
+    for kwargs, field in (({"group_size": 0}, "group_size"), ({"mode": "tree"}, "mode"),
+                          ({"max_turns": 0}, "max_turns"), ({"history": -1}, "history"),
+                          ({"num_trajectories": 3, "group_size": 2}, "num_trajectories")):
+        with pytest.raises(ConfigError) as info:
+            RolloutConfig(env_ids=["Chess-v0"], **kwargs)
+        assert info.value.field == field, kwargs
 
 
 async def test_cancelled_rollout_releases_its_resources(smollm2_policy):

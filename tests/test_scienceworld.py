@@ -115,7 +115,7 @@ async def test_bad_actions_and_bad_options_are_handled():
             await env.areset(options={"task_name": "boil-the-ocean"})
         with pytest.raises(ConfigError, match=r"0\.\.299"):
             await env.areset(options={"task_name": "find-animal", "variation": 300})
-        # an explicit variation must belong to the split in use (issue 10: boil:0 with split='test' ran)
+        # an explicit variation must belong to the split in use (boil:0 with split='test' ran)
         with pytest.raises(ConfigError, match=r"variation=0 of task 'boil' is not in the 'test' split "
                                               r"\(variations 21-29\); it is a train variation"):
             await env.areset(options={"task_name": "boil", "variation": 0, "split": "test"})
@@ -125,7 +125,7 @@ async def test_bad_actions_and_bad_options_are_handled():
         assert info["task_id"] == "boil:25"
         with pytest.raises(ConfigError, match="split"):
             await env.areset(options={"split": "valid_seen"})
-        # "validation", every env's name for it (issue 27), is the simulator's dev split
+        # "validation", every env's name for it, is the simulator's dev split
         _, info = await env.areset(options={"task_id": "boil:15", "split": "validation"})
         assert info["task_id"] == "boil:15"
         with pytest.raises(ConfigError, match="simplification"):
@@ -231,7 +231,7 @@ def test_default_step_limit_lets_every_gold_path_finish():
             longest = max(longest, entry[split]["max"])
             # the raw package's setting ('') must fit too (its paths are longer where plants need watering)
             assert entry[split]["max_variation_raw_simplification_length"] < default, (task, split)
-    assert longest == data["max_gold_path"] >= 204  # issue 10's case: a 204-action path
+    assert longest == data["max_gold_path"] >= 204  # a 204-action path
     replays = data["replays"]
     assert replays and all(r["won"] and not r["truncated"] for r in replays)
     assert max(r["gold_length"] for r in replays) == longest  # the longest path was replayed

@@ -474,7 +474,7 @@ async def test_docker_gvisor_runtime_option(docker_client, manager):
 
 
 # ------------------------------------------------------------------------------------- reward hacks
-# R2E-Gym grading attacked as a policy would (issue 23): each hack leaves the bug in place; with isolated
+# R2E-Gym grading attacked as a policy would: each hack leaves the bug in place; with isolated
 # grading (the default) it must score 0, and with upstream's in-place grading 1.0 (so the probe has teeth).
 # One manager and one pair of envs per backend serve the whole module (warm pools, no container per test).
 R2E_FIXTURES = Path(__file__).parent / "fixtures" / "r2e"

@@ -1,4 +1,4 @@
-"""Task splits without overlap (issue 27, item 6): every env's train / validation / test splits share no task,
+"""Task splits without overlap: every env's train / validation / test splits share no task,
 data-set rows record the concrete task id, and ``agentfly-gym dataset`` keeps two files apart or says that
 they are not.
 
@@ -19,7 +19,7 @@ from agentfly_gym.envs.chess.puzzles import find_puzzles_file, load_puzzles, spl
 from agentfly_gym.errors import ConfigError
 
 pytest.importorskip("agentfly_gym_verl")
-from agentfly_gym_verl.dataset import build_dataset, dataset_main, shared_tasks  # noqa: E402
+from agentfly_gym_verl.dataset import build_dataset, dataset_main, shared_tasks
 
 pytestmark = pytest.mark.timeout(300)
 

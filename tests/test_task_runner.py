@@ -1,4 +1,4 @@
-"""What a training loop needs of the rollout side (issue 27, items 1, 2 and 9): a policy on the live weights,
+"""What a training loop needs of the rollout side: a policy on the live weights,
 a runner of explicit (env id, task id, seed) rows with one long-lived manager, and run_rollouts defaults that
 neither replay the same tasks nor form a short group silently.
 

@@ -1,4 +1,4 @@
-"""Bring your own task (issue 26): ``@tool``, ``make_tool_env`` and the tool environment, with real components:
+"""Bring your own task: ``@tool``, ``make_tool_env`` and the tool environment, with real components:
 the Gymnasium registry, the resource manager with in-process resources, the chain and step rollouts on the
 Qwen3 tokenizer with a scripted policy (the env's expert; no model is needed to check what is rendered)."""
 

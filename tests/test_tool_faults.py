@@ -14,7 +14,6 @@ import logging
 import sys
 import textwrap
 import time
-from typing import Optional
 
 import gymnasium
 import pytest
@@ -152,7 +151,7 @@ async def test_a_reply_over_max_action_length_is_said_to_be_cut():
 
 # ----------------------------------------------------------------------------- (3) a float for an int
 @tool
-def kinds(a: int, xs: list[int], pair: tuple[int, str], opt: Optional[int] = None, num: float = 0.0,
+def kinds(a: int, xs: list[int], pair: tuple[int, str], opt: int | None = None, num: float = 0.0,
           either: int | float = 0) -> str:
     """Name the types the function received.
 

@@ -1,4 +1,4 @@
-"""Tools from an MCP server (issue 26, item 5), against a real MCP server over stdio: a small server written here
+"""Tools from an MCP server, against a real MCP server over stdio: a small server written here
 with the ``mcp`` package's ``MCPServer``, started as a subprocess by the resource manager's pool."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 import agentfly_gym  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench_trainer_gap as G  # noqa: E402
+import bench_trainer_gap as G
 
 #: The largest gap a correct record may show: CPU float32 kernel noise between a batched, left-padded
 #: generation step and one unpadded forward pass (measured ~1e-6 nats).

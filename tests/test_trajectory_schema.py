@@ -65,15 +65,18 @@ async def test_status_and_versions_round_trip(tmp_path, chat):
     paths = save_trajectories(list(trajs.values()), tmp_path)
     steps = save_step_rows([trajs["step"]], tmp_path)["steps"]
     for p in (paths["parquet"], paths["jsonl"], steps):
-        assert read_schema_version(p) == SCHEMA_VERSION == 3
-    assert pq.read_schema(paths["parquet"]).metadata[b"agentfly_gym.schema_version"] == b"3"
+        assert read_schema_version(p) == SCHEMA_VERSION == 4
+    assert pq.read_schema(paths["parquet"]).metadata[b"agentfly_gym.schema_version"] == b"4"
     head = json.loads(paths["jsonl"].read_text().splitlines()[0])
-    assert head == {"agentfly_gym_schema": "trajectories", "schema_version": 3}
+    assert head == {"agentfly_gym_schema": "trajectories", "schema_version": 4}
+    played = [t.scope_id for k, t in trajs.items() if k != "fault"]
+    assert all(s.startswith("Chess-") for s in played), played  # the env's episode (rollout scope) id
+    assert len(set(played)) == len(played)
     for p in (paths["parquet"], paths["jsonl"]):
         back = load_trajectories(p)
         assert [b.status for b in back] == list(status.values())
         assert [b.response_ids for b in back] == [t.response_ids for t in trajs.values()]
-        for field in ("reply_truncated", "context_cut", "reward_error"):  # version 3
+        for field in ("reply_truncated", "context_cut", "reward_error", "scope_id"):  # versions 3 and 4
             assert [getattr(b, field) for b in back] == [getattr(t, field) for t in trajs.values()]
     rows = load_step_rows(steps)
     assert len(rows) == len(trajs["step"].steps) >= 1 and {r["status"] for r in rows} == {"complete"}
@@ -107,7 +110,7 @@ async def test_unknown_versions_are_refused_and_version_1_is_read(tmp_path, chat
     (v9 / "trajectories.jsonl").write_text(json.dumps({"agentfly_gym_schema": "trajectories", "schema_version": 9})
                                            + "\n" + "\n".join(lines) + "\n")
     for p in (v9 / "trajectories.parquet", v9 / "trajectories.jsonl"):
-        with pytest.raises(SchemaVersionError, match=r"schema version 9 .*versions \[1, 2, 3\]"):
+        with pytest.raises(SchemaVersionError, match=r"schema version 9 .*versions \[1, 2, 3, 4\]"):
             load_trajectories(p)
     steps = save_step_rows([trajs[3]], tmp_path / "s")["steps"]
     t = pq.read_table(steps)
@@ -159,3 +162,20 @@ async def test_version_2_files_read_with_the_version_3_defaults(tmp_path, chat):
     t = pq.read_table(steps).drop_columns(["reply_truncated"])
     pq.write_table(t.replace_schema_metadata({**t.schema.metadata, b"agentfly_gym.schema_version": b"2"}), steps)
     assert {r["reply_truncated"] for r in load_step_rows(steps)} == {False}
+
+
+async def test_version_3_files_read_with_an_empty_scope_id(tmp_path, chat):
+    """A file written before version 4 (no scope_id column / key) loads with scope_id ""."""
+    trajs = await _episodes(chat)
+    paths = save_trajectories(list(trajs.values()), tmp_path)
+    table = pq.read_table(paths["parquet"]).drop_columns(["scope_id"])
+    pq.write_table(table.replace_schema_metadata({b"agentfly_gym.schema_version": b"3"}), tmp_path / "v3.parquet")
+    lines = paths["jsonl"].read_text().splitlines()[1:]
+    (tmp_path / "v3.jsonl").write_text(
+        json.dumps({"agentfly_gym_schema": "trajectories", "schema_version": 3}) + "\n"
+        + "\n".join(json.dumps({k: v for k, v in json.loads(x).items() if k != "scope_id"}) for x in lines) + "\n")
+    for p in (tmp_path / "v3.parquet", tmp_path / "v3.jsonl"):
+        assert read_schema_version(p) == 3
+        back = load_trajectories(p)
+        assert [b.scope_id for b in back] == [""] * len(trajs)
+        assert [b.response_ids for b in back] == [t.response_ids for t in trajs.values()]

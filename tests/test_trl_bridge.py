@@ -1,5 +1,5 @@
 """The TRL bridge (agentfly_gym.bridges.trl): task data sets, the rollout dict TRL reads, and real GRPO steps
-through TRL's GRPOTrainer on CPU with the bundled SmolLM2 model on real Chess puzzles (issue 27)."""
+through TRL's GRPOTrainer on CPU with the bundled SmolLM2 model on real Chess puzzles."""
 
 from __future__ import annotations
 

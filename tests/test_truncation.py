@@ -1,4 +1,4 @@
-"""Truncation made visible (issue 27): a reply cut at ``max_tokens`` is recorded per trajectory and per step
+"""Truncation made visible: a reply cut at ``max_tokens`` is recorded per trajectory and per step
 row, the trainer-facing record can end on the last sampled token, and ``max_context_tokens`` is a hard cap.
 
 Real components: Chess puzzles in process, a real (random, tiny) Qwen2 model through TransformersPolicy for

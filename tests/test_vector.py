@@ -7,13 +7,14 @@ import os
 import signal
 
 import gymnasium
+import gymnasium.error
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
 import agentfly_gym  # noqa: F401
 from agentfly_gym.envs.chess import ChessEnv
-from agentfly_gym.errors import ConfigError
+from agentfly_gym.errors import CallOrderError, ConfigError, ResetNeeded
 from agentfly_gym.resources import ResourceManager
 from agentfly_gym.vector import AsyncTextVectorEnv
 from proctools import live_processes, mark_tree, wait_gone
@@ -85,8 +86,9 @@ async def test_disabled_autoreset_needs_reset_mask():
         wrong0 = next(a for a in infos["admissible_actions"][0] if a != expert0)
         keep1 = infos["admissible_actions"][1][0]
         stepped, *_ = await venv.astep([wrong0, keep1])
-        with pytest.raises(ConfigError, match="reset_mask"):
+        with pytest.raises(ResetNeeded, match="reset_mask") as info:  # a call-order misuse, not a bad value
             await venv.astep(["e2e4", "e2e4"])
+        assert isinstance(info.value, CallOrderError)
         obs, infos = await venv.areset(options={"reset_mask": np.array([True, False])})
         # the sub-env not reset keeps its current observation, as in Gymnasium (tests/test_vector_gymnasium.py)
         assert obs[1] == stepped[1] and obs[0] and infos["_task_id"].tolist() == [True, False]
@@ -103,8 +105,10 @@ async def test_send_recv_returns_fast_envs_without_waiting_for_a_slow_one():
         obs, infos = await venv.areset(seed=1)
         actions = [infos["admissible_actions"][i][0] for i in range(4)]
         await venv.asend(actions)
-        with pytest.raises(ConfigError, match="in flight"):
+        with pytest.raises(gymnasium.error.AlreadyPendingCallError) as pending:  # Gymnasium's name for it
             await venv.asend(["e2e4"], env_ids=[3])
+        assert isinstance(pending.value, CallOrderError)
+        assert pending.value.env_id == 3
         obs, rew, term, trunc, infos, ids = await venv.arecv(min_ready=1)
         assert 3 not in ids.tolist() and len(ids) >= 1 and len(obs) == len(ids)
         assert not venv._pending[3].done()  # the slow env is still thinking
@@ -161,10 +165,12 @@ async def test_a_dead_engine_truncates_only_its_own_env():
 
 
 def test_bad_arguments_are_clear_errors():
-    with pytest.raises(ConfigError, match="num_envs"):
+    with pytest.raises(ConfigError) as info:
         AsyncTextVectorEnv.from_entry_point("agentfly_gym.envs.chess:ChessEnv", 0)
-    with pytest.raises(ConfigError, match="autoreset_mode"):
+    assert info.value.field == "num_envs"
+    with pytest.raises(ConfigError) as info:
         AsyncTextVectorEnv([lambda: ChessEnv()], autoreset_mode="sometimes")
+    assert info.value.field == "autoreset_mode"
     venv = AsyncTextVectorEnv([lambda: ChessEnv()])
     with pytest.raises(ConfigError, match="expected 1 actions"):
         venv.step(["a", "b"])
@@ -174,8 +180,9 @@ def test_bad_arguments_are_clear_errors():
 def test_batch_reset_beyond_pool_capacity_is_refused_at_once():
     venv = gymnasium.make_vec("agentfly/Chess-v0", num_envs=3, mode="play", max_instances=2)
     try:
-        with pytest.raises(ConfigError, match="max_instances=2"):
+        with pytest.raises(ConfigError, match="max_instances=2") as info:
             venv.reset(seed=0)
+        assert info.value.field == "max_instances"
     finally:
         venv.close()
 

@@ -10,7 +10,6 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 import agentfly_gym  # noqa: F401
 from agentfly_gym.envs.chess import ChessEnv
 from agentfly_gym.utils.aio import run_sync
-from agentfly_gym.vector import AsyncTextVectorEnv
 
 #: info values that name the env instance (a process-wide counter), not the episode's content
 PER_INSTANCE = {"episode_id"}

@@ -1,4 +1,4 @@
-"""The verl plugin's start order (issue 29): each agent-loop worker keeps the predicted rollout lengths across
+"""The verl plugin's start order: each agent-loop worker keeps the predicted rollout lengths across
 training steps and starts the rollouts of a batch longest-predicted first, in chain and step mode.
 
 Built as verl builds the agent loops (the plugin's YAML through hydra, verl's generated trainer config, rows
@@ -20,12 +20,12 @@ import pytest
 
 pytest.importorskip("verl.experimental.agent_loop.agent_loop")
 
-from transformers import AutoTokenizer  # noqa: E402
+from transformers import AutoTokenizer
 
-from agentfly_gym.resources.priority import current_priority  # noqa: E402
-from agentfly_gym.rollout.ordering import StartGate  # noqa: E402
-from agentfly_gym_verl.runtime import aclose, get_runtime  # noqa: E402
-from test_verl_plugin import ScriptedServer, _make_loop, _rows, _sampling, _trainer_config  # noqa: E402
+from agentfly_gym.resources.priority import current_priority
+from agentfly_gym.rollout.ordering import StartGate
+from agentfly_gym_verl.runtime import aclose, get_runtime
+from test_verl_plugin import ScriptedServer, _make_loop, _rows, _sampling, _trainer_config
 
 ENV = "agentfly/Chess-v0"
 

@@ -38,12 +38,12 @@ except ImportError as e:  # pragma: no cover
 
 import agentfly_gym  # noqa: F401,E402
 import agentfly_gym_verl  # noqa: F401,E402  (the plugin, as a trainer imports it)
-from agentfly_gym.rollout.chat import ChatTokenizer  # noqa: E402
-from agentfly_gym.rollout.policies.base import SamplingParams  # noqa: E402
-from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy  # noqa: E402
-from agentfly_gym_verl.agent_loop import EXTRA_FIELD_DEFAULTS  # noqa: E402
-from agentfly_gym_verl.dataset import build_dataset, dataset_main  # noqa: E402
-from agentfly_gym_verl.runtime import aclose, get_manager  # noqa: E402
+from agentfly_gym.rollout.chat import ChatTokenizer
+from agentfly_gym.rollout.policies.base import SamplingParams
+from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
+from agentfly_gym_verl.agent_loop import EXTRA_FIELD_DEFAULTS
+from agentfly_gym_verl.dataset import build_dataset, dataset_main
+from agentfly_gym_verl.runtime import aclose, get_manager
 
 PUZZLE = "tewjc"          # setup e5e3, solution f6a1 (mate), from the Lichess puzzles in tests/data
 SW_TASK = "find-non-living-thing:0"

@@ -31,12 +31,12 @@ except ImportError as e:  # pragma: no cover
     pytest.skip(f"verl 0.9.1 cannot be imported ({e})", allow_module_level=True)
 
 import agentfly_gym_verl  # noqa: F401,E402  (the plugin, as a trainer imports it)
-from agentfly_gym.rollout.chat import ChatTokenizer  # noqa: E402
-from agentfly_gym.rollout.policies.base import SamplingParams  # noqa: E402
-from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy  # noqa: E402
-from agentfly_gym_verl.agent_loop import EXTRA_FIELD_DEFAULTS  # noqa: E402
-from agentfly_gym_verl.runtime import aclose  # noqa: E402
-from agentfly_gym_verl.selfplay import pending_games, selfplay_rows  # noqa: E402
+from agentfly_gym.rollout.chat import ChatTokenizer
+from agentfly_gym.rollout.policies.base import SamplingParams
+from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
+from agentfly_gym_verl.agent_loop import EXTRA_FIELD_DEFAULTS
+from agentfly_gym_verl.runtime import aclose
+from agentfly_gym_verl.selfplay import pending_games, selfplay_rows
 
 PROMPT_LEN, RESPONSE_LEN = 1024, 1500  # a chess observation is ~250 tokens
 FOOLS_MATE = {"white": ["I open.\nAction: f3", "Action: g4"], "black": ["Action: e5", "Mate!\nAction: Qh4#"]}

@@ -37,9 +37,9 @@ try:
 except ImportError as e:  # pragma: no cover
     pytest.skip(f"verl 0.9.1 (with its V1 trainer) cannot be imported ({e})", allow_module_level=True)
 
-import agentfly_gym_verl  # noqa: E402
-from agentfly_gym_verl.dataset import build_dataset  # noqa: E402
-from agentfly_gym_verl.runtime import aclose, failure_metrics, reset_failure_metrics  # noqa: E402
+import agentfly_gym_verl
+from agentfly_gym_verl.dataset import build_dataset
+from agentfly_gym_verl.runtime import aclose, failure_metrics, reset_failure_metrics
 
 PUZZLE = "tewjc"
 SOLVE = [f"Best is {m}.\nAction: {m}" for m in ("e5e3", "f6a1", "a8a1")]   # three moves, the last one mates

@@ -33,6 +33,7 @@ from pydantic import Field
 
 from ..envs.base import AgentFlyEnv
 from ..errors import ConfigError
+from ..limits import check_int
 from .uvicorn_server import exit_when_set, started_server
 
 __all__ = ["TextAction", "TextObservation", "AgentFlyOpenEnvironment", "create_openenv_app", "serve"]
@@ -189,11 +190,10 @@ def create_openenv_app(env_id: str, *, env_kwargs: dict[str, Any] | None = None,
     from ..registration import normalize_env_id
 
     env_id = normalize_env_id(env_id)
-    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
-        raise ConfigError(f"max_sessions={max_sessions!r} must be an integer >= 1")
+    check_int("max_sessions", max_sessions)
     try:  # fail on a typo now, not in the first session (building the env acquires nothing)
         probe = gymnasium.make(env_id, **dict(env_kwargs or {})).unwrapped
-        probe._closed = True
+        probe.discard()
     except TypeError as e:
         raise ConfigError(f"{env_id}: bad keyword arguments {sorted(env_kwargs or {})}: {e}") from None
     factory = functools.partial(AgentFlyOpenEnvironment, env_id, dict(env_kwargs or {}))

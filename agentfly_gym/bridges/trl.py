@@ -47,6 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..limits import check_int
 from ..registration import normalize_env_id
 from ..rollout.policies.base import SamplingParams
 from ..rollout.tasks import TaskRow, TaskRunner
@@ -235,8 +236,7 @@ class AgentFlyRollout:
                  top_p: float | None = None, max_context_tokens: int | None = None, concurrency: int = 8,
                  env_kwargs: Mapping[str, Mapping[str, Any]] | None = None, reward: Any = None,
                  policy: Any = None, manager: Any = None, seed: int | None = None) -> None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ConfigError(f"max_tokens={max_tokens!r} must be an integer >= 1")
+        check_int("max_tokens", max_tokens)
         self.max_turns, self.max_tokens = max_turns, max_tokens
         self.temperature, self.top_p = temperature, top_p
         self.max_context_tokens, self.concurrency = max_context_tokens, concurrency

@@ -35,7 +35,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
     table.add_column("id", no_wrap=True)
     for col in ("package", "data source", "tasks"):
         table.add_column(col, overflow="fold")
-    for env_id, spec in sorted(gymnasium.registry.items()):
+    for env_id, _spec in sorted(gymnasium.registry.items()):
         if not env_id.startswith("agentfly/"):
             continue
         pkg = _ENV_PACKAGE.get(env_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import signal
 import sys
 from typing import Any
@@ -314,7 +315,8 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
     from ..utils.console import console
     from rich.table import Table
 
-    from ..rollout.multiagent import run_multiagent_rollouts
+    from ..limits import EpisodeLimits
+    from ..rollout.multiagent import MultiAgentConfig, run_multiagent_rollouts
     from ..rollout.policies.base import SamplingParams
     from ..rollout.policies.factory import make_policy
 
@@ -327,20 +329,23 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
             raise ConfigError(f"--env-kwargs names {k!r}, which is not rolled out (--env {env_id})")
         kwargs.update(v)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    config = MultiAgentConfig(  # bad numbers fail before a folder is made or a model loaded
+        num_games=args.num_trajectories, concurrency=args.concurrency, mode=args.mode, sampling=sampling,
+        limits=EpisodeLimits(max_turns=args.max_turns, max_context_tokens=args.max_context_tokens, history=args.history),
+        seed=args.seed, env_kwargs=kwargs, if_exists=_if_exists(args))
+    output_dir = _output_dir(args)
+    config = dataclasses.replace(config, output_dir=output_dir)
     policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size,
                                device=args.device, dtype=args.dtype)
     opponent = opp_chat = None
     if args.opponent:
         opponent, opp_chat = make_policy(args.opponent, tokenizer=args.tokenizer, seed=args.seed + 1,
                                          max_batch_size=args.batch_size, device=args.device, dtype=args.dtype)
-    output_dir = _output_dir(args)
     try:
         # the same Ctrl-C / SIGTERM handling as single-agent runs: the finished games are saved
         result = _run_interruptible(lambda: run_multiagent_rollouts(
-            env_id, policy, chat, opponent=opponent, opponent_chat=opp_chat, num_games=args.num_trajectories,
-            concurrency=args.concurrency, mode=args.mode, sampling=sampling, max_turns=args.max_turns,
-            max_context_tokens=args.max_context_tokens, history=args.history, seed=args.seed, env_kwargs=kwargs,
-            output_dir=output_dir, if_exists=_if_exists(args), progress=not args.no_progress), output_dir)
+            env_id, policy, chat, config=config, opponent=opponent, opponent_chat=opp_chat,
+            progress=not args.no_progress), output_dir)
     finally:
         for p in (policy, opponent):
             close = getattr(p, "close", None)

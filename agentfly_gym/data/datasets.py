@@ -281,7 +281,7 @@ def download_dataset(name_or_set: str | DataSet, dest: str | os.PathLike | None 
             "url": url, "sha256": digest, "pinned": pin is not None, "pin_source": pin_from if pin else f.pin_source,
             "size": (folder / f.name).stat().st_size,
             "recorded": manifest.get("files", {}).get(f.name, {}).get("recorded")
-            or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         _write_manifest(folder, manifest)
     if ds.copy_logic:
         logic = folder / "logic"

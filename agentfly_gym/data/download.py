@@ -15,7 +15,6 @@ import hashlib
 import http.client
 import os
 import re
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -185,7 +184,7 @@ def _fetch_into(f, url: str, dest: Path, part: Path, *, progress: bool, timeout:
                 if bar is not None:
                     bar.update(len(chunk))
             f.flush()
-        except (OSError, http.client.HTTPException, socket.timeout) as e:
+        except (TimeoutError, OSError, http.client.HTTPException) as e:
             raise DownloadError(f"download of {url} stopped at {got:,} of {total or '?'} bytes ({e}); run the "
                                 f"same command again to resume from {part}.") from None
         finally:

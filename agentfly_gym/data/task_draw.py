@@ -20,6 +20,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..limits import check_int
 
 __all__ = ["DEFAULT_SPLIT", "TaskDraw", "check_draw", "check_env_kwargs", "check_seed", "draw_tasks", "env_class",
            "list_tasks", "takes_argument"]
@@ -193,8 +194,7 @@ def draw_tasks(env_id: str, tasks: Sequence[str | int] | None = None, n: int | N
         if task_list is None:
             raise ConfigError("give n (rows) or a task list")
         n = len(task_list)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"n={n!r} must be an integer >= 1")
+    check_int("n", n)
     if seed + n - 1 >= 2**63:  # row i resets with seed + i
         raise ConfigError(f"seed={seed} with n={n} rows: the last row's seed {seed + n - 1} is past 2**63 - 1")
     kwargs = dict(env_kwargs or {})

@@ -27,7 +27,8 @@ from typing import Any, ClassVar
 
 import gymnasium
 
-from ..errors import ConfigError, ModelOutputError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
+from ..errors import ConfigError, EnvError, ModelOutputError, NoExpert, ResetNeeded, ResourceDied, ResourceError, ResourceTimeout
+from ..limits import check_int
 from ..resources.inprocess import InProcessResource
 from ..resources.protocol import Manager
 from ..resources.scope import RolloutScope
@@ -83,6 +84,17 @@ class EnvResources:
         if self._manager is None or self._manager.closed:
             self._manager = default_manager()
         return self._manager
+
+    def discard(self) -> None:
+        """Close an environment that never started an episode (a probe built only to check its constructor's
+        arguments): it holds nothing, so no event loop is needed.  Idempotent.
+
+        Raises:
+            EnvError: an episode was started (its resources must be released: call ``close()``).
+        """
+        if self._scope is not None and not self._closed:
+            raise EnvError(f"{type(self).__name__}: an episode was started; close() it to release its resources")
+        self._closed = True
 
     def close(self) -> None:
         """Sync wrapper of ``aclose()``; nothing to do when closed or when no episode ever started."""
@@ -146,8 +158,7 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
             raise ConfigError(f"render_mode={render_mode!r} is not one of {self.metadata['render_modes']}")
         if step_timeout is not None and step_timeout <= 0:
             raise ConfigError(f"step_timeout={step_timeout!r} must be None or > 0 seconds")
-        if max_episode_steps is not None and (not isinstance(max_episode_steps, int) or max_episode_steps < 1):
-            raise ConfigError(f"max_episode_steps={max_episode_steps!r} must be None or an integer >= 1")
+        check_int("max_episode_steps", max_episode_steps, optional=True)
         self.render_mode = render_mode
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
@@ -214,7 +225,14 @@ class AgentFlyEnv(EnvResources, gymnasium.Env[str, str]):
 
     @property
     def episode_id(self) -> str | None:
+        """The current (or last) episode's id, None before the first reset; also its rollout scope's id."""
         return self._episode_id
+
+    @property
+    def scope_id(self) -> str:
+        """The id of the current (or last) episode's rollout scope (:meth:`ResourceManager.scope`), ``""`` before
+        the first reset; what a :class:`~agentfly_gym.rollout.trajectory.Trajectory` records as ``scope_id``."""
+        return self._episode_id or ""
 
     @property
     def task_id(self) -> str:

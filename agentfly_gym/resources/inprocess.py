@@ -214,7 +214,7 @@ class InProcessResource(Resource):
         if callable(fn):
             try:
                 ok = await asyncio.wait_for(self.run(fn), timeout=10)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a failing health check is an unhealthy instance
                 ok = False
             if not ok:
                 self._status = ResourceStatus.UNHEALTHY

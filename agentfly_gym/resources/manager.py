@@ -84,7 +84,7 @@ class ResourceManager(Manager):
             raise PoolClosedError(f"resource manager {self.id} is closed")
         pool = self._pools.get(spec.key)
         if pool is None:
-            pool = ResourcePool(spec, self._build, acquire_timeout=self.acquire_timeout)
+            pool = ResourcePool(spec, self.build_resource, acquire_timeout=self.acquire_timeout)
             self._pools[spec.key] = pool
         return pool
 
@@ -92,7 +92,9 @@ class ResourceManager(Manager):
     def pools(self) -> dict[str, ResourcePool]:
         return dict(self._pools)
 
-    def _build(self, spec: ResourceSpec) -> Resource:
+    def build_resource(self, spec: ResourceSpec) -> Resource:
+        """A new, not yet started resource of ``spec`` from this manager's backend, labelled as its own (what its
+        pools call to grow; a Ray host builds its instances with it too)."""
         r = self._backend_factory(spec, {**self.labels, f"{LABEL}.pool": spec.key})
         r.services = self.services
         self._instances.add(r)

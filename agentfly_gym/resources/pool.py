@@ -7,7 +7,7 @@ recycles, ``max_idle_time`` expires idle instances (as asyncpg's
 nobody asks for again is released without waiting for the next acquisition), ``aclose()``
 is graceful and ``aclose(timeout=0)`` immediate (asyncpg's ``close()`` and ``terminate()``).
 
-Guarantees (pinned by tests/test_pool.py):
+Guarantees (pinned by tests/test_resources.py and tests/test_faults.py):
 
 * at most ``spec.max_instances`` instances are alive (in use, idle or starting);
 * acquisitions beyond capacity wait and are served as others release: in FIFO order, unless they carry
@@ -194,7 +194,7 @@ class ResourcePool:
         """
         self._check_loop()
         if resource not in self._in_use:
-            raise ResourceError(f"{resource!r} is not in use in pool {self.spec.label}")
+            raise ResourceError(f"{resource!r} is not in use in pool {self.spec.label}", spec=self.spec)
         self._in_use.discard(resource)
         if not self._in_use and self._all_returned is not None:
             self._all_returned.set()
@@ -405,10 +405,11 @@ class ResourcePool:
             # the start has ended: let the caller see its slot free again (the release goes on if cancelled)
             await asyncio.shield(stopping)
             if isinstance(e, TimeoutError):
-                raise ResourceStartError(f"{self.spec.label}: start took longer than start_timeout={self.spec.start_timeout}s") from e
+                raise ResourceStartError(f"{self.spec.label}: start took longer than start_timeout={self.spec.start_timeout}s",
+                                         spec=self.spec) from e
             if isinstance(e, AgentFlyError):
                 raise
-            raise ResourceStartError(f"{self.spec.label}: start failed: {type(e).__name__}: {e}") from e
+            raise ResourceStartError(f"{self.spec.label}: start failed: {type(e).__name__}: {e}", spec=self.spec) from e
         finally:
             self._starting -= 1
         dt = time.monotonic() - t0
@@ -490,7 +491,7 @@ class ResourcePool:
     async def _acquire(self, timeout: float | None, priority: float | None = None) -> Resource:
         self._check_loop()
         if self._closed:
-            raise PoolClosedError(f"pool {self.spec.label} is closed")
+            raise PoolClosedError(f"pool {self.spec.label} is closed", spec=self.spec)
         t0 = time.monotonic()
         self._expire_idle()
         grant: Resource | None
@@ -507,7 +508,7 @@ class ResourcePool:
                 raise ResourceTimeout(
                     f"no instance of {self.spec.label} became free within {timeout}s "
                     f"(capacity {self.capacity}, {len(self._in_use)} in use, "
-                    f"{sum(1 for w in self._waiters if not w.done())} waiting)") from None
+                    f"{sum(1 for w in self._waiters if not w.done())} waiting)", spec=self.spec) from None
         try:
             r = await self._make_ready(grant)
         except BaseException:

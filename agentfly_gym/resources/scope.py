@@ -144,7 +144,7 @@ class RolloutScope:
     # -- the two places a scope meets its manager's pools (a Ray scope overrides them)
     def _pool_of(self, key: str, lease: Resource) -> Any:
         """The pool ``lease`` (of spec key ``key``) goes back to, or None when it is gone."""
-        return self.manager._pools.get(key)
+        return self.manager.pools.get(key)
 
     async def _give_back(self, pool: Any, lease: Resource, *, discard: bool = False) -> None:
         """Return ``lease`` to ``pool``; ``discard`` stops it instead of keeping it for reuse."""

@@ -52,7 +52,7 @@ class Services:
         for obj in reversed(items):
             try:
                 obj.close()
-            except Exception:  # noqa: BLE001 - a service's close is best effort at teardown
+            except Exception:  # noqa: BLE001, S110 - a service's close is best effort at teardown
                 pass
 
     def __contains__(self, cls: type) -> bool:

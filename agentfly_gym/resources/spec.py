@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..errors import ConfigError
+from ..limits import check_int
 from .backends import backend_names
 
 __all__ = [
@@ -43,16 +44,17 @@ def parse_bytes(value: int | str | None, *, field: str = "memory") -> int | None
     if value is None:
         return None
     if isinstance(value, bool):
-        raise ConfigError(f"{field}={value!r} is not a size; use bytes (int) or a string like '512m'")
+        raise ConfigError(f"{field}={value!r} is not a size; use bytes (int) or a string like '512m'", field=field)
     if isinstance(value, int):
         n = value
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*", str(value).lower())
         if not m:
-            raise ConfigError(f"{field}={value!r} is not a size; use bytes (int) or a string like '512m' or '2g'")
+            raise ConfigError(f"{field}={value!r} is not a size; use bytes (int) or a string like '512m' or '2g'",
+                              field=field)
         n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
     if n <= 0:
-        raise ConfigError(f"{field}={value!r} must be a positive size")
+        raise ConfigError(f"{field}={value!r} must be a positive size", field=field)
     return n
 
 
@@ -79,7 +81,7 @@ def check_max_idle_time(value: Any) -> None:
     """Raise ConfigError unless ``value`` is ``None`` or a number of seconds > 0 (a spec's ``max_idle_time``;
     envs that build their specs later check it with this at construction)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-        raise ConfigError(f"max_idle_time={value!r} must be None or a number of seconds > 0")
+        raise ConfigError(f"max_idle_time={value!r} must be None or a number of seconds > 0", field="max_idle_time")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -107,15 +109,14 @@ class ResourceSpec:
     name: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_instances, int) or self.max_instances < 1:
-            raise ConfigError(f"max_instances={self.max_instances!r} must be an integer >= 1")
+        check_int("max_instances", self.max_instances)
         if not isinstance(self.min_idle, int) or not 0 <= self.min_idle <= self.max_instances:
-            raise ConfigError(f"min_idle={self.min_idle!r} must be an integer in [0, max_instances={self.max_instances}]")
-        if self.max_uses is not None and (not isinstance(self.max_uses, int) or self.max_uses < 1):
-            raise ConfigError(f"max_uses={self.max_uses!r} must be None or an integer >= 1")
+            raise ConfigError(f"min_idle={self.min_idle!r} must be an integer in [0, max_instances={self.max_instances}]",
+                              field="min_idle")
+        check_int("max_uses", self.max_uses, optional=True)
         check_max_idle_time(self.max_idle_time)
         if self.start_timeout <= 0:
-            raise ConfigError(f"start_timeout={self.start_timeout!r} must be > 0 seconds")
+            raise ConfigError(f"start_timeout={self.start_timeout!r} must be > 0 seconds", field="start_timeout")
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             frozen = _freeze(v)
@@ -227,23 +228,23 @@ class ContainerSpec(ResourceSpec):
                 raise ConfigError(f"runtime={self.runtime!r} is a Docker option; the sandbox backend has none "
                                   "(use backend='docker')")
         if not isinstance(self.image, str) or not self.image:
-            raise ConfigError(f"image={self.image!r} must be a non-empty image name")
+            raise ConfigError(f"image={self.image!r} must be a non-empty image name", field="image")
         if self.sandbox_image is not None and (not isinstance(self.sandbox_image, str) or not self.sandbox_image):
-            raise ConfigError(f"sandbox_image={self.sandbox_image!r} must be None or a non-empty image name or folder")
+            raise ConfigError(f"sandbox_image={self.sandbox_image!r} must be None or a non-empty image name or folder",
+                              field="sandbox_image")
         known = ["auto", *backend_names(self.kind)]
         if self.backend not in known:
-            raise ConfigError(f"backend={self.backend!r} is not one of {', '.join(map(repr, known))}")
+            raise ConfigError(f"backend={self.backend!r} is not one of {', '.join(map(repr, known))}", field="backend")
         if isinstance(self.cpus, bool) or not isinstance(self.cpus, (int, float)) or not self.cpus > 0:
-            raise ConfigError(f"cpus={self.cpus!r} must be a number of cores > 0")
-        if not isinstance(self.pids, int) or self.pids < 1:
-            raise ConfigError(f"pids={self.pids!r} must be an integer >= 1")
+            raise ConfigError(f"cpus={self.cpus!r} must be a number of cores > 0", field="cpus")
+        check_int("pids", self.pids)
         object.__setattr__(self, "memory", parse_bytes(self.memory))
         object.__setattr__(self, "disk", parse_bytes(self.disk, field="disk"))
         if isinstance(self.command, str):
             object.__setattr__(self, "command", (self.command,))
         for m in self.mounts:
             if not isinstance(m, Mount):
-                raise ConfigError(f"mounts must hold Mount objects, got {m!r}")
+                raise ConfigError(f"mounts must hold Mount objects, got {m!r}", field="mounts")
         super().__post_init__()
 
 
@@ -259,12 +260,12 @@ def _check_ports(ports: Any, network: bool, backend: str = "auto") -> None:
     """Validate ``ContainerSpec.ports``: distinct integers in 1..65535, a network to publish them on, and a
     backend that can publish them (the sandbox cannot; ``"auto"`` is checked when it is resolved)."""
     if isinstance(ports, (str, int)) or not isinstance(ports, (tuple, list)):
-        raise ConfigError(f"ports={ports!r} must be a tuple of TCP port numbers, e.g. (8000,)")
+        raise ConfigError(f"ports={ports!r} must be a tuple of TCP port numbers, e.g. (8000,)", field="ports")
     for p in ports:
         if isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536:
-            raise ConfigError(f"ports entry {p!r} must be an integer port number in 1..65535")
+            raise ConfigError(f"ports entry {p!r} must be an integer port number in 1..65535", field="ports")
     if len(set(ports)) != len(ports):
-        raise ConfigError(f"ports={ports!r} lists a port twice")
+        raise ConfigError(f"ports={ports!r} lists a port twice", field="ports")
     if ports and not network:
         raise ConfigError(f"ports={tuple(ports)!r} needs network=True: a container without a network "
                           "cannot publish a port to the host")
@@ -299,17 +300,18 @@ class ModelServiceSpec(ResourceSpec):
 
     def __post_init__(self) -> None:
         if self.engine not in ("vllm", "transformers"):
-            raise ConfigError(f"engine={self.engine!r} is not one of 'vllm', 'transformers'")
+            raise ConfigError(f"engine={self.engine!r} is not one of 'vllm', 'transformers'", field="engine")
         if not self.model:
-            raise ConfigError("model must name a model or a local model folder")
-        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size!r} must be an integer >= 1")
+            raise ConfigError("model must name a model or a local model folder", field="model")
+        check_int("tensor_parallel_size", self.tensor_parallel_size)
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]")
+            raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]",
+                              field="gpu_memory_utilization")
         if self.max_model_len is not None and self.max_model_len < 1:
-            raise ConfigError(f"max_model_len={self.max_model_len!r} must be None or >= 1 tokens")
+            raise ConfigError(f"max_model_len={self.max_model_len!r} must be None or >= 1 tokens",
+                              field="max_model_len")
         if self.port is not None and not 0 < self.port < 65536:
-            raise ConfigError(f"port={self.port!r} must be in 1..65535")
+            raise ConfigError(f"port={self.port!r} must be in 1..65535", field="port")
         super().__post_init__()
 
 
@@ -341,13 +343,14 @@ class ModelAPISpec(ResourceSpec):
 
     def __post_init__(self) -> None:
         if not re.match(r"^https?://", self.base_url or ""):
-            raise ConfigError(f"base_url={self.base_url!r} must start with http:// or https://")
+            raise ConfigError(f"base_url={self.base_url!r} must start with http:// or https://", field="base_url")
         if not self.model:
-            raise ConfigError("model must be a non-empty model name")
+            raise ConfigError("model must be a non-empty model name", field="model")
         if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
-            raise ConfigError(f"api_key_env={self.api_key_env!r} must be an environment variable name")
+            raise ConfigError(f"api_key_env={self.api_key_env!r} must be an environment variable name",
+                              field="api_key_env")
         if self.max_retries < 0:
-            raise ConfigError(f"max_retries={self.max_retries!r} must be >= 0")
+            raise ConfigError(f"max_retries={self.max_retries!r} must be >= 0", field="max_retries")
         super().__post_init__()
 
 
@@ -383,9 +386,9 @@ class InProcessSpec(ResourceSpec):
 
     def __post_init__(self) -> None:
         if not isinstance(self.factory, str) or not re.fullmatch(r"[\w.]+:[\w.]+", self.factory):
-            raise ConfigError(f"factory={self.factory!r} must look like 'package.module:callable'")
+            raise ConfigError(f"factory={self.factory!r} must look like 'package.module:callable'", field="factory")
         if self.isolation not in ("thread", "process"):
-            raise ConfigError(f"isolation={self.isolation!r} is not 'thread' or 'process'")
+            raise ConfigError(f"isolation={self.isolation!r} is not 'thread' or 'process'", field="isolation")
         super().__post_init__()
 
     @property

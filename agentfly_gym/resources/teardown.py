@@ -159,7 +159,7 @@ def _on_sigterm(signum, frame) -> None:
     """SIGTERM: tear down every live manager's instances, then behave as the previous handler did."""
     try:
         close_all()
-    except Exception:  # pragma: no cover - best effort while dying
+    except Exception:  # noqa: BLE001, S110 # pragma: no cover - best effort while dying
         pass
     prev = _prev_sigterm
     if callable(prev):

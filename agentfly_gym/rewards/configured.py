@@ -44,6 +44,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
+from ..limits import check_int
 from ..resources.protocol import Manager
 from ..resources.spec import ModelAPISpec, ModelServiceSpec
 from ..utils.imports import load_object
@@ -176,10 +177,8 @@ class JudgeReward(EpisodeReward):
         if combine not in COMBINE:
             raise ConfigError(f"combine={combine!r} is not one of {COMBINE}")
         for name, v in (("concurrency", concurrency), ("max_tokens", max_tokens), ("max_chars", max_chars)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"judge {name}={v!r} must be an integer >= 1")
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ConfigError(f"judge retries={retries!r} must be an integer >= 0")
+            check_int(f"judge {name}", v)
+        check_int("judge retries", retries, minimum=0)
         self.api, self.service, self.model, self.api_key_env = api, service, model, api_key_env
         self.concurrency, self.retries, self.timeout = concurrency, retries, float(timeout)
         self.max_tokens, self.default, self.combine, self.weight = max_tokens, float(default), combine, float(weight)

@@ -40,6 +40,8 @@ from functools import lru_cache
 from importlib import metadata
 from typing import Any
 
+from ..utils.versions import is_checked
+
 __all__ = ["CHECKED_TRANSFORMERS", "MIRRORED_SOURCES", "CLASS_RULES", "ENCODE_PATH", "ENCODE_PATH_SOURCES",
            "transformers_version", "unsupported", "rebuild_backend", "class_special_defaults", "compile_template",
            "render_template", "backend_encoder", "backend_encode"]
@@ -102,7 +104,7 @@ def unsupported(config: dict[str, Any], backend_json: dict[str, Any]) -> str:
         backend_json: tokenizer.json's content.
     """
     v = transformers_version()
-    if v is not None and not v.startswith(CHECKED_TRANSFORMERS):
+    if v is not None and not is_checked(v, CHECKED_TRANSFORMERS):
         return (f"transformers {v} is installed; its tokenizer loading was checked for "
                 f"{', '.join(c + 'x' for c in CHECKED_TRANSFORMERS)} only")
     cls = config.get("tokenizer_class") or "PreTrainedTokenizerFast"
@@ -251,7 +253,7 @@ def backend_encoder(tokenizer: Any) -> tuple[bool, str]:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError as e:
         return False, f"transformers/tokenizers not importable: {e}"
-    if not transformers.__version__.startswith(CHECKED_TRANSFORMERS):
+    if not is_checked(transformers.__version__, CHECKED_TRANSFORMERS):
         return False, (f"transformers {transformers.__version__}: its encode path was not checked "
                        f"(checked: {', '.join(v + 'x' for v in CHECKED_TRANSFORMERS)})")
     if not isinstance(tokenizer, TokenizersBackend):

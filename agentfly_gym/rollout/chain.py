@@ -98,7 +98,8 @@ async def run_chain_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy,
         traj = Trajectory(trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id or "",
                           env_id=env_id or env.env_name, task_id=str(info.get("task_id", "")), seed=seed,
                           mode="chain", prompt_ids=list(chat.prompt_ids(messages, tools=prompt.tools) if prompt.tools
-                                                      else chat.prompt_ids(messages)))
+                                                      else chat.prompt_ids(messages)),
+                          scope_id=getattr(env, "scope_id", ""))
         traj.messages = messages
         terminated = truncated = budget = False
         try:

@@ -20,10 +20,11 @@ from typing import Any
 import gymnasium
 
 from ..errors import ConfigError
+from ..limits import EpisodeLimits
 from .chain import run_chain_episode
 from .env_needs import policy_env_kwargs
 from .policies.base import ActionPolicy, SamplingParams, TextPolicy
-from .step import DEFAULT_HISTORY, run_step_episode
+from .step import run_step_episode
 from .trajectory import Trajectory
 
 __all__ = ["MODES", "play_episode"]
@@ -36,11 +37,12 @@ MODES = ("chain", "step")
 
 async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any, *, mode: str = "chain",
                        manager: Any = None, env_kwargs: dict[str, Any] | None = None,
-                       sampling: SamplingParams | None = None, max_turns: int = 10, history: int = DEFAULT_HISTORY,
+                       sampling: SamplingParams | None = None, limits: EpisodeLimits | None = None,
                        seed: int | None = None, options: dict[str, Any] | None = None,
-                       trajectory_id: str | None = None, group_id: str | None = None,
+                       trajectory_id: str | None = None, group_id: str | None = None, on_error: str = "record",
+                       max_turns: int | None = None, history: int | None = None,
                        max_context_tokens: int | None = None, max_response_tokens: int | None = None,
-                       max_prompt_tokens: int | None = None, on_error: str = "record") -> Trajectory:
+                       max_prompt_tokens: int | None = None) -> Trajectory:
     """Play one episode of ``env_id`` with ``policy`` and return its :class:`Trajectory`.
 
     The env is made here (``gymnasium.make(env_id, manager=manager, **env_kwargs).unwrapped``), so
@@ -52,14 +54,17 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
         policy: a :class:`TextPolicy` (token ids) or an :class:`ActionPolicy` (scripted actions).
         chat: a :class:`~agentfly_gym.rollout.chat.ChatTokenizer` for the policy's tokenizer.
         mode: ``"chain"`` (:func:`~agentfly_gym.rollout.chain.run_chain_episode`: one sequence,
-            ``max_context_tokens`` and ``max_response_tokens`` apply) or ``"step"``
-            (:func:`~agentfly_gym.rollout.step.run_step_episode`: one row per step, ``history`` and
-            ``max_prompt_tokens`` apply).  Options of the other mode are ignored.
+            ``limits.max_context_tokens`` and ``limits.max_response_tokens`` apply) or ``"step"``
+            (:func:`~agentfly_gym.rollout.step.run_step_episode`: one row per step, ``limits.history`` and
+            ``limits.max_prompt_tokens`` apply).  Options of the other mode are ignored.
         manager: the :class:`~agentfly_gym.resources.ResourceManager` backing the env (None: the
             env's default).
         env_kwargs: constructor keyword arguments of the env (plus what ``policy`` needs of it and
             ``env_kwargs`` leaves unset: :func:`~agentfly_gym.rollout.env_needs.policy_env_kwargs`).
-        sampling, max_turns, seed, options, trajectory_id, group_id: as in the mode's function.
+        limits: the episode's :class:`~agentfly_gym.limits.EpisodeLimits` (None: the defaults, 10 turns).
+        max_turns, history, max_context_tokens, max_response_tokens, max_prompt_tokens: the older way to
+            give limits; each one given (not None) replaces that field of ``limits``.
+        sampling, seed, options, trajectory_id, group_id: as in the mode's function.
         on_error: ``"record"``: an exception is logged (WARNING) and returned as a trajectory with
             ``error="<ExceptionType>: <message>"`` and ``status="error"``: with nothing played when it
             came before or during the reset (a bad option, a resource that cannot start), else truncated
@@ -69,25 +74,29 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
             ``status="error"``.
 
     Raises:
-        ConfigError: a bad ``mode`` or ``on_error`` (always raised).
+        ConfigError: a bad ``mode``, ``on_error`` or limit (always raised).
         Exception: with ``on_error="raise"``, what making or playing the env raised.
         asyncio.CancelledError: when cancelled (the env is closed first).
     """
     if mode not in MODES:
-        raise ConfigError(f"mode={mode!r} is not one of {MODES}")
+        raise ConfigError(f"mode={mode!r} is not one of {MODES}", field="mode")
     if on_error not in ("record", "raise"):
-        raise ConfigError(f"on_error={on_error!r} is not one of ('record', 'raise')")
+        raise ConfigError(f"on_error={on_error!r} is not one of ('record', 'raise')", field="on_error")
+    limits = EpisodeLimits.merge(limits, max_turns=max_turns, history=history, max_context_tokens=max_context_tokens,
+                                 max_response_tokens=max_response_tokens, max_prompt_tokens=max_prompt_tokens)
     t0 = time.monotonic()
     env = None
     try:
         env = gymnasium.make(env_id, manager=manager, **policy_env_kwargs(policy, env_id, env_kwargs)).unwrapped
-        common = dict(env_id=env_id, sampling=sampling, max_turns=max_turns, seed=seed, options=options,
+        common = dict(env_id=env_id, sampling=sampling, max_turns=limits.max_turns, seed=seed, options=options,
                       trajectory_id=trajectory_id, group_id=group_id, keep_on_error=on_error == "record")
         if mode == "chain":
-            return await run_chain_episode(env, policy, chat, max_context_tokens=max_context_tokens,
-                                           max_response_tokens=max_response_tokens, **common)
-        return await run_step_episode(env, policy, chat, history=history, max_prompt_tokens=max_prompt_tokens,
-                                      **common)
+            traj = await run_chain_episode(env, policy, chat, max_context_tokens=limits.max_context_tokens,
+                                           max_response_tokens=limits.max_response_tokens, **common)
+        else:
+            traj = await run_step_episode(env, policy, chat, history=limits.history,
+                                          max_prompt_tokens=limits.max_prompt_tokens, **common)
+        return traj
     except asyncio.CancelledError:
         raise
     except Exception as e:
@@ -97,7 +106,8 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
         log.debug("%s", traceback.format_exc())
         return Trajectory(trajectory_id=trajectory_id or "", group_id=group_id or "", env_id=env_id, task_id="",
                           seed=seed, mode=mode, prompt_ids=[], error=f"{type(e).__name__}: {e}", status="error",
-                          timings={"wall": time.monotonic() - t0})
+                          timings={"wall": time.monotonic() - t0},
+                          scope_id=getattr(env, "scope_id", "") if env is not None else "")
     finally:
         if env is not None:
             await env.aclose()

@@ -26,16 +26,88 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import ConfigError
+from ..limits import EpisodeLimits, check_int
 from .chain import budget_reached
 from .episode import MODES
+from .outputs import IF_EXISTS
 from .policies.base import SamplingParams, check_policy, take_turn
-from .step import DEFAULT_HISTORY, StepRow, render_step_prompt
+from .step import StepRow, render_step_prompt
 from .trajectory import Trajectory, Turn
 from .turns import append_reply, info_summary
 
-__all__ = ["PlayerTrajectory", "run_multiagent_game", "run_multiagent_rollouts", "summarize_games"]
+__all__ = ["MultiAgentConfig", "PlayerTrajectory", "run_multiagent_game", "run_multiagent_rollouts", "summarize_games",
+           "DEFAULT_MAX_TURNS"]
 
 log = logging.getLogger(__name__)
+
+#: Turns per player of a game, unless told otherwise (a chess game runs longer than a single-agent episode).
+DEFAULT_MAX_TURNS = 200
+#: The episode limits that :class:`MultiAgentConfig` and :func:`run_multiagent_game` accept as keywords.
+_LIMIT_KEYS = frozenset(f.name for f in dataclasses.fields(EpisodeLimits))
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiAgentConfig:
+    """How to play a multi-agent run (:func:`run_multiagent_rollouts`); checked when built.
+
+    Attributes:
+        num_games: games to play (two trajectories each), an integer >= 1.
+        concurrency: most games in flight at once, an integer >= 1.
+        mode: ``"chain"`` (one sequence per player) or ``"step"`` (one row per player turn).
+        sampling: sampling parameters for model policies (None: the defaults).
+        limits: each player's :class:`~agentfly_gym.limits.EpisodeLimits` (default: 200 turns per player).
+        seed: game ``g`` resets with seed ``seed + g``.
+        env_kwargs: the env's constructor keyword arguments.
+        output_dir: where to write trajectories and summary.json; None writes nothing.
+        if_exists: ``"fail"`` or ``"replace"`` a run already in ``output_dir`` (games are never appended).
+
+    Raises:
+        ConfigError: a value out of range, an unknown ``mode`` or ``if_exists`` (``field`` names it).
+    """
+
+    num_games: int = 4
+    concurrency: int = 4
+    mode: str = "chain"
+    sampling: SamplingParams | None = None
+    limits: EpisodeLimits = dataclasses.field(default_factory=lambda: EpisodeLimits(max_turns=DEFAULT_MAX_TURNS))
+    seed: int = 0
+    env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    output_dir: Any = None
+    if_exists: str = "fail"
+
+    def __post_init__(self) -> None:
+        check_int("num_games", self.num_games)
+        check_int("concurrency", self.concurrency)
+        if self.mode not in MODES:
+            raise ConfigError(f"mode={self.mode!r} is not one of {MODES}", field="mode")
+        if self.if_exists == "append":
+            raise ConfigError("if_exists='append' (--append) is for single-agent runs; give multi-agent games "
+                              "their own output folder or replace the run there", field="if_exists")
+        if self.if_exists not in IF_EXISTS:
+            raise ConfigError(f"if_exists={self.if_exists!r} is not one of {IF_EXISTS}", field="if_exists")
+        if not isinstance(self.limits, EpisodeLimits):
+            raise ConfigError(f"limits={self.limits!r} must be an EpisodeLimits", field="limits")
+        object.__setattr__(self, "sampling", self.sampling or SamplingParams())
+        object.__setattr__(self, "env_kwargs", dict(self.env_kwargs or {}))
+
+    @classmethod
+    def merge(cls, config: MultiAgentConfig | None = None, /, **given: Any) -> MultiAgentConfig:
+        """``config`` (None: the defaults) with the given fields replaced; the episode limits' names
+        (``max_turns``, ``history``, ...) replace those fields of ``limits`` (None leaves a limit as it is).
+
+        Raises:
+            TypeError: a keyword that is neither a field nor a limit.
+            ConfigError: a value out of range.
+        """
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(given) - fields - _LIMIT_KEYS)
+        if unknown:
+            raise TypeError(f"unexpected keyword arguments {unknown}; valid: {sorted(fields | _LIMIT_KEYS)}")
+        base = config if config is not None else cls()
+        limits = EpisodeLimits.merge(given.pop("limits", None) or base.limits,
+                                     **{k: given.pop(k) for k in list(given) if k in _LIMIT_KEYS})
+        return dataclasses.replace(base, limits=limits, **given)
 
 
 @dataclasses.dataclass
@@ -71,17 +143,16 @@ def _as_map(value: Any, agents: list[str], name: str) -> dict[str, Any]:
     if isinstance(value, Mapping):
         missing = [a for a in agents if a not in value]
         if missing:
-            from ..errors import ConfigError
-
             raise ConfigError(f"{name} has no entry for agent(s) {missing}; agents: {agents}")
         return {a: value[a] for a in agents}
     return {a: value for a in agents}
 
 
 async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str = "chain",
-                              sampling: SamplingParams | None = None, max_turns: int = 200,
-                              max_context_tokens: int | None = None, max_response_tokens: int | None = None,
-                              history: int = DEFAULT_HISTORY, seed: int | None = None,
+                              sampling: SamplingParams | None = None, limits: EpisodeLimits | None = None,
+                              max_turns: int | None = None, max_context_tokens: int | None = None,
+                              max_response_tokens: int | None = None, history: int | None = None,
+                              seed: int | None = None,
                               options: dict[str, Any] | None = None,
                               env_id: str = "agentfly/ChessSelfPlay-v0", game_id: str | None = None,
                               trajectory_prefix: str | None = None) -> list[PlayerTrajectory]:
@@ -98,13 +169,16 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
             per policy tokenizer).
         mode: ``"chain"`` (one sequence per player) or ``"step"`` (one row per player turn).
         sampling: sampling parameters for model policies.
-        max_turns: most turns per player (rejected moves count); past it the game ends truncated
-            (``termination="max turns"``).
-        max_context_tokens: chain mode: a player whose next turn could exceed this many tokens ends
-            the game truncated (``termination="context"``).
-        max_response_tokens: chain mode: a player whose response already holds at least this many
-            tokens ends the game truncated (``termination="context"``; a trainer's response budget).
-        history: step mode: past (action, observation) pairs in each fresh prompt.
+        limits: each player's :class:`~agentfly_gym.limits.EpisodeLimits` (None: the defaults with
+            :data:`DEFAULT_MAX_TURNS` turns).  ``max_turns``: most turns per player (rejected moves
+            count); past it the game ends truncated (``termination="max turns"``).
+            ``max_context_tokens``: chain mode: a player whose next turn could exceed this many tokens
+            ends the game truncated (``termination="context"``).  ``max_response_tokens``: chain mode: a
+            player whose response already holds at least this many tokens ends the game truncated
+            (``termination="context"``; a trainer's response budget).  ``history``: step mode: past
+            (action, observation) pairs in each fresh prompt.
+        max_turns, max_context_tokens, max_response_tokens, history: the older way to give limits; each
+            one given (not None) replaces that field of ``limits``.
         seed, options: passed to ``env.areset``.
         game_id: the game's id (default: the env's game id); trajectories are ``<prefix>-<agent>``.
 
@@ -113,11 +187,14 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
         error or cancellation).
 
     Raises:
-        ConfigError: a bad ``mode`` or a mapping missing an agent.
+        ConfigError: a bad ``mode`` or limit, or a mapping missing an agent.
         Any exception of ``env.areset`` (the game never started: nothing to record).
     """
-    from ..errors import ConfigError
-
+    limits = EpisodeLimits.merge(limits, default_max_turns=DEFAULT_MAX_TURNS, max_turns=max_turns,
+                                 max_context_tokens=max_context_tokens, max_response_tokens=max_response_tokens,
+                                 history=history)
+    max_turns, history = limits.max_turns, limits.history
+    max_context_tokens, max_response_tokens = limits.max_context_tokens, limits.max_response_tokens
     if mode not in MODES:
         raise ConfigError(f"mode={mode!r} is not one of {MODES}")
     sampling = sampling or SamplingParams()
@@ -135,7 +212,7 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
         prefix = trajectory_prefix or gid
         players = {a: _Player(a, pols[a], chts[a], PlayerTrajectory(
             trajectory_id=f"{prefix}-{a}", group_id=gid, env_id=env_id, task_id=gid, seed=seed, mode=mode,
-            prompt_ids=[], agent=a, game_id=gid)) for a in agents}
+            prompt_ids=[], agent=a, game_id=gid, scope_id=env.scope_id)) for a in agents}
         prompt = env.agent_prompt
         failure: tuple[str, str] | None = None  # (agent, message)
         stop: str | None = None
@@ -181,7 +258,7 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
                                                                    info, env)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a policy's failure ends the game, recorded
                 log.warning("game %s: %s's policy failed: %s", gid, agent, e)
                 failure = (agent, f"{type(e).__name__}: {e}")
                 break
@@ -192,7 +269,7 @@ async def run_multiagent_game(env: Any, policies: Any, chats: Any, *, mode: str 
                 await env.astep(action)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - an env's failure ends the game, recorded
                 log.warning("game %s: the env failed on %s's move %r: %s", gid, agent, action, e)
                 failure = ("env", f"{type(e).__name__}: {e}")
                 break
@@ -305,19 +382,29 @@ def summarize_games(trajectories: list[Trajectory]) -> dict[str, Any]:
     return out
 
 
-async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, opponent: Any = None,
-                                  opponent_chat: Any = None, num_games: int = 4, concurrency: int = 4,
-                                  mode: str = "chain", sampling: SamplingParams | None = None, max_turns: int = 200,
-                                  max_context_tokens: int | None = None, history: int = DEFAULT_HISTORY,
-                                  seed: int = 0, env_kwargs: dict[str, Any] | None = None,
-                                  output_dir: Any = None, if_exists: str = "fail", manager: Any = None,
-                                  progress: bool = False):
-    """Play ``num_games`` games of the multi-agent env ``env_id`` concurrently (one env per game, bounded
-    by ``concurrency``) and (optionally) save every player's trajectory.
+async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, config: MultiAgentConfig | None = None,
+                                  opponent: Any = None, opponent_chat: Any = None, manager: Any = None,
+                                  progress: bool = False, **fields: Any):
+    """Play ``config.num_games`` games of the multi-agent env ``env_id`` concurrently (one env per game, bounded
+    by ``config.concurrency``) and (optionally) save every player's trajectory.
 
     ``policy`` plays every side (self-play) unless ``opponent`` is given; then ``policy`` plays the first
     agent (White) in even games and the second in odd games, ``opponent`` the other side, so both play
     both colours.  A game that fails to start is recorded as two empty trajectories with ``error`` set.
+
+    Args:
+        env_id: a registered multi-agent env id.
+        policy, chat: the policy and its :class:`~agentfly_gym.rollout.chat.ChatTokenizer`.
+        config: the run's :class:`MultiAgentConfig` (None: the defaults).
+        opponent, opponent_chat: the other side's policy and chat (None: self-play; the opponent's chat
+            defaults to ``chat``).
+        manager: the resource manager (None: one of the kind ``AGENTFLY_GYM_MANAGER`` names, made and
+            closed here).
+        progress: show a progress bar.
+        **fields: the older way to configure a run: any :class:`MultiAgentConfig` field (``num_games``,
+            ``concurrency``, ``mode``, ``sampling``, ``seed``, ``env_kwargs``, ``output_dir``, ``if_exists``)
+            or episode limit (``max_turns``, ``max_context_tokens``, ``history``, ...) replaces that of
+            ``config`` (:meth:`MultiAgentConfig.merge`).
 
     Returns:
         a :class:`~agentfly_gym.rollout.runner.RolloutResult`: trajectories (two per game, by game then
@@ -334,50 +421,43 @@ async def run_multiagent_rollouts(env_id: str, policy: Any, chat: Any, *, oppone
     Raises:
         ConfigError: an unknown env id, bad numbers or env kwargs, or ``if_exists="append"`` (games are
             not appended to another run's).
+        TypeError: a keyword that is neither a config field nor an episode limit.
         OutputExistsError, OutputBusyError: the output folder holds a run / is being written by another process.
         OutputWriteError: a file could not be written (a full disk); nothing half-written is published.
     """
-    from ..errors import ConfigError
     from ..registration import make_multiagent
     from .outputs import check_output_dir, run_output
 
-    if if_exists == "append":
-        raise ConfigError("if_exists='append' (--append) is for single-agent runs; give multi-agent games their "
-                          "own output folder or replace the run there")
-    for name, val in (("num_games", num_games), ("concurrency", concurrency), ("max_turns", max_turns)):
-        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-            raise ConfigError(f"{name}={val!r} must be an integer >= 1")
-    if mode not in MODES:
-        raise ConfigError(f"mode={mode!r} is not one of {MODES}")
-    env_kwargs = dict(env_kwargs or {})
-    probe = make_multiagent(env_id, **env_kwargs)  # bad kwargs fail before any game starts
-    probe._closed = True
-    if output_dir is not None:
-        check_output_dir(output_dir, if_exists, mode=mode)
+    config = MultiAgentConfig.merge(config, **fields)
+    probe = make_multiagent(env_id, **config.env_kwargs)  # bad kwargs fail before any game starts
+    probe.discard()  # nothing was acquired: closing needs no event loop
+    if config.output_dir is not None:
+        check_output_dir(config.output_dir, config.if_exists, mode=config.mode)
     from ..resources import teardown
 
-    with teardown.sigterm_teardown(), run_output(output_dir, if_exists, mode=mode) as out:
-        return await _run_games(env_id, policy, chat, opponent=opponent, opponent_chat=opponent_chat,
-                                num_games=num_games, concurrency=concurrency, mode=mode, sampling=sampling,
-                                max_turns=max_turns, max_context_tokens=max_context_tokens, history=history,
-                                seed=seed, env_kwargs=env_kwargs, out=out, manager=manager, progress=progress,
-                                agents=list(probe.possible_agents), full_id=f"agentfly/{type(probe).env_name}-v0")
+    with teardown.sigterm_teardown(), run_output(config.output_dir, config.if_exists, mode=config.mode) as out:
+        return await _run_games(env_id, config, (policy, chat), (opponent, opponent_chat), out=out, manager=manager,
+                                progress=progress, agents=list(probe.possible_agents),
+                                full_id=f"agentfly/{type(probe).env_name}-v0")
 
 
-async def _run_games(env_id: str, policy: Any, chat: Any, *, opponent: Any, opponent_chat: Any, num_games: int,
-                     concurrency: int, mode: str, sampling: SamplingParams | None, max_turns: int,
-                     max_context_tokens: int | None, history: int, seed: int, env_kwargs: dict[str, Any], out: Any,
-                     manager: Any, progress: bool, agents: list[str], full_id: str):
+async def _run_games(env_id: str, config: MultiAgentConfig, player: tuple[Any, Any], other: tuple[Any, Any], *,
+                     out: Any, manager: Any, progress: bool, agents: list[str], full_id: str):
+    """The games of :func:`run_multiagent_rollouts` (``player`` and ``other``: (policy, chat) of each side;
+    ``other``'s policy None: self-play)."""
     from ..registration import make_multiagent
     from .runner import RolloutResult
     from .summary import summarize
 
+    policy, chat = player
+    opponent, opponent_chat = other
+    num_games, mode, seed = config.num_games, config.mode, config.seed
     own = manager is None
     if manager is None:  # AGENTFLY_GYM_MANAGER: local (default), ray or auto
         from ..resources.select import manager_from_environment
 
         manager = manager_from_environment()
-    sem = asyncio.Semaphore(concurrency)
+    sem = asyncio.Semaphore(config.concurrency)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -393,14 +473,13 @@ async def _run_games(env_id: str, policy: Any, chat: Any, *, opponent: Any, oppo
             c1, c2 = (chat, opponent_chat or chat) if g % 2 == 0 else (opponent_chat or chat, chat)
             pols, chts = {agents[0]: first, agents[1]: second}, {agents[0]: c1, agents[1]: c2}
         async with sem:
-            env = make_multiagent(env_id, manager=manager, **env_kwargs)
+            env = make_multiagent(env_id, manager=manager, **config.env_kwargs)
             try:
-                return await run_multiagent_game(env, pols, chts, mode=mode, sampling=sampling, max_turns=max_turns,
-                                                 max_context_tokens=max_context_tokens, history=history,
-                                                 seed=seed + g, env_id=full_id, game_id=gid)
+                return await run_multiagent_game(env, pols, chts, mode=mode, sampling=config.sampling,
+                                                 limits=config.limits, seed=seed + g, env_id=full_id, game_id=gid)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a game that cannot start is recorded
                 log.warning("game %s failed to start: %s", gid, e)
                 return [PlayerTrajectory(trajectory_id=f"{gid}-{a}", group_id=gid, env_id=full_id, task_id=gid,
                                          seed=seed + g, mode=mode, prompt_ids=[], agent=a, game_id=gid,
@@ -428,9 +507,9 @@ async def _run_games(env_id: str, policy: Any, chat: Any, *, opponent: Any, oppo
         summary["mode"] = mode
         summary["interrupted"] = interrupted
         summary["games"] = summarize_games(trajectories)
-        summary["config"] = {"env_id": full_id, "num_games": num_games, "concurrency": concurrency,
-                             "max_turns": max_turns, "seed": seed, "self_play": opponent is None,
-                             "sampling": (sampling or SamplingParams()).to_dict()}
+        summary["config"] = {"env_id": full_id, "num_games": num_games, "concurrency": config.concurrency,
+                             "max_turns": config.limits.max_turns, "limits": config.limits.to_dict(), "seed": seed,
+                             "self_play": opponent is None, "sampling": config.sampling.to_dict()}
         result = RolloutResult(trajectories=trajectories, summary=summary)
         if out is not None:
             result.paths = out.save(trajectories, summary, interrupted=interrupted)

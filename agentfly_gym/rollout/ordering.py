@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..limits import check_int
 from ..resources.priority import DEFAULT_AGE_BOUND_S, serve_order
 from ..utils.files import atomic_path
 
@@ -246,8 +247,7 @@ class StartGate:
 
     def __init__(self, limit: int | None = None, *, age_bound: float | None = DEFAULT_AGE_BOUND_S,
                  on_idle: Callable[[], Any] | None = None) -> None:
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ConfigError(f"limit={limit!r} must be None or an integer >= 1")
+        check_int("limit", limit, optional=True)
         self.limit, self.age_bound, self.on_idle = limit, age_bound, on_idle
         self.inside = 0
         self._waiters: list[tuple[asyncio.Future, float | None, float]] = []

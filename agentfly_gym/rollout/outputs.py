@@ -121,7 +121,7 @@ def fresh_run_dir(root: str | Path = "runs") -> Path:
     """A new, empty folder ``root/<UTC date-time>`` (``-2``, ``-3``... when taken), created here."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     for i in range(1, 10_000):
         path = root / (stamp if i == 1 else f"{stamp}-{i}")
         try:
@@ -157,7 +157,7 @@ def _lock(folder: Path, *, record: bool) -> int:
                               f"to finish or choose another --output-dir") from None
     if record:
         info = {"pid": os.getpid(), "command": shlex.join(getattr(sys, "orig_argv", sys.argv)),
-                "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+                "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
     return fd
@@ -213,13 +213,13 @@ def _check_readable(folder: Path) -> None:
             load(path)
         except SchemaVersionError:
             raise
-        except Exception as e:  # pyarrow's ArrowInvalid, OSError, a malformed row's ValueError / KeyError...
+        except Exception as e:  # noqa: BLE001 - pyarrow's ArrowInvalid, OSError, a malformed row's ValueError / KeyError...
             jsonl = ""
             if name == "trajectories.parquet" and (folder / "trajectories.jsonl").exists():
                 try:
                     n = len(load_trajectories(folder / "trajectories.jsonl"))
                     jsonl = f" (its trajectories.jsonl still loads: {n} trajectories)"
-                except Exception:
+                except Exception:  # noqa: BLE001 - only says whether the JSONL loads
                     jsonl = " (its trajectories.jsonl does not load either)"
             raise UnreadableRunError(
                 f"output folder {str(folder)!r}: {name} is not a readable run output ({type(e).__name__}: {e}), so "

@@ -18,6 +18,7 @@ from typing import Any
 import gymnasium
 
 from ..errors import ConfigError
+from ..limits import EpisodeLimits, check_int
 from ..registration import normalize_env_id  # also re-exported here: its old home
 from ..resources import teardown
 from ..resources.priority import acquire_priority
@@ -50,7 +51,13 @@ class RolloutConfig:
             ``num_trajectories`` must be a multiple of it (a smaller last group would bias its advantages
             silently), unless ``allow_partial_group``.
         concurrency: most trajectories in flight at once.
-        max_turns: most policy turns per trajectory.
+        limits: each episode's :class:`~agentfly_gym.limits.EpisodeLimits` (turns, token caps, step-mode
+            history); None: built from ``max_turns``, ``max_context_tokens`` and ``history``.  After
+            construction ``limits`` is always set, and those three fields mirror it.
+        max_turns: most policy turns per trajectory (None: ``limits``' or 10); given, it replaces
+            ``limits.max_turns`` (as ``max_context_tokens`` and ``history`` replace theirs), so to swap
+            the limits of an existing config, ``dataclasses.replace(config, limits=new, max_turns=None,
+            max_context_tokens=None, history=None)``.
         seed: group g resets with seed ``seed + g``.  None (the default): each :func:`run_rollouts` call draws
             a fresh seed (recorded in ``summary["config"]["seed"]``), so calling it again in a training loop
             plays new tasks; an int replays the same tasks.
@@ -58,7 +65,7 @@ class RolloutConfig:
         max_context_tokens: token budget per chain (see :func:`run_chain_episode`).
         env_kwargs: per env id (full id), constructor kwargs.
         mode: ``"chain"`` (one sequence per trajectory) or ``"step"`` (one row per step).
-        history: step mode: past (action, observation) pairs shown in each fresh prompt.
+        history: step mode: past (action, observation) pairs shown in each fresh prompt (None: ``limits``' or 3).
         output_dir: where to write trajectories and summary.json; None writes nothing.
         if_exists: when ``output_dir`` already holds a run: ``"fail"`` (refused before anything runs),
             ``"replace"`` (replaced once this run is complete) or ``"append"`` (added to); see
@@ -84,41 +91,42 @@ class RolloutConfig:
     num_trajectories: int = 8
     group_size: int = 1
     concurrency: int = 8
-    max_turns: int = 10
+    max_turns: int | None = None
     seed: int | None = None
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     max_context_tokens: int | None = None
     env_kwargs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     mode: str = "chain"
-    history: int = 3
+    history: int | None = None
     output_dir: str | Path | None = None
     reward: Any = None
     if_exists: str = "fail"
     allow_partial_group: bool = False
     lengths: Any = None
     order: str = "longest"
+    limits: EpisodeLimits | None = None
 
     def __post_init__(self) -> None:
         if not self.env_ids:
-            raise ConfigError("env_ids must name at least one environment")
+            raise ConfigError("env_ids must name at least one environment", field="env_ids")
         self.env_ids = [normalize_env_id(e) for e in self.env_ids]
         self.env_kwargs = {normalize_env_id(k): dict(v) for k, v in self.env_kwargs.items()}
-        for name, val in (("num_trajectories", self.num_trajectories), ("group_size", self.group_size),
-                          ("concurrency", self.concurrency), ("max_turns", self.max_turns)):
-            if not isinstance(val, int) or val < 1:
-                raise ConfigError(f"{name}={val!r} must be an integer >= 1")
+        for name in ("num_trajectories", "group_size", "concurrency"):
+            check_int(name, getattr(self, name))
+        self.limits = EpisodeLimits.merge(self.limits, max_turns=self.max_turns, history=self.history,
+                                          max_context_tokens=self.max_context_tokens)
+        self.max_turns, self.history = self.limits.max_turns, self.limits.history
+        self.max_context_tokens = self.limits.max_context_tokens
         if self.num_trajectories % self.group_size and not self.allow_partial_group:
             raise ConfigError(f"num_trajectories={self.num_trajectories} is not a multiple of group_size={self.group_size}: "
                               f"the last group would hold {self.num_trajectories % self.group_size}; pass a multiple, or "
-                              "allow_partial_group=True")
+                              "allow_partial_group=True", field="num_trajectories")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ConfigError(f"seed={self.seed!r} must be an integer or None (a fresh seed per run)")
+            raise ConfigError(f"seed={self.seed!r} must be an integer or None (a fresh seed per run)", field="seed")
         if self.if_exists not in IF_EXISTS:
-            raise ConfigError(f"if_exists={self.if_exists!r} is not one of {IF_EXISTS}")
+            raise ConfigError(f"if_exists={self.if_exists!r} is not one of {IF_EXISTS}", field="if_exists")
         if self.mode not in MODES:
-            raise ConfigError(f"mode={self.mode!r} is not one of {MODES}")
-        if not isinstance(self.history, int) or self.history < 0:
-            raise ConfigError(f"history={self.history!r} must be an integer >= 0")
+            raise ConfigError(f"mode={self.mode!r} is not one of {MODES}", field="mode")
         if self.reward is not None:
             from ..rewards.configured import parse_reward
 
@@ -126,13 +134,14 @@ class RolloutConfig:
         from .ordering import RolloutLengths, as_lengths
 
         if self.order not in ORDERS:
-            raise ConfigError(f"order={self.order!r} is not one of {ORDERS}")
+            raise ConfigError(f"order={self.order!r} is not one of {ORDERS}", field="order")
         self.lengths = as_lengths(self.lengths)
         if self.lengths is None:  # observed whatever the order: an arrival run's lengths order a later run
             self.lengths = RolloutLengths()
         unused = sorted(set(self.env_kwargs) - set(self.env_ids))
         if unused:
-            raise ConfigError(f"env_kwargs name environments that are not rolled out: {unused}; env_ids: {self.env_ids}")
+            raise ConfigError(f"env_kwargs name environments that are not rolled out: {unused}; env_ids: {self.env_ids}",
+                              field="env_kwargs")
 
 
 @dataclasses.dataclass
@@ -152,9 +161,8 @@ async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: M
     first_k, first_g = (out.next_index, out.next_group) if out is not None else (0, 0)
     traj = await play_episode(env_id, policy, chat, mode=config.mode, manager=manager,
                               env_kwargs=config.env_kwargs.get(env_id, {}), sampling=config.sampling,
-                              max_turns=config.max_turns, history=config.history, seed=config.seed + g,
-                              trajectory_id=f"traj-{first_k + k:05d}", group_id=f"group-{first_g + g:05d}",
-                              max_context_tokens=config.max_context_tokens)
+                              limits=config.limits, seed=config.seed + g,
+                              trajectory_id=f"traj-{first_k + k:05d}", group_id=f"group-{first_g + g:05d}")
     if config.reward is not None:  # a judge / custom reward from configuration (never raises; skips failed ones)
         await config.reward.apply(traj, manager=manager)
     return traj
@@ -183,7 +191,7 @@ def check_config(config: RolloutConfig) -> None:
             env = gymnasium.make(env_id, **kwargs)
         except TypeError as e:
             raise ConfigError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {e}") from None
-        env.unwrapped._closed = True  # nothing was acquired: closing needs no event loop
+        env.unwrapped.discard()  # nothing was acquired: closing needs no event loop
     if config.output_dir is not None:
         check_output_dir(config.output_dir, config.if_exists, mode=config.mode)
         path = _lengths_path(config)
@@ -243,7 +251,8 @@ def _finish(config: RolloutConfig, trajectories: list[Trajectory], wall: float, 
     summary["interrupted"] = interrupted
     summary["config"] = {"env_ids": config.env_ids, "num_trajectories": config.num_trajectories,
                          "group_size": config.group_size, "concurrency": config.concurrency,
-                         "max_turns": config.max_turns, "seed": config.seed, "sampling": config.sampling.to_dict(),
+                         "max_turns": config.max_turns, "limits": config.limits.to_dict(), "seed": config.seed,
+                         "sampling": config.sampling.to_dict(),
                          "reward": config.reward.spec if config.reward is not None else None}
     result = RolloutResult(trajectories=trajectories, summary=summary)
     if out is not None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..envs.base import AgentFlyEnv
+from ..limits import DEFAULT_HISTORY  # re-exported: its old home
 from ..utils.files import atomic_path
 from .turns import act_and_record, fail_trajectory, finish_trajectory
 from .policies.base import ActionPolicy, SamplingParams, TextPolicy, check_policy, take_turn
@@ -30,8 +31,6 @@ from .trajectory import Trajectory, episode_status, read_schema_version, schema_
 
 __all__ = ["StepRow", "run_step_episode", "render_step_prompt", "fit_step_prompt", "save_step_rows", "load_step_rows",
            "DEFAULT_HISTORY"]
-
-DEFAULT_HISTORY = 3
 
 
 @dataclasses.dataclass
@@ -195,7 +194,8 @@ async def run_step_episode(env: AgentFlyEnv, policy: TextPolicy | ActionPolicy, 
         reset_s = time.monotonic() - t0
         traj_id = trajectory_id or uuid.uuid4().hex[:12]
         traj = Trajectory(trajectory_id=traj_id, group_id=group_id or "", env_id=env_id or env.env_name,
-                          task_id=str(info.get("task_id", "")), seed=seed, mode="step", prompt_ids=[])
+                          task_id=str(info.get("task_id", "")), seed=seed, mode="step", prompt_ids=[],
+                          scope_id=getattr(env, "scope_id", ""))
         task_obs, past = obs, []
         terminated = truncated = False
         try:

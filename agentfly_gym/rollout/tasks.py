@@ -26,12 +26,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..limits import EpisodeLimits, check_int
 from ..registration import normalize_env_id
 from ..resources.priority import acquire_priority
 from .episode import MODES, play_episode
 from .ordering import RolloutLengths, as_lengths, length_key
 from .policies.base import SamplingParams
-from .step import DEFAULT_HISTORY
 from .trajectory import Trajectory
 
 __all__ = ["TaskRow", "TaskRunner"]
@@ -104,8 +104,11 @@ class TaskRunner:
             None: one is made on first use (the kind ``AGENTFLY_GYM_MANAGER`` names) and closed by :meth:`close`.
         mode: ``"chain"`` or ``"step"``.
         concurrency: most episodes in flight at once.
-        sampling, max_turns, history, max_context_tokens, max_response_tokens, max_prompt_tokens: as in
-            :func:`~agentfly_gym.rollout.episode.play_episode`.
+        sampling: as in :func:`~agentfly_gym.rollout.episode.play_episode`.
+        limits: each episode's :class:`~agentfly_gym.limits.EpisodeLimits` (None: the defaults, 10 turns);
+            kept as :attr:`limits`.
+        max_turns, history, max_context_tokens, max_response_tokens, max_prompt_tokens: the older way to
+            give limits; each one given (not None) replaces that field of ``limits``.
         env_kwargs: per env id, constructor keyword arguments.
         reward: a configured episode reward (``"judge:..."``, ``"MODULE:FUNCTION"``, an ``EpisodeReward``),
             applied to each finished trajectory; None keeps the env's return.
@@ -122,35 +125,42 @@ class TaskRunner:
     on the loop of its first use.
 
     Raises:
-        ConfigError: a bad ``mode`` or ``concurrency``.
+        ConfigError: a bad ``mode``, ``concurrency``, ``order`` or limit (``field`` names it).
     """
 
     def __init__(self, policy: Any, chat: Any, *, manager: Any = None, mode: str = "chain", concurrency: int = 8,
-                 sampling: SamplingParams | None = None, max_turns: int = 10, history: int = DEFAULT_HISTORY,
+                 sampling: SamplingParams | None = None, limits: EpisodeLimits | None = None,
+                 max_turns: int | None = None, history: int | None = None,
                  max_context_tokens: int | None = None, max_response_tokens: int | None = None,
                  max_prompt_tokens: int | None = None, env_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                  reward: Any = None, lengths: Any = None, order: str = "longest") -> None:
         if mode not in MODES:
-            raise ConfigError(f"mode={mode!r} is not one of {MODES}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigError(f"concurrency={concurrency!r} must be an integer >= 1")
+            raise ConfigError(f"mode={mode!r} is not one of {MODES}", field="mode")
+        check_int("concurrency", concurrency)
         from ..rewards.configured import parse_reward
 
         self.policy, self.chat, self.mode, self.concurrency = policy, chat, mode, concurrency
         self.sampling = sampling or SamplingParams()
-        self.max_turns, self.history = max_turns, history
-        self.max_context_tokens, self.max_response_tokens = max_context_tokens, max_response_tokens
-        self.max_prompt_tokens = max_prompt_tokens
+        self.limits = EpisodeLimits.merge(limits, max_turns=max_turns, history=history,
+                                          max_context_tokens=max_context_tokens,
+                                          max_response_tokens=max_response_tokens, max_prompt_tokens=max_prompt_tokens)
         self.env_kwargs = {normalize_env_id(k): dict(v) for k, v in (env_kwargs or {}).items()}
         self.reward = parse_reward(reward)
         if order not in ("longest", "arrival"):
-            raise ConfigError(f"order={order!r} is not one of ('longest', 'arrival')")
+            raise ConfigError(f"order={order!r} is not one of ('longest', 'arrival')", field="order")
         self.order = order
         given = as_lengths(lengths)
         self.lengths: RolloutLengths = given if given is not None else RolloutLengths()
         self._manager = manager
         self._own_manager = manager is None
         self._count = 0
+
+    # the limits' fields, read as attributes of the runner, as before they moved into ``limits``
+    max_turns = property(lambda self: self.limits.max_turns)
+    history = property(lambda self: self.limits.history)
+    max_context_tokens = property(lambda self: self.limits.max_context_tokens)
+    max_response_tokens = property(lambda self: self.limits.max_response_tokens)
+    max_prompt_tokens = property(lambda self: self.limits.max_prompt_tokens)
 
     @property
     def manager(self) -> Any:
@@ -189,11 +199,9 @@ class TaskRunner:
                 traj = await play_episode(
                     env_id, self.policy, self.chat, mode=self.mode, manager=self._manager,
                     env_kwargs={**self.env_kwargs.get(env_id, {}), **dict(row.env_kwargs or {})} or None,
-                    sampling=sampling, max_turns=self.max_turns, history=self.history, seed=row.seed,
+                    sampling=sampling, limits=self.limits, seed=row.seed,
                     options=row.reset_options(), trajectory_id=f"task-{first + k:06d}",
-                    group_id=row.group_id,
-                    max_context_tokens=self.max_context_tokens, max_response_tokens=self.max_response_tokens,
-                    max_prompt_tokens=self.max_prompt_tokens)
+                    group_id=row.group_id)
                 if keys[k] is not None:
                     self.lengths.observe_trajectory(keys[k], traj)
                 if self.reward is not None:

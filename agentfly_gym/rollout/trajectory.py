@@ -17,6 +17,10 @@ Version 3 added, per trajectory, ``reply_truncated`` (the last reply was cut at 
 ``context_cut`` (tokens left out to keep a chain within ``max_context_tokens``) and ``reward_error``
 (why a configured reward, e.g. a judge, gave no score); per step row, ``reply_truncated``.  Older
 files read with ``reply_truncated`` False, ``context_cut`` 0 and ``reward_error`` None.
+
+Version 4 added, per trajectory, ``scope_id``: the id of the rollout scope its resources were held in
+(the env's episode id, a multi-agent game's id; see docs/glossary.md), so a trajectory can be matched
+with the resource manager's logs and metrics.  Older files read with ``scope_id`` ``""``.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ __all__ = ["Turn", "Trajectory", "save_trajectories", "load_trajectories", "SCHE
            "read_jsonl_records", "jsonl_header", "end_on_last_sampled"]
 
 #: The version of the saved trajectory / step-row format written by this code.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Versions the loaders read (1: files without a version, written before versions were recorded).
-KNOWN_SCHEMA_VERSIONS = (1, 2, 3)
+KNOWN_SCHEMA_VERSIONS = (1, 2, 3, 4)
 #: Metadata key of the version in Parquet files.
 SCHEMA_METADATA_KEY = b"agentfly_gym.schema_version"
 
@@ -109,6 +113,8 @@ class Trajectory:
             cut completion by its last token needs :meth:`trainer_response` (``end_on_sampled``).
         context_cut: tokens (mask 0: an observation message's tail, a closing end-of-turn id) left out so that
             the chain stays within ``max_context_tokens``; 0 when nothing was cut.
+        scope_id: the id of the rollout scope that held the episode's resources (the env's episode id, a
+            game's id); ``""`` when no episode started or in files older than schema version 4.
         reward_error: why a configured episode reward (:mod:`agentfly_gym.rewards.configured`, e.g. a judge
             whose reply held no rating) gave no score and ``reward`` kept its default; None otherwise.
         turns: per-turn records.
@@ -137,6 +143,7 @@ class Trajectory:
     reply_truncated: bool = False
     context_cut: int = 0
     reward_error: str | None = None
+    scope_id: str = ""
     turns: list[Turn] = dataclasses.field(default_factory=list)
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -308,7 +315,7 @@ def save_trajectories(trajectories: Sequence[Trajectory], out_dir: str | Path, *
         ("response_logprobs", pa.list_(pa.float32())), ("reward", pa.float64()), ("success", pa.bool_()),
         ("terminated", pa.bool_()), ("truncated", pa.bool_()), ("error", pa.string()), ("status", pa.string()),
         ("reply_truncated", pa.bool_()), ("context_cut", pa.int32()), ("reward_error", pa.string()),
-        ("turns", pa.string()),
+        ("scope_id", pa.string()), ("turns", pa.string()),
         ("messages", pa.string()), ("timings", pa.string()), ("num_turns", pa.int32()), ("num_sampled_tokens", pa.int64()),
     ], metadata=schema_metadata("trajectories"))
     table = pa.Table.from_pylist(rows, schema=schema)

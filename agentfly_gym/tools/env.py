@@ -37,6 +37,7 @@ import gymnasium
 from ..envs.base import AgentFlyEnv, StepResult, fault_message
 from ..envs.prompting import AgentPrompt
 from ..errors import ConfigError, ResetNeeded, ResourceError
+from ..limits import check_int
 from ..resources.scope import RolloutScope
 from .formats import FORMATS, ToolCall, ToolCallError, parse_tool_calls
 from .stalls import ToolBlockedLoop
@@ -124,8 +125,7 @@ class ToolEnv(AgentFlyEnv):
         super().__init__(step_timeout=step_timeout, **kwargs)
         if tool_format not in FORMATS:
             raise ConfigError(f"tool_format={tool_format!r} is not one of {FORMATS}")
-        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-            raise ConfigError(f"max_turns={max_turns!r} must be an integer >= 1")
+        check_int("max_turns", max_turns)
         self.tasks = tasks if _is_loaded(tasks, prompt_key) else load_tasks(tasks, prompt_key=prompt_key, id_key=id_key)
         self.tools = {t.name: t for t in check_tools(tools)}
         self.reward_fn = _check_reward(reward)
@@ -134,8 +134,7 @@ class ToolEnv(AgentFlyEnv):
         self.prompt_key, self.id_key = prompt_key, id_key
         self.expert = expert
         self.env_name = env_name
-        if not isinstance(max_result_chars, int) or max_result_chars < 1:
-            raise ConfigError(f"max_result_chars={max_result_chars!r} must be an integer >= 1")
+        check_int("max_result_chars", max_result_chars)
         self.max_result_chars = max_result_chars
         self.agent_prompt = ToolPrompt(system=DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt,
                                        tools=tuple(t.schema for t in self.tools.values()))
@@ -392,8 +391,7 @@ def _make_vector(factory: Callable[..., ToolEnv], num_envs: int = 1, *, autorese
                  manager: Any = None, max_episode_steps: int | None = None, **env_kwargs: Any):
     from ..vector import AsyncTextVectorEnv, AutoresetMode
 
-    if not isinstance(num_envs, int) or num_envs < 1:
-        raise ConfigError(f"num_envs={num_envs!r} must be an integer >= 1")
+    check_int("num_envs", num_envs)
     if max_episode_steps is not None:
         env_kwargs["max_episode_steps"] = max_episode_steps
     return AsyncTextVectorEnv([lambda: factory(manager=manager, **env_kwargs) for _ in range(num_envs)],

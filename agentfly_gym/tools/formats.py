@@ -26,6 +26,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..errors import ToolError
+
 __all__ = ["FORMATS", "ToolCall", "ToolCallError", "parse_tool_calls", "format_tool_call", "detect_tool_format",
            "hermes_tool_prompt"]
 
@@ -52,7 +54,7 @@ class ToolCall:
     id: str = ""
 
 
-class ToolCallError(ValueError):
+class ToolCallError(ToolError, ValueError):
     """A reply tried to call a tool but the call is malformed; the message says what was wrong (for the model)."""
 
 

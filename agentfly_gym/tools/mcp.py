@@ -27,7 +27,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ConfigError, ResourceStartError
+from ..errors import ConfigError, ResourceStartError, ToolError
 from ..resources.spec import InProcessSpec
 from .tool import DEFAULT_TOOL_TIMEOUT, Tool, check_tools
 
@@ -36,7 +36,7 @@ __all__ = ["MCPConnection", "MCPToolError", "mcp_server_spec", "mcp_tools"]
 _RESOURCE = "mcp_server"  # the keyword the server arrives under (not an MCP argument: see _call)
 
 
-class MCPToolError(RuntimeError):
+class MCPToolError(ToolError, RuntimeError):
     """The MCP server answered a tool call with an error result (``isError``); the message is its text."""
 
 
@@ -165,7 +165,7 @@ class MCPConnection:
             self._loop.call_soon_threadsafe(self._stop.set)
             try:
                 asyncio.run_coroutine_threadsafe(asyncio.wait({self._task}, timeout=10.0), self._loop).result(15.0)
-            except Exception:  # noqa: BLE001  (a server that will not stop: the loop goes anyway)
+            except Exception:  # noqa: BLE001, S110  (a server that will not stop: the loop goes anyway)
                 pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10.0)

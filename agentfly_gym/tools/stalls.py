@@ -31,6 +31,8 @@ import types
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ..errors import ToolError
+
 __all__ = ["STALL_WARN_S", "StallWatch", "ToolBlockedLoop", "watch_loop_stalls"]
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ _FIX = ("a blocking call inside 'async def' (time.sleep, a blocking client, a lo
         "of its own and its timeout holds) or await its blocking part with asyncio.to_thread(...)")
 
 
-class ToolBlockedLoop(TimeoutError):
+class ToolBlockedLoop(ToolError, TimeoutError):
     """An async tool held the event loop past its call's deadline (a blocking call inside ``async def``).
 
     Attributes:

@@ -15,10 +15,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ToolError
+
 __all__ = ["UserCodeExit", "run_in_daemon_thread"]
 
 
-class UserCodeExit(RuntimeError):
+class UserCodeExit(ToolError, RuntimeError):
     """User code run on a thread (a sync tool or reward) raised ``SystemExit`` or ``KeyboardInterrupt``
     (e.g. ``argparse`` on bad arguments calls ``sys.exit(2)``); the original is the ``__cause__``."""
 

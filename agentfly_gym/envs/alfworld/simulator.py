@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, EnvError
+from ...limits import check_int
 from ...resources.spec import parse_bytes
 from . import _compat
 from .engine_cache import EngineCache, EngineEntry, entry_key, prefetch, serving, start_translation_worker
@@ -147,9 +148,7 @@ class ALFWorldSimulator:
                               f"with fast-downward-textworld): {e}") from e
         self.max_rss_growth = parse_bytes(max_rss_growth, field="max_rss_growth")
         self.upgrade_games = bool(upgrade_games)
-        if max_intern_entries is not None and (isinstance(max_intern_entries, bool)
-                                               or not isinstance(max_intern_entries, int) or max_intern_entries < 0):
-            raise ConfigError(f"max_intern_entries={max_intern_entries!r} must be None or an int >= 0")
+        check_int("max_intern_entries", max_intern_entries, minimum=0, optional=True)
         self.max_intern_entries = max_intern_entries
         #: times a load of this simulator emptied TextWorld's intern cache (see ``max_intern_entries``)
         self.intern_clears = 0

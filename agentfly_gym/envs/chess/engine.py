@@ -23,7 +23,8 @@ from typing import Any
 import chess
 import chess.engine
 
-from ...errors import ConfigError, ResourceDied, ResourceUnavailable
+from ...errors import ResourceDied, ResourceUnavailable
+from ...limits import check_int
 from ...resources.inprocess import ObjectProxy, forward
 from ...resources.spec import InProcessSpec
 
@@ -84,12 +85,9 @@ def engine_spec(path: str, *, max_instances: int = 4, threads: int = 1, hash_mb:
     Raises:
         ConfigError: a value is out of range.
     """
-    if not isinstance(max_instances, int) or max_instances < 1:
-        raise ConfigError(f"max_instances={max_instances!r} must be an integer >= 1")
-    if not isinstance(threads, int) or threads < 1:
-        raise ConfigError(f"engine_threads={threads!r} must be an integer >= 1")
-    if not isinstance(hash_mb, int) or hash_mb < 1:
-        raise ConfigError(f"engine_hash_mb={hash_mb!r} must be an integer >= 1 (MiB)")
+    check_int("max_instances", max_instances)
+    check_int("engine_threads", threads)
+    check_int("engine_hash_mb", hash_mb, unit="MiB")
     return InProcessSpec(factory=ENGINE_FACTORY, kwargs={"path": path, "threads": threads, "hash_mb": hash_mb},
                          max_instances=max_instances, max_idle_time=max_idle_time, start_timeout=60.0,
                          close_timeout=15.0, name="stockfish")
@@ -267,7 +265,7 @@ class StockfishEngine:
         try:
             self._call(self._protocol.ping())
             return True
-        except Exception:
+        except Exception:  # noqa: BLE001 - any failure to answer a ping is 'not healthy'
             return False
 
     def close(self) -> None:
@@ -283,7 +281,7 @@ class StockfishEngine:
                 # closing the transport kills a process that is still running
                 self._loop.loop.call_soon_threadsafe(transport.close)
                 self._call(self._exit_code(), timeout=5)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a process that will not exit is killed below
                 pid = getattr(self, "pid", None)
                 if pid:
                     try:

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import chess
 
 from ...errors import ConfigError, ResetNeeded
+from ...limits import check_int
 from ...resources.protocol import Manager
 from ...resources.scope import RolloutScope
 from ..base import AgentFlyEnv, StepResult
@@ -201,26 +202,22 @@ class ChessEnv(BoardView, AgentFlyEnv):
         super().__init__(manager=manager, step_timeout=step_timeout, reset_timeout=reset_timeout,
                          max_episode_steps=max_episode_steps, render_mode=render_mode)
         if mode not in ("puzzle", "play"):
-            raise ConfigError(f"mode={mode!r} is not one of 'puzzle', 'play'")
+            raise ConfigError(f"mode={mode!r} is not one of 'puzzle', 'play'", field="mode")
         for name, value in (("min_rating", min_rating), ("max_rating", max_rating)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
                 raise ConfigError(f"{name}={value!r} must be None or an integer rating")
         min_rating = None if min_rating is None else int(min_rating)
         max_rating = None if max_rating is None else int(max_rating)
         if min_rating is not None and max_rating is not None and min_rating > max_rating:
-            raise ConfigError(f"min_rating={min_rating} is above max_rating={max_rating}")
+            raise ConfigError(f"min_rating={min_rating} is above max_rating={max_rating}", field="min_rating")
         self._check_color(agent_color, "agent_color")
         self._check_split(split)
-        if skill_level is not None and (not isinstance(skill_level, int) or not 0 <= skill_level <= 20):
-            raise ConfigError(f"skill_level={skill_level!r} must be None or an integer in 0..20")
-        if engine_depth is not None and (not isinstance(engine_depth, int) or engine_depth < 1):
-            raise ConfigError(f"engine_depth={engine_depth!r} must be None or an integer >= 1 (plies)")
+        check_int("skill_level", skill_level, minimum=0, maximum=20, optional=True)
+        check_int("engine_depth", engine_depth, optional=True, unit="plies")
         if engine_movetime is not None and not engine_movetime > 0:
             raise ConfigError(f"engine_movetime={engine_movetime!r} must be None or > 0 seconds")
-        if not isinstance(max_moves, int) or max_moves < 1:
-            raise ConfigError(f"max_moves={max_moves!r} must be an integer >= 1")
-        if not isinstance(expert_depth, int) or expert_depth < 1:
-            raise ConfigError(f"expert_depth={expert_depth!r} must be an integer >= 1 (plies)")
+        check_int("max_moves", max_moves)
+        check_int("expert_depth", expert_depth, unit="plies")
         self.mode = mode
         self.reset_options = _PUZZLE_OPTIONS if mode == "puzzle" else _PLAY_OPTIONS
         self.min_rating, self.max_rating = min_rating, max_rating
@@ -254,7 +251,7 @@ class ChessEnv(BoardView, AgentFlyEnv):
     @staticmethod
     def _check_color(value: Any, name: str) -> None:
         if value not in ("white", "black", "random"):
-            raise ConfigError(f"{name}={value!r} is not one of 'white', 'black', 'random'")
+            raise ConfigError(f"{name}={value!r} is not one of 'white', 'black', 'random'", field=name)
 
     @staticmethod
     def _check_split(value: Any) -> str:

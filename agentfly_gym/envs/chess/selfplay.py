@@ -32,6 +32,7 @@ import numpy as np
 from pettingzoo import AECEnv
 
 from ...errors import ConfigError, ResetNeeded, ResourceError
+from ...limits import check_int
 from ...resources.inprocess import InProcessResource, ObjectProxy, forward
 from ...resources.protocol import Manager
 from ...resources.scope import RolloutScope
@@ -144,8 +145,7 @@ def board_spec(max_instances: int = 64) -> InProcessSpec:
     Raises:
         ConfigError: ``max_instances`` is not an integer >= 1.
     """
-    if not isinstance(max_instances, int) or isinstance(max_instances, bool) or max_instances < 1:
-        raise ConfigError(f"max_instances={max_instances!r} must be an integer >= 1")
+    check_int("max_instances", max_instances)
     return InProcessSpec(factory=BOARD_FACTORY, kwargs={}, max_instances=max_instances, start_timeout=30.0,
                          close_timeout=5.0, name="chess-board")
 
@@ -222,12 +222,9 @@ class ChessSelfPlayEnv(BoardView, EnvResources, AECEnv):
         super().__init__()
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigError(f"render_mode={render_mode!r} is not one of {self.metadata['render_modes']}")
-        if not isinstance(max_moves, int) or isinstance(max_moves, bool) or max_moves < 1:
-            raise ConfigError(f"max_moves={max_moves!r} must be an integer >= 1 (plies)")
-        if max_invalid_moves is not None and (not isinstance(max_invalid_moves, int) or max_invalid_moves < 1):
-            raise ConfigError(f"max_invalid_moves={max_invalid_moves!r} must be None or an integer >= 1")
-        if not isinstance(expert_depth, int) or expert_depth < 1:
-            raise ConfigError(f"expert_depth={expert_depth!r} must be an integer >= 1 (plies)")
+        check_int("max_moves", max_moves, unit="plies")
+        check_int("max_invalid_moves", max_invalid_moves, optional=True)
+        check_int("expert_depth", expert_depth, unit="plies")
         self.max_moves = max_moves
         self.max_invalid_moves = max_invalid_moves
         self.show_legal_moves = bool(show_legal_moves)
@@ -270,6 +267,11 @@ class ChessSelfPlayEnv(BoardView, EnvResources, AECEnv):
     @property
     def game_id(self) -> str:
         """The id of the current game (also the rollout scope id), ``""`` before the first reset."""
+        return self._game_id
+
+    @property
+    def scope_id(self) -> str:
+        """The id of the current game's rollout scope (the game id), ``""`` before the first reset."""
         return self._game_id
 
     @property

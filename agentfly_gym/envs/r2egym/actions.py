@@ -66,8 +66,8 @@ FORMAT_HELP = (
 # ``<function=a>`` with no closing tag.  JSON is scanned within a budget, and nesting too deep
 # for the decoder is a parse error.
 _MAX_NAME = 256
-_FUNC_OPEN_RE = re.compile(r"<function\s*=\s*([^>\s]{1,%d})\s*>" % _MAX_NAME)
-_PARAM_OPEN_RE = re.compile(r"<parameter\s*=\s*([^>\s]{1,%d})\s*>" % _MAX_NAME)
+_FUNC_OPEN_RE = re.compile(rf"<function\s*=\s*([^>\s]{{1,{_MAX_NAME}}})\s*>")
+_PARAM_OPEN_RE = re.compile(rf"<parameter\s*=\s*([^>\s]{{1,{_MAX_NAME}}})\s*>")
 _TOOL_CALL_OPEN_RE = re.compile(r"<tool_call>")
 _OBJECT_START_RE = re.compile(r"\{\s*\"")  # where an object with a "name" key can start
 _JSON_SCAN_FACTOR = 8  # characters the JSON decoder may read per character of the action

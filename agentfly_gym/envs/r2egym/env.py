@@ -37,6 +37,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ...errors import ConfigError, DataNotFoundError, EnvError
+from ...limits import check_int
 from ...resources.containers.api import ContainerResource
 from ...resources.protocol import Manager
 from ...resources.scope import RolloutScope
@@ -226,10 +227,8 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         for name, v in (("bash_timeout", bash_timeout), ("test_timeout", test_timeout)):
             if not v or v <= 0:
                 raise ConfigError(f"{name}={v!r} must be > 0 seconds")
-        if not isinstance(max_output, int) or max_output < 100:
-            raise ConfigError(f"max_output={max_output!r} must be an integer >= 100 characters")
-        if not isinstance(max_instances, int) or max_instances < 1:
-            raise ConfigError(f"max_instances={max_instances!r} must be an integer >= 1")
+        check_int("max_output", max_output, minimum=100, unit="characters")
+        check_int("max_instances", max_instances)
         # isolated grading also exports the diff and prepares a fresh container (a start when none is idle)
         extra = 180.0 if grading == "isolated" else 0.0
         super().__init__(manager=manager, step_timeout=step_timeout or (bash_timeout + test_timeout + 60.0 + extra),

@@ -47,7 +47,7 @@ def numbered(text, start=1):
 
 def load_history():
     try:
-        with open(STATE_FILE, "r", encoding="utf-8") as f:
+        with open(STATE_FILE, encoding="utf-8") as f:
             return json.load(f)
     except (OSError, ValueError):
         return {}
@@ -63,7 +63,7 @@ def save_history(history):
 
 def read_text(path):
     try:
-        with open(path, "r", encoding="utf-8", errors="replace", newline="") as f:
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
             return f.read()
     except OSError as e:
         raise ToolError("could not read %s: %s" % (path, e))
@@ -243,7 +243,7 @@ def search(args):
             if is_binary(fp):
                 continue
             try:
-                with open(fp, "r", encoding="utf-8", errors="replace") as f:
+                with open(fp, encoding="utf-8", errors="replace") as f:
                     n = sum(line.count(term) > 0 for line in f)
             except OSError:
                 continue
@@ -261,7 +261,7 @@ def search(args):
 def main(argv):
     try:
         if len(argv) >= 3 and argv[1] == "--file":
-            with open(argv[2], "r", encoding="utf-8") as f:
+            with open(argv[2], encoding="utf-8") as f:
                 payload = json.load(f)
         else:
             payload = json.loads(base64.b64decode(argv[1]).decode("utf-8"))

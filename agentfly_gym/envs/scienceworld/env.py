@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ...errors import ConfigError
+from ...limits import check_int
 from ...resources.inprocess import ObjectProxy, forward
 from ...resources.protocol import Manager
 from ...resources.scope import RolloutScope
@@ -145,8 +146,7 @@ class ScienceWorldEnv(AgentFlyEnv):
         self.default_split = self._check_split(split)
         self.default_simplification = check_simplification(simplification, self.default_task_name)
         self.with_admissible_actions = bool(with_admissible_actions)
-        if isinstance(max_instances, bool) or not isinstance(max_instances, int) or max_instances < 1:
-            raise ConfigError(f"max_instances={max_instances!r} must be an integer >= 1")
+        check_int("max_instances", max_instances)
         self.resource_spec = self.simulator_spec(max_instances=max_instances, java_heap=java_heap,
                                                  max_idle_time=max_idle_time)
         self._sim: ScienceWorldProxy | None = None
@@ -275,6 +275,5 @@ class ScienceWorldEnv(AgentFlyEnv):
     def _check_variation(variation: Any) -> int | None:
         if variation is None:
             return None
-        if isinstance(variation, bool) or not isinstance(variation, int) or variation < 0:
-            raise ConfigError(f"variation={variation!r} must be None or an int >= 0")
+        check_int("variation", variation, minimum=0, optional=True)
         return variation

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ...errors import AgentFlyError
+
 __all__ = ["CLASSES_DIR", "CLASS_NAME", "JAVA_RELEASE", "SOURCE", "FoldUnavailable", "build", "decode", "load"]
 
 _HERE = Path(__file__).resolve().parent / "java"
@@ -36,7 +38,7 @@ CLASS_NAME = "agentflygym.scienceworld.FoldedStep"
 JAVA_RELEASE = 8
 
 
-class FoldUnavailable(RuntimeError):
+class FoldUnavailable(AgentFlyError, RuntimeError):
     """The Java class could not be loaded or did not answer as the package's getters (the caller
     falls back to separate py4j calls)."""
 

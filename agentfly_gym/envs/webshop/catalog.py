@@ -46,6 +46,7 @@ import numpy as np
 
 from ...data.paths import cache_dir
 from ...errors import ConfigError, DataNotFoundError
+from ...limits import check_int
 from .goals import GoalList, prices_and_goals
 from .store import ProductStore, ByAsin, group_rows, load_store, catalog_hash
 
@@ -167,9 +168,7 @@ def load_catalog(products_path: str | Path, attributes_path: str | Path, human_p
         ConfigError: a file has the wrong structure, or ``human_goals`` without ``human_path``.
         OSError / json.JSONDecodeError / ijson.JSONError: a file cannot be read or parsed.
     """
-    if num_products is not None and (isinstance(num_products, bool) or not isinstance(num_products, int)
-                                     or num_products < 1):
-        raise ConfigError(f"num_products={num_products!r} must be None or an integer >= 1")
+    check_int("num_products", num_products, optional=True)
     if human_goals and human_path is None:
         raise ConfigError("human_goals=True needs items_human_ins.json (human_path)")
     human_path = human_path if human_goals else None

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from ...data.paths import resolve_data_dir
 from ...errors import ConfigError, ResetNeeded, ResourceDied
+from ...limits import check_int
 from ...resources.scope import RolloutScope
 from ...resources.spec import InProcessSpec
 from ...utils.aio import run_sync
@@ -120,8 +121,7 @@ class WebShopEnv(AgentFlyEnv):
         seconds = isinstance(max_idle_time, (int, float)) and not isinstance(max_idle_time, bool)
         if max_idle_time is not None and not (seconds and max_idle_time > 0):
             raise ConfigError(f"max_idle_time={max_idle_time!r} must be None or a number of seconds > 0")
-        if num_products is not None and (isinstance(num_products, bool) or not isinstance(num_products, int) or num_products < 1):
-            raise ConfigError(f"num_products={num_products!r} must be None or an integer >= 1")
+        check_int("num_products", num_products, optional=True)
         folder = resolve_data_dir("webshop", data_dir, how_to_get=HOW_TO_GET,
                                   must_contain=DATA_MARKER if attributes_file is None else None)
         products, attributes, human = find_data_files(folder, products_file=products_file,
@@ -253,7 +253,7 @@ class WebShopEnv(AgentFlyEnv):
             return
         try:
             await self._server.end_session(sid)
-        except Exception as e:  # a dead server has no session to drop
+        except Exception as e:  # noqa: BLE001 - a dead server has no session to drop
             log.debug("WebShop: end_session(%s) failed: %s", sid, e)
 
     @staticmethod

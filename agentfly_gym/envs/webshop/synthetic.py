@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
+from ...limits import check_int
 
 __all__ = ["SAMPLE_ATTRIBUTES", "SAMPLE_PRODUCTS", "iter_synthetic_products", "write_synthetic_catalog"]
 
@@ -151,8 +152,7 @@ def iter_synthetic_products(sample_products: list[dict[str, Any]], sample_attrib
     Raises:
         ConfigError: ``n`` < 1 or an empty sample.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"n={n!r} must be an integer >= 1")
+    check_int("n", n)
     templates = [p for p in sample_products if isinstance(p.get("asin"), str)]
     if not templates:
         raise ConfigError("the sample holds no product record with an asin")

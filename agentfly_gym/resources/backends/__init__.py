@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from ...errors import ConfigError, ResourceUnavailable
 from ...utils.imports import load_object
@@ -70,7 +70,7 @@ __all__ = ["BackendFactory", "backend_names", "create_resource", "register_backe
 BackendFactory = Callable[["ResourceSpec", dict[str, str]], "Resource"]
 """``create(spec, labels) -> Resource`` (unstarted)."""
 
-_Entry = Union[str, Callable]
+_Entry = str | Callable
 
 _lock = threading.Lock()
 # (kind, backend name) -> "module:attr" of create(spec, labels), or the callable itself

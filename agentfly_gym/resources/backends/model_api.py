@@ -84,7 +84,7 @@ class ModelAPIResource(Resource):
                 self.requests += 1
                 try:
                     r = await self._client.post(path.lstrip("/"), json=payload)
-                except (httpx.TransportError,) as e:
+                except httpx.TransportError as e:
                     status, detail, retry_after = 0, f"{type(e).__name__}: {e}", None
                 else:
                     if r.status_code < 400:

@@ -29,6 +29,8 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ...utils.versions import is_checked, warn_once
+
 __all__ = ["CHECKED_RAY", "RELIED_ON_SOURCES", "check_version", "job_is_dead", "live_worker_ids", "sigterm_handlers_to"]
 
 log = logging.getLogger(__name__)
@@ -51,13 +53,11 @@ _warned: set[str] = set()
 def check_version(ray: Any) -> bool:
     """Whether ``ray`` (the module) is a checked version; warns once per unchecked version."""
     version = str(getattr(ray, "__version__", "?"))
-    if version.startswith(CHECKED_RAY):
+    if is_checked(version, CHECKED_RAY):
         return True
-    if version not in _warned:
-        _warned.add(version)
-        log.warning("Ray %s is installed; agentfly_gym.resources.ray._compat was checked against Ray %s only "
-                    "(SIGTERM during ray.init, the liveness of a pool's clients may misbehave)",
-                    version, ", ".join(v + "x" for v in CHECKED_RAY))
+    warn_once(_warned, version, log, "Ray %s is installed; agentfly_gym.resources.ray._compat was checked against Ray "
+              "%s only (SIGTERM during ray.init, the liveness of a pool's clients may misbehave)",
+              version, ", ".join(v + "x" for v in CHECKED_RAY))
     return False
 
 

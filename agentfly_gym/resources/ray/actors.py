@@ -4,7 +4,7 @@
 cluster: it caps them at ``spec.max_instances``, queues acquisitions FIFO, has an instance reset on its host when
 it comes back (so an idle instance is ready, and handing it out costs no call on its host), and replaces dead ones.
 
-Throughput (issue 28): a client sends its acquisitions and releases in batches (:meth:`PoolActor.acquire_many`,
+Throughput: a client sends its acquisitions and releases in batches (:meth:`PoolActor.acquire_many`,
 :meth:`PoolActor.release_many`; see :mod:`.batching`), and the pool resets the instances that came back together
 with one call per host (``ResourceHost.recycle``; see :mod:`.recycling`).  A host's death is
 seen without polling: the pool keeps one call open on each host (``ResourceHost.wait_closed``), which fails when

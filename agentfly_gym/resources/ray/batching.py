@@ -1,4 +1,4 @@
-"""A client's acquisitions and releases, sent to the cluster pool actor in batches (issue 28's throughput).
+"""A client's acquisitions and releases, sent to the cluster pool actor in batches (for throughput).
 
 Every acquisition or release a process makes is one message to the pool actor, which is one Python process for the
 whole cluster: past a few hundred per second its own per-call cost (Ray's task handling, about 1 ms of CPU an
@@ -53,11 +53,11 @@ class PoolRequests:
         try:
             grant = await fut
         except asyncio.CancelledError:
-            self._pool._cancel(lease_id)  # dropped from its wait, or its grant comes straight back
+            self._pool.cancel_lease(lease_id)  # dropped from its wait, or its grant comes straight back
             raise
         if grant is None:  # it waits at the pool
-            grant = await self._pool._await_grant(self._pool.handle.collect.remote(lease_id), lease_id)
-        if grant.handle is None and grant.host_id not in self._pool.manager._host_handles:  # its first grant is late
+            grant = await self._pool.await_grant(self._pool.handle.collect.remote(lease_id), lease_id)
+        if grant.handle is None and self._pool.manager.host_handle(grant.host_id) is None:  # its first grant is late
             try:
                 grant.handle = await self._pool.handle.host_handle.remote(grant.host_id)
             except BaseException:  # cancelled (or the pool died) meanwhile: the lease goes back, not stranded
@@ -76,7 +76,7 @@ class PoolRequests:
             ref = self._pool.handle.acquire_many.remote(self._pool.manager.id, [req for req, _ in batch])
         except Exception as e:  # noqa: BLE001 - the pool is gone
             for _, fut in batch:
-                fut.set_exception(self._pool._gone(e))
+                fut.set_exception(self._pool.gone_error(e))
             return
         self._acquiring = True
         self._spawn(self._deliver(ref, batch))
@@ -90,7 +90,7 @@ class PoolRequests:
         try:
             outcomes, snapshot = await ref
         except Exception as e:  # noqa: BLE001 - the pool died: each acquisition raises
-            err = self._pool._gone(e)
+            err = self._pool.gone_error(e)
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(err)
@@ -98,7 +98,7 @@ class PoolRequests:
         finally:
             self._acquiring = False
             self._send_acquires()  # what came while the call was on its way
-        self._pool._snapshot = snapshot
+        self._pool.record_snapshot(snapshot)
         for (_req, fut), outcome in zip(batch, outcomes):
             if fut.done():  # its acquirer gave up meanwhile; the cancel it sent returns the grant
                 continue
@@ -123,19 +123,18 @@ class PoolRequests:
             self.send_releases()
 
     def send_releases(self) -> None:
-        """Send the queued releases now (one call), also while another is on its way; its reference is kept in the
-        pool's ``_pending``."""
+        """Send the queued releases now (one call), also while another is on its way; its reference is kept by the
+        pool (:meth:`RayPool.track_release <.manager.RayPool.track_release>`)."""
         batch, self._releases = self._releases, []
         if not batch:
             return
         pool = self._pool
         try:
-            pool._pending = [r for r in pool._pending if not _done(r)]
             ref = pool.handle.release_many.remote(batch)
         except Exception:  # noqa: BLE001 - the pool is gone, and its instances with it
             log.debug("releasing %d leases: the pool of %s is gone", len(batch), pool.spec.label)
             return
-        pool._pending.append(ref)
+        pool.track_release(ref, done=_done)
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no loop here (a manager's close at exit): nothing waits for the answer

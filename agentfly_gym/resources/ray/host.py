@@ -89,7 +89,7 @@ class ResourceHost:
             raise ResourceError(f"{self._spec.label}: instance {iid} is already live on this host")
         if self._manager is None:
             self._manager = ResourceManager(manager_id=self._manager_id)
-        slot = _Slot(ResourcePool(self._spec, self._manager._build))
+        slot = _Slot(ResourcePool(self._spec, self._manager.build_resource))
         self._slots[iid] = slot
         try:
             async with slot.lock:

@@ -179,16 +179,22 @@ class RayPool:
         raise ResourceError(f"could not attach to the cluster pool of {self.spec.label} in namespace "
                             f"{self.manager.namespace!r}")
 
-    async def _await_grant(self, ref: Any, lease_id: str) -> Grant:
+    async def await_grant(self, ref: Any, lease_id: str) -> Grant:
+        """The grant that ``ref`` (a call on the pool actor) answers for lease ``lease_id``; when cancelled, the
+        lease is cancelled at the pool too.
+
+        Raises:
+            PoolClosedError, ResourceError: as :meth:`gone_error` makes them.
+        """
         try:
             return await ref
         except asyncio.CancelledError:
-            self._cancel(lease_id)
+            self.cancel_lease(lease_id)
             raise
         except (_ray().exceptions.RayActorError, _ray().exceptions.RayTaskError) as e:
-            raise self._gone(e) from None
+            raise self.gone_error(e) from None
 
-    def _cancel(self, lease_id: str) -> None:
+    def cancel_lease(self, lease_id: str) -> None:
         """Tell the pool (which keeps going) that this process gave up acquisition ``lease_id``: its wait is
         dropped, or its grant comes straight back."""
         try:
@@ -196,7 +202,17 @@ class RayPool:
         except Exception:  # noqa: BLE001, S110 - the pool is gone, and its instances with it
             pass
 
-    def _gone(self, e: BaseException) -> BaseException:
+    def record_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Keep ``snapshot`` (an answer of the pool actor) as the last cluster-wide snapshot seen here."""
+        self._snapshot = snapshot
+
+    def track_release(self, ref: Any, *, done: Any) -> None:
+        """Keep ``ref`` (a release call on its way) until confirmed, so :meth:`fetch_snapshot` and :meth:`settle`
+        wait for it; those already confirmed (``done(ref)`` true) are dropped."""
+        self._pending = [r for r in self._pending if not done(r)]
+        self._pending.append(ref)
+
+    def gone_error(self, e: BaseException) -> BaseException:
         """What an acquisition raises when a call on the pool failed with ``e`` (its own error, not Ray's wrapper)."""
         if isinstance(e, _ray().exceptions.RayTaskError) and isinstance(e.cause, Exception):
             return e.cause
@@ -208,11 +224,11 @@ class RayPool:
 
     def _release_nowait(self, res: RayResource, *, discard: bool = False) -> None:
         """:meth:`release` as a plain function: sends the lease back (one actor message) and returns without
-        waiting, so callers that must not yield (a scope's ``aclose`` under cancellation, a handle's
-        ``adestroy``) can give back too.  Private: the public way is ``await pool.release(res)``."""
+        waiting, so a caller in this module that must not yield (a Ray scope's ``aclose`` under cancellation)
+        can give back too.  Private: the public way is ``await pool.release(res)``, which never yields either."""
         if self._leases.pop(res.lease_id, None) is None:
             return
-        self._requests.release(res.lease_id, discard or res.dead is not None, res._host_died)
+        self._requests.release(res.lease_id, discard or res.dead is not None, res.host_died)
 
     async def release(self, res: RayResource, *, discard: bool = False) -> None:
         """Return ``res``; ``discard=True`` stops the instance instead of reusing it."""
@@ -233,7 +249,7 @@ class RayRolloutScope(RolloutScope):
     back with ``_release_nowait`` (one actor message, no wait), so ``aclose`` never yields."""
 
     def _pool_of(self, key: str, lease: Resource) -> Any:
-        return lease._pool
+        return lease.pool
 
     async def _give_back(self, pool: Any, lease: Resource, *, discard: bool = False) -> None:
         pool._release_nowait(lease, discard=discard)
@@ -298,6 +314,14 @@ class RayResourceManager(Manager):
         teardown.watch(self, run_first=True)
 
     # ------------------------------------------------------------------ pools
+    def host_handle(self, host_id: str) -> Any:
+        """The handle of host actor ``host_id`` this process was given (a grant carries each one once), or None."""
+        return self._host_handles.get(host_id)
+
+    def remember_host(self, host_id: str, handle: Any) -> None:
+        """Keep ``handle`` as host actor ``host_id``'s (for the later grants, which name only its id)."""
+        self._host_handles[host_id] = handle
+
     def pool(self, spec: ResourceSpec) -> RayPool:
         """This process's face of the cluster pool of ``spec.key``; the pool actor is found or made on first use.
 
@@ -372,9 +396,9 @@ class RayResourceManager(Manager):
                 node = _ray().get_runtime_context().get_node_id() if self.global_scope == "node" else None
                 gkey = node or "cluster"
                 ref = pool.handle.acquire_global.remote(gkey, self.id, node, self.acquire_timeout)
-                grant = await pool._await_grant(ref, f"global-{gkey}")
+                grant = await pool.await_grant(ref, f"global-{gkey}")
                 r = RayResource(pool, grant)
-                r._global_key = gkey
+                r.global_key = gkey
                 self._globals[key] = r
             return r
 
@@ -388,7 +412,7 @@ class RayResourceManager(Manager):
         pool = self._pools.get(spec.key)
         if r is not None and pool is not None:
             try:
-                await pool.handle.destroy_global.remote(r._global_key)
+                await pool.handle.destroy_global.remote(r.global_key)
             except _ray().exceptions.RayActorError:
                 pass
 
@@ -407,7 +431,7 @@ class RayResourceManager(Manager):
         except Exception:  # noqa: BLE001 - a pool that died: report what was last seen
             snaps = [p.snapshot() for p in pools]
         for p, s in zip(pools, snaps):
-            p._snapshot = s
+            p.record_snapshot(s)
         return {p.spec.key: s for p, s in zip(pools, snaps)}
 
     async def ametrics(self) -> dict[str, dict[str, Any]]:

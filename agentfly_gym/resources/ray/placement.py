@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Union
+from typing import Any
 
 from ...errors import ConfigError
 from ..spec import ResourceSpec
@@ -87,7 +87,7 @@ class RayPlacement:
         return opts
 
 
-PlacementTable = Union[Mapping[str, Union[RayPlacement, Mapping[str, Any]]], Callable[[ResourceSpec], RayPlacement]]
+PlacementTable = Mapping[str, RayPlacement | Mapping[str, Any]] | Callable[[ResourceSpec], RayPlacement]
 
 
 def resolve_placement(table: PlacementTable | None, spec: ResourceSpec) -> RayPlacement:

@@ -2,7 +2,7 @@
 all that came back in one turn of the pool's event loop, and a host's death is seen without polling.
 
 :class:`PoolRecycling` is that part of :class:`~.actors.PoolActor`: an idle instance is a ready one, so handing it
-out costs the pool no call on its host (issue 28's throughput).
+out costs the pool no call on its host (for throughput).
 """
 
 from __future__ import annotations

@@ -44,18 +44,28 @@ class RayResource(Resource):
         super().__init__(pool.spec, labels={"manager": pool.manager.id, "node_id": grant.node_id})
         self.id = f"{pool.spec.kind}@{grant.instance_id}"
         self._pool = pool
-        self._global_key = "cluster"  # of a global instance: the key the pool granted it under (see acquire_global)
+        self.global_key = "cluster"  # of a global instance: the key the pool granted it under (see acquire_global)
         self.lease_id = grant.lease_id
         self.instance_id = grant.instance_id
-        self.handle = grant.handle if grant.handle is not None else pool.manager._host_handles.get(grant.host_id)
+        self.handle = grant.handle if grant.handle is not None else pool.manager.host_handle(grant.host_id)
         if grant.handle is not None:
-            pool.manager._host_handles[grant.host_id] = grant.handle
+            pool.manager.remember_host(grant.host_id, grant.handle)
         self.node_id = grant.node_id
         self.pid = grant.pid
         self.uses = grant.uses
         self._dead: str | None = None
         self._host_died = False  # a call found the host actor dead (the pool then drops its idle instances too)
         self._status = ResourceStatus.READY
+
+    @property
+    def pool(self) -> RayPool:
+        """This process's face of the cluster pool the lease came from (where it goes back)."""
+        return self._pool
+
+    @property
+    def host_died(self) -> bool:
+        """A call found the host actor dead (the pool then drops that host's idle instances too)."""
+        return self._host_died
 
     @property
     def obj(self) -> RayResource | None:
@@ -153,7 +163,7 @@ class RayResource(Resource):
         """Destroy this process's handle: its lease goes back to the cluster pool, which stops the instance
         when it is dead and otherwise keeps it for reuse (the instance belongs to the cluster pool, not to
         this handle); idempotent."""
-        self._pool._release_nowait(self, discard=self._dead is not None)
+        await self._pool.release(self, discard=self._dead is not None)  # never yields: one actor message
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()

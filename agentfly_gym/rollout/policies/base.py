@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
+from ...limits import check_int
+
 __all__ = ["SamplingParams", "Generation", "TextPolicy", "ActionPolicy", "check_policy", "take_turn"]
 
 
@@ -37,14 +39,12 @@ class SamplingParams:
 
         from ...errors import ConfigError
 
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise ConfigError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
+        check_int("max_tokens", self.max_tokens)
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ConfigError(f"temperature={self.temperature!r} must be a finite number >= 0")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p={self.top_p!r} must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ConfigError(f"top_k={self.top_k!r} must be an integer >= -1 (0 or -1 disable it)")
+        check_int("top_k", self.top_k, minimum=-1, unit="0 or -1 disable it")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, PolicyError
+from ...limits import check_int
 from .base import Generation, SamplingParams
 from .batch_rows import Rows as _Rows
 from .batch_rows import cache_of as _cache_of
@@ -371,14 +372,12 @@ class TransformersPolicy:
     def _check(self, prompt_ids: list[int], s: SamplingParams) -> None:
         if not isinstance(s, SamplingParams):
             raise ConfigError(f"sampling must be a SamplingParams, got {type(s).__name__}")
-        if not isinstance(s.max_tokens, int) or s.max_tokens < 1:
-            raise ConfigError(f"sampling.max_tokens must be an int >= 1, got {s.max_tokens!r}")
+        check_int("sampling.max_tokens", s.max_tokens)
         if not (s.temperature >= 0 and math.isfinite(s.temperature)):
             raise ConfigError(f"sampling.temperature must be a finite number >= 0, got {s.temperature!r}")
         if not (0 < s.top_p <= 1):
             raise ConfigError(f"sampling.top_p must be in (0, 1], got {s.top_p!r}")
-        if not isinstance(s.top_k, int) or s.top_k < -1:
-            raise ConfigError(f"sampling.top_k must be an int >= -1 (0 or -1 disable it), got {s.top_k!r}")
+        check_int("sampling.top_k", s.top_k, minimum=-1, unit="0 or -1 disable it")
         if not prompt_ids:
             raise PolicyError("prompt_ids is empty: a prompt needs at least one token")
         bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self._vocab]

@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentfly_gym.errors import ConfigError, EnvError, ResourceError
+from agentfly_gym.limits import check_int
 from agentfly_gym.registration import normalize_env_id
 from agentfly_gym.resources.priority import acquire_priority
 from agentfly_gym.rewards.configured import parse_reward
@@ -178,8 +179,7 @@ def parse_row(extra_info: Any, *, default_mode: str | None = None, default_max_t
     history = info.get("history")
     history = default_history if history is None else history
     for name, v, lo in (("max_turns", max_turns, 1), ("history", history, 0)):
-        if isinstance(v, bool) or not hasattr(v, "__index__") or int(v) < lo:
-            raise ConfigError(f"extra_info[{name!r}]={v!r} must be an integer >= {lo}")
+        check_int(f"extra_info[{name!r}]", v, minimum=lo)
     seed = info.get("seed")
     if seed is not None:
         if hasattr(seed, "__index__") and not isinstance(seed, bool):
@@ -248,8 +248,7 @@ class AgentFlyAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         if mode is not None and mode not in MODES:
             raise ConfigError(f"agent loop mode={mode!r} is not one of {MODES} (or null: per row)")
-        if max_tokens_per_turn is not None and (not isinstance(max_tokens_per_turn, int) or max_tokens_per_turn < 1):
-            raise ConfigError(f"max_tokens_per_turn={max_tokens_per_turn!r} must be None or an integer >= 1")
+        check_int("max_tokens_per_turn", max_tokens_per_turn, optional=True)
         self.mode = mode
         self.max_turns = max_turns
         self.history = history
@@ -260,9 +259,7 @@ class AgentFlyAgentLoop(AgentLoopBase):
         self.reward = parse_reward(reward)
         if order not in ("longest", "arrival"):
             raise ConfigError(f"agent loop order={order!r} is not one of ('longest', 'arrival')")
-        if max_concurrent is not None and (isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int)
-                                           or max_concurrent < 1):
-            raise ConfigError(f"max_concurrent={max_concurrent!r} must be None or an integer >= 1")
+        check_int("max_concurrent", max_concurrent, optional=True)
         self.order, self.max_concurrent = order, max_concurrent
         self.lengths_path = str(lengths_path) if lengths_path else None
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from agentfly_gym.data.task_draw import DEFAULT_SPLIT, check_draw, check_seed, draw_tasks, env_class
 from agentfly_gym.errors import ConfigError, DataNotFoundError
+from agentfly_gym.limits import check_int
 from agentfly_gym.utils.jsonargs import json_object
 
 __all__ = ["build_dataset", "dataset_main", "shared_tasks", "AGENT_NAMES", "DEFAULT_SPLIT"]
@@ -104,8 +105,7 @@ def build_dataset(env_id: str, tasks: Sequence[str | int] | None = None, n: int 
         raise ConfigError(f"mode={mode!r} is not one of {list(AGENT_NAMES)}")
     seed = check_seed(seed)  # a plain int in the rows (a NumPy integer would be one there too)
     for name, v, lo in (("max_turns", max_turns, 1), ("history", history, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ConfigError(f"{name}={v!r} must be an integer >= {lo}")
+        check_int(name, v, minimum=lo)
     if _same_file(out_path, exclude):
         raise ConfigError(f"{out_path} is both the output and an --exclude file: writing it would replace the data "
                           "set whose tasks are to be left out; write to another file")

@@ -126,7 +126,7 @@ def _get(config: Any, key: str, default: Any) -> Any:
     if callable(getter):
         try:
             return getter(key, default)
-        except Exception:  # noqa: BLE001  (a dataclass config's get may reject unknown keys)
+        except Exception:  # noqa: BLE001, S110  (a dataclass config's get may reject unknown keys)
             pass
     return getattr(config, key, default)
 

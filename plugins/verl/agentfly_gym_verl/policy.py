@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from agentfly_gym.errors import ConfigError, PolicyError
+from agentfly_gym.limits import check_int
 from agentfly_gym.rollout.policies.base import Generation, SamplingParams
 
 __all__ = ["VerlServerPolicy"]
@@ -80,8 +81,7 @@ class VerlServerPolicy:
         if mode not in ("chain", "step"):
             raise ConfigError(f"mode={mode!r} is not one of 'chain', 'step'")
         for name, v in (("prompt_length", prompt_length), ("response_length", response_length)):
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name}={v!r} must be an integer >= 1 (tokens)")
+            check_int(name, v, unit="tokens")
         self.server_manager = server_manager
         self.tokenizer = tokenizer
         self.request_id = request_id

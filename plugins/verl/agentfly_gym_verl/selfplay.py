@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from agentfly_gym.errors import ConfigError, EnvError
+from agentfly_gym.limits import check_int
 from agentfly_gym.registration import MULTIAGENT_ENVS, make_multiagent, normalize_multiagent_id
 from agentfly_gym.rollout.multiagent import PlayerTrajectory, run_multiagent_game
 from agentfly_gym.rollout.policies.base import SamplingParams
@@ -144,8 +145,7 @@ def parse_selfplay_row(extra_info: Any, *, default_mode: str | None = None, defa
     max_turns = default_max_turns if info.get("max_turns") is None else info["max_turns"]
     history = default_history if info.get("history") is None else info["history"]
     for key, v, lo in (("max_turns", max_turns, 1), ("history", history, 0)):
-        if isinstance(v, bool) or not hasattr(v, "__index__") or int(v) < lo:
-            raise ConfigError(f"extra_info[{key!r}]={v!r} must be an integer >= {lo}")
+        check_int(f"extra_info[{key!r}]", v, minimum=lo)
     seed = info.get("seed")
     if seed is not None:
         if isinstance(seed, bool) or not hasattr(seed, "__index__"):
@@ -173,8 +173,7 @@ def selfplay_rows(n: int, *, env_id: str = "agentfly/ChessSelfPlay-v0", seed: in
     """
     import json
 
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"n={n!r} must be an integer >= 1")
+    check_int("n", n)
     row0 = parse_selfplay_row({"env_id": env_id})
     env = make_multiagent(row0["env_id"], **(env_kwargs or {}))
     system = env.agent_prompt.system

@@ -121,6 +121,17 @@ class DockerContainer(DockerFiles, ContainerResource):
         self._own_engine: DockerEngine | None = None  # made by hand (no manager's services): closed on release
 
     @property
+    def upper_dir(self) -> str | None:
+        """The host folder of the container's writable layer (overlay2), which the disk watchdog measures; None:
+        not known (another storage driver, a remote engine) or no container."""
+        return self._upper_dir
+
+    def mark_dead(self, reason: str) -> None:
+        """Record why the container is being killed from outside (the disk watchdog): every later call on it
+        raises :class:`~agentfly_gym.errors.ResourceDied` with ``reason``, until it is replaced."""
+        self._death_reason = reason
+
+    @property
     def engine(self) -> DockerEngine:
         """The Docker engine access of the manager that built this container (client, thread pool, watchdog)."""
         if self.services is not None:
@@ -337,7 +348,7 @@ class DockerContainer(DockerFiles, ContainerResource):
             return self._status
         try:
             state = await self._in_thread(self._state_sync)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an engine that cannot say: the container is not known running
             state = None
         if state is None or state.get("Status") != "running" or state.get("OOMKilled"):
             self._status = ResourceStatus.UNHEALTHY
@@ -376,7 +387,7 @@ class DockerContainer(DockerFiles, ContainerResource):
     def _remove_sync(self, cid: str) -> None:
         try:
             self.engine.client().api.remove_container(cid, force=True, v=True)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - best-effort removal; all but NotFound is logged
             if type(e).__name__ != "NotFound":
                 log.warning("removing container %s failed: %s", cid[:12], e)
 

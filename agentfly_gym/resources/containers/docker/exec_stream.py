@@ -34,6 +34,8 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 from urllib.parse import urlparse
 
+from ....errors import ResourceError
+
 __all__ = ["EngineError", "Endpoint", "endpoint_from_env", "exec_start_frames"]
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ _MAX_LINE = 65536
 _ENV_KEYS = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
 
 
-class EngineError(Exception):
+class EngineError(ResourceError):
     """The engine answered ``exec start`` with an error.
 
     Attributes:

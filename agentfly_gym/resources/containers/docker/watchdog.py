@@ -90,15 +90,16 @@ class DiskWatchdog:
             with self._lock:
                 items = list(self._watched.items())
             for cid, box in items:
-                if box.container_id != cid or box._upper_dir is None or box.spec.disk is None:
+                if box.container_id != cid or box.upper_dir is None or box.spec.disk is None:
                     with self._lock:
                         self._watched.pop(cid, None)
                     continue
-                used = _tree_bytes(box._upper_dir, box.spec.disk)
+                used = _tree_bytes(box.upper_dir, box.spec.disk)
                 if used > box.spec.disk:
-                    box._death_reason = (f"its disk limit of {box.spec.disk} bytes was exceeded "
-                                         f"(writable layer at {used} bytes or more)")
-                    log.warning("%s: %s; killing the container", box.id, box._death_reason)
+                    reason = (f"its disk limit of {box.spec.disk} bytes was exceeded "
+                              f"(writable layer at {used} bytes or more)")
+                    box.mark_dead(reason)
+                    log.warning("%s: %s; killing the container", box.id, reason)
                     with contextlib.suppress(Exception):
                         self._engine.client().api.kill(cid)
                     with self._lock:

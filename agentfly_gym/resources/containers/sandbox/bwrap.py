@@ -85,7 +85,7 @@ def seccomp_filter_bpf() -> bytes | None:
             f.export_bpf(tmp)
             tmp.seek(0)
             bpf = tmp.read()
-    except Exception as e:  # ImportError, or OSError when libseccomp.so.2 is missing
+    except Exception as e:  # noqa: BLE001 - ImportError, or OSError when libseccomp.so.2 is missing
         log.warning("sandbox: no seccomp filter (%s); install agentfly-gym[sandbox] (pyseccomp) and libseccomp2", e)
         bpf = None
     _seccomp_cache.append(bpf)

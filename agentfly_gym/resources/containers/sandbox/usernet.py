@@ -173,7 +173,7 @@ class UserNetwork:
         try:
             async with asyncio.timeout(5):
                 await self.proc.wait()
-        except (TimeoutError, Exception):
+        except Exception:  # noqa: BLE001 - a helper that will not exit (or a timeout) is killed
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             with contextlib.suppress(Exception):
