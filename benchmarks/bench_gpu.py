@@ -35,10 +35,11 @@ gymnasium and chess carried as wheels).  Build the wheels here, into the git-ign
         trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0
     python -m pip wheel --no-deps -w dist/gpu-wheels chess==1.11.2
 
-then one device call (the ``run`` tool, ``carry=["dist/gpu-wheels"]``, ``timeout_s=540``)::
+then one device call (the ``run`` tool, ``carry=["dist/gpu-wheels"]``, ``timeout_s=540``); the wheels are pure
+Python, unpacked with the standard library (no pip, no index, no install into the machine's Python)::
 
-    pip install --no-index --no-deps dist/gpu-wheels/*.whl -q && \\
-    PYTHONPATH=$PWD python benchmarks/bench_gpu.py --out $OUT
+    for w in dist/gpu-wheels/*.whl; do python -m zipfile -e "$w" /tmp/wh; done && \\
+    PYTHONPATH=$PWD:/tmp/wh python benchmarks/bench_gpu.py --out $OUT
 
 and commit the returned ``bench_gpu.json``/``.png`` under ``benchmarks/results/``.  The JSON's ``summary`` holds
 ``gpu`` (the device's name), ``ours_over_generate`` (64 rows, sampled), ``async_over_lockstep``
