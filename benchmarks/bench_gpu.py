@@ -315,6 +315,7 @@ def part_schedule(model, tok, chat, device: str, profile: str, n: int, b: int, t
             wall = asyncio.run(_rollouts(policy, chat, n, b, seed, kw, turns, max_tokens, sched == "lockstep"))
         finally:
             policy.close()
+            policy.prefix_cache.clear()  # its device memory, before the next schedule's policy
         out[sched] = {"wall_s": wall, "trajectories_per_s": n / wall, "requests": policy.num_requests,
                       "forward_passes": policy.num_forward_passes, "prefill_tokens": policy.num_prefill_tokens,
                       "prompt_tokens": policy.num_prompt_tokens, "reused_tokens": policy.prefix_cache.reused_tokens}
