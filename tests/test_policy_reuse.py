@@ -49,7 +49,7 @@ def forward_logprobs(policy, prompt: list[int], ids: list[int], temperature: flo
 
 
 def test_sample_rows_draws_from_each_rows_distribution():
-    """The exponential race picks token i with probability p_i: 4000 draws of p = (0.5, 0.3, 0.2) land within
+    """The batched inverse-CDF draw picks token i with probability p_i: 4000 draws of p = (0.5, 0.3, 0.2) land within
     3 points of it; a row's top_k=2 never draws the third token; greedy rows take the argmax."""
     z = torch.log(torch.tensor([0.5, 0.3, 0.2]))
     n = 4000  # rows per kind, all in one batch (one generator each)
