@@ -42,11 +42,15 @@ The tree (classes defined outside this module are named with their module)::
     │       └── envs.alfworld.planner.ExpertPlanTimeout (TimeoutError)
     ├── TokenizationError
     ├── PolicyError
+    │   ├── rollout.policies.endpoint_policy.EndpointError   .status: the last HTTP status
+    │   └── rollout.trajectory.TextOnlyTrajectory        a text-only trajectory where token ids are needed
     ├── ToolError                                      the tool layer
     │   ├── tools.formats.ToolCallError (ValueError)
     │   ├── tools.mcp.MCPToolError (RuntimeError)
     │   ├── tools.stalls.ToolBlockedLoop (TimeoutError)
     │   └── tools.threads.UserCodeExit (RuntimeError)
+    ├── gateway.messages.BadRequest                    .status, .code, .param: an OpenAI-shaped API error
+    ├── gateway.command.CommandFailed (RuntimeError)   an agent's command failed in its container
     ├── envs.r2egym.actions.ActionParseError (ValueError)
     ├── envs.r2egym.local_tasks.TaskBuildError
     ├── envs.scienceworld.java_fold.FoldUnavailable (RuntimeError)

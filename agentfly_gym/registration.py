@@ -8,13 +8,14 @@ Both ``gymnasium.make("agentfly/Chess-v0")`` (after ``import agentfly_gym``) and
 
 from __future__ import annotations
 
+import difflib
 import functools
 from typing import Any
 
 import gymnasium
 
 __all__ = ["ENVS", "MULTIAGENT_ENVS", "register_envs", "normalize_env_id", "normalize_multiagent_id", "make_vector",
-           "make_multiagent"]
+           "make_multiagent", "env_kwarg_names", "bad_kwargs_error"]
 
 NAMESPACE = "agentfly"
 
@@ -95,9 +96,54 @@ def normalize_env_id(name: str) -> str:
     if cand not in gymnasium.registry:
         known = sorted(k for k in gymnasium.registry if k.startswith(f"{NAMESPACE}/"))
         multi = sorted(f"{NAMESPACE}/{n}" for n in MULTIAGENT_ENVS)
-        raise ConfigError(f"unknown environment {name!r}; registered: {known}; multi-agent (PettingZoo, "
+        short = {k.partition("/")[2]: k for k in known + multi}
+        close = difflib.get_close_matches(name.partition("/")[2] if "/" in name else name, list(short), n=1)
+        hint = f" (did you mean {short[close[0]]!r}?)" if close else ""
+        raise ConfigError(f"unknown environment {name!r}{hint}; registered: {known}; multi-agent (PettingZoo, "
                           f"agentfly-gym rollout and make_multiagent only): {multi}")
     return cand
+
+
+def env_kwarg_names(env_id: str) -> list[str]:
+    """The keyword arguments ``gymnasium.make(env_id, **kwargs)`` accepts: the constructor's (through a
+    ``**kwargs`` that it passes on, the base :class:`~agentfly_gym.envs.base.AgentFlyEnv`'s too) and
+    ``gymnasium.make``'s own, sorted.  Imports the environment's module, starts nothing."""
+    import inspect
+
+    from gymnasium.envs.registration import load_env_creator
+
+    spec = gymnasium.spec(env_id)
+    creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    names = {n for n in inspect.signature(gymnasium.make).parameters if n not in ("id", "kwargs")}
+    params = inspect.signature(creator).parameters
+    names |= {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n != "self"}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        from .envs.base import AgentFlyEnv
+
+        names |= {n for n, p in inspect.signature(AgentFlyEnv.__init__).parameters.items()
+                  if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n != "self"}
+    return sorted(names)
+
+
+def bad_kwargs_error(env_id: str, kwargs: dict[str, Any], error: Exception) -> Exception:
+    """The :class:`~agentfly_gym.errors.ConfigError` for ``gymnasium.make(env_id, **kwargs)`` raising ``error``
+    (a ``TypeError``): it names each argument the environment does not take, with its close match
+    (``mdoe`` -> ``mode``), and the arguments it does take."""
+    from .errors import ConfigError
+
+    try:
+        known = env_kwarg_names(env_id)
+    except (ImportError, AttributeError, TypeError, ValueError, gymnasium.error.Error):  # unreadable entry point
+        return ConfigError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {error}")
+    unknown = [k for k in kwargs if k not in known]
+    if not unknown:
+        return ConfigError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {error}")
+    said = []
+    for k in unknown:
+        close = difflib.get_close_matches(k, known, n=1)
+        said.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
+    return ConfigError(f"{env_id}: bad keyword argument{'s' if len(said) > 1 else ''} {', '.join(said)}: the env "
+                       f"takes no such argument; its arguments are {known}")
 
 
 def normalize_multiagent_id(name: str) -> str:

@@ -1,4 +1,20 @@
-"""Shared fixtures: where the test data lives (tests/data), Docker, process-leak checks."""
+"""Shared fixtures: where the test data lives (tests/data), Docker, process-leak checks; how the tests are shared
+out among pytest-xdist workers.
+
+``make test`` runs the suite on one worker per CPU (``-n auto --dist loadgroup``) in a random order
+(pytest-randomly).  What a test must do to pass there, whatever runs beside it and before it:
+
+- build what it needs through fixtures (a session fixture for a costly build, cached on disk, guarded by a file
+  lock when two workers may build the same thing: see ``build_local_tasks``, ``tiny_qwen_dir``, the image builds);
+- write only under its own ``tmp_path`` (or a cache entry written atomically), listen on a port the OS picked
+  (port 0), name its Docker containers and processes by its own pid or a fresh id, and check for leaks among its
+  own processes (``tests/proctools.py``: ``children_of=os.getpid()`` or a marker), never machine-wide;
+- wait for an event or poll a condition with a generous deadline (``tests/waiting.py``), never a fixed sleep, and
+  assert no wall-clock bound that a loaded machine can miss;
+- tests that must not run beside each other (one cluster of a module, one engine's global state) carry
+  ``pytest.mark.xdist_group("name")``: a group runs on one worker.  Tests that use a module-scoped fixture of
+  their module are grouped by module automatically (below), so that fixture is built once.
+"""
 
 from __future__ import annotations
 
@@ -101,3 +117,16 @@ def tiny_qwen(test_data) -> Path:
     from agentfly_gym.rollout.models import tiny_qwen_dir
 
     return tiny_qwen_dir(test_data / "tokenizers" / "qwen3")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Keep the tests of a module that use one of its module- or class-scoped fixtures on one xdist worker (a group
+    named after the module), so that fixture (a Ray cluster, a server, a loaded model) is built once, not once per
+    worker.  Explicit ``xdist_group`` marks are kept; without pytest-xdist the marks do nothing."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        if any(d and d[-1].scope in ("module", "class") for d in defs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

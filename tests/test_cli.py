@@ -141,6 +141,7 @@ def test_a_refused_run_leaves_no_default_output_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # five CLI runs, each a Python start-up with the imports
 def test_append_without_a_seed_plays_new_episodes(tmp_path):
     """``--append`` without ``--seed`` continues the seeds after the run's (the first batch's episodes are not
     replayed, as they were when the seed restarted at 0); an explicit ``--seed`` is honoured, with a one-line

@@ -9,6 +9,8 @@ lifecycle is checked on Chess play mode with a real Stockfish engine pool.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium
 import pytest
 
@@ -19,17 +21,23 @@ from agentfly_gym.utils.aio import run_sync
 
 pytestmark = pytest.mark.timeout(180)
 
+#: What an env needs to be constructed that is not there by default: R2E-Gym reads the locally built task set
+#: (built by ``agentfly-gym r2e build-tasks``, minutes) unless given rows; the repository's fixture rows do, so
+#: this test does not depend on another test having built that set first.
+MAKE_KWARGS = {"R2EGym-v0": {"tasks": str(Path(__file__).parent / "fixtures" / "r2e" / "tasks.jsonl")}}
+
 
 @pytest.mark.parametrize("name", list(ENVS))
 def test_make_max_episode_steps_reaches_the_env(name):
     env_id = f"agentfly/{name}"
-    default = gymnasium.make(env_id)
+    kwargs = MAKE_KWARGS.get(name, {})
+    default = gymnasium.make(env_id, **kwargs)
     try:
         own = default.unwrapped.max_episode_steps
     finally:
         default.unwrapped._closed = True  # nothing was acquired: closing needs no event loop
     for n in (3, 250):
-        env = gymnasium.make(env_id, max_episode_steps=n)
+        env = gymnasium.make(env_id, max_episode_steps=n, **kwargs)
         try:
             assert env.unwrapped.max_episode_steps == n != own
             assert env.spec.max_episode_steps == n
@@ -39,7 +47,7 @@ def test_make_max_episode_steps_reaches_the_env(name):
             again.unwrapped._closed = True
         finally:
             env.unwrapped._closed = True
-    vec = gymnasium.make_vec(env_id, num_envs=2, max_episode_steps=4)
+    vec = gymnasium.make_vec(env_id, num_envs=2, max_episode_steps=4, **kwargs)
     try:
         assert [e.max_episode_steps for e in vec.envs] == [4, 4]
     finally:

@@ -152,7 +152,7 @@ async def test_stopped_jvm_does_not_block_the_event_loop():
             t0 = time.monotonic()
             del proxy
             gc.collect()  # py4j's finalizer used to call the stopped JVM from here, forever
-            assert time.monotonic() - t0 < 5
+            assert time.monotonic() - t0 < 60  # "forever" before (a loaded machine's collection takes seconds)
             obs, reward, terminated, truncated, info = await env.astep("look around")
             assert truncated and "step_timeout" in info["error"]
         finally:

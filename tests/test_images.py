@@ -14,7 +14,7 @@ import pytest
 from agentfly_gym.cli.images import images_main
 from agentfly_gym.errors import ConfigError
 from agentfly_gym.images.base import base_image_tag, base_rootfs_dir, build_base_image, debian_mirror
-from agentfly_gym.images.build import build_image, recipe_digest
+from agentfly_gym.images.build import build_image, build_lock_path, recipe_digest
 from agentfly_gym.images.engine import ImageBuildError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,3 +151,34 @@ def test_r2egym_recipe_has_python_pytest_git(engine, base_image, capsys):
     assert tag.startswith("agentfly/r2egym:")
     out = _run(engine, tag, ["sh", "-c", "pwd; python3 -m pytest --version; git --version; git config user.name"])
     assert out.startswith("/testbed\n") and "pytest 8." in out and "git version" in out and out.endswith("agent\n")
+
+
+@pytest.mark.slow
+def test_a_second_build_of_one_tag_waits_for_the_first(engine, base_image, tmp_path):
+    """Two processes building one recipe (two test workers) would share its wheel folder half-written: a build waits
+    while another holds the tag's lock, then builds (here the first built nothing, so it does)."""
+    import fcntl
+    import threading
+    import uuid
+
+    recipe = tmp_path / "locked"
+    recipe.mkdir()
+    (recipe / "Dockerfile").write_text(f"ARG BASE_IMAGE\nFROM ${{BASE_IMAGE}}\nRUN echo {uuid.uuid4().hex} > /id\n")
+    tag = f"agentfly-test/locked:{recipe_digest(recipe, engine.images.get(base_image).id)}"
+    lock_path = build_lock_path(tag)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    result: list[str] = []
+    try:
+        with open(lock_path, "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # the other builder
+            builder = threading.Thread(target=lambda: result.append(
+                build_image(recipe, name="agentfly-test/locked", base=base_image)))
+            builder.start()
+            builder.join(3)  # a window in which an unlocked build would at least have started
+            assert builder.is_alive() and not engine.images.list(name="agentfly-test/locked")
+            fcntl.flock(held, fcntl.LOCK_UN)
+        builder.join(300)
+        assert result == [tag] and engine.images.get(tag)
+    finally:
+        for image in engine.images.list(name="agentfly-test/locked"):
+            engine.images.remove(image.id, force=True)

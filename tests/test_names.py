@@ -50,7 +50,7 @@ OLD_VERBS = {"close_sync", "terminate", "terminate_sync", "shutdown", "ashutdown
 
 def _scanned_files() -> list[Path]:
     files = [REPO / "README.md", REPO / "benchmarks" / "README.md"]
-    for top in ("agentfly_gym", "plugins", "benchmarks"):
+    for top in ("agentfly_gym", "plugins", "benchmarks", "docs"):
         files += [p for p in (REPO / top).rglob("*") if p.is_file() and p.suffix in SUFFIXES
                   and "results" not in p.relative_to(REPO).parts and "__pycache__" not in p.parts]
     return sorted(set(files))

@@ -126,7 +126,7 @@ def test_serve_command_rejects_bad_input():
         serve_main(["--env", "Chess-v0"])                               # the protocol must be named
     with pytest.raises(ConfigError, match="unknown environment"):
         create_openenv_app("NoSuchEnv")
-    with pytest.raises(ConfigError, match="bad keyword arguments"):
+    with pytest.raises(ConfigError, match="bad keyword argument 'colour'"):
         create_openenv_app("Chess", env_kwargs={"colour": "red"})
     with pytest.raises(ConfigError) as info:
         create_openenv_app("Chess", max_sessions=0)

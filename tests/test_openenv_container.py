@@ -74,6 +74,7 @@ def _ours(client) -> list:
 
 
 @pytest.mark.docker
+@pytest.mark.slow  # builds the echo server's image, minutes when not cached
 def test_unchanged_image_is_not_rebuilt(echo_image, docker_client):
     """The second build finds the image by its labels (the copied packages' versions) and builds nothing."""
     from agentfly_gym.images.openenv import build_openenv_image

@@ -77,11 +77,13 @@ async def test_saturated_pool_serves_larger_priority_first_and_fifo_without():
 
 
 async def test_age_bound_keeps_a_low_priority_waiter_from_starving():
-    pool = box_pool(1, priority_age_bound=0.2)
+    # the bound is long against the few loop turns between queueing waiters 1 and 2 and serving them (a loaded
+    # machine can stall this process for a fraction of a second: with 0.2 s, waiter 1 aged too and came before 2)
+    pool = box_pool(1, priority_age_bound=1.0)
     held = await pool.acquire()
     order: list[int] = []
     tasks = await _queue(pool, [1.0], order)
-    await asyncio.sleep(0.25)  # waiter 0 is now past the bound
+    await asyncio.sleep(1.05)  # waiter 0 is now past the bound
     tasks += await _queue(pool, [50.0, 60.0], order, first=1)
     await pool.release(held)
     await asyncio.gather(*tasks)

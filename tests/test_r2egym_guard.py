@@ -176,7 +176,13 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
 
 
-@pytest.mark.parametrize("hack", [n for n, h in r2e_hacks.HACKS.items() if h.in_process])
+#: The in-process hacks the fast suite (``-m "not slow"``) checks, one of each kind (a pytest internal wrapped, a test's
+#: code swapped, a helper rebound in the test file's globals); the others (two pytest runs each, seconds) are slow.
+FAST_HACKS = ("testreport_wrap", "test_code_swap", "helper_globals_swap")
+
+
+@pytest.mark.parametrize("hack", [n if n in FAST_HACKS else pytest.param(n, marks=pytest.mark.slow)
+                                  for n, h in r2e_hacks.HACKS.items() if h.in_process])
 def test_in_process_hacks_fool_plain_pytest_and_not_the_launcher(hack, tmp_path):
     action = r2e_hacks.HACKS[hack].actions[0]
     text = action.split("<<'AFG_EOF' && echo replaced\n", 1)[1].rsplit("AFG_EOF", 1)[0]

@@ -71,3 +71,23 @@ def test_an_empty_archive_left_by_an_earlier_version_is_not_reused(tmp_path, mon
     monkeypatch.setattr(local_tasks.subprocess, "run", pip)
     got = local_tasks._download(SPEC, dest, lambda _: None)
     assert len(calls) == 1 and got.stat().st_size > 0
+
+
+def test_a_second_build_of_one_folder_waits_for_the_first(tmp_path):
+    """Two processes building the same task folder (two test workers) would write the same temporary files: a build
+    waits while another holds the folder's lock, then goes on (here with nothing to build: it lists the set)."""
+    import fcntl
+    import threading
+
+    (tmp_path / "rows").mkdir()
+    with open(tmp_path / ".build.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the other builder
+        result = []
+        builder = threading.Thread(target=lambda: result.append(local_tasks.build_local_tasks(tmp_path, bugs=[],
+                                                                                              log=None)))
+        builder.start()
+        builder.join(0.5)  # a window in which an unlocked build (well under 0.1 s here) would have finished
+        assert builder.is_alive() and not (tmp_path / "tasks.jsonl").exists()
+        fcntl.flock(held, fcntl.LOCK_UN)
+    builder.join(60)
+    assert result == [tmp_path / "tasks.jsonl"] and (tmp_path / "tasks.jsonl").read_text() == ""

@@ -33,6 +33,7 @@ def local_tasks_file() -> Path:
     return path
 
 
+@pytest.mark.slow  # builds the 21-task set: sdist downloads and verification, minutes when not cached
 def test_task_set_format(local_tasks_file):
     tasks = load_tasks(local_tasks_file)
     assert len(tasks) == len(LOCAL_BUGS) >= 20
@@ -50,6 +51,7 @@ def test_task_set_format(local_tasks_file):
         assert json.loads(t.row["expected_output_json"]) == t.expected
 
 
+@pytest.mark.slow  # builds the 21-task set: sdist downloads and verification, minutes when not cached
 def test_rebuild_is_idempotent(local_tasks_file, capsys):
     before = local_tasks_file.read_bytes()
     assert build_tasks_main(["--only", LOCAL_BUGS[0].task_id]) == 0

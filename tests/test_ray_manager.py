@@ -850,8 +850,8 @@ def test_a_pin_to_an_absent_node_fails_at_once_and_a_reset_replaced_on_its_host_
             pool = m.pool(spec)
             r = await pool.acquire(timeout=60)
             t0 = time.monotonic()
-            with pytest.raises(ResourceStartError, match=absent) as e:
-                await pool.acquire(timeout=30, node_id=absent)
+            with pytest.raises(ResourceStartError, match=absent) as e:  # not the ResourceTimeout of a wait
+                await pool.acquire(timeout=600, node_id=absent)
             took = time.monotonic() - t0
             await pool.release(r)
             again = await pool.acquire(timeout=60)
@@ -860,7 +860,8 @@ def test_a_pin_to_an_absent_node_fails_at_once_and_a_reset_replaced_on_its_host_
             return took, str(e.value), pid == r.pid, uses, await pool.fetch_snapshot()
 
     took, message, same_host, uses, snap = asyncio.run(main())
-    assert took < 10 and "not a live node" in message and "\n" not in message, (took, message)
+    # at once: long before the acquire's 600 s timeout (60 s leaves a loaded machine's Ray calls their time)
+    assert took < 60 and "not a live node" in message and "\n" not in message, (took, message)
     assert same_host and uses == 2, (same_host, uses)  # the same cluster instance, its object replaced on its host
     assert snap["replaced_on_host"] == 1 and snap["replaced"] == 1 and snap["died"] == 0, snap
     assert len(lifetimes(events)) == 2, lifetimes(events)  # the first object stopped, its replacement started

@@ -1,20 +1,22 @@
-"""The README's code runs as pasted: every ```python block of README.md, each in a fresh interpreter.
+"""The README's and the documentation site's code runs as pasted: every ```python block of README.md and of
+docs/**/*.md, each in a fresh interpreter.
 
 Each block is fed on stdin to ``python -`` (as if pasted into an interpreter, so the current folder is on
 ``sys.path``), in an empty temporary folder, with the suite's cache folder and without a data folder (the blocks
 run on the samples shipped in the package, as a newcomer's do), and must exit 0 within its time limit and leave
 no process behind.  Real components throughout: the bundled SmolLM2 model, the simulators, Ray, OpenEnv's own
-CLI and server, and the Docker engine for the block that builds an image.
+CLI and server, and the Docker engine for the block that builds an image.  A block that appears word for word on
+two pages (the README repeats a few of the site's) runs once.
 
-What a block needs beyond that is in :data:`NEEDS`, keyed by a text the block contains, and the README must say
+What a block needs beyond that is in :data:`NEEDS`, keyed by a text the block contains, and the page must say
 it just before the block (a server started first, ``openenv init`` run first, a Docker engine).  A block that
 :data:`NEEDS` does not know runs with no help and the default limit, so a new block that does not run as pasted
 fails here.  Two liberties, both for a shared machine: the OpenEnv client block's server runs on a free port,
-written over the README's ``8000`` in the block, and each block's ``ray.init()`` gets a temp folder of its own
+written over the page's ``8000`` in the block, and each block's ``ray.init()`` gets a temp folder of its own
 (``RAY_TMPDIR``, no ``RAY_ADDRESS``), so it starts its own Ray instead of joining someone else's.
 
 Measured on the 2-core development machine under load (``pytest tests/test_readme.py -s``): see each test's
-printed ``README block N: exit 0 in S s``; blocks over a minute there are marked ``slow``.
+printed ``block PAGE N: exit 0 in S s``; blocks over about ten seconds there are marked ``slow``.
 """
 
 from __future__ import annotations
@@ -36,14 +38,17 @@ from pathlib import Path
 import pytest
 from proctools import TREE_MARKER, pids_with_env, wait_gone
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
-MIN_BLOCKS = 9
+MIN_README_BLOCKS = 3     # the README's three examples
+MIN_DOCS_BLOCKS = 25
 
 
 @dataclass(frozen=True)
 class Needs:
-    """What one README block needs to run (and what the README says beside it)."""
+    """What one block needs to run (and what its page says beside it)."""
 
     modules: tuple[str, ...] = ()     # optional extras: skipped when not installed
     setup: tuple[tuple[str, ...], ...] = ()   # commands run first in the block's folder ("{python}" = this Python)
@@ -56,7 +61,7 @@ class Needs:
 
 NEEDS: dict[str, Needs] = {
     'make_vec("agentfly/ScienceWorld-v0"': Needs(slow=True, timeout=600),  # ~30 s
-    "run_rollouts(": Needs(slow=True, timeout=1200),
+    'env_ids=["Chess-v0", "ScienceWorld-v0"]': Needs(slow=True, timeout=1200),   # the bundled model, two envs
     "selfplay.env(": Needs(modules=("pettingzoo",)),
     "RayResourceManager(": Needs(modules=("ray",), slow=True, timeout=600),
     "compute_advantage(": Needs(modules=("verl",), slow=True),       # importing verl: ~1 min
@@ -67,8 +72,18 @@ NEEDS: dict[str, Needs] = {
     'app="echo_env.server.app:app"': Needs(modules=("openenv.core",), slow=True, said="openenv init echo_env",
                                            setup=(("{python}", "-m", "openenv.cli", "init", "echo_env"),)),
     "GRPOTrainer(": Needs(modules=("trl",), slow=True, timeout=900),
-    "TaskRunner(": Needs(slow=True, timeout=600),
+    "TaskRunner(": Needs(slow=True, timeout=1200),   # the plain loop trains SmolLM2 on the CPU: over 600 s at load 16
+    "serve_gateway(": Needs(slow=True, timeout=600),   # the bundled SmolLM2 behind the gateway
     "mcp_server_spec(": Needs(modules=("mcp",), slow=True, timeout=600),     # a stdio MCP server: ~10-14 s
+    'task_name="boil", split="validation"': Needs(slow=True, timeout=600),       # a ScienceWorld JVM
+    '"agentfly/ALFWorld-v0", split="validation"': Needs(slow=True, timeout=600),  # TextWorld's first load
+    'gymnasium.make("agentfly/WebShop-v0")': Needs(slow=True, timeout=600),      # spaCy and the catalog
+    '"agentfly/CodeInterpreter-v0"': Needs(slow=True, timeout=600),            # a sandbox container
+    '"agentfly/Retrieval-v0"': Needs(slow=True, timeout=600),                  # the BM25 index
+    "pass_at_k(": Needs(slow=True, timeout=600),
+    'make_tool_env("my/Add-v0", tasks=[{"prompt"': Needs(slow=True),      # transformers' schema: 23-30 s loaded
+    'backend="sandbox", memory="512m"': Needs(slow=True),
+    "def make_env() -> str:": Needs(slow=True),
     "build_openenv_image(": Needs(modules=("openenv.core",), docker=True, slow=True, timeout=1800,
                                   said="needs a Docker engine"),
 }
@@ -90,14 +105,38 @@ def _needs(code: str) -> Needs:
     return found[0] if found else Needs()
 
 
-def _params():
+def pages() -> list[Path]:
+    """README.md, then every page of the documentation site, in path order."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def _page_name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def all_blocks() -> list[tuple[str, int, str, str]]:
+    """``(page, index in the page, code, the text just before it)`` of every ```python block of every page."""
     out = []
-    for i, code in enumerate(python_blocks(README.read_text(encoding="utf-8"))):
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        out += [(_page_name(page), i, code, before)
+                for i, (code, before) in enumerate(zip(python_blocks(text), text_before_blocks(text)))]
+    return out
+
+
+def _params():
+    out, seen = [], set()
+    for page, i, code, _ in all_blocks():
+        if code in seen:          # the same block on another page: it ran already
+            continue
+        seen.add(code)
         need = _needs(code)
         marks = [pytest.mark.slow] * need.slow + [pytest.mark.docker] * need.docker
         marks.append(pytest.mark.timeout(need.timeout + 600))  # set-up, a server's start and the leak check
         first = next((ln.strip() for ln in code.splitlines() if ln.strip()), "")
-        out.append(pytest.param(i, code, need, marks=marks, id=f"{i}-{re.sub(r'[^A-Za-z0-9_.]+', '_', first)[:40]}"))
+        name = re.sub(r"[^A-Za-z0-9_.]+", "_", page.removesuffix(".md"))
+        out.append(pytest.param(f"{page} {i}", code, need, marks=marks,
+                                id=f"{name}-{i}-{re.sub(r'[^A-Za-z0-9_.]+', '_', first)[:40]}"))
     return out
 
 
@@ -131,13 +170,15 @@ def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float) -> 
     raise AssertionError(f"the server did not listen on port {port} within {timeout:.0f} s")
 
 
-def test_readme_has_python_blocks():
-    """Extraction finds the README's blocks (so the test below cannot pass by finding none), and every
-    NEEDS entry still matches a block."""
-    blocks = python_blocks(README.read_text(encoding="utf-8"))
-    assert len(blocks) >= MIN_BLOCKS, f"found {len(blocks)} ```python blocks in README.md, expected >= {MIN_BLOCKS}"
+def test_readme_and_docs_have_python_blocks():
+    """Extraction finds the blocks (so the test below cannot pass by finding none), and every NEEDS entry still
+    matches a block."""
+    blocks = all_blocks()
+    in_readme = sum(page == "README.md" for page, *_ in blocks)
+    assert in_readme >= MIN_README_BLOCKS, f"found {in_readme} ```python blocks in README.md, expected >= {MIN_README_BLOCKS}"
+    assert len(blocks) - in_readme >= MIN_DOCS_BLOCKS, f"found {len(blocks) - in_readme} ```python blocks in docs/"
     for key in NEEDS:
-        assert sum(key in b for b in blocks) == 1, f"NEEDS key {key!r} matches {sum(key in b for b in blocks)} blocks"
+        assert any(key in code for _, _, code, _ in blocks), f"NEEDS key {key!r} matches no block"
 
 
 def test_python_blocks_helper():
@@ -146,20 +187,19 @@ def test_python_blocks_helper():
     assert text_before_blocks(text, 7) == ["a", "ls ```"]
 
 
-def test_readme_says_what_each_block_needs():
+def test_each_page_says_what_each_block_needs():
     """A block that needs a step first (a server, ``openenv init``, a Docker engine) says so just before it."""
-    text = README.read_text(encoding="utf-8")
-    for i, (code, before) in enumerate(zip(python_blocks(text), text_before_blocks(text))):
+    for page, i, code, before in all_blocks():
         need = _needs(code)
         assert need.said.replace("`", "") in before.replace("`", ""), \
-            f"README block {i} needs {need.said!r} said before it; the text before it:\n{before}"
+            f"{page} block {i} needs {need.said!r} said before it; the text before it:\n{before}"
 
 
 @pytest.mark.parametrize(("index", "code", "need"), _params())
-def test_readme_block_runs_as_pasted(index, code, need, tmp_path, request):
+def test_block_runs_as_pasted(index, code, need, tmp_path, request):
     for module in need.modules:     # looked up, not imported here (verl's import alone takes a minute)
         if importlib.util.find_spec(module.partition(".")[0]) is None:
-            pytest.skip(f"README block {index} needs {module} (an optional extra)")
+            pytest.skip(f"block {index} needs {module} (an optional extra)")
     if need.docker:
         request.getfixturevalue("docker_client")           # skips, or fails under AGENTFLY_REQUIRE_DOCKER
     marker = f"readme-{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -197,10 +237,10 @@ def test_readme_block_runs_as_pasted(index, code, need, tmp_path, request):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
-            pytest.fail(f"README block {index} ran over {need.timeout:.0f} s:\n{code}\n--- output ---\n{output[-4000:]}")
+            pytest.fail(f"block {index} ran over {need.timeout:.0f} s:\n{code}\n--- output ---\n{output[-4000:]}")
         took = time.monotonic() - start
-        print(f"README block {index}: exit {proc.returncode} in {took:.1f} s")
-        assert proc.returncode == 0, f"README block {index} failed (exit {proc.returncode}):\n{code}\n--- output ---\n" \
+        print(f"block {index}: exit {proc.returncode} in {took:.1f} s")
+        assert proc.returncode == 0, f"block {index} failed (exit {proc.returncode}):\n{code}\n--- output ---\n" \
                                      f"{output[-6000:]}"
     finally:
         if server is not None:
@@ -218,4 +258,4 @@ def test_readme_block_runs_as_pasted(index, code, need, tmp_path, request):
             cmds = {p: c for p, c in pids_with_env(TREE_MARKER, marker).items() if p in left}
             _kill_tree(marker)
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert not left, f"README block {index} left processes behind: {sorted(cmds.values())}"
+    assert not left, f"block {index} left processes behind: {sorted(cmds.values())}"

@@ -118,7 +118,7 @@ async def test_timeout_kills_the_whole_process_tree(make_box):
     tag = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"
     # a child in the background plus a foreground sleep: both must die
     r = await box.exec(f"sleep 1{tag} & sleep 2{tag}", timeout=1.0)
-    assert r.timed_out and r.exit_code == -1 and r.duration < 8
+    assert r.timed_out and r.exit_code == -1 and r.duration < 60  # stopped at its timeout, not after the sleeps' days
     assert await procs_settle(tag, present=False)
 
 
@@ -439,10 +439,17 @@ async def test_cpu_quota(make_box):
     r = await box.exec(["python3", "-c", spin], timeout=30)
     share = float(r.output)
     assert share < 0.45, f"busy loop got {share} of a core under cpus=0.25"
-    # the share alone proves little on a loaded machine: the kernel must have throttled the cgroup
-    cpu_dirs = [d for d in box._cgroups if (Path(d) / "cpu.stat").exists() and ("/cpu/" in d or box.limit_mode == "cgroup2")]
-    stat = dict(line.split() for line in (Path(cpu_dirs[0]) / "cpu.stat").read_text().splitlines())
-    assert int(stat["nr_throttled"]) > 0, stat
+    # the share alone proves little on a loaded machine: the cgroup holds the quota, and the kernel throttled the
+    # loop, unless the machine was so loaded that the loop never used up its quota (then it had nothing to throttle)
+    cpu_dir = Path(next(d for d in box._cgroups
+                        if (Path(d) / "cpu.stat").exists() and ("/cpu/" in d or box.limit_mode == "cgroup2")))
+    if (cpu_dir / "cpu.max").exists():
+        quota, period = (cpu_dir / "cpu.max").read_text().split()
+    else:
+        quota, period = ((cpu_dir / f"cpu.cfs_{n}_us").read_text() for n in ("quota", "period"))
+    assert int(quota) / int(period) == 0.25, (quota, period)
+    stat = dict(line.split() for line in (cpu_dir / "cpu.stat").read_text().splitlines())
+    assert int(stat["nr_throttled"]) > 0 or share < 0.25, (stat, share)
 
 
 async def test_cancelled_exec_kills_its_command(make_box):

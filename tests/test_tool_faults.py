@@ -11,8 +11,10 @@ import importlib
 import inspect
 import json
 import logging
+import re
 import sys
 import textwrap
+import threading
 import time
 
 import gymnasium
@@ -54,14 +56,21 @@ async def slow_step(seconds: float) -> str:
     return "in time"
 
 
+#: Lets :func:`sleepy`'s blocked calls go (a test sets it; a timer sets it at the latest 60 s later).
+RELEASE = threading.Event()
+
+
 @tool(timeout=0.3)
 def sleepy(seconds: float) -> str:
-    """A sync tool: runs on a thread of its own.
+    """A sync tool: runs on a thread of its own; ``seconds`` < 0 blocks until :data:`RELEASE` is set.
 
     Args:
         seconds: how long
     """
-    time.sleep(seconds)
+    if seconds < 0:
+        RELEASE.wait()
+    else:
+        time.sleep(seconds)
     return "slept"
 
 
@@ -74,7 +83,9 @@ async def test_an_async_tool_that_blocks_the_loop_past_its_timeout_is_reported_a
     with caplog.at_level(logging.WARNING, logger="agentfly_gym.tools.stalls"):
         obs, reward, terminated, truncated, info = await env.astep(_call("hog", seconds=1.2))
     assert "late result" not in obs, obs
-    assert obs.startswith("Error: the tool 'hog' blocked the event loop for 1.") and "past its timeout of 0.3 s" in obs
+    held_s = re.fullmatch(r"Error: the tool 'hog' blocked the event loop for (\d+\.\d) s, past its timeout of 0\.3 s.*",
+                          obs, re.DOTALL)
+    assert held_s and float(held_s[1]) >= 1.2, obs  # at least its 1.2 s sleep (more on a loaded machine)
     assert (reward, terminated, truncated, info["error"], info["tool_errors"]) == (0.0, False, False, None, 1)
     held = [r.getMessage() for r in caplog.records if "has held the event loop" in r.getMessage()]
     assert len(held) == 1 and "every rollout on this loop is stalled" in held[0], caplog.text
@@ -93,8 +104,8 @@ async def test_an_async_tool_that_blocks_the_loop_past_its_timeout_is_reported_a
 
 
 async def test_a_sync_tool_keeps_its_thread_and_its_timeout():
-    """A sync tool that sleeps past its timeout is abandoned at the timeout while the loop keeps running (a heartbeat
-    on the same loop ticks throughout); a quick call of it answers."""
+    """A sync tool blocked past its timeout is abandoned at the timeout, while it is still blocked, and the loop keeps
+    running meanwhile (a heartbeat on the same loop ticks); a quick call of it answers."""
     env = _env("test/Sleepy-v0", [sleepy])
     await env.areset(seed=0)
     ticks = 0
@@ -105,13 +116,19 @@ async def test_a_sync_tool_keeps_its_thread_and_its_timeout():
             await asyncio.sleep(0.02)
             ticks += 1
 
+    RELEASE.clear()
+    safety = threading.Timer(60, RELEASE.set)  # a step that waited for the tool would end here, and fail below
+    safety.start()
     beat = asyncio.create_task(heartbeat())
-    t0 = time.monotonic()
-    obs, *_ = await env.astep(_call("sleepy", seconds=3))
-    took = time.monotonic() - t0
-    beat.cancel()
-    assert "did not finish within its timeout of 0.3 s" in obs and took < 1.5, (obs, took)
-    assert ticks >= 5, f"the loop ticked {ticks} times in {took:.2f} s: the sync tool blocked it"
+    try:
+        obs, *_ = await env.astep(_call("sleepy", seconds=-1))
+        returned_while_blocked = not RELEASE.is_set()
+    finally:
+        beat.cancel()
+        RELEASE.set()
+        safety.cancel()
+    assert "did not finish within its timeout of 0.3 s" in obs and returned_while_blocked, obs
+    assert ticks >= 1, "the loop never ticked while the sync tool ran: it blocked the loop"
     obs, *_ = await env.astep(_call("sleepy", seconds=0.01))
     assert obs == "slept"
     await env.aclose()

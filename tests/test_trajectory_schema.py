@@ -65,10 +65,10 @@ async def test_status_and_versions_round_trip(tmp_path, chat):
     paths = save_trajectories(list(trajs.values()), tmp_path)
     steps = save_step_rows([trajs["step"]], tmp_path)["steps"]
     for p in (paths["parquet"], paths["jsonl"], steps):
-        assert read_schema_version(p) == SCHEMA_VERSION == 4
-    assert pq.read_schema(paths["parquet"]).metadata[b"agentfly_gym.schema_version"] == b"4"
+        assert read_schema_version(p) == SCHEMA_VERSION == 5
+    assert pq.read_schema(paths["parquet"]).metadata[b"agentfly_gym.schema_version"] == b"5"
     head = json.loads(paths["jsonl"].read_text().splitlines()[0])
-    assert head == {"agentfly_gym_schema": "trajectories", "schema_version": 4}
+    assert head == {"agentfly_gym_schema": "trajectories", "schema_version": 5}
     played = [t.scope_id for k, t in trajs.items() if k != "fault"]
     assert all(s.startswith("Chess-") for s in played), played  # the env's episode (rollout scope) id
     assert len(set(played)) == len(played)
@@ -110,7 +110,7 @@ async def test_unknown_versions_are_refused_and_version_1_is_read(tmp_path, chat
     (v9 / "trajectories.jsonl").write_text(json.dumps({"agentfly_gym_schema": "trajectories", "schema_version": 9})
                                            + "\n" + "\n".join(lines) + "\n")
     for p in (v9 / "trajectories.parquet", v9 / "trajectories.jsonl"):
-        with pytest.raises(SchemaVersionError, match=r"schema version 9 .*versions \[1, 2, 3, 4\]"):
+        with pytest.raises(SchemaVersionError, match=r"schema version 9 .*versions \[1, 2, 3, 4, 5\]"):
             load_trajectories(p)
     steps = save_step_rows([trajs[3]], tmp_path / "s")["steps"]
     t = pq.read_table(steps)

@@ -32,7 +32,6 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field
 
 from ..envs.base import AgentFlyEnv
-from ..errors import ConfigError
 from ..limits import check_int
 from .uvicorn_server import exit_when_set, started_server
 
@@ -195,7 +194,9 @@ def create_openenv_app(env_id: str, *, env_kwargs: dict[str, Any] | None = None,
         probe = gymnasium.make(env_id, **dict(env_kwargs or {})).unwrapped
         probe.discard()
     except TypeError as e:
-        raise ConfigError(f"{env_id}: bad keyword arguments {sorted(env_kwargs or {})}: {e}") from None
+        from ..registration import bad_kwargs_error
+
+        raise bad_kwargs_error(env_id, dict(env_kwargs or {}), e) from None
     factory = functools.partial(AgentFlyOpenEnvironment, env_id, dict(env_kwargs or {}))
     app = create_fastapi_app(factory, TextAction, TextObservation, max_concurrent_envs=max_sessions)
     from ._compat import QuietClientDisconnect, needs_quiet_disconnect

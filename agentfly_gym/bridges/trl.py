@@ -305,9 +305,16 @@ class AgentFlyRollout:
 
         A trajectory that failed before its first reply (no tokens) becomes a one-token completion (the chat
         template's end-of-turn id, env mask 0: no loss) with return 0 and ``env_error`` set.
+
+        Raises:
+            TextOnlyTrajectory: a trajectory is text-only (a chat endpoint's without token ids).
         """
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_return",
                                                 "env_success", "env_error", "reply_truncated", "task_id")}
+        from ..rollout.trajectory import require_token_ids
+
+        for t in trajectories:  # a text-only one (a chat endpoint's) has no ids to train on: refused, not re-tokenized
+            require_token_ids(t, "a TRL training row")
         eot = int(chat.eot_token_id)
         for t in trajectories:
             if t.mode != "chain":

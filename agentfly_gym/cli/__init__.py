@@ -2,14 +2,16 @@
 
 Subcommands:
     rollout          roll out trajectories of one or more environments with a policy
+    eval             evaluate a model (local, scripted or an OpenAI-compatible endpoint): pass@k with intervals
     envs             list the registered environments, where their data comes from and how many tasks
     images           build container images offline: build [names] | list | openenv [ENV_NAME]
     resources gc     reap containers and sandboxes left by dead managers
     r2e build-tasks  build the local R2E-Gym task set
     drift            measure re-tokenization drift on saved trajectories
-    dataset          write a verl training dataset (needs the verl plugin)
+    dataset          write a verl training dataset (needs the verl plugin); dataset check: tasks two data sets share
     data             the full public data sets: status | download NAME | verify NAME | precompute alfworld
     serve            serve an environment through OpenEnv's server interface (needs the openenv extra)
+    gateway          serve a policy through an OpenAI-compatible API that records every session's token ids
 
 Each command lives in its own module here (``cli/<command>.py``); library modules hold no argument parsing or
 printing for the terminal.  ``python -m agentfly_gym`` runs the same command.
@@ -23,6 +25,7 @@ import re
 import sys
 
 from .envs import add_envs_parser
+from .eval import add_eval_parser
 from .rollout import add_rollout_parser
 
 __all__ = ["main"]
@@ -38,11 +41,13 @@ DELEGATED: dict[tuple[str, ...], tuple[str, str, str]] = {
                              "build the local R2E-Gym task set from PyPI sdists: [--out DIR] [--force] [--only ID ...]"),
     ("drift",): ("agentfly_gym.cli.drift", "drift_main",
                  "measure what re-tokenizing saved trajectories would change: FILE [--tokenizer ...]"),
-    ("dataset",): ("agentfly_gym_verl.dataset", "dataset_main", "write a verl training parquet for an environment"),
+    ("dataset",): ("agentfly_gym_verl.dataset", "dataset_main", "write a verl training parquet for an environment: ENV -o OUT [options] | check A.parquet B.parquet ..."),
     ("data",): ("agentfly_gym.cli.data", "data_main",
                 "the full public data sets: status | download NAME | verify NAME (resumable, checksummed) | precompute alfworld"),
     ("serve",): ("agentfly_gym.cli.serve", "serve_main",
                  "serve an environment to OpenEnv clients: --env ID --openenv [--port P] [--max-sessions N]"),
+    ("gateway",): ("agentfly_gym.cli.gateway", "gateway_main",
+                   "serve a policy through an OpenAI-compatible API recording token ids: --policy P [--port PORT]"),
 }
 
 
@@ -62,12 +67,14 @@ def _run_delegated(argv: list[str]) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agentfly-gym", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="agentfly-gym", description=__doc__.split("\n\n")[0].replace("``", ""), allow_abbrev=False)
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="-v: INFO logging (e.g. one line per finished trajectory); -vv: DEBUG (accepted anywhere)")
     sub = p.add_subparsers(dest="command", required=True)
 
     add_rollout_parser(sub)
+
+    add_eval_parser(sub)
 
     add_envs_parser(sub)
 

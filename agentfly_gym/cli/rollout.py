@@ -23,7 +23,13 @@ def add_rollout_parser(sub: Any) -> argparse.ArgumentParser:
                         "that registers one and returns its id, e.g. mypkg.tasks:make_env (repeatable; groups "
                         "alternate)")
     r.add_argument("--policy", default="smollm2",
-                   help="smollm2 (bundled CPU model), tiny-qwen, random, expert, or a local model folder")
+                   help="smollm2 (bundled CPU model), tiny-qwen, random, expert, a local model folder, or "
+                        "openai:MODEL (an OpenAI-compatible endpoint: --base-url, --api-key-env; chain mode)")
+    r.add_argument("--split", default=None, help="the task split of envs that have splits (default: the env's)")
+    r.add_argument("--tasks", default=None,
+                   help="all, N (the split's first N tasks) or task ids separated by commas: group i of an env plays "
+                        "its i-th task (cycling once all were played); default: each group draws its task from its "
+                        "seed")
     r.add_argument("--opponent", default=None,
                    help="multi-agent envs (ChessSelfPlay-v0): the other side's policy (same names as --policy); "
                         "default: --policy plays both sides (self-play). -n counts games there, --max-turns is per player")
@@ -72,6 +78,9 @@ def add_rollout_parser(sub: Any) -> argparse.ArgumentParser:
                         "arrival order); arrival: start them in order (lengths.json is still updated, so a later "
                         "longest run benefits)")
     r.add_argument("--no-progress", action="store_true")
+    from .eval import add_endpoint_arguments
+
+    add_endpoint_arguments(r)
     r.set_defaults(func=cmd_rollout)
     return r
 
@@ -137,7 +146,6 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
     from ..rollout.policies.base import SamplingParams
-    from ..rollout.policies.factory import make_policy
     from ..rollout.runner import RolloutConfig, check_config, run_rollouts
     from ..utils.jsonargs import json_object
 
@@ -145,6 +153,10 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     if not all(isinstance(v, dict) for v in env_kwargs.values()):
         raise ConfigError('--env-kwargs must map env ids to keyword dicts, e.g. \'{"Chess-v0": {"mode": "play"}}\'')
     if _is_multiagent(args.env):
+        if args.tasks is not None or args.split is not None or args.policy.startswith("openai:") or \
+                (args.opponent or "").startswith("openai:"):
+            raise ConfigError("multi-agent games take no --tasks, --split or openai:MODEL policy (their turn loop is "
+                              "over token ids)")
         args.seed = 0 if args.seed is None else args.seed  # games are never appended (refused)
         return _rollout_multiagent(args, env_kwargs)
     _resolve_seed(args)
@@ -154,16 +166,19 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         env_kwargs = {normalize_env_id(k): dict(v) for k, v in env_kwargs.items()}
         if "agentfly/ScienceWorld-v0" in map(normalize_env_id, args.env):
             env_kwargs.setdefault("agentfly/ScienceWorld-v0", {}).setdefault("with_admissible_actions", True)
+    from ..registration import normalize_env_id
+
+    env_kwargs = {normalize_env_id(k): dict(v) for k, v in env_kwargs.items()}
+    tasks = _plan_tasks(args, env_kwargs)
     config = RolloutConfig(
-        env_ids=args.env, num_trajectories=args.num_trajectories, group_size=args.group_size,
+        env_ids=args.env, tasks=tasks, num_trajectories=args.num_trajectories, group_size=args.group_size,
         concurrency=args.concurrency, max_turns=args.max_turns, seed=args.seed, mode=args.mode, history=args.history,
         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p),
         max_context_tokens=args.max_context_tokens, env_kwargs=env_kwargs, output_dir=args.output_dir,
         reward=args.reward, if_exists=_if_exists(args), order=args.order)
     config.output_dir = _output_dir(args)  # once the arguments are known to be good
     check_config(config)  # fail on a typo before the model is loaded
-    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size,
-                               device=args.device, dtype=args.dtype)
+    policy, chat = _make_policy(args, args.policy, seed=args.seed)
 
     try:
         result = _run_interruptible(lambda: run_rollouts(config, policy, chat, progress=not args.no_progress),
@@ -185,6 +200,52 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         print(f"agentfly-gym: every trajectory failed; the first error: {first}", file=sys.stderr)
         return 1
     return 0
+
+
+def _make_policy(args: argparse.Namespace, name: str, *, seed: int | None) -> tuple[Any, Any]:
+    """``make_policy`` with the endpoint flags (refused for a policy that is no endpoint, and an endpoint in step
+    mode, before anything runs).
+
+    Raises:
+        ConfigError: see above, or what ``make_policy`` refuses.
+    """
+    from ..errors import ConfigError
+    from ..rollout.policies.factory import make_policy
+    from .eval import endpoint_options
+
+    endpoint = name.startswith("openai:")
+    if endpoint and args.mode != "chain":
+        raise ConfigError(f"--policy {name} is an endpoint (messages in, a reply out): it plays --mode chain only")
+    if not endpoint:
+        return make_policy(name, tokenizer=args.tokenizer, seed=seed, max_batch_size=args.batch_size,
+                           device=args.device, dtype=args.dtype, base_url=args.base_url, api_key_env=args.api_key_env)
+    return make_policy(name, base_url=args.base_url, api_key_env=args.api_key_env,
+                       endpoint_options=endpoint_options(args))
+
+
+def _plan_tasks(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> dict[str, list[str]] | None:
+    """``--tasks`` / ``--split``: per env its task ids (``--split`` alone goes into each env's kwargs that takes it).
+    Sets the split into ``env_kwargs``.
+
+    Raises:
+        ConfigError: what :func:`~agentfly_gym.eval.plan.plan_tasks` refuses (an unknown task, a split of an env
+            without splits, ``--tasks all`` on an env that lists none).
+    """
+    if args.tasks is None and args.split is None:
+        return None
+    from ..eval.plan import plan_tasks
+    from ..registration import normalize_env_id
+
+    out: dict[str, list[str]] = {}
+    for env in args.env:
+        env_id = normalize_env_id(env)
+        plan = plan_tasks(env_id, args.tasks or "all", split=args.split, env_kwargs=env_kwargs.get(env_id),
+                          default_split=None)
+        if plan.split is not None:
+            env_kwargs.setdefault(env_id, {})["split"] = plan.split
+        if args.tasks is not None and not plan.seeded:
+            out[env_id] = plan.tasks
+    return out or None
 
 
 def _run_interruptible(make_run: Any, output_dir: Any) -> Any:

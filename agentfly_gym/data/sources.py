@@ -80,9 +80,13 @@ def _code_interpreter() -> tuple[str, str]:
     return "generated (agentfly_gym.envs.code_interpreter, seed 0; num_tasks=, seed=)", "500 problems"
 
 
-def _retrieval() -> tuple[str, str]:
-    from ..envs.retrieval import CORPUS_DIR
+#: The Retrieval env's shipped corpus (``agentfly_gym.envs.retrieval.CORPUS_DIR``, whose module imports the tools
+#: layer and the resource manager: named here so that ``agentfly-gym envs`` stays quick; a test checks they agree).
+RETRIEVAL_CORPUS_DIR = Path(__file__).resolve().parent.parent / "samples" / "retrieval"
 
+
+def _retrieval() -> tuple[str, str]:
+    CORPUS_DIR = RETRIEVAL_CORPUS_DIR
     return (f"bundled sample: {CORPUS_DIR} (CC0, fictional towns)",
             f"{_count_lines(CORPUS_DIR / 'questions.jsonl'):,} questions, {_count_lines(CORPUS_DIR / 'corpus.jsonl'):,} documents")
 

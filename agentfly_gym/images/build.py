@@ -24,6 +24,7 @@ Command line: ``agentfly-gym images build [names]`` (:mod:`agentfly_gym.cli.imag
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ..data.paths import cache_dir
 from ..errors import ConfigError
@@ -149,6 +151,30 @@ def build_image(recipe_dir: str | os.PathLike, *, name: str | None = None, base:
         say(progress, f"image {tag}: up to date")
         tag_latest(client, tag, repo)
         return tag
+    # one build of a tag at a time, across processes (two test workers, two shells): they would share the wheel
+    # download folder half-written; the second waits and finds the image the first built
+    lock_path = build_lock_path(tag)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not force and image_exists(tag, client):  # another process built it meanwhile
+                tag_latest(client, tag, repo)
+                return tag
+            return _build_locked(client, recipe, repo, tag, base_id, progress)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def build_lock_path(tag: str) -> Path:
+    """The file :func:`build_image` locks (``fcntl.flock``) while it builds ``tag``, in the cache folder."""
+    return cache_dir("images", "locks", hashlib.sha256(tag.encode()).hexdigest()[:16] + ".lock")
+
+
+def _build_locked(client: Any, recipe: Path, repo: str, tag: str, base_id: str, progress: Progress | None) -> str:
+    """:func:`build_image`'s build, with the tag's build lock held."""
+    import docker
+
     say(progress, f"image {tag}: building from {recipe}")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="afg-build-") as tmp:

@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..limits import EpisodeLimits
 from .chain import run_chain_episode
 from .env_needs import policy_env_kwargs
-from .policies.base import ActionPolicy, SamplingParams, TextPolicy
+from .policies.base import ActionPolicy, SamplingParams, TextPolicy, is_chat_policy
 from .step import run_step_episode
 from .trajectory import Trajectory
 
@@ -51,8 +51,11 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
 
     Args:
         env_id: a registered env id (full, e.g. ``"agentfly/Chess-v0"``: it is recorded as given).
-        policy: a :class:`TextPolicy` (token ids) or an :class:`ActionPolicy` (scripted actions).
-        chat: a :class:`~agentfly_gym.rollout.chat.ChatTokenizer` for the policy's tokenizer.
+        policy: a :class:`TextPolicy` (token ids), an :class:`ActionPolicy` (scripted actions) or a
+            :class:`~agentfly_gym.rollout.policies.base.ChatPolicy` (an endpoint: messages in, a reply out; chain
+            mode only, played by :func:`~agentfly_gym.rollout.chat_episode.run_chat_episode`).
+        chat: a :class:`~agentfly_gym.rollout.chat.ChatTokenizer` for the policy's tokenizer (None for a
+            ChatPolicy, which renders nothing itself).
         mode: ``"chain"`` (:func:`~agentfly_gym.rollout.chain.run_chain_episode`: one sequence,
             ``limits.max_context_tokens`` and ``limits.max_response_tokens`` apply) or ``"step"``
             (:func:`~agentfly_gym.rollout.step.run_step_episode`: one row per step, ``limits.history`` and
@@ -74,7 +77,7 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
             ``status="error"``.
 
     Raises:
-        ConfigError: a bad ``mode``, ``on_error`` or limit (always raised).
+        ConfigError: a bad ``mode``, ``on_error`` or limit, or step mode with a ChatPolicy (always raised).
         Exception: with ``on_error="raise"``, what making or playing the env raised.
         asyncio.CancelledError: when cancelled (the env is closed first).
     """
@@ -84,12 +87,21 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
         raise ConfigError(f"on_error={on_error!r} is not one of ('record', 'raise')", field="on_error")
     limits = EpisodeLimits.merge(limits, max_turns=max_turns, history=history, max_context_tokens=max_context_tokens,
                                  max_response_tokens=max_response_tokens, max_prompt_tokens=max_prompt_tokens)
+    chat_policy = is_chat_policy(policy)
+    if chat_policy and mode != "chain":
+        raise ConfigError(f"mode={mode!r}: a chat endpoint policy ({type(policy).__name__}) plays chain mode only "
+                          "(step mode renders a fresh token prompt per step, which an endpoint does not take)",
+                          field="mode")
     t0 = time.monotonic()
     env = None
     try:
         env = gymnasium.make(env_id, manager=manager, **policy_env_kwargs(policy, env_id, env_kwargs)).unwrapped
         common = dict(env_id=env_id, sampling=sampling, max_turns=limits.max_turns, seed=seed, options=options,
                       trajectory_id=trajectory_id, group_id=group_id, keep_on_error=on_error == "record")
+        if chat_policy:
+            from .chat_episode import run_chat_episode
+
+            return await run_chat_episode(env, policy, **common)
         if mode == "chain":
             traj = await run_chain_episode(env, policy, chat, max_context_tokens=limits.max_context_tokens,
                                            max_response_tokens=limits.max_response_tokens, **common)
@@ -106,6 +118,7 @@ async def play_episode(env_id: str, policy: TextPolicy | ActionPolicy, chat: Any
         log.debug("%s", traceback.format_exc())
         return Trajectory(trajectory_id=trajectory_id or "", group_id=group_id or "", env_id=env_id, task_id="",
                           seed=seed, mode=mode, prompt_ids=[], error=f"{type(e).__name__}: {e}", status="error",
+                          text_only=chat_policy,
                           timings={"wall": time.monotonic() - t0},
                           scope_id=getattr(env, "scope_id", "") if env is not None else "")
     finally:

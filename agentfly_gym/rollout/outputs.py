@@ -56,7 +56,7 @@ from typing import Any
 from ..errors import AgentFlyError, ConfigError
 from ..utils.files import atomic_path, fsync_dir
 
-__all__ = ["RUN_FILES", "IF_EXISTS", "LOCK_NAME", "INTERRUPTED_DIR", "OutputExistsError", "OutputBusyError",
+__all__ = ["RUN_FILES", "IF_EXISTS", "LOCK_NAME", "folder_lock", "INTERRUPTED_DIR", "OutputExistsError", "OutputBusyError",
            "OutputWriteError", "UnreadableRunError", "RunOutput", "check_output_dir", "holds_run", "fresh_run_dir",
            "run_output"]
 
@@ -169,6 +169,21 @@ def _unlock(fd: int, *, record: bool) -> None:
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # releases the flock
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path) -> Iterator[None]:
+    """Hold the folder's lock (:data:`LOCK_NAME`, the one a run holds; the pid and command recorded) for the
+    block: what other writers of an output folder (``agentfly-gym eval``) take to keep a second process out.
+
+    Raises:
+        OutputBusyError: another process holds it (the message names that process).
+    """
+    fd = _lock(Path(folder), record=True)
+    try:
+        yield
+    finally:
+        _unlock(fd, record=True)
 
 
 def _check_policy(folder: Path, if_exists: str, mode: str | None, *, read: bool = True) -> None:

@@ -85,6 +85,9 @@ class RolloutConfig:
             an ``"arrival"`` run's observed lengths order a later ``"longest"`` run.  A folder's
             :data:`LENGTHS_NAME` that is not a saved estimate is refused, unless ``if_exists="replace"``: then it
             is ignored (a warning) and replaced.
+        tasks: per env id, task ids to play in order: the i-th group of that env plays ``tasks[i % len(tasks)]``
+            (reset option ``task_id``; no task repeats before all were played); an env not named draws its task
+            from the group's seed.  None: every env draws from seeds.
     """
 
     env_ids: list[str]
@@ -105,6 +108,7 @@ class RolloutConfig:
     lengths: Any = None
     order: str = "longest"
     limits: EpisodeLimits | None = None
+    tasks: dict[str, list[str]] | None = None
 
     def __post_init__(self) -> None:
         if not self.env_ids:
@@ -138,6 +142,12 @@ class RolloutConfig:
         self.lengths = as_lengths(self.lengths)
         if self.lengths is None:  # observed whatever the order: an arrival run's lengths order a later run
             self.lengths = RolloutLengths()
+        if self.tasks is not None:
+            self.tasks = {normalize_env_id(k): [str(t) for t in v] for k, v in self.tasks.items()}
+            empty = sorted(k for k, v in self.tasks.items() if not v)
+            if empty or set(self.tasks) - set(self.env_ids):
+                raise ConfigError(f"tasks must name rolled-out environments with at least one task id each: "
+                                  f"{sorted(self.tasks)}; env_ids: {self.env_ids}", field="tasks")
         unused = sorted(set(self.env_kwargs) - set(self.env_ids))
         if unused:
             raise ConfigError(f"env_kwargs name environments that are not rolled out: {unused}; env_ids: {self.env_ids}",
@@ -159,7 +169,9 @@ async def _one(config: RolloutConfig, k: int, policy: Any, chat: Any, manager: M
     env_id = config.env_ids[g % len(config.env_ids)]
     # appending to a run: ids continue after its ids, so groups of different runs never share one
     first_k, first_g = (out.next_index, out.next_group) if out is not None else (0, 0)
-    traj = await play_episode(env_id, policy, chat, mode=config.mode, manager=manager,
+    listed = (config.tasks or {}).get(env_id)
+    options = {"task_id": listed[(g // len(config.env_ids)) % len(listed)]} if listed else None
+    traj = await play_episode(env_id, policy, chat, mode=config.mode, manager=manager, options=options,
                               env_kwargs=config.env_kwargs.get(env_id, {}), sampling=config.sampling,
                               limits=config.limits, seed=config.seed + g,
                               trajectory_id=f"traj-{first_k + k:05d}", group_id=f"group-{first_g + g:05d}")
@@ -190,7 +202,9 @@ def check_config(config: RolloutConfig) -> None:
         try:
             env = gymnasium.make(env_id, **kwargs)
         except TypeError as e:
-            raise ConfigError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {e}") from None
+            from ..registration import bad_kwargs_error
+
+            raise bad_kwargs_error(env_id, kwargs, e) from None
         env.unwrapped.discard()  # nothing was acquired: closing needs no event loop
     if config.output_dir is not None:
         check_output_dir(config.output_dir, config.if_exists, mode=config.mode)

@@ -21,6 +21,10 @@ files read with ``reply_truncated`` False, ``context_cut`` 0 and ``reward_error`
 Version 4 added, per trajectory, ``scope_id``: the id of the rollout scope its resources were held in
 (the env's episode id, a multi-agent game's id; see docs/glossary.md), so a trajectory can be matched
 with the resource manager's logs and metrics.  Older files read with ``scope_id`` ``""``.
+
+Version 5 added, per trajectory, ``text_only``: the policy (a chat endpoint that returns no token ids) gave text
+only, so the token fields are empty and the training paths refuse the trajectory (:func:`require_token_ids`).
+Older files read with ``text_only`` False.
 """
 
 from __future__ import annotations
@@ -32,17 +36,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PolicyError
 from ..utils.files import atomic_path
 
 __all__ = ["Turn", "Trajectory", "save_trajectories", "load_trajectories", "SCHEMA_VERSION", "KNOWN_SCHEMA_VERSIONS",
            "STATUSES", "SchemaVersionError", "episode_status", "schema_metadata", "read_schema_version",
-           "read_jsonl_records", "jsonl_header", "end_on_last_sampled"]
+           "read_jsonl_records", "jsonl_header", "end_on_last_sampled", "require_token_ids", "TextOnlyTrajectory"]
 
 #: The version of the saved trajectory / step-row format written by this code.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Versions the loaders read (1: files without a version, written before versions were recorded).
-KNOWN_SCHEMA_VERSIONS = (1, 2, 3, 4)
+KNOWN_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 #: Metadata key of the version in Parquet files.
 SCHEMA_METADATA_KEY = b"agentfly_gym.schema_version"
 
@@ -56,6 +60,10 @@ STATUSES = ("complete", "truncated", "token_budget", "error", "interrupted")
 
 class SchemaVersionError(ConfigError):
     """A saved file's schema version is not one this code reads."""
+
+
+class TextOnlyTrajectory(PolicyError):
+    """A trajectory from a text-only policy (``text_only``) was given to a path that trains on token ids."""
 
 
 @dataclasses.dataclass
@@ -115,6 +123,9 @@ class Trajectory:
             the chain stays within ``max_context_tokens``; 0 when nothing was cut.
         scope_id: the id of the rollout scope that held the episode's resources (the env's episode id, a
             game's id); ``""`` when no episode started or in files older than schema version 4.
+        text_only: the policy returned text only (a chat endpoint without token ids): the token fields are empty
+            (``prompt_ids`` too), ``messages`` and ``turns`` hold the episode, and :meth:`trainer_response` (every
+            path that builds training rows) raises :class:`TextOnlyTrajectory` rather than re-tokenize.
         reward_error: why a configured episode reward (:mod:`agentfly_gym.rewards.configured`, e.g. a judge
             whose reply held no rating) gave no score and ``reward`` kept its default; None otherwise.
         turns: per-turn records.
@@ -144,6 +155,7 @@ class Trajectory:
     context_cut: int = 0
     reward_error: str | None = None
     scope_id: str = ""
+    text_only: bool = False
     turns: list[Turn] = dataclasses.field(default_factory=list)
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -178,7 +190,11 @@ class Trajectory:
                 a cut reply, an observation at the token budget), so that a trainer that tells a cut
                 completion by its last token not being an end-of-sequence id (TRL's ``clipped_ratio`` and
                 ``mask_truncated_completions``) sees it.  None (default): only when :attr:`reply_truncated`.
+
+        Raises:
+            TextOnlyTrajectory: the trajectory is :attr:`text_only` (no token ids to train on).
         """
+        require_token_ids(self)
         if end_on_sampled is None:
             end_on_sampled = self.reply_truncated
         if not end_on_sampled:
@@ -193,6 +209,20 @@ class Trajectory:
         d["num_turns"] = self.num_turns
         d["num_sampled_tokens"] = self.num_sampled_tokens
         return d
+
+
+def require_token_ids(traj: Trajectory, what: str = "training") -> None:
+    """Refuse a text-only trajectory where token ids are needed (training rows).
+
+    Raises:
+        TextOnlyTrajectory: ``traj.text_only`` is set (the message says why re-tokenizing is not done).
+    """
+    if getattr(traj, "text_only", False):
+        raise TextOnlyTrajectory(
+            f"trajectory {traj.trajectory_id} ({traj.env_id}) is text-only: its policy (a chat endpoint) returned no "
+            f"token ids, so it cannot be used for {what}; re-tokenizing its text would train on ids the model did "
+            "not sample (drift). Serve the model with vLLM and token ids (EndpointPolicy(token_ids=True), "
+            "--token-ids) or use a token-id policy")
 
 
 def end_on_last_sampled(ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float]
@@ -315,7 +345,7 @@ def save_trajectories(trajectories: Sequence[Trajectory], out_dir: str | Path, *
         ("response_logprobs", pa.list_(pa.float32())), ("reward", pa.float64()), ("success", pa.bool_()),
         ("terminated", pa.bool_()), ("truncated", pa.bool_()), ("error", pa.string()), ("status", pa.string()),
         ("reply_truncated", pa.bool_()), ("context_cut", pa.int32()), ("reward_error", pa.string()),
-        ("scope_id", pa.string()), ("turns", pa.string()),
+        ("scope_id", pa.string()), ("text_only", pa.bool_()), ("turns", pa.string()),
         ("messages", pa.string()), ("timings", pa.string()), ("num_turns", pa.int32()), ("num_sampled_tokens", pa.int64()),
     ], metadata=schema_metadata("trajectories"))
     table = pa.Table.from_pylist(rows, schema=schema)

@@ -39,9 +39,9 @@ from ..envs.prompting import AgentPrompt
 from ..errors import ConfigError, ResetNeeded, ResourceError
 from ..limits import check_int
 from ..resources.scope import RolloutScope
-from .formats import FORMATS, ToolCall, ToolCallError, parse_tool_calls
+from .formats import FORMATS, ToolCall, ToolCallError, format_tool_call, parse_tool_calls
 from .stalls import ToolBlockedLoop
-from .tasks import load_tasks
+from .tasks import check_fields, load_tasks
 from .tool import Tool, check_tools
 from .threads import run_in_daemon_thread
 
@@ -126,9 +126,14 @@ class ToolEnv(AgentFlyEnv):
         if tool_format not in FORMATS:
             raise ConfigError(f"tool_format={tool_format!r} is not one of {FORMATS}")
         check_int("max_turns", max_turns)
-        self.tasks = tasks if _is_loaded(tasks, prompt_key) else load_tasks(tasks, prompt_key=prompt_key, id_key=id_key)
-        self.tools = {t.name: t for t in check_tools(tools)}
         self.reward_fn = _check_reward(reward)
+        needs = reward_fields(self.reward_fn)
+        if _is_loaded(tasks, prompt_key):
+            check_fields(tasks, needs)
+            self.tasks = tasks
+        else:
+            self.tasks = load_tasks(tasks, prompt_key=prompt_key, id_key=id_key, required=needs)
+        self.tools = {t.name: t for t in check_tools(tools)}
         self.max_turns = max_turns
         self.tool_format = tool_format
         self.prompt_key, self.id_key = prompt_key, id_key
@@ -342,9 +347,41 @@ class ToolEnv(AgentFlyEnv):
         return await out if inspect.isawaitable(out) else out
 
     @property
+    def random_actions(self) -> tuple[str, ...]:
+        """Well-formed replies for the ``random`` policy: one call of each tool with placeholder arguments that
+        pass its schema (the first ``enum`` value, else ``"x"``, 0, 0.0, False, [] or {} by type), written in the
+        env's tool format, and a plain answer that calls no tool (ends the episode).  A tool whose schema no
+        placeholder passes is left out."""
+        fmt = self.tool_format if self.tool_format != "auto" else "hermes"
+        out = []
+        for t in self.tools.values():
+            props = (t.parameters or {}).get("properties") or {}
+            args = {name: _placeholder(schema) for name, schema in props.items()}
+            if not t.check_arguments(args):
+                out.append(format_tool_call(t.name, args, fmt))
+        return (*out, "I do not know the answer.")
+
+    @property
     def messages(self) -> list[dict[str, Any]]:
         """The running episode's conversation so far (system, user, then assistant replies and tool messages)."""
         return [dict(m) for m in self._messages]
+
+
+_PLACEHOLDERS = {"string": "x", "integer": 0, "number": 0.0, "boolean": False, "array": [], "object": {}, "null": None}
+
+
+def _placeholder(schema: Any) -> Any:
+    """A value of a JSON schema's type (``enum``: its first value; a list of types: the first known)."""
+    if not isinstance(schema, Mapping):
+        return "x"
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type", "string")
+    for k in (kind if isinstance(kind, list) else [kind]):
+        if k in _PLACEHOLDERS:
+            value = _PLACEHOLDERS[k]
+            return list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value
+    return "x"
 
 
 def _check_kwargs(kwargs: Mapping[str, Any]) -> None:
@@ -385,6 +422,19 @@ def _check_reward(reward: Any) -> Callable[..., Any]:
                           f"assistant message), e.g. def reward(completion: str, answer: str, **row) -> float; it "
                           f"takes {list(params)}")
     return reward
+
+
+def reward_fields(reward: Callable[..., Any]) -> list[str]:
+    """The row fields ``reward`` cannot do without: its arguments that have no default, less those the environment
+    supplies (``completion``, ``messages``) and the resources a ``@resourced`` reward gets from the manager.
+
+    ``def exact(completion, answer, **row)`` -> ``["answer"]``; a reward that reads fields only through ``**row``
+    declares none (nothing to check).
+    """
+    params = inspect.signature(inspect.unwrap(reward)).parameters
+    supplied = {"completion", "messages", "manager", "scope", *(getattr(reward, "resource_specs", None) or {})}
+    return [n for n, p in params.items() if n not in supplied and p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def _make_vector(factory: Callable[..., ToolEnv], num_envs: int = 1, *, autoreset_mode: Any = None,
@@ -483,14 +533,16 @@ def make_tool_env(env_id: str, *, tasks: Any, tools: Sequence[Tool | Callable[..
         ``env_id``.
 
     Raises:
-        ConfigError: a bad id, task rows, tool (no type hints or docstring, two with one name) or reward; an id
+        ConfigError: a bad id, task rows (among them a row without a field the reward reads: an argument of
+            ``reward`` without a default), tool (no type hints or docstring, two with one name) or reward; an id
             already registered to another environment (without ``replace=True``).
     """
     if not isinstance(env_id, str) or not env_id:
         raise ConfigError(f"env_id must be a non-empty str such as 'my/Task-v0', got {env_id!r}")
     prompt_key, id_key = env_kwargs.get("prompt_key", "prompt"), env_kwargs.get("id_key", "id")
-    config = dict(tasks=load_tasks(tasks, prompt_key=prompt_key, id_key=id_key), tools=check_tools(tools),
-                  reward=_check_reward(reward), system_prompt=system_prompt, max_turns=max_turns,
+    reward = _check_reward(reward)
+    config = dict(tasks=load_tasks(tasks, prompt_key=prompt_key, id_key=id_key, required=reward_fields(reward)),
+                  tools=check_tools(tools), reward=reward, system_prompt=system_prompt, max_turns=max_turns,
                   env_name=env_kwargs.pop("env_name", env_id.rsplit("/", 1)[-1]), **env_kwargs)
     ToolEnv(**config)  # every argument checked now, not at the first make
     factory = functools.partial(ToolEnv, **config)

@@ -48,6 +48,7 @@ counts ``2.0`` as an integer, so an ``int`` argument written ``2.0`` is accepted
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -254,7 +255,7 @@ def _schema(fn: Callable[..., Any], name: str, description: str | None, hidden: 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
          resources: Mapping[str, ResourceSpec] | None = None, scope: str = "rollout",
-         timeout: float | None = DEFAULT_TOOL_TIMEOUT, finish: bool = False) -> Any:
+         timeout: float | None = DEFAULT_TOOL_TIMEOUT, finish: bool = False, **unknown: Any) -> Any:
     """Turn a typed function (sync or async) into a :class:`Tool`; usable as ``@tool`` or ``@tool(...)``.
 
     Args:
@@ -279,8 +280,11 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
 
     Raises:
         ConfigError: an argument without a type hint or a docstring line, no docstring, ``*args``/``**kwargs``,
-            a resource that is not a parameter, a bad scope or timeout.
+            a resource that is not a parameter, a bad scope or timeout, or an option ``tool`` does not take
+            (``@tool(timout=5)``: the message names the close match, ``timeout``).
     """
+    if unknown:
+        _refuse_unknown_options(unknown)
     if scope not in _SCOPES:
         raise ConfigError(f"tool scope={scope!r} must be one of {_SCOPES}")
     if timeout is not None and not timeout > 0:
@@ -304,6 +308,18 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
                     resources=MappingProxyType(specs), scope=scope, timeout=timeout, finish=finish)
 
     return make if fn is None else make(fn)
+
+
+def _refuse_unknown_options(unknown: Mapping[str, Any]) -> None:
+    """Raise a ConfigError naming each option :func:`tool` does not take, with its close match, not Python's bare
+    ``TypeError: tool() got an unexpected keyword argument``."""
+    known = sorted(n for n, p in inspect.signature(tool).parameters.items() if p.kind is p.KEYWORD_ONLY)
+    said = []
+    for k in unknown:
+        close = difflib.get_close_matches(k, known, n=1)
+        said.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
+    raise ConfigError(f"@tool got unknown option{'s' if len(said) > 1 else ''} {', '.join(said)}; its options are "
+                      f"{known}")
 
 
 def check_tools(tools: Sequence[Tool | Callable[..., Any]]) -> list[Tool]:

@@ -8,18 +8,42 @@ cached on disk) and :mod:`.env` (the Gymnasium environment).  Importing this pac
 neither ``alfworld`` nor ``textworld``; the simulator does when it is built.
 """
 
-from .env import SIMULATOR_FACTORY, ALFWorldEnv
-from .games import (
-    TASK_TYPES,
-    GameIndex,
-    GameRecord,
-    load_index,
-    parse_task_types,
-    resolve_alfworld_root,
-)
-from .logic import game_version, upgrade_game
-from .planner import ExpertPlanError, ExpertPlanTimeout, compute_plan
-from .simulator import NOTHING_HAPPENS, ALFWorldSimulator
+from typing import TYPE_CHECKING
+
+from ...utils.lazy import lazy_exports
+
+if TYPE_CHECKING:  # what type checkers and the API reference read; at run time each name is imported on
+    # first use (agentfly_gym.utils.lazy), so `agentfly-gym envs` imports no engine or simulator module
+    from .env import SIMULATOR_FACTORY, ALFWorldEnv
+    from .games import (
+        TASK_TYPES,
+        GameIndex,
+        GameRecord,
+        load_index,
+        parse_task_types,
+        resolve_alfworld_root,
+    )
+    from .logic import game_version, upgrade_game
+    from .planner import ExpertPlanError, ExpertPlanTimeout, compute_plan
+    from .simulator import NOTHING_HAPPENS, ALFWorldSimulator
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "ALFWorldEnv": "env",
+    "ALFWorldSimulator": "simulator",
+    "ExpertPlanError": "planner",
+    "ExpertPlanTimeout": "planner",
+    "GameIndex": "games",
+    "GameRecord": "games",
+    "NOTHING_HAPPENS": "simulator",
+    "SIMULATOR_FACTORY": "env",
+    "TASK_TYPES": "games",
+    "compute_plan": "planner",
+    "game_version": "logic",
+    "load_index": "games",
+    "parse_task_types": "games",
+    "resolve_alfworld_root": "games",
+    "upgrade_game": "logic",
+})
 
 __all__ = [
     "NOTHING_HAPPENS",

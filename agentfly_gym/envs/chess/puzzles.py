@@ -14,11 +14,13 @@ import functools
 import hashlib
 import os
 from pathlib import Path
-
-import chess
+from typing import TYPE_CHECKING
 
 from ...data.paths import resolve_data_dir
 from ...errors import ConfigError, DataNotFoundError
+
+if TYPE_CHECKING:
+    import chess
 
 __all__ = [
     "Puzzle",
@@ -87,6 +89,8 @@ class Puzzle:
     @property
     def solver_color(self) -> chess.Color:
         """The solver's colour: the side to move after the setup move."""
+        import chess  # here, not at import: finding the puzzle file (agentfly-gym envs) needs no chess module
+
         return not chess.Board(self.fen).turn
 
 

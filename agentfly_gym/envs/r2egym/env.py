@@ -41,7 +41,7 @@ from ...limits import check_int
 from ...resources.containers.api import ContainerResource
 from ...resources.protocol import Manager
 from ...resources.scope import RolloutScope
-from ...resources.spec import ContainerSpec, check_max_idle_time
+from ...resources.spec import ContainerSpec, Mount, check_max_idle_time
 from ...tools.env import ToolPrompt, tool_call_id
 from ...tools.formats import ToolCallError, format_tool_call, parse_tool_calls
 from ...tools.tool import Tool
@@ -217,7 +217,7 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
                  max_output: int = 10_000, max_episode_steps: int | None = 40, step_timeout: float | None = None,
                  grading: str = "isolated", grading_guard: bool = True, tool_format: str = "xml",
                  manager: Manager | None = None, reset_timeout: float | None = 900.0,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, mounts: Sequence[Mount] = ()) -> None:
         if grading not in GRADING_MODES:
             raise ConfigError(f"grading={grading!r} is not one of {', '.join(map(repr, GRADING_MODES))}")
         if tool_format not in TOOL_FORMATS:
@@ -257,6 +257,9 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         self.bash_timeout, self.test_timeout, self.max_output = bash_timeout, test_timeout, max_output
         self.grading = grading
         self.grading_guard = bool(grading_guard)
+        if not all(isinstance(m, Mount) for m in mounts):
+            raise ConfigError(f"mounts must be Mount objects, got {[type(m).__name__ for m in mounts]}")
+        self.mounts = tuple(mounts)
         self.tool_format = tool_format
         if tool_format != "xml":  # the class attributes stay R2E-Gym's XML prompt and actions
             self.agent_prompt = ToolPrompt(system=NATIVE_SYSTEM_PROMPT, tools=tuple(SCHEMAS[n] for n in TOOL_NAMES))
@@ -290,7 +293,7 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         project's R2E image on Docker and the host's system in the sandbox), the row's image otherwise."""
         common = {"cpus": self.cpus, "memory": self.memory, "pids": self.pids, "disk": self.disk,
                   "workdir": TESTBED, "max_instances": self.max_instances, "max_idle_time": self.max_idle_time,
-                  "name": "r2egym"}
+                  "name": "r2egym", "mounts": self.mounts}
         if task.local:
             if self.image is not None:
                 return ContainerSpec(image=self.image, backend=self.backend, **common)
@@ -303,7 +306,13 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         spec = await self.container_spec(task)
         env = dict(spec.env or ())
         env[_GRADING_POOL_ENV[0]] = _GRADING_POOL_ENV[1]
-        return dataclasses.replace(spec, env=tuple(sorted(env.items())), name=f"{spec.name}-grading")
+        return dataclasses.replace(spec, env=tuple(sorted(env.items())), name=f"{spec.name}-grading", mounts=())
+
+    @property
+    def container(self) -> ContainerResource | None:
+        """The episode's container (None before the first reset): what an agent run outside the env's own
+        loop (:func:`agentfly_gym.gateway.run_agent`) works in before the env grades it (``finish``)."""
+        return self._box
 
     # ------------------------------------------------------------------ episode
     async def _reset_episode(self, scope: RolloutScope, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fcntl
 import hashlib
 import json
 import os
@@ -459,6 +460,19 @@ def build_local_tasks(out_dir: str | Path | None = None, *, bugs: Iterable[BugSp
     if len(set(ids)) != len(ids):
         raise ConfigError(f"duplicate task ids in bugs: {ids}")
     (out / "rows").mkdir(parents=True, exist_ok=True)
+    # one build of a folder at a time, across processes (two test workers, two shells): they would write the same
+    # temporary files; the second finds the first's rows and builds only what is still missing
+    with open(out / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _build_locked(out, specs, ids, force, test_timeout, jobs, say)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_locked(out: Path, specs: list[BugSpec], ids: list[str], force: bool, test_timeout: float, jobs: int,
+                  say: Callable[[str], None]) -> Path:
+    """:func:`build_local_tasks`'s work, with the folder's build lock held."""
     todo = [s for s in specs if force or not (out / "rows" / f"{s.task_id}.json").is_file()]
     say(f"R2E local tasks in {out}: {len(specs) - len(todo)} built, {len(todo)} to build")
     t0 = time.monotonic()

@@ -112,12 +112,12 @@ class ScienceWorldEnv(AgentFlyEnv):
         max_idle_time: seconds a JVM the pool keeps idle (after an episode or a closed env) waits for
             the next episode before it is stopped (default 300, as containers); ``None`` keeps idle JVMs
             until the manager closes (for the default manager of sync envs: process exit).
-        manager, step_timeout (seconds; default 60), reset_timeout (seconds, includes waiting
-            for a free JVM), max_episode_steps (default 1000: gold paths reach 770 steps, e.g.
-            inclined-plane-friction-named-surfaces:1086, in the sampled census of
-            ``benchmarks/results/scienceworld_gold_paths.json``; a replay can take a few steps more
-            or fewer than planned),
-            render_mode: see :class:`~agentfly_gym.envs.base.AgentFlyEnv`.
+        manager, step_timeout, reset_timeout, max_episode_steps, render_mode: see
+            :class:`~agentfly_gym.envs.base.AgentFlyEnv`; here ``step_timeout`` defaults to 60 seconds,
+            ``reset_timeout`` includes waiting for a free JVM, and ``max_episode_steps`` defaults to 1000 (gold
+            paths reach 770 steps, e.g. inclined-plane-friction-named-surfaces:1086, in the sampled census of
+            ``benchmarks/results/scienceworld_gold_paths.json``; a replay can take a few steps more or fewer
+            than planned).
 
     Reset options (override the defaults above for one episode): ``task_name``, ``task_id``
     (``"<task_name>:<variation>"``, as ``info["task_id"]``), ``variation``, ``split``,

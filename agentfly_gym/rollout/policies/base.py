@@ -11,7 +11,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from ...limits import check_int
 
-__all__ = ["SamplingParams", "Generation", "TextPolicy", "ActionPolicy", "check_policy", "take_turn"]
+__all__ = ["SamplingParams", "Generation", "TextPolicy", "ActionPolicy", "ChatPolicy", "check_policy", "is_chat_policy",
+           "take_turn"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,25 @@ class ActionPolicy(Protocol):
         ...
 
 
+@runtime_checkable
+class ChatPolicy(Protocol):
+    """A policy over chat messages (an OpenAI-compatible endpoint,
+    :class:`~agentfly_gym.rollout.policies.endpoint_policy.EndpointPolicy`): the conversation and the env's
+    tools in, a :class:`~agentfly_gym.rollout.policies.endpoint_policy.ChatReply` out.  Played in chain mode by
+    :func:`~agentfly_gym.rollout.chat_episode.run_chat_episode`; its trajectories hold token ids only where
+    the server returned them (``text_only`` otherwise)."""
+
+    async def complete(self, messages: Any, *, tools: Any = (), sampling: SamplingParams | None = None) -> Any:
+        """The reply to ``messages``."""
+        ...
+
+
+def is_chat_policy(policy: Any) -> bool:
+    """True for a :class:`ChatPolicy` (it has ``complete`` and neither ``generate`` nor ``act``)."""
+    return callable(getattr(policy, "complete", None)) and not hasattr(policy, "generate") \
+        and not hasattr(policy, "act")
+
+
 def check_policy(policy: Any) -> bool:
     """True for a :class:`TextPolicy`, False for an :class:`ActionPolicy`.
 
@@ -109,6 +129,9 @@ def check_policy(policy: Any) -> bool:
         return True
     if hasattr(policy, "act"):
         return False
+    if is_chat_policy(policy):
+        raise PolicyError(f"{type(policy).__name__} is a ChatPolicy (messages in, a reply out): it plays chain mode "
+                          "through play_episode / run_chat_episode, not a token-id turn loop")
     raise PolicyError(f"{type(policy).__name__} is neither a TextPolicy (generate) nor an ActionPolicy (act)")
 
 

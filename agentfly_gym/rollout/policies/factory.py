@@ -2,7 +2,9 @@
 
 Names: ``smollm2`` (the bundled SmolLM2-135M-Instruct on CPU, batched), ``tiny-qwen``
 (a random tiny Qwen2 on the Qwen3 tokenizer, for plumbing tests), a local model folder,
-``random`` (random admissible action) and ``expert`` (the env's expert).  Scripted policies
+``random`` (random admissible action), ``expert`` (the env's expert) and ``openai:MODEL`` (any
+OpenAI-compatible chat endpoint serving MODEL at ``base_url``, with the key from ``api_key_env``:
+:class:`~agentfly_gym.rollout.policies.endpoint_policy.EndpointPolicy`, which needs the ``openai`` package).  Scripted policies
 still need a tokenizer to turn their actions into token ids: ``tokenizer=`` names a folder,
 by default the bundled SmolLM2's; they load it with
 :func:`~agentfly_gym.rollout.light_tokenizer.load_tokenizer` (the ``tokenizers`` package, no
@@ -20,7 +22,10 @@ from ...errors import ConfigError
 
 __all__ = ["make_policy", "POLICY_NAMES"]
 
-POLICY_NAMES = ("smollm2", "tiny-qwen", "random", "expert")
+POLICY_NAMES = ("smollm2", "tiny-qwen", "random", "expert", "openai:MODEL")
+
+#: The prefix of an endpoint policy's name: ``openai:MODEL``.
+ENDPOINT_PREFIX = "openai:"
 
 
 def _tokenizer_dir(tokenizer: str | None) -> Path:
@@ -42,8 +47,10 @@ def _tokenizer_dir(tokenizer: str | None) -> Path:
 
 
 def make_policy(name: str, *, tokenizer: str | None = None, seed: int | None = 0, max_batch_size: int = 16,
-                torch_threads: int = 1, device: str = "cpu", dtype: Any = "auto") -> tuple[Any, Any]:
-    """``(policy, chat_tokenizer)`` for ``name`` (see the module docstring).
+                torch_threads: int = 1, device: str = "cpu", dtype: Any = "auto", base_url: str | None = None,
+                api_key_env: str | None = None, endpoint_options: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """``(policy, chat_tokenizer)`` for ``name`` (see the module docstring); an endpoint policy has no chat
+    tokenizer (None).
 
     Args:
         name: a policy name or a local model folder.
@@ -55,14 +62,34 @@ def make_policy(name: str, *, tokenizer: str | None = None, seed: int | None = 0
         dtype: model policies: the weights' dtype: "auto" (bfloat16 on a GPU that supports it, else the folder's),
             "float32", "bfloat16", "float16" or a ``torch.dtype``
             (:func:`~agentfly_gym.rollout.policies.transformers_policy.resolve_dtype`).
+        base_url, api_key_env: an ``openai:MODEL`` endpoint's API root and key variable (ignored otherwise).
+        endpoint_options: more :class:`~agentfly_gym.rollout.policies.endpoint_policy.EndpointPolicy` arguments
+            (``timeout``, ``max_retries``, ``requests_per_second``, ``token_ids``, ...).
 
     Raises:
-        ConfigError: unknown name, missing folder, a bad ``max_batch_size``, or (model policies; scripted ones
-            ignore them) a bad ``device`` or ``dtype``, before any model is built or loaded.
+        ConfigError: unknown name or missing folder; ``base_url``/``api_key_env`` with a policy that is no
+            endpoint; an endpoint without the ``openai`` package; a bad ``max_batch_size``, or (model policies;
+            scripted and endpoint ones ignore them) a bad ``device`` or ``dtype``, before any model is loaded.
     """
     if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
         raise ConfigError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
     from ..chat import ChatTokenizer
+
+    if name.startswith(ENDPOINT_PREFIX):
+        model = name[len(ENDPOINT_PREFIX):]
+        if not model:
+            raise ConfigError(f"policy={name!r} names no model: write openai:MODEL, e.g. openai:gpt-4.1-mini")
+        try:
+            import openai  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"policy={name!r} needs the openai package (pip install 'agentfly-gym[agents]' or "
+                              "pip install openai)") from None
+        from .endpoint_policy import EndpointPolicy
+
+        return EndpointPolicy(model, base_url=base_url, api_key_env=api_key_env, **dict(endpoint_options or {})), None
+    if base_url is not None or api_key_env is not None:
+        raise ConfigError(f"policy={name!r} is not an endpoint: a base URL or an API key variable goes with "
+                          "openai:MODEL only")
 
     if name in ("random", "expert"):
         from ..light_tokenizer import load_tokenizer

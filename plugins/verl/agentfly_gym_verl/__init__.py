@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["config_path", "AgentFlyAgentLoop", "VerlServerPolicy", "build_dataset", "dataset_main", "get_manager",
-           "close", "aclose", "failure_metrics", "SelfPlayAgentLoop", "selfplay_rows"]
+           "close", "aclose", "failure_metrics", "SelfPlayAgentLoop", "selfplay_rows",
+           "gateway_outputs", "GatewayAgentLoop"]
 
 _LAZY = {
     "AgentFlyAgentLoop": "agent_loop",
@@ -27,12 +28,14 @@ _LAZY = {
     "failure_metrics": "runtime",
     "SelfPlayAgentLoop": "selfplay",
     "selfplay_rows": "selfplay",
+    "gateway_outputs": "gateway",
+    "GatewayAgentLoop": "gateway_loop",
 }
 
 
 def config_path() -> Path:
     """The plugin's agent-loop YAML (entries ``agentfly_chain``, ``agentfly_step``, ``agentfly``,
-    ``agentfly_selfplay``)."""
+    ``agentfly_selfplay``, ``agentfly_gateway``)."""
     return Path(__file__).with_name("agent_loops.yaml")
 
 

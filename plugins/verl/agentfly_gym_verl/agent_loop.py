@@ -88,7 +88,7 @@ from agentfly_gym.rollout.episode import MODES, play_episode
 from agentfly_gym.rollout.ordering import length_key
 from agentfly_gym.rollout.policies.base import SamplingParams
 from agentfly_gym.rollout.step import DEFAULT_HISTORY
-from agentfly_gym.rollout.trajectory import Trajectory, episode_status
+from agentfly_gym.rollout.trajectory import Trajectory, episode_status, require_token_ids
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from .policy import VerlServerPolicy
@@ -306,6 +306,7 @@ class AgentFlyAgentLoop(AgentLoopBase):
                             row["env_id"], row["task_id"], len(traj.turns), traj.error)
                 return self._failed(EnvError(traj.error), kwargs, want_logprobs, traj_id, group_id, mode, row,
                                     policy, use_v1)
+            require_token_ids(traj, "a verl training row")  # never re-tokenized text
             if mode == "chain":
                 return self._chain_output(traj, policy, want_logprobs, row)
             return self._step_outputs(traj, policy, want_logprobs, row)

@@ -288,8 +288,15 @@ def _check_main(args: Sequence[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agentfly-gym dataset",
-                                description="Write a verl parquet data set of agentfly-gym episodes.")
+    p = argparse.ArgumentParser(
+        prog="agentfly-gym dataset", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s ENV -o OUT [options]\n       %(prog)s check A.parquet B.parquet ...",
+        description="Write a verl parquet data set of agentfly-gym episodes.",
+        epilog="subcommand:\n"
+               "  check A.parquet B.parquet ...\n"
+               "                        print the tasks each pair of data sets shares; exit 1 when any pair shares\n"
+               "                        one (e.g. a training and a validation set), 0 when none, 2 on an unreadable\n"
+               "                        file (agentfly-gym dataset check --help)")
     p.add_argument("env", help="environment id, e.g. Chess, ScienceWorld-v0, agentfly/ALFWorld-v0")
     p.add_argument("-o", "--out", required=True, help="parquet file to write (an existing file is refused unless "
                                                       "--overwrite is given)")

@@ -6,8 +6,9 @@
 #   MODE=chain bash plugins/verl/examples/run_grpo_chess.sh     # one training row per trajectory
 #   MODE=step  bash plugins/verl/examples/run_grpo_chess.sh     # one row per env step (V1 trainer)
 #
-# Needs: pip install 'agentfly-gym[verl]' vllm (a vLLM build matching your torch/CUDA), the Lichess
-# puzzle sample of the shared data ($AGENTFLY_GYM_DATA/chess) and the model weights.
+# Needs: pip install 'agentfly-gym[verl]' vllm (a vLLM build matching your torch/CUDA) and the model weights.
+# No data folder: the 300-puzzle Lichess sample ships in the package (`agentfly-gym data download chess` gets the
+# full database, which the env then prefers). PREPARE_ONLY=1 writes and checks the two data sets, then stops.
 set -euo pipefail
 
 MODE=${MODE:-chain}
@@ -19,12 +20,17 @@ MAX_TURNS=${MAX_TURNS:-4}
 
 YAML=$(python -c "import agentfly_gym_verl; print(agentfly_gym_verl.config_path())")
 ENV_KWARGS='{"mode": "puzzle", "max_rating": 1600}'
-build() {  # build <out> <n> <seed>
-  python -c "import sys; from agentfly_gym_verl.dataset import dataset_main; sys.exit(dataset_main(sys.argv[1:]))" \
-    Chess -o "$1" -n "$2" --seed "$3" --mode "$MODE" --max-turns "$MAX_TURNS" --env-kwargs "$ENV_KWARGS"
+# Two data sets, because verl trains on one file and validates on another: the train split and the validation
+# split of the puzzles share no puzzle (a hash of the puzzle id), and `dataset check` proves it (exit 1 if not).
+build() {  # build <out> <n> <split>
+  python -m agentfly_gym dataset Chess -o "$1" -n "$2" --split "$3" --mode "$MODE" --max-turns "$MAX_TURNS" \
+    --env-kwargs "$ENV_KWARGS" --overwrite
 }
-build "$DATA/train.parquet" "$N_TRAIN" 0
-build "$DATA/val.parquet" "$N_VAL" 1000000
+mkdir -p "$DATA"
+build "$DATA/train.parquet" "$N_TRAIN" train
+build "$DATA/val.parquet" "$N_VAL" validation
+python -m agentfly_gym dataset check "$DATA/train.parquet" "$DATA/val.parquet"
+if [ "${PREPARE_ONLY:-0}" = 1 ]; then exit 0; fi
 
 python -m verl.trainer.main_ppo \
   algorithm.adv_estimator=grpo \
