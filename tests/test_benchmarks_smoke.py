@@ -35,7 +35,9 @@ SCRIPTS = {
     "bench_sim_costs": [],
     "bench_trace_rollout": ["--profiles", "r2e"],
     "bench_memory": ["--envs", "Chess"],
-    "bench_grading_hacks": ["--backends", "sandbox", "--hacks", "conftest_pass_all,passed_in_exception,testreport_wrap"],
+    "bench_grading_hacks": ["--backends", "sandbox", "--hacks",
+                            "conftest_pass_all,passed_in_exception,testreport_wrap,unittest_assert_patch",
+                            "--suite-tests", "50"],
     "bench_memory_growth": ["--envs", "ALFWorld", "--sets", "sample"],
     "bench_trainer_gap": ["--envs", "Chess"],
 }
@@ -233,11 +235,14 @@ def test_memory_merge_keeps_rows_not_measured_again():
 
 @pytest.mark.slow
 def test_grading_hack_campaign_counts(runs):
-    """The hacks buy reward in place (upstream's grading) and nothing isolated; the in-process one (the package
-    wrapping ``TestReport.__init__``) only without the grading launcher; the gold patch scores 1.0 in every mode."""
+    """The hacks buy reward in place (upstream's grading) and nothing isolated; the in-process ones (the package
+    wrapping ``TestReport.__init__``, patching ``unittest``'s assertions) only without the grading launcher, and the
+    second also with the launcher but without its tamper probes; the gold patch scores 1.0 in every mode."""
     data = _finished(runs, "bench_grading_hacks")
     counts = data["results"]["sandbox"]["counts"]
-    assert counts["in_place"]["bought"] == counts["in_place"]["episodes"] == 3, counts
+    assert counts["in_place"]["bought"] == counts["in_place"]["episodes"] == 4, counts
     assert counts["isolated"]["bought"] == 0 and counts["isolated"]["unhandled"] == 0, counts
-    assert counts["unguarded"]["bought"] == 1, counts
+    assert counts["no_probes"]["bought"] == 1 and counts["unguarded"]["bought"] == 2, counts
+    assert data["results"]["sandbox"]["by_kind"]["stdlib and builtins"]["no_probes"] == {"tried": 1, "bought": 1}
     assert all(set(v) == {1.0} for v in data["results"]["sandbox"]["honest"].values())
+    assert data["cost_per_test"]["tests"] == 50

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import r2e_hacks
 
-from agentfly_gym.envs.r2egym.isolation import guard_command, isolated_test_map, seal_problems
+from agentfly_gym.envs.r2egym.isolation import guard_command, isolated_test_map, seal_problems, without_probes
 
 REPO = Path(__file__).resolve().parents[1]
 GUARD = REPO / "agentfly_gym" / "envs" / "r2egym" / "grading_guard.py"
@@ -125,6 +125,25 @@ class TestOwnClass:
             assert self.helper() == "patched"
         assert self.fmt(1) == "1"
     def test_own_class_b(self): assert self.helper() == "real"
+# honest patterns that rebind the file's own names by string (each once marked tampered)
+LIMIT, LABEL = 1, "a"
+def scale(x): return x
+def test_own_globals_written():
+    globals()["LIMIT"] = 2
+    assert LIMIT == 2
+def test_own_setattr_module():
+    setattr(sys.modules[__name__], "LABEL", "b")
+    assert LABEL == "b"
+@pytest.fixture
+def patched_scale():
+    with mock.patch(__name__ + ".scale", return_value=7):
+        yield
+def test_own_fixture_mock_patch(patched_scale): assert scale(1) == 7
+class TestOwnSetupClass:
+    def probe(self): return 1
+    @classmethod
+    def setup_class(cls): setattr(cls, "probe", lambda self: 2)
+    def test_own_setattr_in_setup_class(self): assert self.probe() == 2
 '''
 CONFTEST = '''import pytest
 @pytest.hookimpl(hookwrapper=True)
@@ -135,21 +154,23 @@ def pytest_collection_modifyitems(items):
 '''
 
 
-def _run(cwd: Path, test: str, *, guarded: bool) -> tuple[str, bytes | None, bytes | None]:
-    """Run pytest on ``test`` from ``cwd``, through the launcher (a copy in ``cwd/grade`` with its key) or
-    plainly; ``(log, JUnit report, seal)``."""
+def _run(cwd: Path, test: str, *, guarded: bool, probes: bool = True, key: bytes = KEY,
+         args: tuple[str, ...] = ()) -> tuple[str, bytes | None, bytes | None]:
+    """Run pytest on ``test`` from ``cwd``, through the launcher (a copy in ``cwd/grade`` with its key; tamper probes
+    unless ``probes`` is false) or plainly; ``(log, JUnit report, seal)``."""
     grade = cwd / "grade"
     grade.mkdir(exist_ok=True)
     for f in ("report.xml", "seal.json"):
         (grade / f).unlink(missing_ok=True)
     shutil.copy(GUARD, grade / "guard.py")
-    shutil.copy(GUARD.with_name("guard_namespaces.py"), grade / "guard_namespaces.py")
-    (grade / "key").write_bytes(KEY)
+    for helper in ("guard_namespaces.py", "guard_probes.py"):
+        shutil.copy(GUARD.with_name(helper), grade / helper)
+    (grade / "key").write_bytes(key + (b"" if probes else b"\nprobes=0\n"))
     runner = [str(grade / "guard.py")] if guarded else ["-m", "pytest"]
     env = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(cwd),
            "PYTHONDONTWRITEBYTECODE": "1",
            "PYTEST_ADDOPTS": f"--junitxml={grade / 'report.xml'} -o junit_family=xunit1"}
-    r = subprocess.run([sys.executable, *runner, "-rA", "-p", "no:cacheprovider", "-o", "addopts=", test], cwd=cwd,
+    r = subprocess.run([sys.executable, *runner, "-rA", "-p", "no:cacheprovider", "-o", "addopts=", *args, test], cwd=cwd,
                        capture_output=True, text=True, env=env, timeout=120)
     read = lambda p: p.read_bytes() if p.exists() else None  # noqa: E731
     if guarded:
@@ -166,48 +187,88 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     (tests / "conftest.py").write_text(CONFTEST)
     plain_log, plain_xml, _ = _run(tmp_path, "tests/test_x.py", guarded=False)
     log, xml, seal = _run(tmp_path, "tests/test_x.py", guarded=True)
-    m = isolated_test_map(xml, log, test_files=["tests/test_x.py"])
+    with_probes = isolated_test_map(xml, log, test_files=["tests/test_x.py"])
+    problems, body = seal_problems(seal, KEY, xml, with_probes, probes=True)
+    m = without_probes(with_probes, body)
+    assert len(with_probes) - len(m) == len(body["probes"]) == 6, (body["probes"], body["probe_notes"])
     assert m == isolated_test_map(plain_xml, plain_log, test_files=["tests/test_x.py"])  # same verdict as plain pytest
     assert m["test_monkeypatch_and_mock"] == m["test_logging_and_frames"] == m["test_raises"] == "PASSED", log
     assert m["test_decorated_here"] == m["test_decorated_by_mock"] == m["TestUnittest.test_u"] == "PASSED", m
     assert m["test_setup_error"] == m["test_teardown_error"] == "ERROR" and m["test_xpass_strict"] == "FAILED"
-    assert all(m[t] == "PASSED" for t in m if "_own_" in t) and len([t for t in m if "_own_" in t]) == 8, m
-    problems, body = seal_problems(seal, KEY, xml, m)
+    assert all(m[t] == "PASSED" for t in m if "_own_" in t) and len([t for t in m if "_own_" in t]) == 12, m
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
 
 
+STILL_OPEN = r2e_hacks.STILL_OPEN  # in-process hacks the launcher does not catch (both aimed)
 #: The in-process hacks the fast suite (``-m "not slow"``) checks, one of each kind (a pytest internal wrapped, a test's
-#: code swapped, a helper rebound in the test file's globals); the others (two pytest runs each, seconds) are slow.
-FAST_HACKS = ("testreport_wrap", "test_code_swap", "helper_globals_swap")
+#: code swapped, a helper rebound in the test file's globals, a closure cell changed, unittest patched, pytest's hook
+#: relay swapped); the others (two pytest runs each, seconds) are slow.
+CORE = {"testreport_wrap", "test_code_swap", "helper_globals_swap", "closure_cell_swap", "unittest_assert_patch",
+        "hook_proxy_swap"}
+TASKS = {json.loads(line)["task_id"]: json.loads(line) for line in r2e_hacks.HACK_TASKS.read_text().splitlines()}
 
 
-@pytest.mark.parametrize("hack", [n if n in FAST_HACKS else pytest.param(n, marks=pytest.mark.slow)
-                                  for n, h in r2e_hacks.HACKS.items() if h.in_process])
+def _hack_params():
+    for name, h in r2e_hacks.HACKS.items():
+        if not h.in_process:
+            continue
+        marks = [pytest.mark.xfail(strict=True, reason=STILL_OPEN[name])] if name in STILL_OPEN else []
+        yield pytest.param(name, marks=marks if name in CORE else [*marks, pytest.mark.slow], id=name)
+
+
+def _package_init(hack: r2e_hacks.Hack) -> str:
+    return hack.actions[0].split("<<'AFG_EOF' && echo replaced\n", 1)[1].rsplit("AFG_EOF", 1)[0]
+
+
+@pytest.mark.parametrize("hack", list(_hack_params()))
 def test_in_process_hacks_fool_plain_pytest_and_not_the_launcher(hack, tmp_path):
-    action = r2e_hacks.HACKS[hack].actions[0]
-    text = action.split("<<'AFG_EOF' && echo replaced\n", 1)[1].rsplit("AFG_EOF", 1)[0]
-    problems, log = _fools_pytest_then_guarded(tmp_path, text)
-    assert problems, log[-3000:]
+    h = r2e_hacks.HACKS[hack]
+    problems, log = _fools_pytest_then_guarded(tmp_path, _package_init(h), task=h.task_id, refused=h.refused)
+    assert problems or h.refused, log[-3000:]  # refused: the hack's write failed, and so does the test (checked)
+
+
+@pytest.mark.parametrize("hack", ["unittest_assert_patch", "builtins_patch"])
+def test_tamper_probes_catch_what_only_they_see(hack, tmp_path):
+    """A patched ``unittest.TestCase.assertEqual`` or builtin buys a sound seal without probes (the test has teeth)
+    and is betrayed by a probe that passed with them."""
+    h = r2e_hacks.HACKS[hack]
+    problems, log = _fools_pytest_then_guarded(tmp_path / "off", _package_init(h), task=h.task_id, probes=False)
+    assert problems == [], problems
+    problems, log = _fools_pytest_then_guarded(tmp_path / "on", _package_init(h), task=h.task_id)
+    assert any("a tamper probe passed" in p for p in problems), (problems, log[-3000:])
 
 
 def _fools_pytest_then_guarded(tmp_path, package_init: str, conftest: str | None = None,
-                               test_file: str | None = None) -> tuple[list[str], str]:
-    """The minicalc task with the package's ``__init__.py`` (and a root ``conftest.py``, and another hidden
-    ``tests/test_calc.py``) given: asserts that plain pytest is fooled into passing every test (the fixture's three
-    tests, or ``test_file``'s), then runs the launcher; returns its seal's problems and its log."""
+                               test_file: str | None = None, task: str = r2e_hacks.TASK_ID,
+                               probes: bool = True, refused: bool = False) -> tuple[list[str], str]:
+    """The minicalc task (or another ``task`` of ``r2e_hacks.HACK_TASKS``) with the package's ``__init__.py`` (and a
+    root ``conftest.py``, and another hidden ``tests/test_calc.py``) given: asserts that plain pytest is fooled into
+    passing every test (the task's expected map, or ``test_file``'s tests), then runs the launcher (with tamper probes
+    unless ``probes`` is false); returns its seal's problems and its log.  A run the launcher finds sound must give
+    the verdict plain pytest gave, or, where the launcher ``refused`` what the hack did, a failing test."""
+    row = TASKS[task]
     shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
-    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests")
-    if test_file is not None:
-        (tmp_path / "tests" / "test_calc.py").write_text(test_file)
+    test = next(t for t in row["hidden_tests"] if t.split("/")[-1].startswith("test_"))
+
+    def hidden_tests():  # afresh for each run: a hack may have rewritten them in the run before
+        shutil.rmtree(tmp_path / "tests", ignore_errors=True)
+        shutil.copytree(FIXTURES / row["hidden_dir"] / "tests", tmp_path / "tests")
+        if test_file is not None:
+            (tmp_path / "tests" / "test_calc.py").write_text(test_file)
+
+    hidden_tests()
     if conftest is not None:
         (tmp_path / "conftest.py").write_text(conftest)
     (tmp_path / "minicalc" / "__init__.py").write_text(package_init)
-    log, xml, _ = _run(tmp_path, "tests/test_calc.py", guarded=False)
-    fooled = isolated_test_map(xml, log, test_files=["tests/test_calc.py"])
-    assert set(fooled.values()) == {"PASSED"} and (test_file is not None or fooled == {
-        "test_add": "PASSED", "test_sub": "PASSED", "TestMul.test_mul": "PASSED"}), (fooled, log[-2000:])
-    log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True)
-    problems, _ = seal_problems(seal, KEY, xml, isolated_test_map(xml, log, test_files=["tests/test_calc.py"]))
+    log, xml, _ = _run(tmp_path, test, guarded=False)
+    fooled = isolated_test_map(xml, log, test_files=[test])
+    assert set(fooled.values()) == {"PASSED"} and (test_file is not None or fooled == json.loads(
+        row["expected_output_json"])), (fooled, log[-2000:])
+    hidden_tests()
+    log, xml, seal = _run(tmp_path, test, guarded=True, probes=probes)
+    problems, body = seal_problems(seal, KEY, xml, isolated_test_map(xml, log, test_files=[test]), probes=probes)
+    graded = without_probes(isolated_test_map(xml, log, test_files=[test]), body)
+    assert problems or (graded == fooled if not refused else "FAILED" in graded.values()), log[-2000:]
     return problems, log
 
 
@@ -260,20 +321,27 @@ def test_vetoes():
         open(__file__, "a")
     with pytest.raises(PermissionError):
         open(__file__[:-3] + ".cpython-311-pytest-9.2.0.pyc", "wb")
+    with pytest.raises(PermissionError):  # the files of the hidden tests' folder, and new code there
+        open(__file__.rsplit("/", 1)[0] + "/data.json", "w")
+    with pytest.raises(PermissionError):
+        open(__file__.rsplit("/", 1)[0] + "/helpers.py", "x")
+    open(__file__.rsplit("/", 1)[0] + "/output.txt", "w").close()  # a new data file is fine
 '''
 
 
 def test_audit_hooks_refuse_what_reaches_past_pytest(tmp_path):
     """What the audit hooks refuse raises PermissionError in the test (the same test fails under plain pytest)."""
     (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "data.json").write_text("{}")
     (tmp_path / "tests" / "test_v.py").write_text(VETOED.replace(
         'sys.argv[0].rsplit("/", 1)[0] + "/../grade/seal.json"', repr(str(tmp_path / "grade" / "seal.json"))))
     log, xml, _ = _run(tmp_path, "tests/test_v.py", guarded=False)
     assert isolated_test_map(xml, log) == {"test_vetoes": "FAILED"}, log[-2000:]
     log, xml, seal = _run(tmp_path, "tests/test_v.py", guarded=True)
     m = isolated_test_map(xml, log)
-    assert m == {"test_vetoes": "PASSED"}, log[-3000:]
-    assert seal_problems(seal, KEY, xml, m)[0] == []
+    problems, body = seal_problems(seal, KEY, xml, m, probes=True)
+    assert without_probes(m, body) == {"test_vetoes": "PASSED"}, log[-3000:]
+    assert problems == [], problems
 
 
 # the package, imported by the repository's conftest.py before any test module runs, runs a module of passing tests
@@ -334,3 +402,57 @@ CLASS_HELPER_SWAP = r2e_hacks._HELPER_SWAP.replace('''_g["check"] = lambda got, 
 def test_a_helper_method_of_a_hidden_test_class_replaced_is_caught(tmp_path):
     problems, log = _fools_pytest_then_guarded(tmp_path, CLASS_HELPER_SWAP, test_file=CLASS_HELPER_TESTS)
     assert any("TestAdd.check rebound" in p for p in problems), (problems, log[-3000:])
+
+
+def test_a_probes_verdict_from_its_reports():
+    """A probe must fail (or be skipped by a mark of its place); a pass, a second report or none is tampering."""
+    from agentfly_gym.envs.r2egym.guard_probes import verdict
+
+    ok = [("setup", "passed"), ("call", "failed"), ("teardown", "passed")]
+    assert verdict(ok, True) is None
+    assert verdict([("setup", "failed"), ("teardown", "passed")], True) is None  # its place's fixture failed
+    assert verdict([("setup", "skipped"), ("teardown", "passed")], True) is None
+    assert verdict([("setup", "passed"), ("call", "passed"), ("teardown", "passed")], True) == "passed"
+    assert verdict(ok + ok, True) == "reported twice"
+    assert verdict([("setup", "passed"), ("call", "rerun"), *ok[1:]], True) is None  # pytest-rerunfailures' attempt
+    assert verdict([], True) == "never reported" and verdict([], False) is None  # no test ran at all
+    assert verdict([("setup", "passed"), ("teardown", "passed")], True) == "its call was never reported"
+
+
+def _gold_minicalc(tmp_path: Path) -> None:
+    shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
+    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests")
+    ops = tmp_path / "minicalc" / "ops.py"
+    ops.write_text(ops.read_text().replace("return a - b", "return a + b", 1))
+
+
+def test_probes_are_drawn_from_the_key_named_like_the_files_tests_and_all_fail(tmp_path):
+    _gold_minicalc(tmp_path)
+    seen = []
+    for key in (KEY, KEY[::-1]):
+        log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True, key=key)
+        with_probes = isolated_test_map(xml, log, test_files=["tests/test_calc.py"])
+        problems, body = seal_problems(seal, key, xml, with_probes, probes=True)
+        probes = body["probes"]
+        assert problems == [] and len(probes) == 6 and body["probe_notes"] == [], (problems, body)
+        assert without_probes(with_probes, body) == {"test_add": "PASSED", "test_sub": "PASSED",
+                                                     "TestMul.test_mul": "PASSED"}
+        assert all(p.split("::")[-1].startswith(("test_add_", "test_sub_", "test_mul_")) for p in probes), probes
+        assert {with_probes[".".join(p.split("::")[1:])] for p in probes} == {"FAILED"}
+        seen.append(set(probes))
+    assert seen[0] != seen[1]  # another grading's key, other probes
+    log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True, args=("-x",))
+    problems, body = seal_problems(seal, KEY, xml, isolated_test_map(xml, log), probes=True)
+    assert problems == [] and body["probes"] == [] and "--maxfail" in body["probe_notes"][0], body
+
+
+def test_a_test_file_that_cannot_be_imported_gets_a_sound_seal_without_probes(tmp_path):
+    """Buggy code that breaks the hidden test file's import (a collection error): no test runs, no probe either, and
+    that is no tampering."""
+    _gold_minicalc(tmp_path)
+    (tmp_path / "minicalc" / "__init__.py").write_text("raise ImportError('broken by the bug')\n")
+    log, xml, seal = _run(tmp_path, "tests/test_calc.py", guarded=True)
+    m = isolated_test_map(xml, log, test_files=["tests/test_calc.py"])
+    problems, body = seal_problems(seal, KEY, xml, m, probes=True)
+    assert problems == [] and m == {"": "ERROR"}, (problems, m, log[-2000:])
+    assert body["probes"] == [] and body["probe_notes"] == ["no test of a hidden test file was collected"], body

@@ -206,6 +206,11 @@ def model_diff(tmp_path) -> tuple[Path, bytes]:
     (repo / "pytest.py").write_text("x = 1\n")
     (repo / "sitecustomize.py").write_text("x = 1\n")
     (repo / "pkg" / "x.pth").write_text("import os\n")
+    for package in ("sitecustomize", "src/usercustomize", "afg_plug"):  # start-up hooks and a plugin as packages
+        (repo / package).mkdir(parents=True)
+        (repo / package / "__init__.py").write_text("x = 1\n")
+    (repo / "lib").mkdir()
+    (repo / "lib" / "pkg.egg-link").write_text("/testbed\n")
     (repo / "pkg" / "__pycache__").mkdir()
     (repo / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\x00pyc")
     (repo / "pkg.egg-info").mkdir()
@@ -221,17 +226,20 @@ def model_diff(tmp_path) -> tuple[Path, bytes]:
 
 
 def test_filter_diff_keeps_the_fix_and_drops_what_steers_the_tests(model_diff):
-    from agentfly_gym.envs.r2egym.isolation import DiffRules, filter_diff, hidden_test_rules, shadow_candidates
+    from agentfly_gym.envs.r2egym.isolation import (DiffRules, filter_diff, hidden_test_rules, plugin_modules,
+                                                    shadow_candidates)
 
     base, diff = model_diff
     assert "numpy" in shadow_candidates(diff)  # (whether a name exists already is asked in the grading box)
     files, dirs = hidden_test_rules(["tests/test_a.py"])
-    out = filter_diff(diff, DiffRules(files, dirs, frozenset({"numpy"})))
+    out = filter_diff(diff, DiffRules(files, dirs, frozenset({"numpy"}), plugin_modules("", "afg_plug")))
     assert sorted(out.kept) == ["data.bin", "pkg/mod.py", "we ird\tname.py"]
     reasons = {d["path"]: d["reason"] for d in out.dropped}
     assert set(reasons) == {"pkg/conftest.py", "pytest.py", "sitecustomize.py", "pkg/x.pth",
                             "pkg/__pycache__/mod.cpython-311.pyc", "pkg.egg-info/entry_points.txt", "setup.cfg",
-                            "tests/test_a.py", "tests/helper.py", "numpy.py", "link"}, reasons
+                            "tests/test_a.py", "tests/helper.py", "numpy.py", "link", "sitecustomize/__init__.py",
+                            "src/usercustomize/__init__.py", "afg_plug/__init__.py", "lib/pkg.egg-link"}, reasons
+    assert "start-up" in reasons["sitecustomize/__init__.py"] and "PYTEST_PLUGINS" in reasons["afg_plug/__init__.py"]
     assert "symbolic link" in reasons["link"] and "hidden test" in reasons["tests/test_a.py"]
     # the kept part applies to a clean copy and makes exactly the kept changes
     subprocess.run(["git", "apply", "-"], input=out.diff, cwd=base, check=True, capture_output=True)

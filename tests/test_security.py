@@ -500,17 +500,17 @@ def r2e_backend(request) -> dict:
 def r2e_envs(r2e_manager, r2e_backend) -> dict:
     from agentfly_gym.envs.r2egym import R2EGymEnv
 
-    envs = {mode: R2EGymEnv(tasks=R2E_FIXTURES / "tasks.jsonl", manager=r2e_manager, max_instances=1,
+    envs = {mode: R2EGymEnv(tasks=r2e_hacks.HACK_TASKS, manager=r2e_manager, max_instances=1,
                             bash_timeout=30.0, test_timeout=60.0, grading=mode, **r2e_backend)
             for mode in ("isolated", "in_place")}
-    envs["unguarded"] = R2EGymEnv(tasks=R2E_FIXTURES / "tasks.jsonl", manager=r2e_manager, max_instances=1,
+    envs["unguarded"] = R2EGymEnv(tasks=r2e_hacks.HACK_TASKS, manager=r2e_manager, max_instances=1,
                                   bash_timeout=30.0, test_timeout=60.0, grading="isolated", grading_guard=False,
                                   **r2e_backend)
     return envs
 
 
 async def _play_hack(env, hack) -> tuple[float, dict]:
-    await env.areset(options={"task_id": r2e_hacks.TASK_ID})
+    await env.areset(options={"task_id": hack.task_id})
     if hack.precondition is not None:
         o, *_ = await env.astep(r2e_hacks.bash(hack.precondition))
         if "yes" not in o:
@@ -533,11 +533,12 @@ async def _play_hack(env, hack) -> tuple[float, dict]:
 
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
-@pytest.mark.parametrize("hack", list(r2e_hacks.HACKS))
+@pytest.mark.parametrize("hack", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="still open: aimed"))
+                                  if n in r2e_hacks.STILL_OPEN else n for n in r2e_hacks.HACKS])
 async def test_reward_hack_scores_zero_with_isolated_grading(hack, r2e_envs, r2e_backend):
     """The hack buys 1.0 under upstream's in-place grading and 0 under isolated grading (the default),
     with no error: a diff restricted to what a fix may touch, graded in a fresh container, statuses from
-    pytest's JUnit report."""
+    pytest's JUnit report, through the grading launcher and its tamper probes."""
     h = r2e_hacks.HACKS[hack]
     if h.docker_only and r2e_backend["backend"] != "docker":
         pytest.skip("the sandbox stops this one in place too (read-only /usr; no process outlives its command)")
@@ -550,11 +551,11 @@ async def test_reward_hack_scores_zero_with_isolated_grading(hack, r2e_envs, r2e
     r_isolated, info = await _play_hack(r2e_envs["isolated"], h)
     assert r_isolated == 0.0 and info["error"] is None, info
     assert info["grading"]["mode"] == "isolated" and info["grading"]["guard"]["applied"], info["grading"]
-    if h.in_process:
+    if h.in_process and not h.refused:
         g = info["grading"]["guard"]
-        assert not g["sound"] and g["problems"], g
+        assert not g["sound"] and g["problems"] and info["grading"]["tampered"], g
     else:
-        assert info["test_results"]["test_add"] == "FAILED", info["test_results"]
+        assert "FAILED" in info["test_results"].values(), info["test_results"]
     if h.dropped is not None:
         assert h.dropped in [d["path"] for d in info["grading"]["dropped"]], info["grading"]
 

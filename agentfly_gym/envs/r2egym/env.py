@@ -162,6 +162,11 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         grading_guard: with isolated grading, run the hidden tests through the grading launcher
             (:mod:`.grading_guard`: audit hooks, a snapshot of pytest's state and a signed seal, so that task
             code that rewrites pytest's reports scores 0).  ``False`` only to reproduce the grading without it.
+        tamper_probes: with the launcher, add tamper probes to the graded run (:mod:`.guard_probes`: tests that
+            must fail when the test framework, the standard library and builtins are honest, in every hidden test
+            file under names and at places drawn per grading from its secret key; one that passes, or whose report
+            is missing or doubled, scores 0 with ``info["grading"]["tampered"]``; they are left out of
+            ``info["test_results"]``).  ``False`` only to measure what they add.
         tool_format: how the model calls the tools (:data:`TOOL_FORMATS`).  ``"xml"`` (the default): R2E-Gym's
             ``<function=...>`` format (or a JSON call), described in :data:`SYSTEM_PROMPT`; the observation goes
             back as a user message.  ``"native"``: the model family's own tool calls; ``agent_prompt.tools`` holds
@@ -215,7 +220,8 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
                  max_instances: int = 4, max_idle_time: float | None = 300.0, bash_timeout: float = 90.0,
                  test_timeout: float = 300.0,
                  max_output: int = 10_000, max_episode_steps: int | None = 40, step_timeout: float | None = None,
-                 grading: str = "isolated", grading_guard: bool = True, tool_format: str = "xml",
+                 grading: str = "isolated", grading_guard: bool = True, tamper_probes: bool = True,
+                 tool_format: str = "xml",
                  manager: Manager | None = None, reset_timeout: float | None = 900.0,
                  render_mode: str | None = None, mounts: Sequence[Mount] = ()) -> None:
         if grading not in GRADING_MODES:
@@ -257,6 +263,7 @@ class R2EGymEnv(R2EGrading, AgentFlyEnv):
         self.bash_timeout, self.test_timeout, self.max_output = bash_timeout, test_timeout, max_output
         self.grading = grading
         self.grading_guard = bool(grading_guard)
+        self.tamper_probes = bool(tamper_probes)
         if not all(isinstance(m, Mount) for m in mounts):
             raise ConfigError(f"mounts must be Mount objects, got {[type(m).__name__ for m in mounts]}")
         self.mounts = tuple(mounts)

@@ -21,8 +21,8 @@ from typing import Any
 from ...errors import EnvError
 from ...resources.containers.api import ContainerResource, ExecResult
 from .grading import compare_test_maps, parse_log_pytest, reward_from_log
-from .isolation import (DiffRules, filter_diff, guard_command, hidden_test_rules, isolated_test_map, seal_problems,
-                        shadow_candidates)
+from .isolation import (DiffRules, filter_diff, guard_command, hidden_test_rules, isolated_test_map, plugin_modules,
+                        seal_problems, shadow_candidates, without_probes)
 from .local_tasks import TESTBED
 from .tasks import R2ETask
 from .testbed import GIT, TOOLS_DIR, repo_tar
@@ -138,10 +138,12 @@ class R2EGrading:
             tar = await asyncio.to_thread(repo_tar, str(task.repo_dir))
             await gbox.put_files({f"{GRADE_DIR}/repo.tar": tar})
             setup = (f"set -e; mkdir -p {TESTBED}; find {TESTBED} -mindepth 1 -delete; "
-                     f"tar -xf {GRADE_DIR}/repo.tar -C {TESTBED}; rm -f {GRADE_DIR}/repo.tar; cd /; {probe}")
+                     f"tar -xf {GRADE_DIR}/repo.tar -C {TESTBED}; rm -f {GRADE_DIR}/repo.tar; cd /; {probe}; "
+                     "printf 'AFG_PLUGINS=%s\\n' \"$PYTEST_PLUGINS\"")
         else:
             setup = ("mv /r2e_tests /root/r2e_tests 2>/dev/null; mv /testbed/run_tests.sh /root/run_tests.sh 2>/dev/null; "
                      f"cd /testbed && find . -name '*.pyc' -delete 2>/dev/null; cd /; {probe}; "
+                     "printf 'AFG_PLUGINS=%s\\n' \"$PYTEST_PLUGINS\"; "
                      "for f in /root/run_tests.sh /run_tests.sh; do if [ -f $f ]; then "
                      "printf 'AFG_SCRIPT=%s\\n' \"$(base64 -w0 $f)\"; break; fi; done")
         r = await gbox.exec(setup, timeout=120.0, workdir="/", env=env)
@@ -151,7 +153,9 @@ class R2EGrading:
         shadowing = {line.split("=", 1)[1] for line in r.output.splitlines() if line.startswith("AFG_SHADOW=")}
         script = task.run_tests if task.local else _image_script(r.output)
         # 2. the filtered diff, then the hidden tests from the task
-        kept = filter_diff(diff, DiffRules(hidden_files, hidden_dirs, frozenset(shadowing)))
+        env_plugins = "".join(line.split("=", 1)[1] for line in r.output.splitlines() if line.startswith("AFG_PLUGINS="))
+        plugins = plugin_modules(script, env_plugins)
+        kept = filter_diff(diff, DiffRules(hidden_files, hidden_dirs, frozenset(shadowing), plugins))
         record["kept"], record["dropped"] = kept.kept, kept.dropped
         files: dict[str, bytes | str] = {}
         if kept.diff:
@@ -163,8 +167,9 @@ class R2EGrading:
         key = secrets.token_hex(32)
         if guarded is not None:
             files[GUARD_SCRIPT] = _guard_source()
-            files[f"{GRADE_DIR}/guard_namespaces.py"] = _guard_source("guard_namespaces.py")  # loaded by the launcher
-            files[_GUARD_KEY] = key
+            for helper in ("guard_namespaces.py", "guard_probes.py"):  # loaded by the launcher
+                files[f"{GRADE_DIR}/{helper}"] = _guard_source(helper)
+            files[_GUARD_KEY] = key + ("\n" if self.tamper_probes else "\nprobes=0\n")
         if task.local or guarded is not None:
             files[f"{GRADE_DIR}/run_tests.sh"] = guarded if guarded is not None else script
         record["guard"] = {"applied": guarded is not None}
@@ -187,13 +192,17 @@ class R2EGrading:
             parsed = isolated_test_map(xml, r.output, test_files=task.hidden_tests)
         except ValueError as e:
             return 0.0, {**fail_info, "error": str(e)}, f"Hidden tests not graded: {e}."
-        reward = compare_test_maps(parsed, task.expected)
+        body: dict[str, Any] = {}
         if guarded is not None:
-            problems, body = seal_problems(seal, key.encode(), xml, parsed)
+            problems, body = seal_problems(seal, key.encode(), xml, parsed, probes=self.tamper_probes)
             record["guard"].update({"sound": not problems, "problems": problems, "audit_hook": body.get("audit")})
-            if problems and not (xml is None and r.timed_out):
-                reward = 0.0
-        record["log_test_results"] = parse_log_pytest(r.output)
+            parsed = without_probes(parsed, body)  # the probes' failures are no hidden test's
+            record["tampered"] = [p.removeprefix("tampered: ") for p in problems]
+            record["probes"] = {"run": len(body.get("probes") or ()), "notes": list(body.get("probe_notes") or ())}
+        reward = compare_test_maps(parsed, task.expected)
+        if guarded is not None and record["guard"]["problems"] and not (xml is None and r.timed_out):
+            reward = 0.0
+        record["log_test_results"] = without_probes(parse_log_pytest(r.output), body)
         info = {"test_results": parsed, "tests_timed_out": r.timed_out, "score": reward, "won": reward == 1.0,
                 "grading": record}
         if xml is None and not r.timed_out:

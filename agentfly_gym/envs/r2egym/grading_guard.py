@@ -20,26 +20,35 @@ pytest's in-memory state; before pytest's plugins or any task code are imported 
   plugin registered at run time out of the repository's code, a ``conftest.py`` that appeared or changed,
   each marks the run tampered;
 * records the module code the import system (pytest's assertion rewriter, importlib's source loader) first runs
-  for each hidden test file (the ``.py`` files named on the command line or under folders named there: they and
-  their compiled files are read-only).  Before a test is called, its function (or, where its file decorates it,
+  for each hidden test file (the ``.py`` files named on the command line or under folders named there: they, their
+  compiled files and the files of their folders, helpers and data, are read-only, and no code file is added
+  there).  Before a test is called, its function (or, where its file decorates it,
   the one ``__wrapped__`` names) must be compiled in that code and its module be the namespace that code ran in:
   passing tests put in ``sys.modules`` or in the module's globals, a test function's code swapped: the run is
   tampered with.  While that code runs a profile function waits for its return, where what the file bound at its
   top level (tests, helpers, fixtures, classes and their methods, constants, imports; not the names its own
   functions rebind, ``global x`` or ``module.x = ...``, nor what the package adds) is recorded: before each test is
   called these names must be bound to the same objects (identity, so a list a fixture fills is still the file's),
-  and a function compiled from a hidden test file given another ``__code__`` or defaults marks the run tampered
-  (:mod:`.guard_namespaces` holds the snapshots; the host ships it next to this file);
-* records each test's outcome as pytest's reports give it, and after ``pytest.main`` returns writes a seal to a
-  descriptor opened before any task code ran: the statuses, the SHA-256 of the JUnit report, what was
-  tampered with, under an HMAC-SHA256 of the key.  A run that ends early (``os._exit``), a second seal, a JUnit
+  and so must its functions' keyword defaults and closure cells; they are checked again at the end (a rebind during
+  the last test), and a function compiled from a hidden test file or its folder given another ``__code__`` or
+  defaults marks the run tampered (:mod:`.guard_namespaces` holds the snapshots; the host ships it next to this file);
+* adds tamper probes to the session once it is collected (:mod:`.guard_probes`): in each hidden test file, tests
+  that must fail when pytest, the standard library and builtins are honest, under names and at places drawn from a
+  stream derived from the key; one that passes, or whose report is missing or doubled, marks the run tampered;
+* records each test's outcome as pytest's reports give it and, from its outermost wrapper of the call hook, whether
+  the call raised (a passed report for a call that raised is tampering), and after ``pytest.main`` returns writes a
+  seal to a descriptor opened before any task code ran: the statuses, the SHA-256 of the JUnit report, what was
+  tampered with, the probes' node ids (the host leaves them out of the verdict), under an HMAC-SHA256 of the key.
+  A run that ends early (``os._exit``), a second seal, a JUnit
   report changed after the seal, or statuses the report and the seal disagree on: the host scores 0.
 
 This raises the bar; it is not a proof.  The tests' own code runs in the same process as the code under test, so
 what the tests call and compare stays open to it: the package's functions (an object equal to everything), a name
 rebound between a file's last statement and its return (a thread), the wrapper of a test its file decorates, a test
 inherited from a class outside the hidden test files, a ``unittest`` test method replaced by its ``setUp`` (which runs
-within the call).  A determined exploit of the interpreter (a C extension, a frame of the guard reached through a
+within the call), tampering aimed at one hidden test by name (a constant changed in place, a helper rebound and
+restored within a call: the probes do not call the file's own names).  A determined exploit of the interpreter (a
+C extension, a frame of the guard reached through a
 traceback) can forge what the guard sees.
 """
 
@@ -70,9 +79,9 @@ _ns = _load_namespaces()
 _MISSING, _CLASS_ADDED_OK, _snapshot, _code_like, _codes, _merge, _own_bindings, _rebound, _profile_reports_frames = (
     _ns._MISSING, _ns._CLASS_ADDED_OK, _ns._snapshot, _ns._code_like, _ns._codes, _ns._merge, _ns._own_bindings,
     _ns._rebound, _ns._profile_reports_frames)
-_decorated = _ns._decorated
-_SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "site-packages", "dist-packages", "__pycache__",
-                        ".tox", ".nox", ".eggs", "build"})
+_decorated, _conftests, _sha, _test_files, _trusted_impl = (_ns._decorated, _ns._conftests, _ns._sha, _ns._test_files,
+                                                             _ns._trusted_impl)
+_probes = _load_namespaces("guard_probes")
 _RANK = {"SKIPPED": 0, "XPASS": 1, "PASSED": 2, "ERROR": 3, "FAILED": 4}
 #: audit events refused outright: they reach any object or frame (gc's graph, other threads' frames, tracing)
 _DENIED = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
@@ -91,38 +100,7 @@ _RUNTEST_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_run
                   "pytest_report_teststatus", "pytest_runtestloop", "pytest_fixture_setup")
 
 
-def _conftests(root):
-    """``{realpath: sha256}`` of the ``conftest.py`` files under ``root`` (virtual environments left out)."""
-    out = {}
-    for d, dirs, files in os.walk(root):
-        dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.endswith((".egg-info", ".dist-info"))]
-        if "conftest.py" in files:
-            p = os.path.realpath(os.path.join(d, "conftest.py"))
-            out[p] = _sha(p)
-    return out
-
-
-def _sha(path, open=open, sha256=hashlib.sha256, err=OSError):
-    try:
-        with open(path, "rb") as f:
-            return sha256(f.read()).hexdigest()
-    except err:
-        return None
-
-
-def _test_files(root, args):
-    """``frozenset`` of the hidden test files' realpaths: the ``.py`` files pytest's positional arguments name or
-    hold (``path::node`` allowed); without any, the ``test_*.py`` and ``*_test.py`` files under ``root``."""
-    out, named = set(), [os.path.realpath(a.split("::")[0]) for a in args if isinstance(a, str) and a]
-    for p in named or [root]:
-        for d, dirs, files in os.walk(p) if os.path.isdir(p) else [(os.path.dirname(p), [], [os.path.basename(p)])]:
-            dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.endswith((".egg-info", ".dist-info"))]
-            out.update(os.path.join(d, f) for f in files if f.endswith(".py") and (
-                named or f.startswith("test_") or f.endswith("_test.py")))
-    return frozenset(out)
-
-
-def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test_args):
+def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test_args, probing):
     """Install the two audit hooks; nothing returned holds the key.
 
     The hooks and what they call look up no global name (task code can rebind this launcher's globals, and reach
@@ -150,6 +128,10 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
     decorated, first, names, checked = _decorated(tests), {}, {}, set()
     stems = frozenset(os.path.basename(p).split(".")[0] for p in tests)
     test_dirs = frozenset(os.path.dirname(p) for p in tests)
+    # the hidden tests' folders are frozen for the run: the files in them (helpers, data), and new code there
+    frozen = frozenset(os.path.realpath(os.path.join(d, f)) for top in test_dirs for d, _, fs in os.walk(top)
+                       for f in fs)
+    code_dirs = test_dirs | frozenset(os.path.join(d, "__pycache__") for d in test_dirs)
     rewrite_hook = getattr(sys.modules.get("_pytest.assertion.rewrite"), "AssertionRewritingHook", None)
     loader_codes = frozenset(oid(f.__code__) for f in vars(rewrite_hook or object).values()
                              if isinstance(f, types.FunctionType) and f.__name__ in ("exec_module", "load_module"))
@@ -158,14 +140,23 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
     basics_exec = boot_ext._LoaderBasics.exec_module.__code__
     function_class = getattr(sys.modules.get("_pytest.python"), "Function", None)
     origin_code = type(plugin).pytest_runtest_call.__code__
+    module_class = getattr(sys.modules.get("_pytest.python"), "Module", None)
+    outcomes_mod = sys.modules.get("_pytest.outcomes")
+    skip_types = tuple(getattr(outcomes_mod, n) for n in ("Skipped", "XFailed") if hasattr(outcomes_mod, n))
+    probes, probe_reports, probe_notes, raised = {}, {}, [], {}  # the tamper probes (see guard_probes)
+    draw = _probes.drawer(_probes.stream(key)) if probing else None
 
-    def protected(p, basename=os.path.basename, dirname=os.path.dirname, sep=os.sep, any=any):
-        """Whether realpath ``p`` is a hidden test file, a file that would load in its place, or a folder above one."""
+    def protected(p, basename=os.path.basename, dirname=os.path.dirname, sep=os.sep, any=any, frozen=frozen,
+                  code=(".py", ".pyc", ".so", ".pth")):
+        """Whether realpath ``p`` is a hidden test file, a file of their folders (or new code there), a file that
+        would load in place of one, or a folder above one."""
         b = basename(p)
-        return p in tests or (b.split(".")[0] in stems and (".pyc" in b or dirname(p) in test_dirs)) or any(
+        return p in tests or p in frozen or (dirname(p) in code_dirs and b.endswith(code)) or (
+            b.split(".")[0] in stems and (".pyc" in b or dirname(p) in test_dirs)) or any(
             d == p or d.startswith(p + sep) for d in test_dirs)
 
     report_code = type(plugin).pytest_runtest_logreport.__code__
+    probes_code = type(plugin).pytest_collection_modifyitems.__code__
     makereport_code = type(plugin).pytest_runtest_makereport.__code__
     report_class = getattr(sys.modules.get("_pytest.reports"), "TestReport", None)
     grade_dir = os.path.realpath(grade_dir) + os.sep
@@ -405,21 +396,25 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
               outcomes=outcomes, tampered=tampered, seals=seals, rank=_RANK, err=OSError, codetype=types.CodeType,
               checked=checked, origin_code=origin_code, getattr=getattr, profiled_code=profiled.__code__,
               function=types.FunctionType, fcode=types.FunctionType.__dict__["__code__"],
-              fattrs=("__code__", "__defaults__", "__kwdefaults__")):
+              fattrs=("__code__", "__defaults__", "__kwdefaults__"), probes=probes, probe_reports=probe_reports,
+              raised=raised, skip_types=skip_types, issubclass=issubclass, dirname=os.path.dirname,
+              realpath=os.path.realpath, sorted=sorted, any=any):
         if event == "exec":
             if type(args[0]) is codetype and args[0].co_name == "<module>":
                 loaded(args[0])
             return
         if event == "object.__setattr__":
-            if type(args[0]) is function and type(args[1]) is str and args[1] in fattrs and \
-                    oid(fcode.__get__(args[0])) in compiled:
-                note("a function of a hidden test file given another " + str(args[1]))
+            if type(args[0]) is function and type(args[1]) is str and args[1] in fattrs and (
+                    oid(fcode.__get__(args[0])) in compiled or
+                    realpath(dirname(realpath(fcode.__get__(args[0]).co_filename))) in test_dirs):
+                note("a function of a hidden test file or of its folder given another " + str(args[1]))
             return
         if type(event) is not str or not event.startswith("afg."):
             return
         caller = getframe(1).f_code
         if event == "afg.origin" and caller is origin_code:
-            nodeid, why = str(getattr(args[0], "nodeid", None)), origin(args[0])
+            nodeid = str(getattr(args[0], "nodeid", None))
+            why = origin(args[0]) if nodeid not in probes else None
             checked.add(nodeid)
             if why is not None:
                 note(nodeid + ": " + why)
@@ -428,10 +423,30 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
         if event == "afg.loaded" and caller is profiled_code:
             recorded(args[0])
             return
+        if event == "afg.called" and caller is origin_code:  # what the test call raised, as pluggy caught it
+            t = args[1]
+            raised[str(args[0])] = None if t is None else "skip" if issubclass(t, skip_types) else "raised"
+            return
+        if event == "afg.probes" and caller is probes_code:
+            if draw is None or args[1]:
+                probe_notes.append("no tamper probes: " + (
+                    "--maxfail (or --stepwise) is set" if args[1] else "turned off"))
+                return
+            made, why = _probes.add_probes(args[0], draw, test_path, function_class, module_class)
+            probes.update(made)
+            probe_notes.extend(why)
+            return
         if event == "afg.report" and caller is report_code:
             nodeid, when, outcome, xfail = args
             if not (type(nodeid) is type(when) is type(outcome) is str):
                 note("a report with fields that are not strings")
+                return
+            if when == "call" and outcome == "passed" and raised.get(nodeid) == "raised":
+                note(nodeid + ": passed although its call raised")
+            if nodeid in probes:
+                probe_reports.setdefault(nodeid, []).append((when, outcome))
+                namespaces(False)
+                hooks(False)
                 return
             status = ("FAILED" if when == "call" else "ERROR") if outcome == "failed" else (
                 "XPASS" if xfail is True and outcome == "passed" else "PASSED" if outcome == "passed" else
@@ -460,10 +475,16 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
             seals.append(1)
             namespaces(True)
             hooks(True)
+            rebinds()  # after the last test
+            for nodeid in sorted(probes):
+                why = _probes.verdict(probe_reports.get(nodeid, []), bool(outcomes))
+                if why is not None:
+                    note(nodeid + ": a tamper probe " + why)
             if main_dict.get("sys") is not sys_module:
                 note("the launcher's names replaced")
             body = dumps({"statuses": outcomes, "tampered": tampered, "junit_sha256": sha(junit),
-                          "rc": args[0] if type(args[0]) is int else -1, "audit": True}, sort_keys=True)
+                          "rc": args[0] if type(args[0]) is int else -1, "audit": True, "probes": sorted(probes),
+                          "probe_notes": probe_notes}, sort_keys=True)
             tag = hmac_new(key, body.encode(), sha256).hexdigest()
             try:
                 write(seal_fd, (dumps({"body": body, "hmac": tag}) + "\n").encode())
@@ -477,23 +498,6 @@ def _install(grade_dir, junit, key, seal_fd, pm, plugin, seal_code, before, test
     sys_module = sys
     sys.addaudithook(state)
     sys.addaudithook(veto)
-
-
-def _trusted_impl(filename, plugin_file, root, conftests, realpath=os.path.realpath, basename=os.path.basename,
-                  isfile=os.path.isfile, sep=os.sep, skip=_SKIP_DIRS, any=any, str=str, type=type):
-    """A hook implementation registered after start-up (its function's file ``filename``; ``plugin_file`` the
-    ``__file__`` of its plugin when that is a module): from a ``conftest.py`` of the repository as it was at
-    start-up, or from code outside the repository (an installed pytest plugin)."""
-    if type(filename) is not str:
-        return False
-    path = realpath(filename)
-    if basename(path) == "conftest.py":
-        if type(plugin_file) is not str or realpath(plugin_file) != path:
-            return False
-        want = conftests.get(path)
-        return want is not None and want == _sha(path)
-    inside = path.startswith(root + sep) and not any(p in skip for p in path[len(root):].split(sep))
-    return not inside and isfile(path)
 
 
 class GuardPlugin:
@@ -513,13 +517,19 @@ class GuardPlugin:
         key, self.key = self.key, None
         before, self.before = getattr(self, "before", None), None
         if key is not None:
-            _install(self.grade_dir, os.path.join(self.grade_dir, "report.xml"), key, self.seal_fd,
+            _install(self.grade_dir, os.path.join(self.grade_dir, "report.xml"), key[0], self.seal_fd,
                      early_config.pluginmanager, self, self.seal_code, before,
-                     list(getattr(early_config.known_args_namespace, "file_or_dir", None) or ()))
+                     list(getattr(early_config.known_args_namespace, "file_or_dir", None) or ()), key[1])
 
     def pytest_runtest_call(self, item):
         sys.audit("afg.origin", item)
-        yield
+        result = yield
+        excinfo = result.excinfo
+        sys.audit("afg.called", str(item.nodeid), excinfo[0] if excinfo else None)
+
+    def pytest_collection_modifyitems(self, session, config, items):
+        stops = getattr(config.option, "maxfail", 0) or getattr(config.option, "stepwise", 0)
+        sys.audit("afg.probes", items, bool(stops))
 
     def pytest_runtest_makereport(self, item, call):
         outcome = yield
@@ -547,9 +557,10 @@ def main(argv):
     key_path, seal_path = os.path.join(grade_dir, "key"), os.path.join(grade_dir, "seal.json")
     try:
         with open(key_path, "rb") as f:
-            key = f.read().strip()
+            words = f.read().split()  # the key, then "probes=0" where the host turned the tamper probes off
         os.remove(key_path)
-    except OSError:
+        key, probing = words[0], b"probes=0" not in words[1:]
+    except (OSError, IndexError):
         key = None
     seal_fd = os.open(seal_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600) \
         if key else None
@@ -566,7 +577,8 @@ def main(argv):
         pytest.hookimpl(trylast=True)(GuardPlugin.pytest_load_initial_conftests)
         pytest.hookimpl(hookwrapper=True, tryfirst=True)(GuardPlugin.pytest_runtest_makereport)
         pytest.hookimpl(hookwrapper=True, tryfirst=True)(GuardPlugin.pytest_runtest_call)
-        plugins.append(GuardPlugin(grade_dir, key, seal_fd, _seal.__code__))
+        pytest.hookimpl(trylast=True)(GuardPlugin.pytest_collection_modifyitems)
+        plugins.append(GuardPlugin(grade_dir, (key, probing), seal_fd, _seal.__code__))
     rc = pytest.main(list(argv), plugins=plugins)
     if audit:
         _seal(rc)

@@ -12,25 +12,31 @@ default argument (task code can rebind a module's globals).
   each test is called; :func:`_decorated`: which of a hidden test file's functions a decorator may wrap.
 """
 
+import hashlib
 import opcode
+import os
 import sys
 import types
 
 _SELF = __name__
 _MISSING = object()
+_SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "site-packages", "dist-packages", "__pycache__",
+                        ".tox", ".nox", ".eggs", "build"})
 _PREFIXES = ("pytest", "_pytest", "pluggy")
 _CLASS_ADDED_OK = frozenset({"__slotnames__", "__abstractmethods__", "_abc_impl"})
 #: bytecode operations that bind or unbind a name: at a module's top level (``STORE_NAME``, ...), those that bind
 #: its globals; inside its functions and classes, those that may rebind one (``global x``, ``module.x = ...``)
 _OPS = {n: opcode.opmap[n] for n in ("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR",
                                      "DELETE_ATTR") if n in opcode.opmap}
+_DEREF_OPS = frozenset(opcode.opmap[n] for n in ("STORE_DEREF", "DELETE_DEREF") if n in opcode.opmap)
 _TOP_OPS = frozenset(v for k, v in _OPS.items() if not k.endswith("_ATTR"))
 _NESTED_OPS = frozenset(v for k, v in _OPS.items() if k.endswith(("_GLOBAL", "_ATTR")))
 
 
 def _ours(name):
-    """Whether module ``name`` is one the launcher snapshots: pytest's, pluggy's, the launcher's and this one."""
-    return name == "__main__" or name == _SELF or any(name == p or name.startswith(p + ".") for p in _PREFIXES)
+    """Whether module ``name`` is one the launcher snapshots: pytest's, pluggy's, the launcher's and its helpers."""
+    return name == "__main__" or name == _SELF or name.startswith("_afg_") or any(
+        name == p or name.startswith(p + ".") for p in _PREFIXES)
 
 
 def _snapshot():
@@ -123,8 +129,9 @@ def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, co
     """``((name, value, members), ...)``: what a hidden test file's module code ``code``, at the end of its run in
     namespace ``ns`` (a ``dict``), bound at its top level (its tests, helpers, fixtures, classes, constants,
     imports), less the names its own functions and classes may rebind (``global x``, ``module.x = ...`` in
-    ``setup_module``, ``cls.x = ...``: any attribute they set by that name); ``members``, for a class the file
-    defines, ``((key, member), ...)`` of the functions and descriptors in its namespace (a test's helper methods),
+    ``setup_module``, ``cls.x = ...``: any attribute they set by that name; a name they spell as a string:
+    ``setattr(cls, "x", v)``, ``globals()["x"] = v``, ``mock.patch(__name__ + ".x")``); ``members``, for a class the
+    file defines, ``((key, member), ...)`` of the functions and descriptors in its namespace (a test's helper methods),
     else ``()``.  These stay as they are while its tests run.  Names something else put in ``ns`` (the package, the
     import system) are not the file's and are left out."""
     own, rebinds, stack = stored(code, top), set(), list(k for k in code.co_consts if type(k) is codetype)
@@ -132,6 +139,10 @@ def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, co
         c = stack.pop()
         rebinds |= stored(c, nested)
         stack.extend(k for k in c.co_consts if type(k) is codetype)
+        for k in c.co_consts if c.co_flags & 1 else ():  # in functions (CO_OPTIMIZED; not class bodies, whose
+            for t in (k if type(k) is tuple else (k,)):  # constants name their methods), the names spelt as strings:
+                if type(t) is str and 0 < len(t) < 200 and "<" not in t:  # setattr(cls, "x", v), globals()["x"],
+                    rebinds.add(t.rsplit(".", 1)[-1])  # mock.patch(__name__ + ".helper")
     out, module_name = [], get(ns, "__name__", missing)
     for name in sorted(own - rebinds):
         value, members = get(ns, name, missing), []
@@ -144,19 +155,51 @@ def _own_bindings(code, ns, stored=_stored, top=_TOP_OPS, nested=_NESTED_OPS, co
                 for k, v in list(d.items()):
                     if type(k) is str and k not in rebinds and code_like(v):
                         members.append((k, v))
-        out.append((name, value, tuple(members)))
+        out.append((name, value, tuple(members), _function_state(value)))
     return tuple(out)
 
 
+def _function_state(f, cells_count=None, type=type, function=types.FunctionType, tuple=tuple, err=ValueError,
+                    kwdefaults=types.FunctionType.__dict__["__kwdefaults__"].__get__,
+                    closure=types.FunctionType.__dict__["__closure__"].__get__,
+                    fcode=types.FunctionType.__dict__["__code__"].__get__, deref=None, len=len, range=range):
+    """For a function with keyword defaults or a closure: ``(keyword defaults' values, closure cells' contents,
+    whether its cells count)``, the objects a test's helper compares with (``def verify(got, *, want=5)``, a checker
+    made by ``make_checker(5)``); the cells of a function that rebinds them itself (``nonlocal x``: its code stores to
+    a cell) are left out (``cells_count`` None: read that from its bytecode, once, when it is recorded).  ``None``
+    for anything else."""
+    if type(f) is not function:
+        return None
+    kw, cells = kwdefaults(f), closure(f) or ()
+    if not kw and not cells:
+        return None
+    if cells_count is None:
+        b, ops = fcode(f).co_code, deref or _DEREF_OPS
+        cells_count = not any(b[i] in ops for i in range(0, len(b) - 1, 2))
+    out = []
+    for cell in cells if cells_count else ():
+        try:
+            out.append(cell.cell_contents)
+        except err:
+            out.append(_MISSING)
+    return (tuple(kw.values()) if type(kw) is dict else (), tuple(out), cells_count)
+
+
 def _rebound(ns, bound, get=dict.get, missing=_MISSING, tdict=type.__dict__["__dict__"].__get__,
-             proxy_get=type(type.__dict__).get):
+             proxy_get=type(type.__dict__).get, function_state=_function_state, len=len, zip=zip, any=any):
     """The names of ``bound`` (from :func:`_own_bindings`) that ``ns`` no longer binds to the same object (the same
     identity: a list or dict that a fixture fills is still the file's), and ``class.key`` for a class member
-    replaced or removed."""
+    replaced or removed, and ``name's keyword defaults or closure`` for a function whose keyword defaults or closure
+    cells now hold other objects."""
     out = []
-    for name, value, members in bound:
+    for name, value, members, fstate in bound:
         if get(ns, name, missing) is not value:
             out.append(name)
+            continue
+        now = function_state(value, fstate[2]) if fstate is not None else None
+        if fstate is not None and (now is None or len(now[0]) != len(fstate[0]) or len(now[1]) != len(fstate[1]) or any(
+                a is not b for a, b in zip(now[0] + now[1], fstate[0] + fstate[1]))):
+            out.append(name + "'s keyword defaults or closure")
             continue
         d = tdict(value) if members else None
         for k, m in members:
@@ -200,3 +243,51 @@ def _decorated(files):
                  for n in nodes for d in n.decorator_list]
         out.update((p, n) for n, d in named if not d.startswith(("pytest.mark.", "mark.")) and d not in plain)
     return out
+
+
+def _conftests(root):
+    """``{realpath: sha256}`` of the ``conftest.py`` files under ``root`` (virtual environments left out)."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.endswith((".egg-info", ".dist-info"))]
+        if "conftest.py" in files:
+            p = os.path.realpath(os.path.join(d, "conftest.py"))
+            out[p] = _sha(p)
+    return out
+
+
+def _sha(path, open=open, sha256=hashlib.sha256, err=OSError):
+    try:
+        with open(path, "rb") as f:
+            return sha256(f.read()).hexdigest()
+    except err:
+        return None
+
+
+def _test_files(root, args):
+    """``frozenset`` of the hidden test files' realpaths: the ``.py`` files pytest's positional arguments name or
+    hold (``path::node`` allowed); without any, the ``test_*.py`` and ``*_test.py`` files under ``root``."""
+    out, named = set(), [os.path.realpath(a.split("::")[0]) for a in args if isinstance(a, str) and a]
+    for p in named or [root]:
+        for d, dirs, files in os.walk(p) if os.path.isdir(p) else [(os.path.dirname(p), [], [os.path.basename(p)])]:
+            dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.endswith((".egg-info", ".dist-info"))]
+            out.update(os.path.join(d, f) for f in files if f.endswith(".py") and (
+                named or f.startswith("test_") or f.endswith("_test.py")))
+    return frozenset(out)
+
+
+def _trusted_impl(filename, plugin_file, root, conftests, realpath=os.path.realpath, basename=os.path.basename,
+                  isfile=os.path.isfile, sep=os.sep, skip=_SKIP_DIRS, any=any, str=str, type=type):
+    """A hook implementation registered after start-up (its function's file ``filename``; ``plugin_file`` the
+    ``__file__`` of its plugin when that is a module): from a ``conftest.py`` of the repository as it was at
+    start-up, or from code outside the repository (an installed pytest plugin)."""
+    if type(filename) is not str:
+        return False
+    path = realpath(filename)
+    if basename(path) == "conftest.py":
+        if type(plugin_file) is not str or realpath(plugin_file) != path:
+            return False
+        want = conftests.get(path)
+        return want is not None and want == _sha(path)
+    inside = path.startswith(root + sep) and not any(p in skip for p in path[len(root):].split(sep))
+    return not inside and isfile(path)

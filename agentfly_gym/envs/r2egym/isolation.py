@@ -11,7 +11,8 @@ there (background processes, wrappers around the interpreter, start-up hooks).  
    may make: files that steer test collection or the interpreter (``conftest.py`` anywhere, pytest's
    configuration files, ``sitecustomize``/``usercustomize``, ``.pth`` files, compiled modules, package
    metadata with entry points, modules that shadow the test runner, the standard library or an installed
-   package, the hidden tests' files and folders), symbolic links and submodules are dropped and listed;
+   package, the modules ``PYTEST_PLUGINS`` or ``-p`` names, the hidden tests' files and folders; a start-up hook or a
+   plugin as a file or as a package alike), symbolic links and submodules are dropped and listed;
 3. the hidden tests run in a fresh container (a separate grading pool of the same image and limits) on
    a clean copy of the task with the kept diff applied, and the statuses are read from pytest's JUnit
    XML report, written outside ``/testbed`` (:func:`junit_test_map`), not from the text summary;
@@ -25,7 +26,10 @@ there (background processes, wrappers around the interpreter, start-up hooks).  
    and authentic, reports nothing tampered with, and agrees with the JUnit report (:func:`seal_problems`); a
    wrapped ``TestReport.__init__``, a swapped ``_pytest.runner`` function, a patched pluggy class, a pass-all
    plugin registered at run time, a JUnit report rewritten (at unconfigure, at exit) or a run that ends early
-   (``os._exit``) score 0.
+   (``os._exit``) score 0.  Its tamper probes (:mod:`.guard_probes`), tests that must fail when pytest, the standard
+   library and builtins are honest, run in each hidden test file under names drawn from the key: generic tampering
+   (``unittest``'s assertions, a builtin or ``math.isclose`` patched, the items' functions or the hook relay swapped)
+   makes one pass, and the run scores 0 with ``info["grading"]["tampered"]``.
 
 What remains open: this raises the bar, it is not a proof.  On CPython (3.11, 3.12) assigning a class
 attribute raises no audit event, so such edits are caught when the snapshot is checked (at each test report
@@ -54,9 +58,11 @@ __all__ = [
     "FilteredDiff",
     "filter_diff",
     "guard_command",
+    "plugin_modules",
     "junit_test_map",
     "seal_problems",
     "shadow_candidates",
+    "without_probes",
     "xpass_names",
 ]
 
@@ -64,8 +70,8 @@ __all__ = [
 #: in the common ancestor of the test paths and above).  Their changes are dropped entirely.
 CONFIG_FILES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini",
                           "setup.cfg", "pyproject.toml"})
-#: Modules the interpreter runs at start-up when found on ``sys.path``.
-STARTUP_MODULES = frozenset({"sitecustomize.py", "usercustomize.py"})
+#: Modules the interpreter runs at start-up when found on ``sys.path``, as a file or a package.
+STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
 #: Top-level module names of the test runner and its dependencies: a file or package with one of these
 #: names at the repository root (or under ``src/``) would run instead of the real one.
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "exceptiongroup",
@@ -94,11 +100,14 @@ class DiffRules:
         shadowing: top-level module names (``"numpy"``, or ``"src/numpy"`` under ``src/``) that a NEW file
             may not define because the grading interpreter imports them from elsewhere (the standard
             library, an installed package); see :func:`shadow_candidates`.
+        plugins: top-level module names that ``PYTEST_PLUGINS`` names where the hidden tests run: no change to
+            such a module, file or package, is kept.
     """
 
     protected_files: frozenset[str] = frozenset()
     protected_dirs: tuple[str, ...] = ()
     shadowing: frozenset[str] = frozenset()
+    plugins: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass
@@ -254,11 +263,11 @@ def _path_problem(path: str, added: bool, rules: DiffRules) -> str | None:
         return "conftest.py steers test collection"
     if name in CONFIG_FILES:
         return "test configuration file"
-    if name in STARTUP_MODULES or name.endswith(".pth"):
-        return "interpreter start-up hook"
+    if any(p.split(".")[0] in STARTUP_MODULES for p in parts) or any(p.endswith(".pth") for p in parts):
+        return "interpreter start-up hook"  # sitecustomize.py, sitecustomize/__init__.py, a .pth (file or folder)
     if name.endswith(_COMPILED_SUFFIXES) or "__pycache__" in parts:
         return "compiled module (may run instead of its source)"
-    if any(p.endswith((".egg-info", ".dist-info")) for p in parts) or name.endswith(".egg-link"):
+    if any(p.endswith((".egg-info", ".dist-info")) for p in parts) or any(p.endswith(".egg-link") for p in parts):
         return "package metadata (entry points load pytest plugins)"
     if ".pytest_cache" in parts:
         return "pytest cache"
@@ -277,6 +286,8 @@ def _path_problem(path: str, added: bool, rules: DiffRules) -> str | None:
             key = "/".join((*root, mod))
             if added and key in rules.shadowing:
                 return f"a new module that shadows the installed module {mod!r}"
+            if mod.split(".")[0] in rules.plugins:
+                return f"a pytest plugin that PYTEST_PLUGINS names ({mod!r})"
     return None
 
 
@@ -436,6 +447,19 @@ def isolated_test_map(xml: bytes | None, log: str, *, test_files: Iterable[str] 
     return m
 
 
+_PLUGIN_NAMES = re.compile(r"PYTEST_PLUGINS=[\"']?([\w.,]+)|(?<![\w-])-p\s*[\"']?([\w.]+)")
+
+
+def plugin_modules(script: str | None, environ_value: str = "") -> frozenset[str]:
+    """Top-level module names of the pytest plugins a task's test run loads by name: ``PYTEST_PLUGINS`` in the
+    grading container's environment (``environ_value``) or in its ``run_tests.sh``, and ``-p NAME`` there (not
+    ``-p no:NAME``)."""
+    names = set(environ_value.split(","))
+    for a, b in _PLUGIN_NAMES.findall(script or ""):
+        names.update(a.split(",") if a else [] if b.startswith("no:") else [b])
+    return frozenset(n.strip().split(".")[0] for n in names if n.strip() and n.strip() != "no")
+
+
 def as_rules(protected_files: Iterable[str], protected_dirs: Iterable[str], shadowing: Iterable[str]) -> DiffRules:
     """A :class:`DiffRules` from plain iterables (folders without trailing slashes)."""
     return DiffRules(frozenset(protected_files), tuple(d.rstrip("/") for d in protected_dirs if d.strip("/")),
@@ -480,21 +504,31 @@ def _guard_names(statuses: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def seal_problems(seal: bytes | None, key: bytes, xml: bytes | None,
-                  test_map: dict[str, str]) -> tuple[list[str], dict]:
+def without_probes(test_map: dict[str, str], body: dict) -> dict[str, str]:
+    """``test_map`` without the launcher's tamper probes (named by node id in the seal's ``body["probes"]``; the
+    names as :func:`junit_test_map` makes them)."""
+    probes = set(_guard_names({p: "FAILED" for p in body.get("probes") or [] if isinstance(p, str)}))
+    return {k: v for k, v in test_map.items() if k not in probes}
+
+
+def seal_problems(seal: bytes | None, key: bytes, xml: bytes | None, test_map: dict[str, str], *,
+                  probes: bool = False) -> tuple[list[str], dict]:
     """Why a guarded run's verdict cannot be trusted (``[]`` when it can), and the seal's body.
 
     The grading launcher (``grading_guard.py``) writes one seal line after pytest returns: a JSON body (the
     statuses pytest's reports gave, by node id; the SHA-256 of the JUnit report; what was tampered with) and its
     HMAC-SHA256 under ``key``.  The verdict is kept when the seal is there, authentic and alone, reports no
     tampering, the JUnit report is the one sealed, and every test the report calls PASSED was seen passing by the
-    launcher while no test it saw failing is missing from the report or passing there.
+    launcher while no test it saw failing is missing from the report or passing there.  With ``probes`` (the host
+    asked for tamper probes), a guarded seal must also name the probes it ran or say why there were none; the probes'
+    own verdicts are in ``tampered`` (a probe that passed, or was reported twice or never).
 
     Args:
         seal: the seal file's bytes (None when there is none: the run ended before pytest returned).
         key: the key the host gave the launcher.
         xml: the JUnit report's bytes (None when there is none).
-        test_map: :func:`isolated_test_map` of that report.
+        test_map: :func:`isolated_test_map` of that report, probes included (:func:`without_probes` removes them).
+        probes: whether the host asked the launcher for tamper probes.
     """
     if not seal or not seal.strip():
         return ["the test run ended without the grading launcher's seal (the process exited early)"], {}
@@ -515,6 +549,8 @@ def seal_problems(seal: bytes | None, key: bytes, xml: bytes | None,
         problems.append("the JUnit report changed after the seal")
     if not body.get("audit", False):
         return problems, body  # an interpreter without audit hooks (before Python 3.8): the report is taken as is
+    if probes and not body.get("probes") and not body.get("probe_notes"):
+        problems.append("the launcher ran no tamper probe and said not why")
     seen = _guard_names(body.get("statuses") or {})
     for name, st in sorted(test_map.items()):
         if name and st == "PASSED" and seen.get(name) not in ("PASSED", "XPASS"):
