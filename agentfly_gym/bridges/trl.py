@@ -263,7 +263,9 @@ class AgentFlyRollout:
 
             if self._policy is not None:
                 self._policy.close()
-            policy = TransformersPolicy.from_model(model, tokenizer, seed=self.seed, max_batch_size=self.concurrency)
+            # KV reuse on: every call clears the kept caches first (the weights changed in between)
+            policy = TransformersPolicy.from_model(model, tokenizer, seed=self.seed, max_batch_size=self.concurrency,
+                                                   prefix_cache_bytes=None)
             self._policy = policy
         self._model = model
         chat = ChatTokenizer(tokenizer, chat_template_kwargs=dict(getattr(trainer, "chat_template_kwargs", None) or {}))

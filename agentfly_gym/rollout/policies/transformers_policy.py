@@ -210,7 +210,7 @@ class TransformersPolicy:
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, torch_threads: int | None = None, max_batch_size: int = 8,
                    batch_wait_s: float = 0.02, seed: int | None = None, continuous_batching: bool = True,
-                   prefix_cache_bytes: int | None = None) -> TransformersPolicy:
+                   prefix_cache_bytes: int | None = 0) -> TransformersPolicy:
         """A policy that samples from ``model`` itself: the live weights of a model being trained.
 
         The model is used as it is: not copied, not moved, its train/eval mode left alone (generation runs
@@ -218,9 +218,10 @@ class TransformersPolicy:
         ``load_state_dict``) on ``model``, the next :meth:`generate` samples from, and reports the
         log-probs of, the updated weights; nothing needs syncing.  Do not update the weights while a
         generation is running (a trainer's loop alternates rollout and update, which is safe).  Generation,
-        sampling and KV reuse take the same path as a policy loaded from a folder; the KV caches kept for reuse
-        were computed with the weights of their time, so call :meth:`clear_prefix_cache` after a weight update
-        (or pass ``prefix_cache_bytes=0``).
+        sampling and KV reuse take the same path as a policy loaded from a folder, but KV reuse is off by default
+        here (``prefix_cache_bytes=0``): a kept cache was computed with the weights of its time.  Pass None (the
+        constructor's bound) or a size when you call :meth:`clear_prefix_cache` after every weight update, as the
+        TRL bridge does.
 
         Args:
             model: a transformers causal LM (``PreTrainedModel``; a PEFT-wrapped one works too), e.g. a
@@ -228,7 +229,8 @@ class TransformersPolicy:
             tokenizer: its Hugging Face tokenizer (with a chat template for chat use).
             torch_threads: as in the constructor, but None by default: the trainer's process keeps its
                 torch thread count.
-            max_batch_size, batch_wait_s, seed, continuous_batching, prefix_cache_bytes: as in the constructor.
+            max_batch_size, batch_wait_s, seed, continuous_batching: as in the constructor.
+            prefix_cache_bytes: as in the constructor, but 0 (no KV reuse) by default.
 
         Raises:
             ConfigError: a bad argument, or ``model``/``tokenizer`` are not a model and a tokenizer.
