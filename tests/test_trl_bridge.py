@@ -258,3 +258,23 @@ def test_grpo_steps_through_trl_on_cpu(tmp_path):
     for out in seen:
         assert all(len(c) == len(m) == len(lp) for c, m, lp in zip(out["completion_ids"], out["env_mask"],
                                                                   out["logprobs"]))
+
+
+def test_train_grpo_keeps_fp32_master_weights_and_counts_changed_weights(tiny_qwen):
+    """The example trains float32 weights (bf16 only as mixed precision on a GPU) and reports the fraction of
+    q_proj elements a step changed; the reason, shown on the tiny model: an update of 1e-5 (a learning rate of 1e-5
+    times a unit Adam step) moves every float32
+    q_proj weight but almost no bfloat16 one (rounding eats it)."""
+    mod = _example()
+    assert mod._mixed_bf16("cpu") is False
+    for dtype, expect in ((torch.float32, lambda f: f > 0.99), (torch.bfloat16, lambda f: f < 0.2)):
+        model = AutoModelForCausalLM.from_pretrained(tiny_qwen, dtype=dtype)
+        watch = mod.WeightChange(model)
+        assert len(watch.params) == model.config.num_hidden_layers  # one q_proj per layer
+        watch.begin()
+        with torch.no_grad():
+            for p in watch.params:
+                p.add_(1e-5)
+        frac = watch.end()
+        assert expect(frac), (dtype, frac)
+        assert watch.end() is None  # no snapshot left: nothing to compare

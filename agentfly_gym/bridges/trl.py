@@ -263,7 +263,9 @@ class AgentFlyRollout:
 
             if self._policy is not None:
                 self._policy.close()
-            policy = TransformersPolicy.from_model(model, tokenizer, seed=self.seed, max_batch_size=self.concurrency)
+            # KV reuse on: every call clears the kept caches first (the weights changed in between)
+            policy = TransformersPolicy.from_model(model, tokenizer, seed=self.seed, max_batch_size=self.concurrency,
+                                                   prefix_cache_bytes=None)
             self._policy = policy
         self._model = model
         chat = ChatTokenizer(tokenizer, chat_template_kwargs=dict(getattr(trainer, "chat_template_kwargs", None) or {}))
@@ -285,6 +287,9 @@ class AgentFlyRollout:
         """Play one episode per prompt; returns TRL's rollout dict (lists of length ``len(prompts)``)."""
         rows = [parse_task_prompt(p) for p in prompts]
         model = self._setup(trainer)
+        clear = getattr(self._runner.policy, "clear_prefix_cache", None)
+        if callable(clear):  # KV kept from the last step was computed with the weights before its update
+            clear()
         was_training = bool(getattr(model, "training", False))
         if was_training:
             model.eval()  # no dropout, and the KV cache that gradient checkpointing turns off in train mode

@@ -37,7 +37,13 @@ def add_rollout_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument("-n", "--num-trajectories", type=int, default=8)
     r.add_argument("--group-size", type=int, default=1, help="trajectories per task (GRPO group)")
     r.add_argument("--concurrency", type=int, default=8, help="trajectories in flight at once")
-    r.add_argument("--batch-size", type=int, default=16, help="most generation requests batched together")
+    r.add_argument("--batch-size", "--max-batch-size", dest="batch_size", type=int, default=16,
+                   help="most generation requests batched together (model policies)")
+    r.add_argument("--device", default="cpu",
+                   help="torch device of a model policy: cpu (default), cuda, cuda:1, ...")
+    r.add_argument("--dtype", default="auto",
+                   help="dtype of a model policy's weights: auto (default: bfloat16 on a GPU that supports it, else "
+                        "the model folder's), float32, bfloat16, float16")
     r.add_argument("--max-turns", type=int, default=8)
     r.add_argument("--max-tokens", type=int, default=64, help="new tokens per turn")
     r.add_argument("--max-context-tokens", type=int, default=None)
@@ -212,7 +218,7 @@ def _make_policy(args: argparse.Namespace, name: str, *, seed: int | None) -> tu
         raise ConfigError(f"--policy {name} is an endpoint (messages in, a reply out): it plays --mode chain only")
     if not endpoint:
         return make_policy(name, tokenizer=args.tokenizer, seed=seed, max_batch_size=args.batch_size,
-                           base_url=args.base_url, api_key_env=args.api_key_env)
+                           device=args.device, dtype=args.dtype, base_url=args.base_url, api_key_env=args.api_key_env)
     return make_policy(name, base_url=args.base_url, api_key_env=args.api_key_env,
                        endpoint_options=endpoint_options(args))
 
@@ -390,11 +396,12 @@ def _rollout_multiagent(args: argparse.Namespace, env_kwargs: dict[str, Any]) ->
         seed=args.seed, env_kwargs=kwargs, if_exists=_if_exists(args))
     output_dir = _output_dir(args)
     config = dataclasses.replace(config, output_dir=output_dir)
-    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size)
+    policy, chat = make_policy(args.policy, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size,
+                               device=args.device, dtype=args.dtype)
     opponent = opp_chat = None
     if args.opponent:
         opponent, opp_chat = make_policy(args.opponent, tokenizer=args.tokenizer, seed=args.seed + 1,
-                                         max_batch_size=args.batch_size)
+                                         max_batch_size=args.batch_size, device=args.device, dtype=args.dtype)
     try:
         # the same Ctrl-C / SIGTERM handling as single-agent runs: the finished games are saved
         result = _run_interruptible(lambda: run_multiagent_rollouts(

@@ -47,20 +47,32 @@ def _tokenizer_dir(tokenizer: str | None) -> Path:
 
 
 def make_policy(name: str, *, tokenizer: str | None = None, seed: int | None = 0, max_batch_size: int = 16,
-                torch_threads: int = 1, base_url: str | None = None, api_key_env: str | None = None,
-                endpoint_options: dict[str, Any] | None = None) -> tuple[Any, Any]:
+                torch_threads: int = 1, device: str = "cpu", dtype: Any = "auto", base_url: str | None = None,
+                api_key_env: str | None = None, endpoint_options: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """``(policy, chat_tokenizer)`` for ``name`` (see the module docstring); an endpoint policy has no chat
     tokenizer (None).
 
     Args:
+        name: a policy name or a local model folder.
+        tokenizer: scripted policies' tokenizer (see the module docstring).
+        seed: the policy's seed (model policies: the seeds of unseeded requests; ``random``: its draws).
+        max_batch_size: model policies: most requests decoded together.
+        torch_threads: model policies: torch's intra-op threads (one is fastest on a loaded 2-core machine).
+        device: model policies: the torch device ("cpu", "cuda", "cuda:1").
+        dtype: model policies: the weights' dtype: "auto" (bfloat16 on a GPU that supports it, else the folder's),
+            "float32", "bfloat16", "float16" or a ``torch.dtype``
+            (:func:`~agentfly_gym.rollout.policies.transformers_policy.resolve_dtype`).
         base_url, api_key_env: an ``openai:MODEL`` endpoint's API root and key variable (ignored otherwise).
         endpoint_options: more :class:`~agentfly_gym.rollout.policies.endpoint_policy.EndpointPolicy` arguments
             (``timeout``, ``max_retries``, ``requests_per_second``, ``token_ids``, ...).
 
     Raises:
         ConfigError: unknown name or missing folder; ``base_url``/``api_key_env`` with a policy that is no
-            endpoint; an endpoint without the ``openai`` package.
+            endpoint; an endpoint without the ``openai`` package; a bad ``max_batch_size``, or (model policies;
+            scripted and endpoint ones ignore them) a bad ``device`` or ``dtype``, before any model is loaded.
     """
+    if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
+        raise ConfigError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
     from ..chat import ChatTokenizer
 
     if name.startswith(ENDPOINT_PREFIX):
@@ -88,7 +100,9 @@ def make_policy(name: str, *, tokenizer: str | None = None, seed: int | None = 0
         policy = RandomPolicy(seed=seed) if name == "random" else ExpertPolicy()
         return policy, ChatTokenizer(tok)
     from ..models import smollm2_dir, tiny_qwen_dir
-    from .transformers_policy import TransformersPolicy
+    from .transformers_policy import TransformersPolicy, resolve_dtype
+
+    torch_dtype = resolve_dtype(device, dtype)  # a bad device or dtype fails before a model folder is built
 
     if name == "smollm2":
         model = smollm2_dir()
@@ -98,5 +112,6 @@ def make_policy(name: str, *, tokenizer: str | None = None, seed: int | None = 0
         model = Path(name).expanduser()
     else:
         raise ConfigError(f"policy={name!r} is not one of {POLICY_NAMES} nor a local model folder")
-    policy = TransformersPolicy(model, seed=seed, max_batch_size=max_batch_size, torch_threads=torch_threads)
+    policy = TransformersPolicy(model, seed=seed, max_batch_size=max_batch_size, torch_threads=torch_threads,
+                                device=device, dtype=torch_dtype)
     return policy, ChatTokenizer(policy.tokenizer)

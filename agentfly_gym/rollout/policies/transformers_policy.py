@@ -3,10 +3,19 @@
 Concurrent :meth:`TransformersPolicy.generate` calls are collected by one worker thread for up
 to ``batch_wait_s`` seconds (or until ``max_batch_size`` requests are waiting) and decoded
 together: one left-padded forward pass per new token for the whole batch, with a KV cache.
-Each request is sampled with its own parameters and its own random generator, so requests
-with different :class:`~agentfly_gym.rollout.policies.base.SamplingParams` share a batch correctly and
-a seeded request gives the same tokens whatever it was batched with (up to floating-point
-differences of padded batched matmuls, which can flip a near-tie).
+Sampling runs on the model's device, batched over the rows (:func:`~.sampling.sample_rows`): each request
+keeps its own :class:`~agentfly_gym.rollout.policies.base.SamplingParams` and its own random generator on the
+device, so requests with different parameters share a batch correctly and a seeded request draws the same noise
+whatever it is batched with: its tokens are the same on the same device and dtype unless the batch's padding
+changes a logit's rounding enough to flip a near-tie (a padded batched matmul is not bit-identical to the row
+alone; bf16 rounds coarser than float32).  Prefill computes logits for the last position only
+(``logits_to_keep=1`` where the model takes it).
+
+KV reuse (:mod:`~.prefix_cache`): a finished request's KV cache is kept (within ``prefix_cache_bytes``) under
+its token ids; a request whose prompt extends a kept sequence (a chain-mode trajectory's next turn) prefills
+only its new tokens.  Why not transformers' own continuous batching (``generate_batch``, transformers 5.10):
+one generation config and one random stream serve the whole batch (no per-request seed, no greedy row beside
+a sampled one) and its logprobs are taken after top-k/top-p; ``benchmarks/bench_gpu.py`` measures its speed.
 
 Batching is continuous: requests that arrive while a batch runs are prefilled together (one
 forward pass) and join the running batch at the next decoding step, their KV cache left-padded to
@@ -39,8 +48,14 @@ from typing import Any
 from ...errors import ConfigError, PolicyError
 from ...limits import check_int
 from .base import Generation, SamplingParams
+from .batch_rows import Rows as _Rows
+from .batch_rows import cache_of as _cache_of
+from .batch_rows import joinable as _joinable
+from .batch_rows import stack_right_aligned as _stack_right_aligned
+from .prefix_cache import PrefixCache
+from .sampling import sample_rows
 
-__all__ = ["TransformersPolicy"]
+__all__ = ["TransformersPolicy", "resolve_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +72,49 @@ class _Request:
     t0: float
 
 
+def resolve_dtype(device: str, dtype: Any = None) -> Any:
+    """The torch dtype to load a model in on ``device``.
+
+    Args:
+        device: a torch device string ("cpu", "cuda", "cuda:1").
+        dtype: a ``torch.dtype``, its name ("float32", "bfloat16", "float16"), or None / "auto": bfloat16 on a
+            CUDA device that supports it (``torch.cuda.is_bf16_supported()``), otherwise None (the folder's own
+            dtype, float32 for the bundled models).
+
+    Raises:
+        ConfigError: ``device`` is not a torch device, names a CUDA device that is not there, or ``dtype`` is not
+            a floating torch dtype name.
+    """
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device {device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {e}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r}: torch sees no CUDA device here (torch.cuda.is_available() is False); "
+                          "use 'cpu'")
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype) or not getattr(torch, dtype).is_floating_point:
+            raise ConfigError(f"dtype {dtype!r} is not a floating torch dtype name "
+                              "(valid: 'auto', 'float32', 'bfloat16', 'float16')")
+        return getattr(torch, dtype)
+    if not isinstance(dtype, torch.dtype):
+        raise ConfigError(f"dtype must be a torch.dtype, its name or 'auto', got {dtype!r}")
+    return dtype
+
+
+def _default_prefix_cache_bytes(device: Any) -> int:
+    """512 MiB on the CPU; a fifth of the device's memory on a GPU."""
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory // 5)
+    return 512 * 2**20
+
+
 def _check_args(max_batch_size: int, batch_wait_s: float, torch_threads: int | None) -> None:
     if max_batch_size < 1:
         raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
@@ -69,8 +127,8 @@ def _check_args(max_batch_size: int, batch_wait_s: float, torch_threads: int | N
 class TransformersPolicy:
     """A :class:`~agentfly_gym.rollout.policies.base.TextPolicy` backed by a transformers causal LM.
 
-    Sampling, per request (``SamplingParams``): the next-token logits ``z`` (float32) give the
-    distribution ``p = softmax(z / temperature)``; ``top_k`` (> 0) keeps the k most likely
+    Sampling, per request (``SamplingParams``; see :func:`~.sampling.sample_rows`): the next-token logits ``z``
+    (float32) give the distribution ``p = softmax(z / temperature)``; ``top_k`` (> 0) keeps the k most likely
     tokens, then ``top_p`` (< 1) keeps the smallest set of most likely tokens whose mass
     reaches ``top_p`` (HF ``TopPLogitsWarper`` order); the token is drawn from the renormalised
     remainder.  ``temperature == 0`` is greedy (argmax of ``z``).
@@ -99,10 +157,13 @@ class TransformersPolicy:
         seed: seeds the per-request seeds of requests whose ``sampling.seed`` is None (drawn in
             the order ``generate`` is called), so a run with a fixed seed and a fixed call
             order is reproducible; None draws them from the OS.
-        dtype: torch dtype (or its name, e.g. "bfloat16") of the weights; None keeps the
-            folder's (float32 for the bundled models).
+        dtype: torch dtype (or its name, e.g. "bfloat16") of the weights; None or "auto": bfloat16 on a
+            CUDA device that supports it, else the folder's (float32 for the bundled models); see
+            :func:`resolve_dtype`.
         continuous_batching: let requests join a running batch (default); False runs static
             waves (a request arriving mid-batch waits for the whole batch), e.g. for comparison.
+        prefix_cache_bytes: bound in bytes of the kept KV caches of finished requests (KV reuse for prompts
+            that extend them); 0 disables reuse; None: 512 MiB on the CPU, a fifth of a GPU's memory.
 
     Attributes:
         tokenizer: the Hugging Face tokenizer of ``model``.
@@ -112,6 +173,9 @@ class TransformersPolicy:
         num_forward_passes: model forward calls so far (prefills and decoding steps).
         num_requests: requests served so far.
         num_joined: requests that joined a batch already running (continuous batching).
+        num_prefill_tokens: prompt tokens run through the model so far (the reused ones not counted).
+        num_prompt_tokens: prompt tokens of all requests so far (reused or not).
+        prefix_cache: the :class:`~.prefix_cache.PrefixCache` (``hits``, ``reused_tokens``, ``nbytes``).
 
     Raises:
         ConfigError: a bad argument (the message names it).
@@ -120,7 +184,7 @@ class TransformersPolicy:
 
     def __init__(self, model: str | os.PathLike, *, device: str = "cpu", torch_threads: int | None = 1,
                  max_batch_size: int = 8, batch_wait_s: float = 0.02, seed: int | None = None,
-                 dtype: Any = None, continuous_batching: bool = True) -> None:
+                 dtype: Any = None, continuous_batching: bool = True, prefix_cache_bytes: int | None = None) -> None:
         _check_args(max_batch_size, batch_wait_s, torch_threads)
         try:
             import torch
@@ -128,10 +192,7 @@ class TransformersPolicy:
         except ImportError as e:
             raise PolicyError(f"TransformersPolicy needs torch and transformers ({e}); "
                               "install agentfly-gym[cpu-model]") from e
-        if isinstance(dtype, str):
-            if not isinstance(getattr(torch, dtype, None), torch.dtype):
-                raise ConfigError(f"dtype {dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16')")
-            dtype = getattr(torch, dtype)
+        dtype = resolve_dtype(device, dtype)
         path = Path(model).expanduser()
         if not path.is_dir():
             raise ConfigError(f"model {str(path)!r} is not a local model folder "
@@ -143,19 +204,24 @@ class TransformersPolicy:
         except Exception as e:  # noqa: BLE001  (reported as one clear error)
             raise PolicyError(f"cannot load model folder {str(path)!r}: {type(e).__name__}: {e}") from e
         self._setup(torch.device(device), torch_threads=torch_threads, max_batch_size=max_batch_size,
-                    batch_wait_s=batch_wait_s, seed=seed, continuous_batching=continuous_batching, name=str(path))
+                    batch_wait_s=batch_wait_s, seed=seed, continuous_batching=continuous_batching, name=str(path),
+                    prefix_cache_bytes=prefix_cache_bytes)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, torch_threads: int | None = None, max_batch_size: int = 8,
-                   batch_wait_s: float = 0.02, seed: int | None = None,
-                   continuous_batching: bool = True) -> TransformersPolicy:
+                   batch_wait_s: float = 0.02, seed: int | None = None, continuous_batching: bool = True,
+                   prefix_cache_bytes: int | None = 0) -> TransformersPolicy:
         """A policy that samples from ``model`` itself: the live weights of a model being trained.
 
         The model is used as it is: not copied, not moved, its train/eval mode left alone (generation runs
         under ``torch.inference_mode`` on the model's own device).  So after an optimizer step (or a
         ``load_state_dict``) on ``model``, the next :meth:`generate` samples from, and reports the
         log-probs of, the updated weights; nothing needs syncing.  Do not update the weights while a
-        generation is running (a trainer's loop alternates rollout and update, which is safe).
+        generation is running (a trainer's loop alternates rollout and update, which is safe).  Generation,
+        sampling and KV reuse take the same path as a policy loaded from a folder, but KV reuse is off by default
+        here (``prefix_cache_bytes=0``): a kept cache was computed with the weights of its time.  Pass None (the
+        constructor's bound) or a size when you call :meth:`clear_prefix_cache` after every weight update, as the
+        TRL bridge does.
 
         Args:
             model: a transformers causal LM (``PreTrainedModel``; a PEFT-wrapped one works too), e.g. a
@@ -164,6 +230,7 @@ class TransformersPolicy:
             torch_threads: as in the constructor, but None by default: the trainer's process keeps its
                 torch thread count.
             max_batch_size, batch_wait_s, seed, continuous_batching: as in the constructor.
+            prefix_cache_bytes: as in the constructor, but 0 (no KV reuse) by default.
 
         Raises:
             ConfigError: a bad argument, or ``model``/``tokenizer`` are not a model and a tokenizer.
@@ -177,12 +244,18 @@ class TransformersPolicy:
         self.tokenizer, self.model = tokenizer, model
         device = model.get_input_embeddings().weight.device
         self._setup(device, torch_threads=torch_threads, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
-                    seed=seed, continuous_batching=continuous_batching, name=type(model).__name__)
+                    seed=seed, continuous_batching=continuous_batching, name=type(model).__name__,
+                    prefix_cache_bytes=prefix_cache_bytes)
         return self
 
     def _setup(self, device: Any, *, torch_threads: int | None, max_batch_size: int, batch_wait_s: float,
-               seed: int | None, continuous_batching: bool, name: str) -> None:
+               seed: int | None, continuous_batching: bool, name: str, prefix_cache_bytes: int | None) -> None:
         """Everything but loading: ``self.model`` and ``self.tokenizer`` are set."""
+        import inspect
+
+        if prefix_cache_bytes is not None and (not isinstance(prefix_cache_bytes, int) or prefix_cache_bytes < 0):
+            raise ConfigError(f"prefix_cache_bytes must be an int >= 0 (0 disables KV reuse) or None, "
+                              f"got {prefix_cache_bytes!r}")
         path = name
         self.device = device
         self.max_batch_size = max_batch_size
@@ -206,6 +279,16 @@ class TransformersPolicy:
         self.num_forward_passes = 0
         self.num_requests = 0
         self.num_joined = 0
+        self.num_prefill_tokens = 0
+        self.num_prompt_tokens = 0
+        self.prefix_cache = PrefixCache(_default_prefix_cache_bytes(device) if prefix_cache_bytes is None
+                                        else prefix_cache_bytes)
+        self._cache_joinable: bool | None = None  # known after the first prefill
+        self._clear_cache = False
+        try:
+            self._logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        except (TypeError, ValueError):
+            self._logits_to_keep = False
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -252,6 +335,12 @@ class TransformersPolicy:
                 self._thread.start()
             self._queue.put(req)
         return await req.future
+
+    def clear_prefix_cache(self) -> None:
+        """Drop the kept KV caches (e.g. after the weights of :meth:`from_model`'s model changed): no request
+        admitted after this call reuses a cache kept before it.  Requests running at the time still store theirs
+        when they finish, so call it between generations (a trainer's rollout and update alternate)."""
+        self._clear_cache = True
 
     def close(self) -> None:
         """Stop the worker thread (after the running batch finishes); waiting requests fail with
@@ -377,28 +466,49 @@ class TransformersPolicy:
                 _resolve(item, exc=PolicyError("the policy was closed before this request ran"))
 
     def _prefill(self, reqs: list[_Request]) -> _Rows:
-        """One forward pass over the left-padded prompts of ``reqs``; samples each one's first token."""
+        """One forward pass over the left-padded prompts of ``reqs`` (each starting from its kept KV cache where
+        the prefix cache has one); samples each one's first token.
+
+        With reuse the layout of row ``i`` is ``[pad | cached_i | pad | new_i]``: the cached part right-aligned
+        in the past's ``P`` columns, the new tokens right-aligned in the ``N`` input columns, the attention
+        mask ``(n, P + N)`` zero on the padding and the position ids counting the row's own tokens."""
         import torch
 
         n = len(reqs)
         self.num_batches += 1
         self.num_requests += n
-        width = max(len(r.prompt_ids) for r in reqs)
+        if self._clear_cache:  # asked for by clear_prefix_cache (the weights changed): before any lookup
+            self._clear_cache = False
+            self.prefix_cache.clear()
+        hits = [self.prefix_cache.lookup(r.prompt_ids) if self._cache_joinable else None for r in reqs]
+        cached = [len(h.token_ids) if h is not None else 0 for h in hits]
+        news = [r.prompt_ids[c:] for r, c in zip(reqs, cached)]
+        self.num_prompt_tokens += sum(len(r.prompt_ids) for r in reqs)
+        self.num_prefill_tokens += sum(len(x) for x in news)
+        p_w, width = max(cached), max(len(x) for x in news)
         input_ids = torch.full((n, width), self._pad_id, dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            input_ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            attn[i, width - len(r.prompt_ids):] = 1
+        attn = torch.zeros((n, p_w + width), dtype=torch.long)
+        for i, x in enumerate(news):
+            input_ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
+            attn[i, p_w - cached[i]:p_w] = 1
+            attn[i, p_w + width - len(x):] = 1
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
-        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)[:, p_w:]
+        kw: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        if p_w:
+            kw["past_key_values"] = _cache_of([_stack_right_aligned([h.layers[j] if h else None for h in hits], p_w)
+                                               for j in range(len(next(h for h in hits if h).layers))])
         with torch.inference_mode():
-            out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True)
+            out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True,
+                             **kw)
         self.num_forward_passes += 1
-        rows = _Rows(reqs=list(reqs), gens=[torch.Generator(device="cpu").manual_seed(r.seed) for r in reqs],
+        rows = _Rows(reqs=list(reqs), gens=[torch.Generator(device=self.device).manual_seed(r.seed) for r in reqs],
                      stops=[self.eos_token_ids | set(r.sampling.stop_token_ids) for r in reqs],
                      out_ids=[[] for _ in reqs], out_lp=[[] for _ in reqs], finish=[None] * n,
                      next_ids=input_ids[:, -1:], attn=attn, pos=position_ids[:, -1:], past=out.past_key_values)
         rows.joinable = _joinable(rows.past)
+        if self._cache_joinable is None:
+            self._cache_joinable = rows.joinable
         self._sample_rows(rows, out.logits[:, -1, :])
         return rows
 
@@ -416,23 +526,43 @@ class TransformersPolicy:
     def _sample_rows(self, rows: _Rows, logits: Any) -> None:
         import torch
 
-        logits = logits.float().cpu()
-        nxt = torch.full((len(rows.reqs),), self._pad_id, dtype=torch.long)
+        live = [r.sampling if rows.finish[i] is None else None  # None: a finished row the cache could not drop
+                for i, r in enumerate(rows.reqs)]
+        toks, lps = sample_rows(logits, live, rows.gens)
         for i, r in enumerate(rows.reqs):
-            if rows.finish[i] is not None:  # only where the cache could not drop the row
+            if live[i] is None:
+                toks[i] = self._pad_id
                 continue
-            tok, lp = _sample(logits[i], r.sampling, rows.gens[i])
+            tok = toks[i]
             rows.out_ids[i].append(tok)
-            rows.out_lp[i].append(lp)
-            nxt[i] = tok
+            rows.out_lp[i].append(lps[i])
             if tok in rows.stops[i]:
                 rows.finish[i] = "stop"
             elif len(rows.out_ids[i]) >= r.sampling.max_tokens:
                 rows.finish[i] = "length"
-        rows.next_ids = nxt.unsqueeze(1).to(self.device)
+        rows.next_ids = torch.tensor(toks, dtype=torch.long).unsqueeze(1).to(self.device)
         rows.attn = torch.cat([rows.attn, torch.ones((rows.attn.shape[0], 1), dtype=rows.attn.dtype,
                                                      device=self.device)], dim=1)
         rows.pos = rows.pos + 1
+
+    def _keep_prefix(self, rows: _Rows, i: int) -> None:
+        """Store row ``i``'s KV cache (its prompt and all sampled tokens but the pending last one) for reuse."""
+        import torch
+
+        if not rows.joinable or self.prefix_cache.max_bytes <= 0:
+            return
+        r = rows.reqs[i]
+        token_ids = r.prompt_ids + rows.out_ids[i][:-1]
+        width = rows.attn.shape[1] - 1  # cache columns (the last mask column is the pending token's)
+        if any(la.keys.shape[-2] != width for la in rows.past.layers):
+            return
+        cols = torch.nonzero(rows.attn[i, :width]).squeeze(1)
+        if cols.numel() != len(token_ids):
+            return
+        with torch.inference_mode():
+            layers = [(la.keys[i:i + 1].index_select(2, cols), la.values[i:i + 1].index_select(2, cols))
+                      for la in rows.past.layers]
+        self.prefix_cache.store(token_ids, layers)
 
     def _retire(self, rows: _Rows) -> _Rows | None:
         """Resolve finished rows and drop them (and cancelled ones) with their KV-cache rows, so that short
@@ -440,6 +570,7 @@ class TransformersPolicy:
         for i, r in enumerate(rows.reqs):
             if rows.finish[i] is not None and not rows.resolved[i]:
                 rows.resolved[i] = True
+                self._keep_prefix(rows, i)
                 ids = rows.out_ids[i]
                 g = Generation(token_ids=ids, logprobs=rows.out_lp[i], finish_reason=rows.finish[i],
                                text=self.tokenizer.decode(ids, skip_special_tokens=True),
@@ -451,121 +582,6 @@ class TransformersPolicy:
         if len(keep) < len(rows.reqs) and hasattr(rows.past, "batch_select_indices"):
             rows.select(keep)
         return rows
-
-
-@dataclasses.dataclass
-class _Rows:
-    """The running batch of the worker thread: its requests, their KV cache and per-row decoding state.
-
-    Between forward passes the cache holds ``T`` positions (left-padded), ``attn`` is ``(B, T + 1)``
-    and covers them plus the pending token ``next_ids`` ``(B, 1)``, whose position is ``pos`` ``(B, 1)``.
-    """
-
-    reqs: list[_Request]
-    gens: list[Any]
-    stops: list[set[int]]
-    out_ids: list[list[int]]
-    out_lp: list[list[float]]
-    finish: list[str | None]
-    next_ids: Any
-    attn: Any
-    pos: Any
-    past: Any
-    joinable: bool = False
-    resolved: list[bool] = dataclasses.field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.resolved = [False] * len(self.reqs)
-
-    _LISTS = ("reqs", "gens", "stops", "out_ids", "out_lp", "finish", "resolved")
-
-    def select(self, keep: list[int]) -> None:
-        """Keep only rows ``keep``, then cut the cache columns that every remaining row has as padding."""
-        import torch
-
-        sel = torch.tensor(keep, device=self.attn.device)
-        self.past.batch_select_indices(sel)
-        self.next_ids, self.attn, self.pos = self.next_ids[sel], self.attn[sel], self.pos[sel]
-        for name in self._LISTS:
-            setattr(self, name, [getattr(self, name)[i] for i in keep])
-        if self.joinable:
-            lead = int(self.attn.any(dim=0).long().argmax())  # first column some row attends to
-            if lead > 0:
-                self.attn = self.attn[:, lead:]
-                self.past = _cache_of([(la.keys[..., lead:, :], la.values[..., lead:, :]) for la in self.past.layers])
-
-    def merge(self, other: _Rows) -> None:
-        """Append ``other``'s rows (a fresh prefill) to this batch, left-padding the shorter KV cache."""
-        import torch
-
-        ta, tb = self.attn.shape[1], other.attn.shape[1]
-        width = max(ta, tb)
-
-        def left_pad(x: Any, n: int, dim: int) -> Any:
-            if n == 0:
-                return x
-            shape = list(x.shape)
-            shape[dim] = n
-            return torch.cat([x.new_zeros(shape), x], dim=dim)
-
-        self.attn = torch.cat([left_pad(self.attn, width - ta, 1), left_pad(other.attn, width - tb, 1)], dim=0)
-        self.past = _cache_of([(torch.cat([left_pad(mine.keys, width - ta, -2), left_pad(theirs.keys, width - tb, -2)]),
-                                torch.cat([left_pad(mine.values, width - ta, -2),
-                                           left_pad(theirs.values, width - tb, -2)]))
-                               for mine, theirs in zip(self.past.layers, other.past.layers)])
-        self.next_ids = torch.cat([self.next_ids, other.next_ids])
-        self.pos = torch.cat([self.pos, other.pos])
-        for name in self._LISTS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-
-def _cache_of(layers: list[tuple[Any, Any]]) -> Any:
-    """A ``DynamicCache`` of plain full-attention layers holding ``layers`` (per layer ``(keys, values)``, each
-    ``(batch, kv_heads, positions, head_dim)``), built through its public constructor (as for data gathered by
-    ``torch.distributed``); the cache a row selection or a merge continues with."""
-    import torch
-    from transformers.cache_utils import DynamicCache
-
-    with torch.inference_mode():
-        return DynamicCache(ddp_cache_data=layers)
-
-
-def _joinable(past: Any) -> bool:
-    """Whether new rows can be merged into this KV cache: a DynamicCache of plain full-attention layers
-    (e.g. Llama/SmolLM2, Qwen2/3).  Other caches (sliding windows, linear attention) run in static waves."""
-    try:
-        from transformers.cache_utils import DynamicCache, DynamicLayer
-    except ImportError:
-        return False
-    layers = getattr(past, "layers", None)
-    return (isinstance(past, DynamicCache) and bool(layers) and all(type(la) is DynamicLayer for la in layers)
-            and all(getattr(la, "keys", None) is not None and la.keys.dim() == 4 for la in layers))
-
-
-def _sample(z: Any, s: SamplingParams, gen: Any) -> tuple[int, float]:
-    """One token from logits ``z`` (1-D float32 tensor, length vocab) and its logprob (see
-    :class:`TransformersPolicy` for the exact definitions)."""
-    import torch
-
-    if s.temperature == 0:
-        tok = int(torch.argmax(z))
-        return tok, float(torch.log_softmax(z, dim=-1)[tok])
-    scaled = z / s.temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    masked = scaled
-    if s.top_k and s.top_k > 0 and s.top_k < masked.numel():
-        kth = torch.topk(masked, s.top_k).values[-1]
-        masked = masked.masked_fill(masked < kth, float("-inf"))
-    if s.top_p < 1.0:
-        sorted_l, idx = torch.sort(masked, descending=True)
-        cum = torch.softmax(sorted_l, dim=-1).cumsum(-1)
-        remove = cum - torch.softmax(sorted_l, dim=-1) >= s.top_p  # keep until the mass reaches top_p
-        remove[0] = False
-        masked = masked.clone()
-        masked[idx[remove]] = float("-inf")
-    probs = torch.softmax(masked, dim=-1)
-    tok = int(torch.multinomial(probs, 1, generator=gen))
-    return tok, float(logp[tok])
 
 
 def _resolve(r: _Request, *, result: Generation | None = None, exc: BaseException | None = None) -> None:
