@@ -68,7 +68,8 @@ async def bench_scienceworld(n: int) -> dict[str, Any]:
         await env.areset(seed=0, options={"task_name": "boil", "variation": 0})
         sim = env._sim.resource.obj  # the ScienceWorldSimulator the env holds for this episode
         server = sim._server
-        assert sim.fold_calls and sim.java_fold
+        assert sim.fold_calls
+        assert sim.java_fold
         order = list(series)
         warmup = max(5, n // 20)  # the first rounds warm the JVM's JIT
         for i in range(n + warmup):

@@ -128,7 +128,8 @@ def test_upstream_train_layout_and_solvable_filter(alfworld_root, tmp_path, fres
     idx = load_index(root, "train")
     assert idx.folder.name == "train"
     assert [g.game_file.parent.name for g in idx.games] == [solvable.parent.name]
-    assert idx.skipped["unsolvable"] == 1 and idx.skipped["unsupported"] == 1
+    assert idx.skipped["unsolvable"] == 1
+    assert idx.skipped["unsupported"] == 1
 
 
 def test_task_type_filter(alfworld_root):
@@ -137,9 +138,11 @@ def test_task_type_filter(alfworld_root):
     assert [g.task_id for g in by_id.games] == [g.task_id for g in by_name.games]
     assert set(by_id.counts()) == {"look_at_obj_in_light", "pick_two_obj_and_place"}
     everything = load_index(alfworld_root, "valid_seen")
-    assert sum(everything.counts().values()) == len(everything) and set(everything.counts()) == set(TASK_TYPES.values())
+    assert sum(everything.counts().values()) == len(everything)
+    assert set(everything.counts()) == set(TASK_TYPES.values())
     assert len(by_id) == everything.counts()["look_at_obj_in_light"] + everything.counts()["pick_two_obj_and_place"]
-    assert 0 < len(by_id) < len(everything) and by_id.skipped["task_type"] == len(everything) - len(by_id)
+    assert 0 < len(by_id) < len(everything)
+    assert by_id.skipped["task_type"] == len(everything) - len(by_id)
     env = ALFWorldEnv(data_dir=alfworld_root, split="valid_seen", task_types=4)
     assert {g.task_type for g in env.games} == {"pick_heat_then_place_in_recep"}
     for bad in (0, 7, "pick_nothing", [], True):
@@ -183,11 +186,17 @@ def test_make_and_check_env(alfworld_root, tmp_path):
         obs, info = env.reset(options={"task_id": LOOK_BOWL})
         assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
         assert obs.endswith("Your task is to: examine the bowl with the desklamp.")
-        assert info["task_type"] == "look_at_obj_in_light" and info["goal"] == "examine the bowl with the desklamp."
-        assert isinstance(info["admissible_actions"], list) and "look" in info["admissible_actions"]
-        assert info["won"] is False and info["score"] == 0.0 and info["task_id"].startswith("valid_seen/")
+        assert info["task_type"] == "look_at_obj_in_light"
+        assert info["goal"] == "examine the bowl with the desklamp."
+        assert isinstance(info["admissible_actions"], list)
+        assert "look" in info["admissible_actions"]
+        assert info["won"] is False
+        assert info["score"] == 0.0
+        assert info["task_id"].startswith("valid_seen/")
         _obs, reward, terminated, _truncated, info = env.step(info["admissible_actions"][0])
-        assert reward == 0.0 and not terminated and info["applied"] is True
+        assert reward == 0.0
+        assert not terminated
+        assert info["applied"] is True
         assert env.unwrapped.agent_prompt.parse_action("I will look.\nAction: go to desk 1") == "go to desk 1"
     finally:
         env.close()
@@ -262,7 +271,8 @@ async def test_invalid_empty_and_long_actions_are_handled(alfworld_root):
         # Upper case and doubled spaces are forgiven (normalize_actions=True).
         target = next(a for a in admissible if a.startswith("go to "))
         obs, reward, terminated, truncated, info = await env.astep("  " + target.upper().replace(" ", "  ") + " ")
-        assert info["applied"] is True and obs.startswith("You arrive at")
+        assert info["applied"] is True
+        assert obs.startswith("You arrive at")
         assert info["step"] == 8
         with pytest.raises(ConfigError, match="task_id"):
             await env.areset(options={"task_id": "valid_seen/nope"})

@@ -97,7 +97,8 @@ def test_a_changed_game_file_is_not_served_from_the_old_entry(game_file, tmp_pat
 
     translations.clear()
     obs2, _ = sim.load(game_file)  # same simulator, same path, new content
-    assert "Welcome back, ALFRED!" in obs2 and "Welcome to TextWorld" not in obs2
+    assert "Welcome back, ALFRED!" in obs2
+    assert "Welcome to TextWorld" not in obs2
     assert obs2 == ALFWorldSimulator(engine_cache=False).load(game_file)[0]
     assert sim.cache_stats["misses"] == 2
     assert len(list(cache.glob("*.pickle.zlib"))) == 2
@@ -130,10 +131,12 @@ def test_an_unreadable_cache_file_is_a_miss_and_is_rewritten(game_file, tmp_path
     translations.clear()
     sim = ALFWorldSimulator(engine_cache=cache, translation_worker=False)
     assert sim.load(game_file) == reference
-    assert sim.cache_stats["misses"] == 1 and len(translations) == 2
+    assert sim.cache_stats["misses"] == 1
+    assert len(translations) == 2
     EngineCache.clear_memory()
     again = ALFWorldSimulator(engine_cache=cache)
-    assert again.load(game_file) == reference and again.cache_stats["disk_hits"] == 1
+    assert again.load(game_file) == reference
+    assert again.cache_stats["disk_hits"] == 1
 
 
 @pytest.mark.slow
@@ -158,10 +161,12 @@ def test_a_readable_entry_whose_results_do_not_load_is_discarded_and_rebuilt(gam
     translations.clear()
     sim = ALFWorldSimulator(engine_cache=cache, translation_worker=False)
     assert sim.load(game_file) == reference
-    assert "discarded" in caplog.text and len(translations) == 2
+    assert "discarded" in caplog.text
+    assert len(translations) == 2
     EngineCache.clear_memory()
     again = ALFWorldSimulator(engine_cache=cache)
-    assert again.load(game_file) == reference and again.cache_stats["disk_hits"] == 1
+    assert again.load(game_file) == reference
+    assert again.cache_stats["disk_hits"] == 1
 
 
 def test_concurrent_writers_leave_one_whole_file(tmp_path):

@@ -68,7 +68,8 @@ def _walk(result: dict) -> list[tuple[str | None, str]]:
 async def test_issue_example_drawers_as_alfworld_0_4(alfworld_root, tmp_path):
     r = await side_by_side(alfworld_root, tmp_path, EXAMPLE, script=DRAWER_WALK)
     assert r["mismatches"] == []
-    assert r["steps"] == len(DRAWER_WALK) and r["compared"] == 2 + 4 * len(DRAWER_WALK)
+    assert r["steps"] == len(DRAWER_WALK)
+    assert r["compared"] == 2 + 4 * len(DRAWER_WALK)
     walk = _walk(r)
     assert walk[0][1].startswith("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room.")
     assert walk[0][1].endswith("\n\nYour task is to: look at bowl under the desklamp.")
@@ -122,7 +123,8 @@ async def test_handcoded_expert_with_probes_matches_alfredtwenv(alfworld_root, t
     inadmissible ``go to``, an upper-case command, a made-up one, a random admissible command)."""
     r = await side_by_side(alfworld_root, tmp_path, task_id, policy="handcoded", max_steps=24)
     assert r["mismatches"] == []
-    assert r["steps"] >= 6 and r["compared"] == 2 + 4 * r["steps"]
+    assert r["steps"] >= 6
+    assert r["compared"] == 2 + 4 * r["steps"]
     assert "reference_error" not in r
     commands = set(r["commands"])
     assert "help" in commands
@@ -152,11 +154,15 @@ def test_upgrade_game_is_the_2_1_2_release(alfworld_root):
     new = upgrade_game(old)
     assert old == before  # the input is not changed
     assert (game_version(old), game_version(new)) == ("2.1.1", "2.1.2")
-    assert "You arrive at {r.name}." in new["grammar"] and "{lend.name}" not in new["grammar"]
-    assert 'template :: "move {o} to {r}"' in new["grammar"] and "put {o} in/on {r}" not in new["grammar"]
+    assert "You arrive at {r.name}." in new["grammar"]
+    assert "{lend.name}" not in new["grammar"]
+    assert 'template :: "move {o} to {r}"' in new["grammar"]
+    assert "put {o} in/on {r}" not in new["grammar"]
     assert "You move the {o.name} to the {r.name}." in new["grammar"]
-    assert new["pddl_domain"].count("(:action help") == 1 and new["pddl_domain"].rstrip().endswith(")")
-    assert new["pddl_problem"] == old["pddl_problem"] and new["solvable"] == old["solvable"]
+    assert new["pddl_domain"].count("(:action help") == 1
+    assert new["pddl_domain"].rstrip().endswith(")")
+    assert new["pddl_problem"] == old["pddl_problem"]
+    assert new["solvable"] == old["solvable"]
     # Per-game content is kept: the task sentence and the game's own domain (SinkType for clean).
     assert "Your task is to: look at bowl under the desklamp." in new["grammar"]
     assert "\n                (receptacleType ?r SinkType)" in new["pddl_domain"]

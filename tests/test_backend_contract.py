@@ -84,16 +84,19 @@ async def test_a_registered_backend_gets_the_spec_and_the_managers_labels(regist
     async with ResourceManager(manager_id="contract-test") as m:
         async with m.scope("a") as scope:
             c = await scope.acquire(spec)
-            assert isinstance(c, Counter) and c.value == 5
+            assert isinstance(c, Counter)
+            assert c.value == 5
             c.value = 9
         async with m.scope("b") as scope:
             again = await scope.acquire(spec)
-            assert again is c and c.value == 5  # reused and reset by the pool
+            assert again is c
+            assert c.value == 5
         assert len(calls) == 1
         got_spec, labels = calls[0]
         assert got_spec is spec
         assert labels == {**m.labels, "agentfly.pool": spec.key}
-        assert labels["agentfly.manager"] == "contract-test" and labels["agentfly.pid"] == str(os.getpid())
+        assert labels["agentfly.manager"] == "contract-test"
+        assert labels["agentfly.pid"] == str(os.getpid())
         assert c.labels == labels
 
 
@@ -129,7 +132,8 @@ def test_exit_teardown_reaches_instances_still_held(registry):
     m = ResourceManager()
     built = [m.build_resource(CounterSpec(start=i)) for i in range(3)]
     m.close()
-    assert all(c.terminated for c in built) and m.closed
+    assert all(c.terminated for c in built)
+    assert m.closed
 
 
 def _imports(path: Path) -> set[str]:
@@ -160,15 +164,20 @@ def test_output_buffer_keeps_head_and_tail_with_one_marker():
     buf.feed(b"A" * 300)
     buf.feed(b"Z" * 300)
     text, cut = buf.text(100)
-    assert cut and len(text) <= 100
+    assert cut
+    assert len(text) <= 100
     marker = TRUNCATION_MARKER.format(n=600 - (100 - len(TRUNCATION_MARKER.format(n=600))))
-    assert text.startswith("AAA") and text.endswith("ZZZ") and marker in text
+    assert text.startswith("AAA")
+    assert text.endswith("ZZZ")
+    assert marker in text
     # past 4 * max_chars bytes the middle is dropped as it streams, and still counted
     big = OutputBuffer(10)
     for _ in range(100):
         big.feed(b"x" * 1000)
     text, cut = big.text(40)
-    assert cut and len(text) <= 40 and "characters cut" in text
+    assert cut
+    assert len(text) <= 40
+    assert "characters cut" in text
     assert int(text.split("[... ")[1].split(" ")[0]) > 99_000
     # short output, invalid UTF-8 replaced, not cut
     ok = OutputBuffer(50)
@@ -197,8 +206,12 @@ async def test_both_backends_cut_long_output_identically(docker_client, tmp_path
             in_sandbox = await s.acquire(ContainerSpec(backend="sandbox", **spec))
             assert (on_docker.backend_name, in_sandbox.backend_name) == ("docker", "sandbox")
             a, b = await asyncio.gather(on_docker.exec(_LONG, max_output=500), in_sandbox.exec(_LONG, max_output=500))
-    assert a.truncated and b.truncated and a.exit_code == b.exit_code == 0
-    assert a.output == b.output and "characters cut" in a.output and len(a.output) <= 500
+    assert a.truncated
+    assert b.truncated
+    assert a.exit_code == b.exit_code == 0
+    assert a.output == b.output
+    assert "characters cut" in a.output
+    assert len(a.output) <= 500
 
 
 # ------------------------------------------------------------------ gc reaps both backends
@@ -242,13 +255,17 @@ def test_gc_reaps_a_killed_managers_containers_and_sandboxes(docker_client, tmp_
         assert docker_client.api.inspect_container(cid)["State"]["Running"]
         assert (root / name).is_dir()
         labels = docker_client.api.inspect_container(cid)["Config"]["Labels"]
-        assert labels["agentfly.manager"] == manager_id and ownership.owner_dead(labels)
+        assert labels["agentfly.manager"] == manager_id
+        assert ownership.owner_dead(labels)
         # without a manager id both are found as orphans of a dead owner (dry run: others' stay untouched)
         containers, sandboxes = reaper.reap_all(dry_run=True)
-        assert cid[:12] in containers and name in sandboxes
+        assert cid[:12] in containers
+        assert name in sandboxes
         assert gc_main(["--manager", manager_id]) == 0
         out = capsys.readouterr()
-        assert cid[:12] in out.out and name in out.out and "1 container(s) and 1 sandbox(es)" in out.err
+        assert cid[:12] in out.out
+        assert name in out.out
+        assert "1 container(s) and 1 sandbox(es)" in out.err
         with pytest.raises(docker.errors.NotFound):
             docker_client.api.inspect_container(cid)
         assert not (root / name).exists()

@@ -61,8 +61,10 @@ def test_replay_is_deterministic_and_logs_the_sampled_ids():
         assert n >= 2
         for t in range(n):
             ra, rb = a.reply(k, t), b.reply(k, t)
-            assert ra == rb and a.log[f"{k}/{t}"] == ra["ids"]
+            assert ra == rb
+            assert a.log[f"{k}/{t}"] == ra["ids"]
             assert (ra["call"] is None) == (t == n - 1)
             if ra["call"]:
-                assert ra["call"]["name"] == "run" and ra["call"]["arguments"]["cmd"].startswith("sleep ")
+                assert ra["call"]["name"] == "run"
+                assert ra["call"]["arguments"]["cmd"].startswith("sleep ")
     assert [c.reply(k, 0)["ids"] for k in range(4)] != [a.reply(k, 0)["ids"] for k in range(4)]

@@ -112,15 +112,18 @@ def test_benchmark_script_writes_valid_json(runs, name):
     assert path.is_file(), log[-2000:]
     data = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{name}: non-strict JSON constant {c}"))
     assert data["benchmark"] == name
-    assert name in data["command"] and "--scale" in data["command"]
+    assert name in data["command"]
+    assert "--scale" in data["command"]
     assert data["seed"] == 0
-    assert data["machine"]["cores"] >= 1 and data["machine"]["ram_bytes"] > 0
+    assert data["machine"]["cores"] >= 1
+    assert data["machine"]["ram_bytes"] > 0
     assert data["packages"]["gymnasium"]
     # the script measured something (it did not skip everything)
     measured = {k: v for k, v in data.items() if k in ("envs", "results", "median_wall_s", "profiles") and v}
     assert measured, f"{name} measured nothing; skipped: {data.get('skipped')}"
     png = out / f"{name}.png"
-    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.is_file()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def _finished(runs, name):
@@ -161,12 +164,15 @@ def test_trace_profiles_are_deterministic_and_fit_their_sources():
     import bench_trace_rollout as T
 
     prof = T.make_profiles()["r2e"]
-    assert prof.trace(7) == prof.trace(7) and prof.trace(7) != prof.trace(8)
+    assert prof.trace(7) == prof.trace(7)
+    assert prof.trace(7) != prof.trace(8)
     turns = [prof.trace(k)["turns"] for k in range(1000)]
-    assert max(turns) == 100 and min(turns) >= 3
+    assert max(turns) == 100
+    assert min(turns) >= 3
     assert sum(turns) / len(turns) == pytest.approx(64.3, abs=2.5)
     sim = T.simulate([prof.trace(k) for k in range(64)], 4, 1.0)
-    assert sim["ideal_s"] <= sim["ours_s"] <= sim["gym_async_s"] and sim["ours_s"] <= sim["lockstep_s"]
+    assert sim["ideal_s"] <= sim["ours_s"] <= sim["gym_async_s"]
+    assert sim["ours_s"] <= sim["lockstep_s"]
 
 
 def test_longest_first_and_the_lower_bound_bracket_the_optimal_schedule():
@@ -200,7 +206,8 @@ def test_memory_counts_one_engine_per_episode_and_one_process_per_gym_env(runs):
     assert ours["n"] == gym["n"] == 2
     assert ours["open"]["processes"] == 1 + 2
     assert gym["open"]["processes"] == 1 + 2 + 2
-    assert ours["per_episode_pss_bytes"] > 0 and gym["per_episode_pss_bytes"] > 0
+    assert ours["per_episode_pss_bytes"] > 0
+    assert gym["per_episode_pss_bytes"] > 0
     # closing every episode ends every engine and worker the measurement started (its process group)
     assert ours["processes_left_after_close"] == gym["processes_left_after_close"] == 0
     assert ours["containers_left_after_close"] == gym["containers_left_after_close"] == 0

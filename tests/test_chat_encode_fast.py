@@ -64,7 +64,8 @@ def test_slow_tokenizer_is_refused(test_data):
     tok = ByT5Tokenizer(extra_ids=0, additional_special_tokens=["<|im_start|>", "<|im_end|>"])
     tok.chat_template = chatml
     chat = ChatTokenizer(tok, chat_template_kwargs={"enable_thinking": False})
-    assert not chat.fast_encode and "not a TokenizersBackend" in chat.fast_encode_refused
+    assert not chat.fast_encode
+    assert "not a TokenizersBackend" in chat.fast_encode_refused
     text = "héllo <|im_end|> 😀"
     assert chat.action_ids(text) == tok.encode(text, add_special_tokens=False) + [chat.eot_token_id]
 
@@ -79,14 +80,16 @@ def test_overridden_encode_path_is_refused(test_data):
 
     tok = Lowering.from_pretrained(test_data / "tokenizers" / "qwen3")
     chat = ChatTokenizer(tok)
-    assert not chat.fast_encode and "_encode_plus" in chat.fast_encode_refused
+    assert not chat.fast_encode
+    assert "_encode_plus" in chat.fast_encode_refused
     assert chat.encode("ABC Def") == tok.encode("abc def", add_special_tokens=False) != \
         tok._tokenizer.encode("ABC Def", add_special_tokens=False).ids
 
     patched = qwen3(test_data)
     patched.encode = lambda text, **kw: [1, 2, 3]  # patched on the instance
     ok, why = backend_encoder(patched)
-    assert not ok and "'encode'" in why
+    assert not ok
+    assert "'encode'" in why
 
 
 @pytest.mark.slow
@@ -95,7 +98,8 @@ def test_unchecked_transformers_version_is_refused(test_data, monkeypatch):
 
     monkeypatch.setattr(transformers, "__version__", "5.11.0")
     chat = ChatTokenizer(qwen3(test_data))
-    assert not chat.fast_encode and "5.11.0" in chat.fast_encode_refused
+    assert not chat.fast_encode
+    assert "5.11.0" in chat.fast_encode_refused
 
 
 @pytest.mark.slow
@@ -111,12 +115,14 @@ def test_backend_state_transformers_would_reset_takes_the_slow_path(test_data):
     assert chat.encode(text) == full
     tok._tokenizer.enable_padding(length=64, pad_id=0, pad_token="!")
     assert chat.encode(text) == full
-    assert tok._tokenizer.padding is None and tok._tokenizer.truncation is None  # reset by the slow call
+    assert tok._tokenizer.padding is None
+    assert tok._tokenizer.truncation is None
     # split_special_tokens changed after construction: both paths split "<|im_end|>" into pieces.
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     tok.split_special_tokens = True
     split = chat.encode("a<|im_end|>b")
-    assert split == tok.encode("a<|im_end|>b", add_special_tokens=False) and im_end not in split
+    assert split == tok.encode("a<|im_end|>b", add_special_tokens=False)
+    assert im_end not in split
     assert chat.encode("x<|im_end|>") == tok.encode("x<|im_end|>", add_special_tokens=False)  # now fast, same ids
 
 
@@ -127,9 +133,11 @@ def test_over_long_result_goes_through_tokenizer_encode(test_data):
     encode = tok.encode
     tok.encode = lambda text, **kw: calls.append(text) or encode(text, **kw)  # count calls after construction
     tok.model_max_length = 4
-    assert chat.encode("a b") == encode("a b", add_special_tokens=False) and calls == []
+    assert chat.encode("a b") == encode("a b", add_special_tokens=False)
+    assert calls == []
     long = "one two three four five six"
-    assert chat.encode(long) == encode(long, add_special_tokens=False) and calls == [long]
+    assert chat.encode(long) == encode(long, add_special_tokens=False)
+    assert calls == [long]
 
 
 def test_encode_path_is_the_one_read_for_this_transformers():

@@ -160,7 +160,8 @@ def test_family_details(chats):
     ids += reply + mistral.close_assistant_ids(reply) + mistral.append_ids([{"role": "user", "content": "A door."}])
     text = tok.decode(ids)
     assert text == f"<s>[INST] {system}\n\n{obs0}[/INST] go north</s>[INST] A door.[/INST]"
-    assert text.count(system) == 1 and "helpful assistant" not in text
+    assert text.count(system) == 1
+    assert "helpful assistant" not in text
 
 
 @pytest.mark.slow

@@ -158,7 +158,8 @@ def test_fixed_conversations(chats, name):
 def test_template_details(chats, name):
     chat = chats[name]
     tok = chat.tokenizer
-    assert chat.eot_token == "<|im_end|>" and chat.eot_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert chat.eot_token == "<|im_end|>"
+    assert chat.eot_token_id == tok.convert_tokens_to_ids("<|im_end|>")
     # ChatML's boundary "\n" after <|im_end|> is the first id of every append.
     nl = tok.encode("\n", add_special_tokens=False)
     obs = [{"role": "user", "content": "x"}]

@@ -62,7 +62,8 @@ def test_make_after_import_and_with_module_prefix():
     try:
         assert isinstance(env.unwrapped, ChessEnv)
         obs, info = env.reset(seed=0)
-        assert "FEN: " in obs and info["admissible_actions"]
+        assert "FEN: " in obs
+        assert info["admissible_actions"]
     finally:
         env.close()
     # a fresh interpreter that never imported agentfly_gym: gymnasium imports it from the prefix
@@ -88,8 +89,12 @@ def test_check_env(kwargs):
 async def test_puzzle_solved_by_expert_gives_one():
     env = ChessEnv()
     obs, info = await env.areset(options={"task_id": TEWJC[0]})
-    assert info["task_id"] == "tewjc" and info["rating"] == 1493 and info["last_move"] == "a2a7"
-    assert "Side to move: Black" in obs and "Opponent's last move: Rxa7 (a2a7)" in obs and "tewjc" in obs
+    assert info["task_id"] == "tewjc"
+    assert info["rating"] == 1493
+    assert info["last_move"] == "a2a7"
+    assert "Side to move: Black" in obs
+    assert "Opponent's last move: Rxa7 (a2a7)" in obs
+    assert "tewjc" in obs
     assert info["fen"] == obs.split("FEN: ")[1].splitlines()[0]
     rewards = []
     for expected in TEWJC[1]:
@@ -98,8 +103,12 @@ async def test_puzzle_solved_by_expert_gives_one():
         obs, reward, terminated, truncated, info = await env.astep(f"Action: {move}")
         rewards.append(reward)
     assert rewards == [0.0, 0.0, 1.0]
-    assert terminated and not truncated and info["won"] and info["score"] == 1.0
-    assert info["admissible_actions"] == [] and "Puzzle solved" in obs
+    assert terminated
+    assert not truncated
+    assert info["won"]
+    assert info["score"] == 1.0
+    assert info["admissible_actions"] == []
+    assert "Puzzle solved" in obs
     with pytest.raises(ResetNeeded):
         await env.astep("e4")
     with pytest.raises(ResetNeeded):
@@ -112,7 +121,8 @@ async def test_puzzle_wrong_legal_move_fails_with_zero():
     await env.areset(options={"task_id": "tewjc"})
     obs, reward, terminated, truncated, info = await env.astep("Kh8")
     assert (reward, terminated, truncated, info["won"]) == (0.0, True, False, False)
-    assert "Wrong move: Kh8" in obs and "Rxe3+ (e5e3)" in obs
+    assert "Wrong move: Kh8" in obs
+    assert "Rxe3+ (e5e3)" in obs
     # failing after a correct move: progress is kept in the score
     await env.areset(options={"task_id": "tewjc"})
     _, reward, terminated, _, info = await env.astep("Rxe3+")
@@ -132,7 +142,8 @@ async def test_puzzle_accepts_any_mate(puzzle_id, first, final, final_alt):
     assert (reward, terminated) == (0.0, False)
     assert await env.expert_action() == final  # the data lists another mating move
     obs, reward, terminated, _, info = await env.astep(final_alt)
-    assert (reward, terminated, info["won"]) == (1.0, True, True) and "checkmate" in obs
+    assert (reward, terminated, info["won"]) == (1.0, True, True)
+    assert "checkmate" in obs
     await env.aclose()
 
 
@@ -221,9 +232,14 @@ async def test_illegal_and_garbage_actions_are_handled():
     for step, action in enumerate(["garbage", "e2e4", "Qxf1", "x" * 5000, "\x00\n\t"], start=1):
         obs, reward, terminated, truncated, info = await env.astep(action)
         assert (reward, terminated, truncated) == (0.0, False, False)
-        assert obs.startswith("Invalid move:") and "Legal moves (UCI): " in obs and "e5e3" in obs
-        assert info["invalid_action"] and info["step"] == step and info["error"] is None
-        assert info["fen"] == info0["fen"] and info["admissible_actions"] == info0["admissible_actions"]
+        assert obs.startswith("Invalid move:")
+        assert "Legal moves (UCI): " in obs
+        assert "e5e3" in obs
+        assert info["invalid_action"]
+        assert info["step"] == step
+        assert info["error"] is None
+        assert info["fen"] == info0["fen"]
+        assert info["admissible_actions"] == info0["admissible_actions"]
     _, reward, terminated, _, info = await env.astep("Rxe3+")  # the puzzle still goes on
     assert (reward, terminated, info["invalid_action"], info["last_move"]) == (0.0, False, None, "f2e3")
     with pytest.raises(TypeError):
@@ -236,8 +252,10 @@ async def test_play_game_with_expert_and_move_cap():
     async with ResourceManager() as m:
         env = ChessEnv(manager=m, mode="play", skill_level=0, engine_depth=1, expert_depth=6, max_moves=120)
         obs, info = await env.areset()
-        assert info["task_id"] == "stockfish-white-skill0" and len(info["admissible_actions"]) == 20
-        assert "Side to move: White" in obs and "skill level 0" in obs
+        assert info["task_id"] == "stockfish-white-skill0"
+        assert len(info["admissible_actions"]) == 20
+        assert "Side to move: White" in obs
+        assert "skill level 0" in obs
         terminated = truncated = False
         while not (terminated or truncated):
             obs, reward, terminated, truncated, info = await env.astep(await env.expert_action())
@@ -247,12 +265,14 @@ async def test_play_game_with_expert_and_move_cap():
 
         black = ChessEnv(manager=m, mode="play", skill_level=0, engine_depth=1, max_moves=2)
         obs, info = await black.areset(options={"agent_color": "black"})
-        assert "Stockfish moved first" in obs and chess.Board(info["fen"]).turn == chess.BLACK
+        assert "Stockfish moved first" in obs
+        assert chess.Board(info["fen"]).turn == chess.BLACK
         assert info["last_move"] is not None
         results = [await black.astep(info["admissible_actions"][0])]
         results.append(await black.astep(results[-1][4]["admissible_actions"][0]))
         assert [r[2:4] for r in results] == [(False, False), (False, True)]  # truncated at the move cap
-        assert results[-1][1] == 0.0 and "move cap" in results[-1][0]
+        assert results[-1][1] == 0.0
+        assert "move cap" in results[-1][0]
         await env.aclose()
         await black.aclose()
 
@@ -277,17 +297,23 @@ async def test_engine_reused_and_reset_between_episodes():
         first = env.scope.resources[env.engine_spec.key]
         await env.astep("e4")
         await env.expert_action()
-        assert first.obj.searches == 2 and first.obj.resets == 0
+        assert first.obj.searches == 2
+        assert first.obj.resets == 0
         pid = first.obj.pid
         await env.areset()  # ends episode 1 (engine back to the pool) and acquires it again
         again = env.scope.resources[env.engine_spec.key]
-        assert again is first and again.obj.pid == pid
-        assert again.obj.resets == 1 and again.obj.searches == 0  # ucinewgame + Clear Hash ran on acquisition
+        assert again is first
+        assert again.obj.pid == pid
+        assert again.obj.resets == 1
+        assert again.obj.searches == 0
         metrics = _pool(m)
-        assert metrics["started"] == 1 and metrics["reused"] >= 1 and metrics["resets"] >= 1
+        assert metrics["started"] == 1
+        assert metrics["reused"] >= 1
+        assert metrics["resets"] >= 1
         assert _live_stockfish_children() == {pid}
         await env.aclose()
-        assert _pool(m)["in_use"] == 0 and _pool(m)["idle"] == 1
+        assert _pool(m)["in_use"] == 0
+        assert _pool(m)["idle"] == 1
     assert _live_stockfish_children() == set()
 
 
@@ -317,17 +343,23 @@ async def test_killed_engine_is_a_handled_fault_and_replaced():
         pid = env.scope.resources[env.engine_spec.key].obj.pid
         os.kill(pid, 9)
         obs, reward, terminated, truncated, info = await env.astep("e4")
-        assert truncated and not terminated and reward == 0.0 and info["error"] and obs.startswith("Error:")
+        assert truncated
+        assert not terminated
+        assert reward == 0.0
+        assert info["error"]
+        assert obs.startswith("Error:")
         _, info = await env.areset()  # a fresh engine replaces the dead one
         new_pid = env.scope.resources[env.engine_spec.key].obj.pid
-        assert new_pid != pid and _live_stockfish_children() == {new_pid}
+        assert new_pid != pid
+        assert _live_stockfish_children() == {new_pid}
         await env.aclose()
         os.kill(new_pid, 9)  # dies while idle in the pool: the health check on acquisition replaces it
         await until(lambda: not alive(new_pid), 10, "the killed engine to exit")
         env = ChessEnv(manager=m, mode="play", skill_level=0, engine_depth=1)
         await env.areset()
         assert env.scope.resources[env.engine_spec.key].obj.pid not in (pid, new_pid)
-        assert _pool(m)["started"] == 3 and _pool(m)["replaced"] == 2
+        assert _pool(m)["started"] == 3
+        assert _pool(m)["replaced"] == 2
         await env.aclose()
     assert _live_stockfish_children() == set()
 
@@ -362,7 +394,8 @@ def test_stockfish_engine_object_directly():
         board = chess.Board()
         assert engine.best_move(board, depth=2) in board.legal_moves
         engine.reset()
-        assert engine.searches == 0 and engine.resets == 1
+        assert engine.searches == 0
+        assert engine.resets == 1
     finally:
         engine.close()
     assert not engine.healthy()
@@ -394,7 +427,8 @@ def test_game_outcome_counts_only_draws_that_happened():
     board.push_uci("f8e8")
     assert game_outcome(board) == chess.Outcome(chess.Termination.THREEFOLD_REPETITION, None)
     fifty = chess.Board("q3k3/8/8/8/8/8/8/4K3 w - - 99 80")
-    assert game_outcome(fifty) is None and fifty.outcome(claim_draw=True) is not None  # claimed one move early
+    assert game_outcome(fifty) is None
+    assert fifty.outcome(claim_draw=True) is not None
     fifty.push_uci("e1f1")  # the 100th half-move without capture or pawn move
     assert game_outcome(fifty) == chess.Outcome(chess.Termination.FIFTY_MOVES, None)
     # automatic endings are unchanged
@@ -418,7 +452,8 @@ async def test_play_no_draw_claimed_for_the_engine():
             env._board.push_uci(uci)
         obs, reward, terminated, truncated, info = await env.astep("Ke1")
         assert (reward, terminated, truncated) == (0.0, False, False), obs
-        assert "Game over" not in obs and info["admissible_actions"]
+        assert "Game over" not in obs
+        assert info["admissible_actions"]
         assert not env.board.is_repetition(3)  # Stockfish, a queen up, did not repeat either
         await env.aclose()
 

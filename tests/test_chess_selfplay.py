@@ -56,7 +56,8 @@ def test_pettingzoo_api_test():
 
 def test_registered_for_make_multiagent_and_bad_ids_are_named():
     env = agentfly_gym.make_multiagent("agentfly/ChessSelfPlay-v0", max_moves=10)
-    assert env.possible_agents == ["white", "black"] and env.max_moves == 10
+    assert env.possible_agents == ["white", "black"]
+    assert env.max_moves == 10
     with pytest.raises(ConfigError, match="NoSuchGame"):
         agentfly_gym.make_multiagent("NoSuchGame-v0")
     with pytest.raises(ConfigError) as info:
@@ -68,17 +69,22 @@ def test_mate_gives_zero_sum_rewards_and_observations_per_side():
     env = _env()
     env.reset(options={"fen": MATE_IN_ONE})
     assert env.agent_selection == "white"
-    assert "a1a8" in env.infos["white"]["admissible_actions"] and env.infos["black"]["admissible_actions"] == []
-    assert "Legal moves" in env.observe("white") and "Legal moves" not in env.observe("black")
+    assert "a1a8" in env.infos["white"]["admissible_actions"]
+    assert env.infos["black"]["admissible_actions"] == []
+    assert "Legal moves" in env.observe("white")
+    assert "Legal moves" not in env.observe("black")
     env.step("I will mate.\nAction: Ra8#")
     assert env.terminations == {"white": True, "black": True}
     assert env.rewards == {"white": 1.0, "black": -1.0}
-    assert env.infos["white"]["result"] == "1-0" and env.infos["white"]["won"] and not env.infos["black"]["won"]
+    assert env.infos["white"]["result"] == "1-0"
+    assert env.infos["white"]["won"]
+    assert not env.infos["black"]["won"]
     assert "you lost (checkmate, 1-0)" in env.observe("black")
     # the board went back to its pool when the game ended
     assert env._scope is None
     obs, reward, term, trunc, info = env.last()
-    assert reward == 1.0 and term
+    assert reward == 1.0
+    assert term
     env.step(None)
     env.step(None)
     assert env.agents == []
@@ -103,11 +109,13 @@ def test_invalid_moves_keep_the_turn_then_forfeit():
     env.step("Action: e5")  # not legal for White
     assert env.agent_selection == "white"
     assert "is not a legal move" in env.infos["white"]["invalid_action"]
-    assert "Invalid move" in env.observe("white") and env.rewards == {"white": 0.0, "black": 0.0}
+    assert "Invalid move" in env.observe("white")
+    assert env.rewards == {"white": 0.0, "black": 0.0}
     env.step("Action: hello")
     assert env.terminations == {"white": True, "black": True}
     assert env.rewards == {"white": -1.0, "black": 1.0}
-    assert env.infos["black"]["termination"] == "forfeit" and env.infos["black"]["result"] == "0-1"
+    assert env.infos["black"]["termination"] == "forfeit"
+    assert env.infos["black"]["result"] == "0-1"
     assert env.infos["white"]["invalid_moves"] == 2
     env.close()
 
@@ -118,7 +126,8 @@ def test_move_cap_truncates_both_without_reward():
     env.step("e4")
     env.step("e5")
     assert env.truncations == {"white": True, "black": True}
-    assert not any(env.terminations.values()) and env.rewards == {"white": 0.0, "black": 0.0}
+    assert not any(env.terminations.values())
+    assert env.rewards == {"white": 0.0, "black": 0.0}
     assert env.outcome["termination"] == "max moves"
     env.close()
 
@@ -159,15 +168,24 @@ async def test_expert_beats_random_and_rewards_are_zero_sum(qwen_chat):
                                                  qwen_chat, max_turns=200, game_id="g1")
         await env.aclose()
         assert (white.agent, black.agent) == ("white", "black")
-        assert white.group_id == black.group_id == "g1" and white.trajectory_id != black.trajectory_id
-        assert white.result == "1-0" and white.termination == "checkmate"
-        assert white.reward == 1.0 and black.reward == -1.0 and white.success and not black.success
-        assert white.terminated and black.terminated and white.error is None
+        assert white.group_id == black.group_id == "g1"
+        assert white.trajectory_id != black.trajectory_id
+        assert white.result == "1-0"
+        assert white.termination == "checkmate"
+        assert white.reward == 1.0
+        assert black.reward == -1.0
+        assert white.success
+        assert not black.success
+        assert white.terminated
+        assert black.terminated
+        assert white.error is None
         # chain sequence: scripted actions with mask 1 and NaN logprobs, observations mask 0
         assert len(white.response_ids) == len(white.response_mask) == len(white.response_logprobs)
-        assert white.num_sampled_tokens > 0 and 0 in white.response_mask
+        assert white.num_sampled_tokens > 0
+        assert 0 in white.response_mask
         # White moved first: White has as many turns as Black or one more (no rejected moves here)
-        assert white.num_turns - black.num_turns in (0, 1) and white.invalid_moves == black.invalid_moves == 0
+        assert white.num_turns - black.num_turns in (0, 1)
+        assert white.invalid_moves == black.invalid_moves == 0
         # the final -1 is on Black's last turn
         assert black.turns[-1].reward == -1.0
         # the board and the expert's engine came from the manager's pools
@@ -182,9 +200,13 @@ async def test_an_opponent_failure_is_recorded_not_raised(qwen_chat):
             white, black = await run_multiagent_game(
                 env, {"white": RandomPolicy(seed=0), "black": Failing(RandomPolicy(seed=2), after=2)}, qwen_chat,
                 mode=mode)
-            assert black.error.startswith("black: PolicyError") and white.error.startswith("opponent failed: black")
-            assert white.truncated and black.truncated and white.reward == black.reward == 0.0
-            assert white.num_turns == 3 and black.num_turns == 2
+            assert black.error.startswith("black: PolicyError")
+            assert white.error.startswith("opponent failed: black")
+            assert white.truncated
+            assert black.truncated
+            assert white.reward == black.reward == 0.0
+            assert white.num_turns == 3
+            assert black.num_turns == 2
             assert summarize_games([white, black])["failed"] == 1
             assert white.scope_id == black.scope_id == env.game_id != ""  # the game's rollout scope, recorded
             assert env._scope is None  # the game's resources were released
@@ -196,19 +218,24 @@ async def test_step_mode_rows_per_player_and_runner_summary(qwen_chat, tmp_path)
                                         num_games=2, concurrency=2, mode="step", max_turns=150,
                                         env_kwargs={"max_moves": 40}, output_dir=tmp_path)
     trajs = res.trajectories
-    assert len(trajs) == 4 and [t.agent for t in trajs] == ["white", "black", "white", "black"]
+    assert len(trajs) == 4
+    assert [t.agent for t in trajs] == ["white", "black", "white", "black"]
     for t in trajs:
-        assert t.error is None and len(t.steps) == t.num_turns
+        assert t.error is None
+        assert len(t.steps) == t.num_turns
         assert all(r.group_id == t.group_id and r.trajectory_id == t.trajectory_id for r in t.steps)
-        assert t.steps[-1].done and all(r.episode_return == t.reward for r in t.steps)
+        assert t.steps[-1].done
+        assert all(r.episode_return == t.reward for r in t.steps)
     games = res.summary["games"]
     assert games["games"] == 2
     assert games["white_wins"] + games["black_wins"] + games["draws"] + games["no_result"] == 2
     # the expert plays White in game 0 and Black in game 1 and never loses
-    assert trajs[0].reward >= 0 and trajs[3].reward >= 0
+    assert trajs[0].reward >= 0
+    assert trajs[3].reward >= 0
     assert games["illegal_move_rate"] == 0.0
     assert res.summary["config"]["limits"]["max_turns"] == 150  # the old keyword built the limits
-    assert (tmp_path / "steps.parquet").is_file() and (tmp_path / "summary.json").is_file()
+    assert (tmp_path / "steps.parquet").is_file()
+    assert (tmp_path / "summary.json").is_file()
 
 
 # ------------------------------------------------------------------ a real model on both sides
@@ -233,9 +260,13 @@ async def test_tiny_model_self_play_keeps_exact_ids_in_chain_and_step_mode(tiny_
             env = _env(manager=manager, max_invalid_moves=2)
             white, black = await run_multiagent_game(env, policy, chat, sampling=sampling, max_turns=6)
             # a random model writes no legal move: White forfeits after two rejected moves
-            assert white.result == "0-1" and white.termination == "forfeit"
-            assert white.reward == -1.0 and black.reward == 1.0 and black.num_turns == 0
-            assert white.invalid_moves == 2 and summarize_games([white, black])["illegal_move_rate"] == 1.0
+            assert white.result == "0-1"
+            assert white.termination == "forfeit"
+            assert white.reward == -1.0
+            assert black.reward == 1.0
+            assert black.num_turns == 0
+            assert white.invalid_moves == 2
+            assert summarize_games([white, black])["illegal_move_rate"] == 1.0
             # every sampled id and logprob is stored verbatim, in order, with mask 1
             gens = [g for _, g in recorded]
             sampled = [i for i, m in zip(white.response_ids, white.response_mask) if m == 1]
@@ -246,10 +277,12 @@ async def test_tiny_model_self_play_keeps_exact_ids_in_chain_and_step_mode(tiny_
             assert recorded[1][0] == white.prompt_ids + white.response_ids[:len(recorded[1][0]) - len(white.prompt_ids)]
             recorded.clear()
             w2, b2 = await run_multiagent_game(env, policy, chat, mode="step", sampling=sampling, max_turns=6)
-            assert len(w2.steps) == 2 and [r.response_ids[:len(g.token_ids)] for r, (_, g) in
+            assert len(w2.steps) == 2
+            assert [r.response_ids[:len(g.token_ids)] for r, (_, g) in
                                            zip(w2.steps, recorded)] == [g.token_ids for _, g in recorded]
             assert [r.prompt_ids for r in w2.steps] == [p for p, _ in recorded]
-            assert w2.steps[-1].episode_return == -1.0 and b2.reward == 1.0
+            assert w2.steps[-1].episode_return == -1.0
+            assert b2.reward == 1.0
             await env.aclose()
     finally:
         policy.close()
@@ -270,7 +303,9 @@ def test_cli_rollout_reports_per_side_results(tmp_path, capsys):
     for label in ("white wins", "black wins", "draws", "illegal-move rate"):
         assert label in out
     games = json.loads((tmp_path / "summary.json").read_text())["games"]
-    assert games["games"] == 2 and games["failed"] == 0 and games["illegal_move_rate"] == 0.0
+    assert games["games"] == 2
+    assert games["failed"] == 0
+    assert games["illegal_move_rate"] == 0.0
     assert games["white_wins"] + games["black_wins"] + games["draws"] + games["no_result"] == 2
     assert set(games["per_agent"]) == {"white", "black"}
     assert main(["rollout", "--env", "ChessSelfPlay-v0", "--env", "Chess-v0", "--policy", "random"]) != 0

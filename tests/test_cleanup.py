@@ -43,7 +43,8 @@ def test_no_process_outlives_its_python(how):
     line = proc.stdout.readline()
     assert line.strip(), proc.stderr.read()
     pids = [int(p) for p in line.split()]
-    assert len(pids) == 2 and all(alive(p) for p in pids)
+    assert len(pids) == 2
+    assert all(alive(p) for p in pids)
     if how == "sigterm":
         proc.send_signal(signal.SIGTERM)
     elif how == "sigint":

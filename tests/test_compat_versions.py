@@ -79,7 +79,8 @@ def test_with_an_unknown_textworld_no_engine_function_is_rebound(monkeypatch):
             self.state = self.prev_state = "kept"
 
     engine = Engine()
-    assert _compat.drop_game_state(engine) is False and engine.state == "kept"
+    assert _compat.drop_game_state(engine) is False
+    assert engine.state == "kept"
 
 
 def test_with_an_unknown_py4j_calls_are_not_pipelined(monkeypatch):

@@ -120,9 +120,11 @@ def test_interrupted_download_resumes_with_a_range_request(server, tmp_path):
     pin = hashlib.sha256(body).hexdigest()
     with pytest.raises(DownloadError, match=r"stopped at 100,000 of 300,000 bytes.*run the same command again"):
         download_file(f"{server.url}/f.bin", dest, sha256=pin, progress=False)
-    assert not dest.exists() and (tmp_path / "d" / "f.bin.part").stat().st_size == 100_000
+    assert not dest.exists()
+    assert (tmp_path / "d" / "f.bin.part").stat().st_size == 100_000
     assert download_file(f"{server.url}/f.bin", dest, sha256=pin, progress=False) == pin
-    assert dest.read_bytes() == body and not (tmp_path / "d" / "f.bin.part").exists()
+    assert dest.read_bytes() == body
+    assert not (tmp_path / "d" / "f.bin.part").exists()
     assert server.requests == [("/f.bin", None), ("/f.bin", "bytes=100000-")]
     # an existing file is checked, not fetched again
     assert download_file(f"{server.url}/f.bin", dest, sha256=pin, progress=False) == pin
@@ -154,7 +156,8 @@ def test_corrupted_file_is_refused_and_deleted(server, tmp_path):
     (tmp_path / "f.bin.part").write_bytes(b"Y" * 10_000)
     with pytest.raises(ChecksumError):
         download_file(f"{server.url}/f.bin", dest, sha256=pin, progress=False)
-    assert server.requests[-1] == ("/f.bin", "bytes=10000-") and list(tmp_path.iterdir()) == []
+    assert server.requests[-1] == ("/f.bin", "bytes=10000-")
+    assert list(tmp_path.iterdir()) == []
     assert download_file(f"{server.url}/f.bin", dest, sha256=pin, progress=False) == pin
 
 
@@ -188,8 +191,12 @@ def test_offline_says_what_to_do(tmp_path):
     with pytest.raises(DownloadError) as info:
         download_file(f"http://127.0.0.1:{_closed_port()}/x.zst", dest, progress=False)
     msg = str(info.value)
-    assert "cannot reach 127.0.0.1" in msg and "offline" in msg and "agentfly-gym data verify NAME" in msg
-    assert "--dest" in msg and "resumes" in msg and not dest.parent.joinpath(dest.name + ".part").exists()
+    assert "cannot reach 127.0.0.1" in msg
+    assert "offline" in msg
+    assert "agentfly-gym data verify NAME" in msg
+    assert "--dest" in msg
+    assert "resumes" in msg
+    assert not dest.parent.joinpath(dest.name + ".part").exists()
     # through the command: exit 1, the same advice, no traceback
     env = {k: v for k, v in os.environ.items() if k not in ("AGENTFLY_GYM_DATA",)}
     r = subprocess.run([sys.executable, "-m", "agentfly_gym", "data", "download", "chess", "--no-progress",
@@ -230,11 +237,13 @@ def test_chess_download_records_the_digest_decompresses_and_verifies(server, tmp
     dest = tmp_path / "chess"
     assert data_main(["download", "chess", "--dest", str(dest), "--mirror", server.url, "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "no pinned checksum" in out and "recorded sha256" in out
+    assert "no pinned checksum" in out
+    assert "recorded sha256" in out
     assert (dest / "lichess_db_puzzle.csv").read_bytes() == csv
     manifest = json.loads((dest / MANIFEST_NAME).read_text())
     rec = manifest["files"]["lichess_db_puzzle.csv.zst"]
-    assert rec["pinned"] is False and rec["sha256"] == sha256_file(dest / "lichess_db_puzzle.csv.zst")
+    assert rec["pinned"] is False
+    assert rec["sha256"] == sha256_file(dest / "lichess_db_puzzle.csv.zst")
     assert find_puzzles_file(data_dir=dest) == dest / "lichess_db_puzzle.csv"
     assert len(load_puzzles(dest / "lichess_db_puzzle.csv")) == 300
     assert data_main(["verify", "chess", "--dest", str(dest), "--no-progress"]) == 0
@@ -259,7 +268,9 @@ def test_a_download_that_does_not_unpack_is_refused_and_nothing_recorded(server,
     dest = tmp_path / "chess"
     assert data_main(["download", "chess", "--dest", str(dest), "--mirror", server.url, "--no-progress"]) == 1
     err = capsys.readouterr().err
-    assert "not a valid zstd stream" in err and "refused and deleted" in err and "Traceback" not in err
+    assert "not a valid zstd stream" in err
+    assert "refused and deleted" in err
+    assert "Traceback" not in err
     assert sorted(p.name for p in dest.iterdir()) == []
     assert data_main(["verify", "chess", "--dest", str(dest), "--no-progress"]) == 1
     # a cut-off zstd stream (unpacks to nothing) and a valid one holding something else are refused too
@@ -281,9 +292,11 @@ def test_pinned_webshop_file_with_other_bytes_is_refused(server, tmp_path, capsy
     dest = tmp_path / "webshop"
     assert data_main(["download", "webshop-small", "--dest", str(dest), "--mirror", server.url,
                       "--no-progress"]) == 1
-    assert "refused" in capsys.readouterr().err and not (dest / "items_shuffle_1000.json").exists()
+    assert "refused" in capsys.readouterr().err
+    assert not (dest / "items_shuffle_1000.json").exists()
     results = verify_dataset("webshop-small", dest, progress=False)
-    assert [ok for _, ok, _ in results] == [False, False, False] and "missing" in results[0][2]
+    assert [ok for _, ok, _ in results] == [False, False, False]
+    assert "missing" in results[0][2]
     (dest / "items_ins_v2_1000.json").write_bytes(good)
     assert verify_dataset("webshop-small", dest, progress=False)[1][1] is True
     assert "pinned in agentfly-gym" in verify_dataset("webshop-small", dest, progress=False)[1][2]
@@ -300,9 +313,11 @@ def test_alfworld_archives_unpack_into_the_alfworld_download_layout(server, tmp_
                 z.write(p, p.relative_to(SAMPLES / "alfworld").as_posix())
         server.files[f"/alfworld/{zname}"] = buf.getvalue()
     dest = download_dataset("alfworld", tmp_path / "alfworld", mirror=server.url, progress=False, log=None)
-    assert (dest / "logic" / "alfred.twl2").is_file() and (dest / ".json_2.1.2_tw-pddl.zip.extracted").is_file()
+    assert (dest / "logic" / "alfred.twl2").is_file()
+    assert (dest / ".json_2.1.2_tw-pddl.zip.extracted").is_file()
     index = load_index(dest, "valid_seen", use_disk_cache=False)
-    assert len(index) == 24 and set(index.counts()) == set(TASK_TYPES.values())
+    assert len(index) == 24
+    assert set(index.counts()) == set(TASK_TYPES.values())
     assert [ok for _, ok, _ in verify_dataset("alfworld", dest, progress=False)] == [True, True]
 
 
@@ -314,7 +329,8 @@ def test_status_lists_every_data_set_and_what_the_envs_read(tmp_path):
     assert r.returncode == 0, r.stderr
     for name in DATASETS:
         assert name in r.stdout
-    assert r.stdout.count("bundled sample") == 3 and "not downloaded" in r.stdout
+    assert r.stdout.count("bundled sample") == 3
+    assert "not downloaded" in r.stdout
 
 
 def test_status_ignores_an_empty_alfworld_download(tmp_path):

@@ -39,7 +39,8 @@ def test_samples_are_small_and_licensed():
         assert sample_dir(name) == SAMPLES / name
         licence = (SAMPLES / name / "LICENSE").read_text(encoding="utf-8")
         assert ("CC0" if name == "chess" else "MIT License") in licence
-    assert sample_dir("r2egym") is None and sample_dir("scienceworld") is None
+    assert sample_dir("r2egym") is None
+    assert sample_dir("scienceworld") is None
 
 
 def test_chess_sample_spans_ratings_and_themes(bare):
@@ -48,13 +49,17 @@ def test_chess_sample_spans_ratings_and_themes(bare):
     path = find_puzzles_file()
     assert path == SAMPLES / "chess" / "lichess_puzzles_sample.csv"
     rows = list(csv.DictReader(path.open(encoding="utf-8")))
-    assert 200 <= len(rows) <= 500 and len({r["PuzzleId"] for r in rows}) == len(rows)
+    assert 200 <= len(rows) <= 500
+    assert len({r["PuzzleId"] for r in rows}) == len(rows)
     ratings = sorted(int(r["Rating"]) for r in rows)
-    assert ratings[0] < 1000 and ratings[-1] > 2000
+    assert ratings[0] < 1000
+    assert ratings[-1] > 2000
     themes = {t for r in rows for t in r["Themes"].split()}
-    assert {"mate", "endgame", "middlegame", "opening", "fork", "pin"} <= themes and len(themes) >= 40
+    assert {"mate", "endgame", "middlegame", "opening", "fork", "pin"} <= themes
+    assert len(themes) >= 40
     puzzles = load_puzzles(path)
-    assert len(puzzles) == len(rows) and puzzles[0].solver_moves >= 1
+    assert len(puzzles) == len(rows)
+    assert puzzles[0].solver_moves >= 1
 
 
 def test_alfworld_sample_has_every_task_type_in_every_split(bare):
@@ -62,7 +67,8 @@ def test_alfworld_sample_has_every_task_type_in_every_split(bare):
 
     root = resolve_alfworld_root()
     assert root == SAMPLES / "alfworld"
-    assert (root / "logic" / "alfred.pddl").is_file() and (root / "logic" / "alfred.twl2").is_file()
+    assert (root / "logic" / "alfred.pddl").is_file()
+    assert (root / "logic" / "alfred.twl2").is_file()
     for split in ("train", "valid_seen", "valid_unseen"):
         index = load_index(root, split)
         assert set(index.counts()) == set(TASK_TYPES.values()), (split, index.counts())
@@ -76,7 +82,8 @@ def test_webshop_sample_matches_the_pinned_upstream_file(bare):
     folder = resolve_data_dir("webshop")
     assert folder == SAMPLES / "webshop"
     products, attributes, human = find_data_files(folder, human_goals=False)
-    assert human is None and len(json.loads(products.read_text(encoding="utf-8"))) == 29
+    assert human is None
+    assert len(json.loads(products.read_text(encoding="utf-8"))) == 29
     pin = next(f.sha256 for f in DATASETS["webshop-small"].files if f.name == attributes.name)
     assert sha256_file(attributes) == pin  # the bundled file is upstream's, byte for byte
     assert env_data_source("agentfly/WebShop-v0") == (f"bundled sample: {products}", "29 products, 149 synthetic goals")
@@ -138,7 +145,8 @@ def test_samples_are_rebuilt_identically_from_the_data(test_data, tmp_path):
                      and p.name not in ("README.md", "LICENSE") and p.relative_to(SAMPLES).parts[0] != "retrieval")
     assert built == shipped
     _, mismatch, errors = filecmp.cmpfiles(out, SAMPLES, [str(p) for p in built], shallow=False)
-    assert mismatch == [] and errors == []
+    assert mismatch == []
+    assert errors == []
 
 
 def test_cache_folders_named_like_a_data_set_never_hide_the_sample(bare):

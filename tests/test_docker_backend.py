@@ -87,18 +87,26 @@ async def test_scope_reuse_labels_limits_and_parallel_exec(engine, base_image, m
         c1 = await a.acquire(s)
         assert await a.acquire(s) is c1  # same (scope, spec key) -> same container
         c2 = await b.acquire(s)
-        assert c2 is not c1 and c2.container_id != c1.container_id
-        assert isinstance(c1, DockerContainer) and c1.backend_name == "docker"
+        assert c2 is not c1
+        assert c2.container_id != c1.container_id
+        assert isinstance(c1, DockerContainer)
+        assert c1.backend_name == "docker"
         info = engine.api.inspect_container(c1.container_id)
         labels = info["Config"]["Labels"]
-        assert labels["agentfly"] == "1" and labels["agentfly.manager"] == manager.id
-        assert labels["agentfly.pool"] == s.key and labels["agentfly.pid"] == str(os.getpid())
+        assert labels["agentfly"] == "1"
+        assert labels["agentfly.manager"] == manager.id
+        assert labels["agentfly.pool"] == s.key
+        assert labels["agentfly.pid"] == str(os.getpid())
         hc = info["HostConfig"]
         assert hc["NanoCpus"] == 500_000_000
         assert hc["Memory"] == hc["MemorySwap"] == 256 * 1024**2
-        assert hc["PidsLimit"] == 100 and hc["NetworkMode"] == "none" and hc["Init"] is True
-        assert hc["SecurityOpt"] == ["no-new-privileges"] and hc["CapDrop"] == ["ALL"]
-        assert "NET_RAW" not in hc["CapAdd"] and "SYS_ADMIN" not in hc["CapAdd"]
+        assert hc["PidsLimit"] == 100
+        assert hc["NetworkMode"] == "none"
+        assert hc["Init"] is True
+        assert hc["SecurityOpt"] == ["no-new-privileges"]
+        assert hc["CapDrop"] == ["ALL"]
+        assert "NET_RAW" not in hc["CapAdd"]
+        assert "SYS_ADMIN" not in hc["CapAdd"]
         # execs are awaited independently: the two commands' sleeps overlap (each prints the host clock, which the
         # containers share, before and after its sleep; one after the other, the second would start after the first
         # ended), whatever the load
@@ -136,7 +144,9 @@ async def test_pool_cap_waiter_proceeds_after_release(base_image, manager):
     r = await c2.exec("cat /tmp/state")
     assert r.exit_code != 0
     m = manager.metrics()[s.key]
-    assert m["started"] == 1 and m["reused"] == 1 and m["max_in_use"] == 1
+    assert m["started"] == 1
+    assert m["reused"] == 1
+    assert m["max_in_use"] == 1
     await second.aclose()
 
 
@@ -158,7 +168,8 @@ async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(b
         assert any("sleep 1001" in p for p in await procs(c))
         first = c.container_id
         await c.reset()  # not parked (still in use): replaced now
-        assert c.container_id != first and c.last_reset_time is not None
+        assert c.container_id != first
+        assert c.last_reset_time is not None
         assert await c.get_file("/root/.bashrc") == original
         assert await c.get_file("/root/.profile") == profile
         for gone in ("/root/junk", "/srv/new", "/home/agent/work", "/etc/planted"):
@@ -175,7 +186,8 @@ async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(b
         if c._park_future is not None and c._park_future.done():
             break
         await asyncio.sleep(0.05)
-    assert c._park_future is not None and c._park_future.exception() is None
+    assert c._park_future is not None
+    assert c._park_future.exception() is None
     parked = c.container_id
     assert parked != first  # replaced while parked, in the background
     async with manager.scope("r2") as scope:
@@ -194,14 +206,19 @@ async def test_exec_timeout_kills_command_and_children(base_image, manager):
     async with manager.scope("t") as scope:
         c = await scope.acquire(s := spec(base_image))
         r = await c.exec("sleep 31 & sleep 32; echo never", timeout=1)
-        assert r.timed_out and r.exit_code == -1 and not r.ok and "never" not in r.output
+        assert r.timed_out
+        assert r.exit_code == -1
+        assert not r.ok
+        assert "never" not in r.output
         assert 0.9 < r.duration < 20  # stopped at its 1 s timeout, not at the end of its 31-32 s (margin for load)
         # a child that left the process group (setsid) is found by the exec's marker and killed too
         r = await c.exec("setsid sleep 33 & sleep 34", timeout=1)
-        assert r.timed_out and r.duration < 20
+        assert r.timed_out
+        assert r.duration < 20
         # a background server of a command that finished in time keeps running (until reset)
         r = await c.exec("setsid sleep 35 >/dev/null 2>&1 & echo started", timeout=5)
-        assert r.output == "started\n" and not r.timed_out
+        assert r.output == "started\n"
+        assert not r.timed_out
         left = await procs(c)
         assert not any(p.startswith(("sleep 31", "sleep 32", "sleep 33", "sleep 34")) for p in left), left
         assert any(p.startswith("sleep 35") for p in left), left
@@ -216,13 +233,18 @@ async def test_output_cap_keeps_head_and_tail(base_image, manager):
     async with manager.scope("o") as scope:
         c = await scope.acquire(spec(base_image))
         r = await c.exec("echo BEGIN; head -c 3000000 /dev/zero | tr '\\0' 'y'; echo; echo END", max_output=1000)
-        assert r.truncated and len(r.output) <= 1000
-        assert r.output.startswith("BEGIN\nyyy") and r.output.endswith("yyy\nEND\n")
+        assert r.truncated
+        assert len(r.output) <= 1000
+        assert r.output.startswith("BEGIN\nyyy")
+        assert r.output.endswith("yyy\nEND\n")
         assert "characters cut" in r.output
         r = await c.exec("printf 'ok\\377\\n'")
-        assert r.output == "ok\ufffd\n" and not r.truncated  # invalid UTF-8 is replaced, not fatal
+        assert r.output == "ok\ufffd\n"
+        assert not r.truncated
         r = await c.exec("seq 1 100", max_output=50)
-        assert len(r.output) <= 50 and r.output.startswith("1\n") and r.output.endswith("100\n")
+        assert len(r.output) <= 50
+        assert r.output.startswith("1\n")
+        assert r.output.endswith("100\n")
 
 
 @pytest.mark.slow
@@ -237,9 +259,11 @@ async def test_killed_container_is_unhealthy_and_replaced(engine, base_image, ma
     await scope.aclose()
     async with manager.scope("k2") as scope2:
         c2 = await scope2.acquire(s)
-        assert c2 is not c and (await c2.exec("echo alive")).output == "alive\n"
+        assert c2 is not c
+        assert (await c2.exec("echo alive")).output == "alive\n"
     m = manager.metrics()[s.key]
-    assert m["replaced"] == 1 and m["started"] == 2
+    assert m["replaced"] == 1
+    assert m["started"] == 2
     # the dead container was removed, not just abandoned
     import docker
 
@@ -253,7 +277,8 @@ async def test_memory_hog_is_oom_killed_and_fork_bomb_is_contained(engine, base_
     async with manager.scope("m") as scope:
         c = await scope.acquire(s)
         r = await c.exec("python3 -c 'b = bytearray(400 * 1024 * 1024); print(len(b))'", timeout=60)
-        assert r.exit_code == 137 and "419430400" not in r.output  # SIGKILL by the OOM killer
+        assert r.exit_code == 137
+        assert "419430400" not in r.output
         assert await c.status() == ResourceStatus.READY  # the container itself survives
         assert (await c.exec("echo still here")).output == "still here\n"
         host_procs = len(os.listdir("/proc"))
@@ -287,9 +312,11 @@ async def test_network_off_by_default_and_on_when_enabled(base_image, manager):
         on = await scope.acquire(spec(base_image, network=True))
         r_off = await off.exec(["python3", "-c", probe], timeout=30)
         r_on = await on.exec("cat /proc/net/route | wc -l; ls /sys/class/net", timeout=30)
-    assert "ifaces ['lo']" in r_off.output and "loopback hi" in r_off.output
+    assert "ifaces ['lo']" in r_off.output
+    assert "loopback hi" in r_off.output
     assert "outside OSError 101" in r_off.output  # ENETUNREACH: no route at all
-    assert "eth0" in r_on.output and int(r_on.output.split()[0]) >= 2  # an interface with a default route
+    assert "eth0" in r_on.output
+    assert int(r_on.output.split()[0]) >= 2
 
 
 @pytest.mark.slow
@@ -361,7 +388,8 @@ def test_reap_orphans_removes_dead_owners_only(engine, base_image, capsys):
         assert orphan.id[:12] in reap_orphans(dry_run=True)
         engine.api.inspect_container(orphan.id)  # dry run removed nothing
         removed = reap_orphans()
-        assert orphan.id[:12] in removed and mine.id[:12] not in removed
+        assert orphan.id[:12] in removed
+        assert mine.id[:12] not in removed
         engine.api.inspect_container(mine.id)  # the live process's container stays
         assert gc_main(["--manager", "custom-live"]) == 0
         assert mine.id[:12] in capsys.readouterr().out

@@ -37,7 +37,8 @@ def test_stdout_and_stderr_and_the_exit_code(box):
     """Both streams arrive (the engine reads the two pipes apart, so their relative order is not fixed)."""
     api, cid = box
     out, code = run(api, cid, "echo one; echo two >&2; echo three; exit 3")
-    assert code == 3 and sorted(out.splitlines()) == [b"one", b"three", b"two"]
+    assert code == 3
+    assert sorted(out.splitlines()) == [b"one", b"three", b"two"]
     assert out.index(b"one") < out.index(b"three")
     assert run(api, cid, "true") == (b"", 0)
 
@@ -45,14 +46,18 @@ def test_stdout_and_stderr_and_the_exit_code(box):
 def test_large_binary_output_arrives_whole(box):
     api, cid = box
     out, code = run(api, cid, "head -c 3000000 /dev/zero | tr '\\0' 'x'; printf '\\377\\000end'")
-    assert code == 0 and len(out) == 3_000_005 and out.endswith(b"\xff\x00end") and out[:10] == b"x" * 10
+    assert code == 0
+    assert len(out) == 3_000_005
+    assert out.endswith(b"\xff\x00end")
+    assert out[:10] == b"x" * 10
 
 
 def test_an_unknown_exec_is_an_engine_error_404(box):
     api, _ = box
     with pytest.raises(EngineError) as e:
         list(exec_start_frames(api, "0" * 64))
-    assert e.value.status == 404 and "0" * 12 in e.value.message
+    assert e.value.status == 404
+    assert "0" * 12 in e.value.message
     with pytest.raises(ValueError):
         list(exec_start_frames(api, "abc\r\nHost: x"))
 
@@ -66,7 +71,8 @@ def test_an_exec_of_a_killed_container_is_an_engine_error(docker_client):
         c.kill()
         with pytest.raises(EngineError) as e:
             list(exec_start_frames(docker_client.api, eid))
-        assert e.value.status in (404, 409) and e.value.message
+        assert e.value.status in (404, 409)
+        assert e.value.message
     finally:
         c.remove(force=True)
 
@@ -80,7 +86,9 @@ def test_the_engine_address_is_docker_pys(tmp_path):
         (tmp_path / name).write_text("")
     tls = endpoint_from_env({"DOCKER_HOST": "tcp://engine:2376", "DOCKER_TLS_VERIFY": "1",
                              "DOCKER_CERT_PATH": str(tmp_path)})
-    assert tls.scheme == "tcp" and tls.address == ("engine", 2376) and tls.tls.verify
+    assert tls.scheme == "tcp"
+    assert tls.address == ("engine", 2376)
+    assert tls.tls.verify
     assert tls.tls.cert == (str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
     assert endpoint_from_env({"DOCKER_HOST": "ssh://me@engine"}).scheme == "other"
 
@@ -92,4 +100,5 @@ def test_another_transport_is_read_by_docker_py_with_a_warning(box, caplog):
     eid = api.exec_create(cid, ["sh", "-c", "echo via-docker-py"])["Id"]
     with caplog.at_level("WARNING", logger="agentfly_gym.resources.containers.docker.exec_stream"):
         out = b"".join(exec_start_frames(api, eid, endpoint=Endpoint("other", "ssh://me@engine:22")))
-    assert out == b"via-docker-py\n" and "docker-py#3332" in caplog.text
+    assert out == b"via-docker-py\n"
+    assert "docker-py#3332" in caplog.text

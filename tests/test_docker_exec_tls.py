@@ -147,12 +147,17 @@ def _run(api, cid, ep, cmd: str) -> tuple[bytes, int]:
 
 def test_exec_output_arrives_whole_over_tls(tls_box, front):
     api, cid, ep = tls_box
-    assert ep.scheme == "tcp" and ep.tls is not None and ep.tls.verify
+    assert ep.scheme == "tcp"
+    assert ep.tls is not None
+    assert ep.tls.verify
     before = front.handshakes
     out, code = _run(api, cid, ep, "echo one; echo two >&2; echo three; exit 3")
-    assert code == 3 and sorted(out.splitlines()) == [b"one", b"three", b"two"]
+    assert code == 3
+    assert sorted(out.splitlines()) == [b"one", b"three", b"two"]
     out, code = _run(api, cid, ep, "head -c 2000000 /dev/zero | tr '\\0' 'y'; printf '\\377\\000end'")
-    assert code == 0 and len(out) == 2_000_005 and out.endswith(b"\xff\x00end")
+    assert code == 0
+    assert len(out) == 2_000_005
+    assert out.endswith(b"\xff\x00end")
     # fast commands, many times: the output buffered with the answer's headers is not lost
     for i in range(20):
         assert _run(api, cid, ep, f"echo {i}") == (f"{i}\n".encode(), 0)

@@ -96,7 +96,10 @@ def test_the_site_builds_strict(tmp_path):
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     site = tmp_path / "site"
     cli = (site / "cli" / "index.html").read_text()
-    assert "agentfly-gym dataset check" in cli and "--env-kwargs" in cli and "<!-- cli-reference -->" not in cli
+    assert "agentfly-gym dataset check" in cli
+    assert "--env-kwargs" in cli
+    assert "<!-- cli-reference -->" not in cli
     assert (site / "benchmarks" / "results" / "fidelity_alfworld.png").is_file()
     api = (site / "api" / "index.html").read_text()
-    assert "make_tool_env" in api and "TaskRunner" in api
+    assert "make_tool_env" in api
+    assert "TaskRunner" in api

@@ -51,14 +51,18 @@ def chess_trajectories(qwen):
 def test_known_qwen_pair_drifts(qwen):
     # environments.md: Qwen ids [220, 1782] decode to " the" and re-encode as [279]
     re_ids, changed = sequence_drift([220, 1782], qwen.tokenizer)
-    assert re_ids == [279] and changed == 2
+    assert re_ids == [279]
+    assert changed == 2
     assert sequence_drift(qwen.tokenizer.encode("hello world", add_special_tokens=False), qwen.tokenizer)[1] == 0
     rec = {"trajectory_id": "t", "prompt_ids": qwen.tokenizer.encode("A:", add_special_tokens=False),
            "response_ids": [220, 1782, 13, 279], "response_mask": [1, 1, 0, 1]}
     res = measure_drift([rec], qwen.tokenizer)
-    assert res["turn"]["turns"] == 2 and res["turn"]["turns_drifted"] == 1
-    assert res["turn"]["tokens"] == 3 and res["turn"]["tokens_changed"] == 2
-    assert res["chain"]["trajectories_drifted"] == 1 and res["chain"]["trajectory_share"] == 1.0
+    assert res["turn"]["turns"] == 2
+    assert res["turn"]["turns_drifted"] == 1
+    assert res["turn"]["tokens"] == 3
+    assert res["turn"]["tokens_changed"] == 2
+    assert res["chain"]["trajectories_drifted"] == 1
+    assert res["chain"]["trajectory_share"] == 1.0
 
 
 def test_assistant_segments_are_the_mask_runs():
@@ -73,7 +77,8 @@ def test_measure_drift_on_real_trajectories(chess_trajectories, qwen):
     trajs = chess_trajectories
     res = measure_drift(trajs + [{"trajectory_id": "failed", "prompt_ids": [], "response_ids": [],
                                   "response_mask": []}], qwen.tokenizer)
-    assert res["trajectories"] == 4 and res["skipped"] == 1
+    assert res["trajectories"] == 4
+    assert res["skipped"] == 1
     per = {r["trajectory_id"]: r for r in res["per_trajectory"]}
     for t in trajs:
         r = per[t.trajectory_id]
@@ -81,11 +86,13 @@ def test_measure_drift_on_real_trajectories(chess_trajectories, qwen):
         assert r["sampled_tokens"] == sum(t.response_mask)
         assert r["turns"] == t.num_turns
     # the expert's actions were tokenized from text (chat.action_ids), so re-encoding each turn is the identity
-    assert per["expert"]["turn_changed"] == 0 and per["expert"]["turns"] >= 2
+    assert per["expert"]["turn_changed"] == 0
+    assert per["expert"]["turns"] >= 2
     # random-model samples of 24 tokens re-encode differently about half the time (environments.md)
     sampled = [per[f"model-{s}"] for s in range(3)]
     assert sum(r["turns_drifted"] for r in sampled) >= 1
-    assert 0 < res["turn"]["token_share"] < 1 and 0 < res["chain"]["token_share"] < 1
+    assert 0 < res["turn"]["token_share"] < 1
+    assert 0 < res["chain"]["token_share"] < 1
     assert res["chain"]["tokens_changed"] == sum(r["chain_changed"] for r in res["per_trajectory"])
 
 
@@ -98,6 +105,7 @@ def test_drift_cli_on_saved_trajectories(chess_trajectories, qwen, tmp_path, tes
         rc = drift_main([str(paths[kind]), "--tokenizer", str(test_data / "tokenizers" / "qwen3"), "--json", str(out)])
         assert rc == 0
         loaded = json.loads(out.read_text())
-        assert loaded["chain"] == direct["chain"] and loaded["turn"] == direct["turn"]
+        assert loaded["chain"] == direct["chain"]
+        assert loaded["turn"] == direct["turn"]
     assert "re-tokenize each turn" in capsys.readouterr().out
     assert drift_main([str(tmp_path / "missing.parquet")]) == 2

@@ -113,15 +113,22 @@ async def test_retries_429_500_and_a_cut_response_then_answers_and_the_key_stays
     caplog.set_level(logging.DEBUG)  # the openai client and httpx log requests at DEBUG
     stub.plan = ["429", "500", "cut"]
     policy = _policy(stub, key, max_retries=3)
-    assert is_chat_policy(policy) and policy.text_only
+    assert is_chat_policy(policy)
+    assert policy.text_only
     reply = await policy.complete([{"role": "user", "content": "hi"}], sampling=SamplingParams(max_tokens=5, seed=3))
     await policy.aclose()
-    assert reply.text == "hello" and reply.token_ids is None and reply.finish_reason == "stop"
+    assert reply.text == "hello"
+    assert reply.token_ids is None
+    assert reply.finish_reason == "stop"
     assert len(stub.bodies) == 4  # three faults retried, the fourth answered
-    assert stub.bodies[-1]["max_tokens"] == 5 and stub.bodies[-1]["seed"] == 3 and "tools" not in stub.bodies[-1]
+    assert stub.bodies[-1]["max_tokens"] == 5
+    assert stub.bodies[-1]["seed"] == 3
+    assert "tools" not in stub.bodies[-1]
     assert stub.auth == [f"Bearer {SECRET}"] * 4  # the key goes to the server ...
-    assert caplog.records and SECRET not in caplog.text  # ... and nowhere else
-    assert SECRET not in repr(policy) and SECRET not in json.dumps(policy.describe())
+    assert caplog.records
+    assert SECRET not in caplog.text
+    assert SECRET not in repr(policy)
+    assert SECRET not in json.dumps(policy.describe())
 
 
 async def test_5xx_after_the_retries_is_an_endpoint_error(stub, key):
@@ -130,7 +137,9 @@ async def test_5xx_after_the_retries_is_an_endpoint_error(stub, key):
     with pytest.raises(EndpointError, match="HTTP 500") as e:
         await policy.complete([{"role": "user", "content": "hi"}])
     await policy.aclose()
-    assert e.value.status == 500 and isinstance(e.value, PolicyError) and SECRET not in str(e.value)
+    assert e.value.status == 500
+    assert isinstance(e.value, PolicyError)
+    assert SECRET not in str(e.value)
     assert len(stub.bodies) == 3
 
 
@@ -199,10 +208,16 @@ async def test_native_tool_calls_drive_a_tool_env_and_the_trajectory_is_text_onl
         await policy.aclose()
     finally:
         stub.close()
-    assert traj.status == "complete" and traj.success and traj.reward == 1.0 and traj.text_only
+    assert traj.status == "complete"
+    assert traj.success
+    assert traj.reward == 1.0
+    assert traj.text_only
     assert traj.scope_id.startswith("Arith-v0")  # the env's episode (rollout scope) id
-    assert traj.prompt_ids == [] and traj.response_ids == [] and len(traj.turns) == 2
-    assert "<tool_call>" in traj.turns[0].reply and traj.turns[0].observation == "5"
+    assert traj.prompt_ids == []
+    assert traj.response_ids == []
+    assert len(traj.turns) == 2
+    assert "<tool_call>" in traj.turns[0].reply
+    assert traj.turns[0].observation == "5"
     first, second = stub.bodies
     assert [t["function"]["name"] for t in first["tools"]] == ["add"]
     assert second["messages"][-2]["tool_calls"][0]["id"] == "call_abc"
@@ -222,7 +237,8 @@ def _ids_answer(consistent: bool):
     state = {"prompt": [1, 2, 3]}
 
     def answer(body: dict) -> dict:
-        assert body["return_token_ids"] is True and body["logprobs"] is True
+        assert body["return_token_ids"] is True
+        assert body["logprobs"] is True
         calls = sum(1 for m in body["messages"] if m["role"] == "assistant")
         prompt = list(state["prompt"])
         sampled = [10 + calls, 20 + calls]
@@ -251,12 +267,15 @@ async def test_token_ids_from_the_server_make_a_trainable_chain_only_when_faithf
         stub.close()
     assert traj.success
     if consistent:
-        assert not traj.text_only and traj.prompt_ids == [1, 2, 3]
-        assert traj.response_ids == [10, 20, 7, 8, 11, 21] and traj.response_mask == [1, 1, 0, 0, 1, 1]
+        assert not traj.text_only
+        assert traj.prompt_ids == [1, 2, 3]
+        assert traj.response_ids == [10, 20, 7, 8, 11, 21]
+        assert traj.response_mask == [1, 1, 0, 0, 1, 1]
         assert traj.response_logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5, -0.5]
         assert traj.trainer_response()[0] == traj.response_ids
     else:  # the server re-rendered the past differently: the ids would not be what was sampled
-        assert traj.text_only and traj.response_ids == []
+        assert traj.text_only
+        assert traj.response_ids == []
 
 
 async def test_a_call_written_in_the_text_runs_and_its_result_comes_back_as_a_user_message(key):
@@ -277,7 +296,8 @@ async def test_a_call_written_in_the_text_runs_and_its_result_comes_back_as_a_us
         await policy.aclose()
     finally:
         stub.close()
-    assert traj.success and traj.turns[0].observation == "5"
+    assert traj.success
+    assert traj.turns[0].observation == "5"
     assert stub.bodies[1]["messages"][-1] == {"role": "user", "content": "5"}
     assert "tool_calls" not in stub.bodies[1]["messages"][-2]
 

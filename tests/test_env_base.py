@@ -30,7 +30,8 @@ def test_every_registered_env_declares_its_reset_options_and_expert(name):
     cls = load_object(ENVS[name][0])
     assert issubclass(cls, AgentFlyEnv)
     options = cls.reset_options or cls().reset_options  # Chess sets them per mode (a cheap constructor)
-    assert isinstance(options, Mapping) and options
+    assert isinstance(options, Mapping)
+    assert options
     assert all(isinstance(k, str) and isinstance(v, str) and v for k, v in options.items())
     assert cls.expert_action is not AgentFlyEnv.expert_action  # all five have an expert
 
@@ -39,11 +40,13 @@ async def test_unknown_reset_option_is_refused_before_any_resource_is_taken():
     async with ResourceManager() as m:
         play = ChessEnv(manager=m, mode="play", skill_level=0, engine_depth=1)
         puzzle = ChessEnv(manager=m)
-        assert set(play.reset_options) == {"agent_color", "fen"} and set(puzzle.reset_options) == {"split", "task_id"}
+        assert set(play.reset_options) == {"agent_color", "fen"}
+        assert set(puzzle.reset_options) == {"split", "task_id"}
         with pytest.raises(ConfigError) as ei:
             await play.areset(options={"task_id": "tewjc", "colour": "white"})
         assert str(ei.value) == "Chess: unknown reset options ['colour', 'task_id']; valid: ['agent_color', 'fen']"
-        assert not play.scope_is_open and not m.pools  # no engine was started for a refused reset
+        assert not play.scope_is_open
+        assert not m.pools
         with pytest.raises(ConfigError, match=r"unknown reset options \['fen'\]; valid: \['split', 'task_id'\]"):
             await puzzle.areset(options={"fen": "8/8/8/8/8/8/8/8 w - - 0 1"})
         _, info = await puzzle.areset(options={"task_id": "mJDcO"})  # a declared option is accepted
@@ -51,7 +54,8 @@ async def test_unknown_reset_option_is_refused_before_any_resource_is_taken():
         episode = puzzle.episode_id
         with pytest.raises(ConfigError, match="unknown reset options"):
             await puzzle.areset(options={"task_id": "tewjc", "seed": 3})
-        assert puzzle.scope_is_open and puzzle.episode_id == episode  # the refused reset changed nothing
+        assert puzzle.scope_is_open
+        assert puzzle.episode_id == episode
         await puzzle.astep(await puzzle.expert_action())
         await puzzle.aclose()
 
@@ -96,5 +100,6 @@ async def test_base_and_vector_faults_give_the_same_observation():
             assert (obs, reward, terminated, truncated, {"error": info["error"]}) == fault_step(info["error"])
         assert base[4]["error"].split(":")[0] in ("ResourceDied", "EngineTerminatedError", "BrokenPipeError")
         assert vector[4]["error"].startswith("TypeError: Chess: action must be a str, got int")
-        assert not venv.envs[0].scope_is_open and not venv.envs[1].scope_is_open
+        assert not venv.envs[0].scope_is_open
+        assert not venv.envs[1].scope_is_open
         await venv.aclose()

@@ -35,11 +35,15 @@ async def test_plays_either_mode_and_releases_the_scope(chat, mode):
                                   seed=2, trajectory_id="t", group_id="g")
         assert _in_use(m) == 0
     assert (traj.mode, traj.trajectory_id, traj.group_id, traj.env_id) == (mode, "t", "g", "agentfly/Chess-v0")
-    assert traj.success and traj.status == "complete" and traj.error is None
+    assert traj.success
+    assert traj.status == "complete"
+    assert traj.error is None
     if mode == "chain":
-        assert not traj.steps and sum(traj.response_mask) > 0
+        assert not traj.steps
+        assert sum(traj.response_mask) > 0
     else:
-        assert len(traj.steps) == traj.num_turns and not traj.response_ids
+        assert len(traj.steps) == traj.num_turns
+        assert not traj.response_ids
         assert all(r.episode_return == traj.reward == 1.0 for r in traj.steps)
 
 
@@ -48,8 +52,11 @@ async def test_env_kwargs_reach_the_env_and_its_engine_is_released(chat):
         traj = await play_episode("agentfly/Chess-v0", ExpertPolicy(), chat, manager=m, max_turns=2, seed=0,
                                   env_kwargs={"mode": "play", "engine_depth": 1})
         pools = m.metrics().values()
-        assert sum(p["started"] for p in pools) >= 1 and _in_use(m) == 0  # a Stockfish was used, then released
-    assert traj.error is None and traj.num_turns >= 1 and "move" in traj.messages[1]["content"].lower()
+        assert sum(p["started"] for p in pools) >= 1
+        assert _in_use(m) == 0
+    assert traj.error is None
+    assert traj.num_turns >= 1
+    assert "move" in traj.messages[1]["content"].lower()
 
 
 async def test_a_failure_is_an_error_trajectory_or_raised(chat):
@@ -57,7 +64,9 @@ async def test_a_failure_is_an_error_trajectory_or_raised(chat):
         # a reset option Chess does not know: the env raises from areset, after it was made
         traj = await play_episode("agentfly/Chess-v0", ExpertPolicy(), chat, mode="step", manager=m, seed=0,
                                   options={"no_such_option": 1}, trajectory_id="bad", group_id="g")
-        assert traj.status == "error" and traj.error.startswith("ConfigError: ") and "no_such_option" in traj.error
+        assert traj.status == "error"
+        assert traj.error.startswith("ConfigError: ")
+        assert "no_such_option" in traj.error
         assert (traj.trajectory_id, traj.mode, traj.num_turns, traj.prompt_ids) == ("bad", "step", 0, [])
         with pytest.raises(ConfigError, match="no_such_option"):
             await play_episode("agentfly/Chess-v0", ExpertPolicy(), chat, manager=m, options={"no_such_option": 1},
@@ -87,12 +96,19 @@ async def test_a_policy_failure_mid_episode_keeps_what_was_played(chat, mode):
             await play_episode("agentfly/Chess-v0", ExpertThenFails(), chat, mode=mode, manager=m, seed=2,
                                on_error="raise")
         assert _in_use(m) == 0
-    assert traj.error == "PolicyError: no idea what to play" and traj.status == "error"
-    assert traj.truncated and not traj.terminated and traj.num_turns == 1 and traj.prompt_ids
+    assert traj.error == "PolicyError: no idea what to play"
+    assert traj.status == "error"
+    assert traj.truncated
+    assert not traj.terminated
+    assert traj.num_turns == 1
+    assert traj.prompt_ids
     if mode == "chain":
-        assert sum(traj.response_mask) > 0 and traj.messages[-1]["role"] == "user"
+        assert sum(traj.response_mask) > 0
+        assert traj.messages[-1]["role"] == "user"
     else:
-        assert len(traj.steps) == 1 and traj.steps[0].done and traj.steps[0].episode_return == traj.reward
+        assert len(traj.steps) == 1
+        assert traj.steps[0].done
+        assert traj.steps[0].episode_return == traj.reward
 
 
 async def test_bad_arguments_name_the_value(chat):

@@ -66,12 +66,14 @@ def test_time_limit_truncation_returns_the_engine_to_the_pool():
         assert env.step("e4")[2:4] == (False, False)
         _, _, terminated, truncated, info = env.step("d4")
         assert (terminated, truncated, info["step"]) == (False, True, 2)
-        assert not env.unwrapped.scope_is_open and pool.metrics.in_use == 0  # released now, not at the next reset
+        assert not env.unwrapped.scope_is_open
+        assert pool.metrics.in_use == 0
         # the async API of env.unwrapped (as the rollout runner uses it) has the same limit
         inner = env.unwrapped
         run_sync(inner.areset(seed=0))
         assert run_sync(inner.astep("e4"))[3] is False
-        assert run_sync(inner.astep("d4"))[3] is True and pool.metrics.in_use == 0
+        assert run_sync(inner.astep("d4"))[3] is True
+        assert pool.metrics.in_use == 0
         assert pool.metrics.idle == 1  # the same engine, back in the pool each time
     finally:
         env.close()
@@ -90,7 +92,8 @@ def test_hand_made_time_limit_is_adopted_at_reset():
         results = [env.step(a)[2:4] for a in ("e4", "d4", "c4")]
         assert results == [(False, False), (False, False), (False, True)]
         (pool,) = manager.pools.values()
-        assert not env.unwrapped.scope_is_open and pool.metrics.in_use == 0
+        assert not env.unwrapped.scope_is_open
+        assert pool.metrics.in_use == 0
     finally:
         env.close()
         run_sync(manager.aclose())

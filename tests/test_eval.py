@@ -42,7 +42,8 @@ def test_pass_at_k_hand_computed(n, c, k, expected):
 def test_pass_at_k_is_stable_where_binomials_overflow_a_float():
     n, c, k = 2000, 3, 500
     exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
-    assert math.comb(n, k) > 10**400 and pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-12)
+    assert math.comb(n, k) > 10**400
+    assert pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-12)
 
 
 @pytest.mark.parametrize("n,c,k", [(3, 4, 1), (3, 1, 0), (3, 1, 4), (2.0, 1, 1), (True, 1, 1), (3, -1, 1)])
@@ -54,7 +55,9 @@ def test_pass_at_k_refuses_bad_counts(n, c, k):
 def test_bootstrap_interval():
     assert bootstrap_ci([0.5, 0.5, 0.5]) == (0.5, 0.5)
     lo, hi = bootstrap_ci([0.0, 1.0] * 20)
-    assert lo < 0.5 < hi and 0.25 < lo and hi < 0.75
+    assert lo < 0.5 < hi
+    assert 0.25 < lo
+    assert hi < 0.75
     assert bootstrap_ci([0.0, 1.0, 1.0], seed=3) == bootstrap_ci([0.0, 1.0, 1.0], seed=3)  # seeded
     assert all(math.isnan(x) for x in bootstrap_ci([]))
     with pytest.raises(ConfigError, match="confidence"):
@@ -63,7 +66,9 @@ def test_bootstrap_interval():
 
 # ----------------------------------------------------------------------------- task choice
 def test_parse_and_plan_tasks():
-    assert parse_tasks("all") == "all" and parse_tasks("3") == 3 and parse_tasks("a, b,a") == ["a", "b"]
+    assert parse_tasks("all") == "all"
+    assert parse_tasks("3") == 3
+    assert parse_tasks("a, b,a") == ["a", "b"]
     with pytest.raises(ConfigError):
         parse_tasks("0")
     env = evaltools.make_env()
@@ -90,11 +95,17 @@ def test_summarize_scores_each_task_alike_and_counts_errors_apart():
                      "b": [_traj("b", 0), _traj("b", 1, error="EndpointError: HTTP 500"), _traj("b", 2)]}}
     r = summarize_eval(samples, 3)
     a, b = r["envs"]["e"]["per_task"]["a"], r["envs"]["e"]["per_task"]["b"]
-    assert (a["n"], a["c"], a["errors"]) == (3, 1, 0) and (b["n"], b["c"], b["errors"]) == (2, 0, 1)
-    assert a["pass@1"] == pytest.approx(1 / 3) and a["pass@2"] == pytest.approx(2 / 3) and a["pass@3"] == 1.0
-    assert "pass@3" not in b and b["mean_reward"] == 0.0  # the error is no sample: n = 2 < k = 3
-    assert r["pass@1"] == pytest.approx((1 / 3 + 0) / 2) and r["pass@3"] == 1.0  # over the tasks with n >= 3
-    assert r["overall"]["tasks_scored@3"] == 1 and r["overall"]["errors"] == 1
+    assert (a["n"], a["c"], a["errors"]) == (3, 1, 0)
+    assert (b["n"], b["c"], b["errors"]) == (2, 0, 1)
+    assert a["pass@1"] == pytest.approx(1 / 3)
+    assert a["pass@2"] == pytest.approx(2 / 3)
+    assert a["pass@3"] == 1.0
+    assert "pass@3" not in b
+    assert b["mean_reward"] == 0.0
+    assert r["pass@1"] == pytest.approx((1 / 3 + 0) / 2)
+    assert r["pass@3"] == 1.0
+    assert r["overall"]["tasks_scored@3"] == 1
+    assert r["overall"]["errors"] == 1
     assert r["envs"]["e"]["mean_reward"] == pytest.approx(((1 + 0.25 + 0.25) / 3 + 0) / 2)
     json.dumps(r, allow_nan=False)  # strict JSON
 
@@ -108,10 +119,12 @@ async def test_resume_plays_only_what_is_missing(tmp_path):
                         output_dir=tmp_path)
     evaltools.PLAYS.clear()
     first = await arun_eval(config, policy, chat, progress=False)
-    assert first.played == 4 and dict(evaltools.PLAYS) == {"right": 2, "broken": 2}
+    assert first.played == 4
+    assert dict(evaltools.PLAYS) == {"right": 2, "broken": 2}
     evaltools.PLAYS.clear()
     again = await arun_eval(config, policy, chat, progress=False)  # the errors only
-    assert again.played == 2 and dict(evaltools.PLAYS) == {"broken": 2}
+    assert again.played == 2
+    assert dict(evaltools.PLAYS) == {"broken": 2}
     assert again.results["envs"][evaltools.ENV_ID]["per_task"]["right"]["c"] == 2
     from agentfly_gym.rollout.outputs import OutputBusyError, folder_lock
 
@@ -146,9 +159,11 @@ async def test_resume_skips_corrupted_progress_lines_and_plays_only_those_sample
         + b'{"env_id": "x"}\n' + good[1][: len(good[1]) // 2] + b"\n")
     evaltools.PLAYS.clear()
     again = await arun_eval(config, policy, chat, progress=False)
-    assert again.played == 1 and dict(evaltools.PLAYS) == {"right": 1}  # sample 1 only
+    assert again.played == 1
+    assert dict(evaltools.PLAYS) == {"right": 1}
     assert again.results["envs"][evaltools.ENV_ID]["per_task"]["right"]["c"] == 2
-    assert "line 2 is not a finished sample" in caplog.text and "reward='lots'" in caplog.text
+    assert "line 2 is not a finished sample" in caplog.text
+    assert "reward='lots'" in caplog.text
 
 
 async def test_a_folder_holding_another_commands_run_is_refused_and_left_alone(tmp_path):
@@ -183,12 +198,17 @@ def test_eval_expert_k4_scores_errors_apart_and_resumes(tmp_path, capsys):
     per = r["envs"][evaltools.ENV_ID]["per_task"]
     assert {t: (x["n"], x["c"], x["errors"]) for t, x in per.items()} == \
         {"right": (4, 4, 0), "wrong": (4, 0, 0), "half": (4, 2, 0), "broken": (0, 0, 4)}
-    assert per["half"]["pass@2"] == pytest.approx(5 / 6) and per["half"]["pass@4"] == 1.0
-    assert "pass@1" not in per["broken"] and per["broken"]["mean_reward"] is None  # errors are not reward 0
+    assert per["half"]["pass@2"] == pytest.approx(5 / 6)
+    assert per["half"]["pass@4"] == 1.0
+    assert "pass@1" not in per["broken"]
+    assert per["broken"]["mean_reward"] is None
     # each scored task weighs the same: pass@2 = (1 + 0 + 5/6) / 3
-    assert r["pass@2"] == pytest.approx((1 + 0 + 5 / 6) / 3) and r["pass@1"] == pytest.approx(0.5)
+    assert r["pass@2"] == pytest.approx((1 + 0 + 5 / 6) / 3)
+    assert r["pass@1"] == pytest.approx(0.5)
     env = r["envs"][evaltools.ENV_ID]
-    assert env["errors"] == 4 and env["scored_samples"] == 12 and env["mean_reward"] == pytest.approx(0.5)
+    assert env["errors"] == 4
+    assert env["scored_samples"] == 12
+    assert env["mean_reward"] == pytest.approx(0.5)
     assert env["success_ci"][0] <= 0.5 <= env["success_ci"][1]
     assert dict(evaltools.PLAYS) == {"right": 4, "wrong": 4, "half": 4, "broken": 4}  # each task exactly k times
     for name in ("trajectories.parquet", "trajectories.jsonl", "report.md", "pass_at_k.png", "eval.json"):
@@ -202,7 +222,8 @@ def test_eval_expert_k4_scores_errors_apart_and_resumes(tmp_path, capsys):
     # the same command again plays only what is missing: the samples that ended in an error
     evaltools.PLAYS.clear()
     assert main(argv) == 0
-    assert dict(evaltools.PLAYS) == {"broken": 4} and _results(out)["played_now"] == 4
+    assert dict(evaltools.PLAYS) == {"broken": 4}
+    assert _results(out)["played_now"] == 4
     # a torn last line (a crash mid-write) and a bigger k: only the new samples and the torn one are played
     with open(out / "progress.jsonl", "a") as f:
         f.write('{"env_id": "evaltest/Arith-v0", "task": "rig')
@@ -221,7 +242,8 @@ def test_random_policy_on_a_tool_env_makes_valid_calls(tmp_path):
     from agentfly_gym.rollout.trajectory import load_trajectories
 
     trajs = load_trajectories(out / "trajectories.parquet")
-    assert len(trajs) == 4 and not any(t.error for t in trajs)
+    assert len(trajs) == 4
+    assert not any(t.error for t in trajs)
     replies = [turn.reply for t in trajs for turn in t.turns]
     assert all(r == "I do not know the answer." or r.startswith("<tool_call>") for r in replies)
     observations = [turn.observation for t in trajs for turn in t.turns if turn.reply.startswith("<tool_call>")]
@@ -243,7 +265,8 @@ def test_eval_through_an_endpoint_keeps_the_key_out_of_every_file(tmp_path, monk
                      "EVAL_TEST_KEY", "-k", "2", "--tasks", "right,wrong", "--output-dir", str(out), "--no-progress"])
         assert code == 0
         r = _results(out)
-        assert r["text_only"] and r["envs"][evaltools.ENV_ID]["per_task"]["right"]["c"] == 2
+        assert r["text_only"]
+        assert r["envs"][evaltools.ENV_ID]["per_task"]["right"]["c"] == 2
         assert r["envs"][evaltools.ENV_ID]["per_task"]["wrong"]["c"] == 0  # add(2, 3) = 5, not 8
         assert r["settings"]["model"] == "openai:m"
         for path in out.rglob("*"):
@@ -260,7 +283,9 @@ def test_eval_through_an_endpoint_keeps_the_key_out_of_every_file(tmp_path, monk
         stub.close()
     assert code == 1
     r = _results(bad)
-    assert r["overall"]["errors"] == 1 and r["overall"]["scored_samples"] == 0 and r["pass@1"] is None
+    assert r["overall"]["errors"] == 1
+    assert r["overall"]["scored_samples"] == 0
+    assert r["pass@1"] is None
 
 
 @pytest.mark.slow
@@ -284,8 +309,11 @@ def test_eval_on_a_real_transformers_serve_endpoint(tmp_path):
     finally:
         run_sync(manager.aclose())
     r = _results(out)
-    assert r["overall"]["errors"] == 0 and r["overall"]["scored_samples"] == 4 and r["text_only"]
-    assert r["pass@1"] is not None and r["pass@2"] is not None
+    assert r["overall"]["errors"] == 0
+    assert r["overall"]["scored_samples"] == 4
+    assert r["text_only"]
+    assert r["pass@1"] is not None
+    assert r["pass@2"] is not None
 
 
 def test_rollout_shares_tasks_split_and_endpoints(tmp_path, monkeypatch, capsys):
@@ -311,4 +339,5 @@ def test_rollout_shares_tasks_split_and_endpoints(tmp_path, monkeypatch, capsys)
     finally:
         stub.close()
     trajs = load_trajectories(ep / "trajectories.parquet")
-    assert [t.success for t in trajs] == [True, True] and all(t.text_only for t in trajs)
+    assert [t.success for t in trajs] == [True, True]
+    assert all(t.text_only for t in trajs)

@@ -154,7 +154,8 @@ async def test_stopped_jvm_does_not_block_the_event_loop():
             gc.collect()  # py4j's finalizer used to call the stopped JVM from here, forever
             assert time.monotonic() - t0 < 60  # "forever" before (a loaded machine's collection takes seconds)
             obs, reward, terminated, truncated, info = await env.astep("look around")
-            assert truncated and "step_timeout" in info["error"]
+            assert truncated
+            assert "step_timeout" in info["error"]
         finally:
             if alive(pid):
                 os.kill(pid, signal.SIGCONT)
@@ -181,8 +182,10 @@ async def test_simulator_killed_during_load_is_retried_on_a_fresh_one():
         os.kill(pid, signal.SIGKILL)  # ... and kill the JVM under it
         obs, info = await reset
         fresh = env.scope.resources[key]
-        assert fresh is not r and fresh.obj.pid != pid
-        assert info["task_id"] == "boil:0" and "boil" in obs
+        assert fresh is not r
+        assert fresh.obj.pid != pid
+        assert info["task_id"] == "boil:0"
+        assert "boil" in obs
         assert m.pool(env.resource_spec).metrics.replaced >= 1
         await env.aclose()
 
@@ -292,8 +295,11 @@ async def test_cut_short_in_process_start_is_closed_and_holds_its_slot():
             await pool.acquire(timeout=0.05)
         SlowThing.gate.set()  # the factory returns now
         await until(lambda: pool.size == 0, 10, "the late instance to be closed")
-        assert len(SlowThing.built) == 1 and SlowThing.built[0].closed
+        assert len(SlowThing.built) == 1
+        assert SlowThing.built[0].closed
         r = await pool.acquire()  # the slot is usable again
-        assert isinstance(r.obj, SlowThing) and not r.obj.closed
+        assert isinstance(r.obj, SlowThing)
+        assert not r.obj.closed
         await pool.release(r)
-    assert len(SlowThing.built) == 2 and all(t.closed for t in SlowThing.built)
+    assert len(SlowThing.built) == 2
+    assert all(t.closed for t in SlowThing.built)

@@ -64,7 +64,8 @@ def check_exact(traj, spy_calls):
     for call, (prompt, sampled, _) in zip(traj["calls"], spy_calls):
         k = call["segment"]
         ids = seg_ids[k]
-        assert ids[:len(prompt)] == prompt and ids[len(prompt):len(prompt) + len(sampled)] == sampled
+        assert ids[:len(prompt)] == prompt
+        assert ids[len(prompt):len(prompt) + len(sampled)] == sampled
         assert runs[k][seen[k]] == sampled
         seen[k] += 1
     for s in traj["segments"]:
@@ -82,10 +83,13 @@ async def test_openai_client_turns_are_recorded_as_sampled(tiny):
         msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
         r = await c.chat.completions.create(model="m", messages=msgs, max_tokens=12, logprobs=True, seed=3,
                                             extra_body={"return_token_ids": True})
-        assert r.model == gw.model_name and r.choices[0].finish_reason in ("stop", "length")
+        assert r.model == gw.model_name
+        assert r.choices[0].finish_reason in ("stop", "length")
         prompt, sampled, lps = spy.calls[0]
-        assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == len(sampled)
-        assert r.model_extra["prompt_token_ids"] == prompt and r.choices[0].model_extra["token_ids"] == sampled
+        assert r.usage.prompt_tokens == len(prompt)
+        assert r.usage.completion_tokens == len(sampled)
+        assert r.model_extra["prompt_token_ids"] == prompt
+        assert r.choices[0].model_extra["token_ids"] == sampled
         assert [x.logprob for x in r.choices[0].logprobs.content] == lps
         assert prompt == chat.prompt_ids(msgs)  # the first prompt is the template's own render
         for text in ("And another?", "One more."):
@@ -96,8 +100,11 @@ async def test_openai_client_turns_are_recorded_as_sampled(tiny):
         async with httpx.AsyncClient() as h:
             traj = (await h.get(f"{url}/sessions/{s.id}/trajectory",
                                 headers={"Authorization": f"Bearer {s.api_key}"})).json()
-    assert traj["num_calls"] == 3 and traj["num_segments"] == 1 and traj["num_appended"] == 2
-    assert traj["num_rewritten"] == 0 and traj["num_incremental"] == 2
+    assert traj["num_calls"] == 3
+    assert traj["num_segments"] == 1
+    assert traj["num_appended"] == 2
+    assert traj["num_rewritten"] == 0
+    assert traj["num_incremental"] == 2
     check_exact(traj, spy.calls)
     seg = traj["segments"][0]
     assert seg["logprobs"] == [lp if m else 0.0 for lp, m in zip(seg["logprobs"], seg["response_mask"])]
@@ -122,7 +129,8 @@ async def test_streaming_gives_the_same_reply_and_usage(tiny):
                 finish = ch.finish_reason or finish
     _, sampled, _ = spy.calls[0]
     assert "".join(parts) == chat.tokenizer.decode(sampled, skip_special_tokens=True)
-    assert usage.completion_tokens == len(sampled) and finish in ("stop", "length")
+    assert usage.completion_tokens == len(sampled)
+    assert finish in ("stop", "length")
     check_exact(gw.sessions[s.id].trajectory(), spy.calls)
 
 
@@ -152,7 +160,9 @@ async def test_rewritten_history_starts_a_segment_and_each_branch_keeps_its_chai
     traj = gw.sessions[s.id].trajectory()
     assert [(c["segment"], c["appended"]) for c in traj["calls"]] == [(0, False), (1, False), (1, True), (0, True),
                                                                       (2, False)]
-    assert traj["num_segments"] == 3 and traj["num_rewritten"] == 2 and traj["num_appended"] == 2
+    assert traj["num_segments"] == 3
+    assert traj["num_rewritten"] == 2
+    assert traj["num_appended"] == 2
     check_exact(traj, spy.calls)
 
 
@@ -174,7 +184,8 @@ async def test_concurrent_sessions_never_mix(tiny):
         await asyncio.gather(*(converse(k, s) for k, s in enumerate(sessions)))
     for k, s in enumerate(sessions):
         traj = s.trajectory()
-        assert traj["num_calls"] == 3 and traj["num_segments"] == 1
+        assert traj["num_calls"] == 3
+        assert traj["num_segments"] == 1
         seg = traj["segments"][0]
         mine = [c for c in spy.calls if c[0][:len(seg["prompt_ids"])] == seg["prompt_ids"]]
         assert len(mine) == 3  # the first prompt names agent k: only its own calls extend it
@@ -193,9 +204,11 @@ async def test_tool_calls_are_parsed_and_the_tool_turn_appends_to_the_chain(qwen
         msgs = [{"role": "user", "content": "What is 2+3?"}]
         r = await c.chat.completions.create(model="m", messages=msgs, tools=[ADD])
         msg = r.choices[0].message
-        assert r.choices[0].finish_reason == "tool_calls" and msg.content == "Let me add."
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert msg.content == "Let me add."
         (call,) = msg.tool_calls
-        assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 2, "b": 3}
+        assert call.function.name == "add"
+        assert json.loads(call.function.arguments) == {"a": 2, "b": 3}
         msgs += [msg.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "5"}]
         stream = await c.chat.completions.create(model="m", messages=msgs, tools=[ADD], stream=True)
         text = "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
@@ -207,7 +220,8 @@ async def test_tool_calls_are_parsed_and_the_tool_turn_appends_to_the_chain(qwen
         assert [tc.function.name for tc in calls] == ["add"]
         # tool_choice "none": the same reply is plain text
         r = await c.chat.completions.create(model="m", messages=msgs[:1], tools=[ADD], tool_choice="none")
-        assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
+        assert r.choices[0].message.tool_calls is None
+        assert "<tool_call>" in r.choices[0].message.content
     traj = s.trajectory()
     assert [(c["segment"], c["appended"], c["incremental"]) for c in traj["calls"]][:2] == [(0, False, False),
                                                                                             (0, True, True)]
@@ -225,10 +239,12 @@ async def test_stop_strings_keep_a_prefix_of_the_sampled_ids(qwen_chat):
         s = gw.open_session()
         r = await client(url, s).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
                                                          stop=[" gamma"], logprobs=True)
-    assert r.choices[0].message.content == "alpha beta gamma" and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == "alpha beta gamma"
+    assert r.choices[0].finish_reason == "stop"
     seg = s.trajectory()["segments"][0]
     full = policy.calls[0][1]
-    assert seg["response_ids"] == full[:len(seg["response_ids"])] and len(seg["response_ids"]) < len(full)
+    assert seg["response_ids"] == full[:len(seg["response_ids"])]
+    assert len(seg["response_ids"]) < len(full)
     assert len(r.choices[0].logprobs.content) == len(seg["response_ids"])
 
 
@@ -243,7 +259,8 @@ async def test_hostile_requests_get_openai_shaped_errors(qwen_chat):
             async with httpx.AsyncClient() as h:
                 r = await h.request(method, f"{url}{path}", content=body, headers={"Authorization": f"Bearer {key}"})
             err = r.json()["error"]
-            assert set(err) == {"message", "type", "param", "code"} and err["message"]
+            assert set(err) == {"message", "type", "param", "code"}
+            assert err["message"]
             return r.status_code, err
 
         chat_a = f"/sessions/{a.id}/v1/chat/completions"
@@ -253,7 +270,8 @@ async def test_hostile_requests_get_openai_shaped_errors(qwen_chat):
         assert (await raw(chat_a, b"\xff\xfe", a.api_key))[0] == 400
         status, err = await raw(chat_a, json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(),
                                 a.api_key)
-        assert status == 400 and err["param"] == "messages[0].role"
+        assert status == 400
+        assert err["param"] == "messages[0].role"
         assert (await raw(chat_a, json.dumps({"messages": msgs, "n": 3}).encode(), a.api_key))[0] == 400
         assert (await raw(chat_a, json.dumps({"messages": msgs, "max_tokens": 10**9}).encode(), a.api_key))[0] == 400
         assert (await raw(chat_a, json.dumps({"messages": msgs, "tools": "rm -rf /"}).encode(), a.api_key))[0] == 400
@@ -284,7 +302,8 @@ async def test_hostile_requests_get_openai_shaped_errors(qwen_chat):
         b.close()
         with pytest.raises(openai.PermissionDeniedError, match="closed"):
             await client(url, b).chat.completions.create(model="m", messages=msgs)
-    assert a.trajectory()["num_calls"] == 2 and b.trajectory()["num_calls"] == 0
+    assert a.trajectory()["num_calls"] == 2
+    assert b.trajectory()["num_calls"] == 0
 
 
 async def test_sessions_over_http_need_the_admin_key(qwen_chat):
@@ -297,9 +316,11 @@ async def test_sessions_over_http_need_the_admin_key(qwen_chat):
         c = openai.AsyncOpenAI(base_url=url + created["base_url"], api_key=created["api_key"], max_retries=0)
         await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         admin_view = (await h.get(f"/sessions/{created['id']}/trajectory", headers=admin)).json()
-        assert admin_view["num_calls"] == 1 and admin_view["metadata"] == {"task_id": "t1"}
+        assert admin_view["num_calls"] == 1
+        assert admin_view["metadata"] == {"task_id": "t1"}
         closed = (await h.delete(f"/sessions/{created['id']}", headers=admin)).json()
-        assert closed["closed"] and closed["segments"] == admin_view["segments"]
+        assert closed["closed"]
+        assert closed["segments"] == admin_view["segments"]
         assert (await h.get(f"/sessions/{created['id']}/trajectory", headers=admin)).status_code == 401  # forgotten
         assert (await h.delete(f"/sessions/{created['id']}", headers=admin)).status_code == 404
         assert (await h.post("/sessions", json={"max_turns": 0}, headers=admin)).status_code == 400
@@ -349,14 +370,16 @@ def test_the_command_serves_sessions_to_the_openai_client(tmp_path):
                             env=env)
     try:
         line = proc.stdout.readline()
-        assert "serving tiny-qwen on http://127.0.0.1:" in line and "afg-admin-cli-test" not in line
+        assert "serving tiny-qwen on http://127.0.0.1:" in line
+        assert "afg-admin-cli-test" not in line
         url = line.split(" on ")[1].split(" ")[0]
         admin = {"Authorization": "Bearer afg-admin-cli-test"}
         created = httpx.post(f"{url}/sessions", json={"max_turns": 2}, headers=admin).json()
         c = openai.OpenAI(base_url=url + created["base_url"], api_key=created["api_key"], max_retries=0)
         r = c.chat.completions.create(model="agentfly-policy", messages=[{"role": "user", "content": "hi"}])
         traj = httpx.get(f"{url}/sessions/{created['id']}/trajectory", headers=admin).json()
-        assert traj["num_calls"] == 1 and len(traj["segments"][0]["response_ids"]) == r.usage.completion_tokens
+        assert traj["num_calls"] == 1
+        assert len(traj["segments"][0]["response_ids"]) == r.usage.completion_tokens
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -115,9 +115,12 @@ async def test_openai_agents_sdk_runs_unchanged_and_its_turns_form_one_chain(qwe
         r = await run_agent(gw, openai_agents_adder, {"task_id": "t1", "prompt": "What is 2+3?", "answer": 5},
                             base_url=url, timeout_s=120, score=exact_score)
     assert (r.status, r.error, r.answer, r.reward, r.task_id) == ("complete", None, "The answer is 5.", 1.0, "t1")
-    assert r.num_calls == 2 and len(r.segments) == 1 and r.num_rewritten == 0  # the SDK echoes its history as sent
+    assert r.num_calls == 2
+    assert len(r.segments) == 1
+    assert r.num_rewritten == 0
     (seg,) = r.segments
-    assert seg.prompt_ids == policy.calls[0][0] and sampled(seg) == policy.calls[0][1] + policy.calls[1][1]
+    assert seg.prompt_ids == policy.calls[0][0]
+    assert sampled(seg) == policy.calls[0][1] + policy.calls[1][1]
     assert seg.ids()[:len(policy.calls[1][0])] == policy.calls[1][0]
     text = qwen_chat.tokenizer.decode([t for t, m in zip(seg.response_ids, seg.response_mask) if not m])
     assert "<tool_response>\n5\n</tool_response>" in text  # the tool's result, masked 0
@@ -132,9 +135,13 @@ async def test_smolagents_runs_unchanged_and_its_rewritten_history_starts_segmen
         r = await run_agent(gw, smolagents_adder, {"prompt": "What is 2+3?", "answer": 5}, base_url=url,
                             timeout_s=120, score=exact_score)
     assert (r.status, r.error, str(r.answer), r.reward) == ("complete", None, "5", 1.0)
-    assert r.num_calls == 2 and len(r.segments) == 2 and r.num_rewritten == 1
+    assert r.num_calls == 2
+    assert len(r.segments) == 2
+    assert r.num_rewritten == 1
     for seg, (prompt, ids, lps) in zip(r.segments, policy.calls):
-        assert seg.prompt_ids == prompt and seg.response_ids == ids and seg.logprobs == lps
+        assert seg.prompt_ids == prompt
+        assert seg.response_ids == ids
+        assert seg.logprobs == lps
 
 
 async def test_a_reply_sampled_after_the_rollout_ended_leaves_its_segments_alone(qwen_chat):
@@ -160,12 +167,15 @@ async def test_a_reply_sampled_after_the_rollout_ended_leaves_its_segments_alone
 
     async with serve_gateway(gw) as url:
         r = await run_agent(gw, two_calls, {}, base_url=url, timeout_s=10)
-        assert r.status == "error" and "time limit" in r.error and r.num_calls == 1
+        assert r.status == "error"
+        assert "time limit" in r.error
+        assert r.num_calls == 1
         before = [list(s.response_ids) for s in r.segments]
         policy.release.set()
         await until(lambda: len(policy.calls) == 2, what="the late reply to be sampled")
         await asyncio.sleep(0)  # let the handler finish its step
-    assert [list(s.response_ids) for s in r.segments] == before and not answered
+    assert [list(s.response_ids) for s in r.segments] == before
+    assert not answered
 
 
 @pytest.mark.slow  # loads the tiny model (~30 s on a loaded 2-core machine); test_gateway.py covers it fast
@@ -181,9 +191,12 @@ async def test_the_agents_sdk_on_the_real_tiny_model_records_what_it_sampled(tin
                                   group_size=2, timeout_s=120, resources={"max_tokens": 12})
     finally:
         await policy.aclose()
-    assert len(rs) == 2 and rs[0].group_id == rs[1].group_id and rs[0].trajectory_id != rs[1].trajectory_id
+    assert len(rs) == 2
+    assert rs[0].group_id == rs[1].group_id
+    assert rs[0].trajectory_id != rs[1].trajectory_id
     for r in rs:
-        assert r.status in ("complete", "error") and r.num_calls >= 1
+        assert r.status in ("complete", "error")
+        assert r.num_calls >= 1
         assert sum(len(sampled(seg)) for seg in r.segments) > 0
         for seg in r.segments:
             check_exact(seg, spy.calls)
@@ -223,11 +236,18 @@ async def test_a_crashing_a_hanging_and_a_looping_agent_are_error_rollouts(qwen_
                 run_agent(gw, loops, {}, base_url=url, timeout_s=60, max_turns=3, score=exact_score))
         finally:
             stuck.set()
-    assert crashed.status == "error" and "RuntimeError: the harness broke" in crashed.error
-    assert hung.status == hung_thread.status == "error" and "time limit" in hung.error and "time limit" in hung_thread.error
-    assert looped.status == "truncated" and "turn limit" in looped.error and looped.num_calls == 3
-    assert looped.reward == 0.0 and looped.reward_error is None
-    assert len(opened) == 4 and all(s.closed for s in opened)  # a lingering agent's next call is refused
+    assert crashed.status == "error"
+    assert "RuntimeError: the harness broke" in crashed.error
+    assert hung.status == hung_thread.status == "error"
+    assert "time limit" in hung.error
+    assert "time limit" in hung_thread.error
+    assert looped.status == "truncated"
+    assert "turn limit" in looped.error
+    assert looped.num_calls == 3
+    assert looped.reward == 0.0
+    assert looped.reward_error is None
+    assert len(opened) == 4
+    assert all(s.closed for s in opened)
     assert gw.sessions == {}  # and the gateway forgot them
     with pytest.raises(ConfigError):
         await run_agent(gw, crashes, {}, base_url="http://127.0.0.1:1", timeout_s=0)
@@ -248,32 +268,44 @@ async def test_segments_are_trainer_rows_for_trl_and_verl(qwen_chat):
 
         failed = await run_agent(gw, fails, {}, base_url=url)
     rows = segment_rows([smol, oa, failed])
-    assert [r.trajectory_id.count("/") for r in rows] == [1, 1, 0, 0] and all(r.mode == "chain" for r in rows)
+    assert [r.trajectory_id.count("/") for r in rows] == [1, 1, 0, 0]
+    assert all(r.mode == "chain" for r in rows)
     with pytest.raises(ConfigError, match="2 segments"):
         segment_rows([smol], join="chain")
     (chain,) = segment_rows([json.loads(json.dumps(oa.to_json()))], join="chain")  # the JSON form reads the same
-    assert chain.response_ids == oa.segments[0].response_ids and chain.response_mask == oa.segments[0].response_mask
+    assert chain.response_ids == oa.segments[0].response_ids
+    assert chain.response_mask == oa.segments[0].response_mask
 
     from agentfly_gym.bridges.trl import AgentFlyRollout
 
     trl = AgentFlyRollout.to_trl(rows, qwen_chat)
-    assert trl["completion_ids"][2] == oa.segments[0].response_ids and trl["env_mask"][2] == oa.segments[0].response_mask
-    assert trl["logprobs"][2] == oa.segments[0].logprobs and trl["env_return"] == [1.0, 1.0, 1.0, 0.0]
-    assert trl["env_mask"][3] == [0] and trl["env_error"][3].startswith("ValueError")
+    assert trl["completion_ids"][2] == oa.segments[0].response_ids
+    assert trl["env_mask"][2] == oa.segments[0].response_mask
+    assert trl["logprobs"][2] == oa.segments[0].logprobs
+    assert trl["env_return"] == [1.0, 1.0, 1.0, 0.0]
+    assert trl["env_mask"][3] == [0]
+    assert trl["env_error"][3].startswith("ValueError")
 
     pytest.importorskip("verl")
     from agentfly_gym_verl import gateway_outputs
 
     outs = gateway_outputs([smol, oa, failed], eot_token_id=qwen_chat.eot_token_id, response_length=4096,
                            prompt_length=4096)
-    assert len(outs) == 4 and [o.reward_score for o in outs] == [1.0, 1.0, 1.0, 0.0]
+    assert len(outs) == 4
+    assert [o.reward_score for o in outs] == [1.0, 1.0, 1.0, 0.0]
     seg = oa.segments[0]
-    assert outs[2].prompt_ids == seg.prompt_ids and outs[2].response_ids == seg.response_ids  # ends on a sampled id
-    assert outs[2].response_logprobs == seg.logprobs and outs[2].extra_fields["mode"] == "gateway"
-    assert outs[3].response_mask == [0] and outs[3].extra_fields["error"].startswith("ValueError")
+    assert outs[2].prompt_ids == seg.prompt_ids
+    assert outs[2].response_ids == seg.response_ids
+    assert outs[2].response_logprobs == seg.logprobs
+    assert outs[2].extra_fields["mode"] == "gateway"
+    assert outs[3].response_mask == [0]
+    assert outs[3].extra_fields["error"].startswith("ValueError")
     short = gateway_outputs([oa], eot_token_id=qwen_chat.eot_token_id, response_length=5, prompt_length=8)[0]
-    assert len(short.response_ids) <= 5 and short.response_mask[-1] == 1 and len(short.prompt_ids) == 8
-    assert short.extra_fields["status"] == "token_budget" and short.extra_fields["prompt_truncated"]
+    assert len(short.response_ids) <= 5
+    assert short.response_mask[-1] == 1
+    assert len(short.prompt_ids) == 8
+    assert short.extra_fields["status"] == "token_budget"
+    assert short.extra_fields["prompt_truncated"]
 
 
 def test_trls_rollout_func_runs_the_agent_per_prompt(qwen_chat):
@@ -291,11 +323,14 @@ def test_trls_rollout_func_runs_the_agent_per_prompt(qwen_chat):
                               processing_class=qwen_chat.tokenizer, args=SimpleNamespace(temperature=1.0, top_p=1.0))
     prompts = [[{"role": "user", "content": "What is 2+3?"}]] * 2
     out = rollout(prompts, trainer)
-    assert out["env_return"] == [1.0, 1.0] and out["gateway_segments"] == [1, 1]
+    assert out["env_return"] == [1.0, 1.0]
+    assert out["gateway_segments"] == [1, 1]
     for i, r in enumerate(rollout.last_rollouts):
         (seg,) = r.segments
-        assert out["prompt_ids"][i] == seg.prompt_ids and out["completion_ids"][i] == seg.response_ids
-        assert out["env_mask"][i] == seg.response_mask and out["logprobs"][i] == seg.logprobs
+        assert out["prompt_ids"][i] == seg.prompt_ids
+        assert out["completion_ids"][i] == seg.response_ids
+        assert out["env_mask"][i] == seg.response_mask
+        assert out["logprobs"][i] == seg.logprobs
     rollout.close()
 
 
@@ -369,7 +404,9 @@ def test_trl_grpo_step_through_the_gateway(tiny_qwen, tmp_path):
         trainer.train()
     finally:
         rollout.close()
-    assert len(seen) == 1 and seen[0]["gateway_segments"] == [1, 1]
+    assert len(seen) == 1
+    assert seen[0]["gateway_segments"] == [1, 1]
     assert [r.num_calls for r in rollout.last_rollouts] == [2, 2]  # both calls' sampled ids in one chain
     assert gaps and max(gaps) < 1e-3, max(gaps)
-    assert logs and all(math.isfinite(float(e["loss"])) for e in logs)
+    assert logs
+    assert all(math.isfinite(float(e["loss"])) for e in logs)

@@ -37,10 +37,12 @@ async def test_nan_and_infinity_are_refused_not_a_500(qwen_chat):
                     b'{"messages": [{"role": "user", "content": "hi"}], "top_p": -Infinity}'):
             r = await h.post(f"/sessions/{s.id}/v1/chat/completions", content=raw,
                              headers={"Authorization": f"Bearer {s.api_key}"})
-            assert r.status_code == 400 and "not a JSON value" in r.json()["error"]["message"]
+            assert r.status_code == 400
+            assert "not a JSON value" in r.json()["error"]["message"]
         # NaN in a session's metadata would make its trajectory unreadable (a 500 at every read)
         r = await h.post("/sessions", content=b'{"metadata": {"score": NaN}}', headers=admin)
-        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        assert r.status_code == 400
+        assert r.json()["error"]["type"] == "invalid_request_error"
         assert len(gw.sessions) == 1
 
 
@@ -54,7 +56,8 @@ async def test_fields_sent_as_null_read_as_unset(qwen_chat):
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 2  # max_tokens holds when max_completion_tokens is null
         r = await h.post(f"/sessions/{s.id}/v1/chat/completions", headers=headers, json={"messages": MSGS, "n": 2})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "n"
 
 
 async def test_a_prompt_past_the_context_is_context_length_exceeded(tiny_qwen):
@@ -106,7 +109,8 @@ async def test_a_slow_render_does_not_stall_other_sessions(qwen_chat):
             model="m", messages=[{"role": "user", "content": "hello " * 100_000}]))
         await started.wait()
         models = await client(url, other).models.list()  # served while the slow render is still running
-        assert [m.id for m in models.data] == [gw.model_name] and not big.done()
+        assert [m.id for m in models.data] == [gw.model_name]
+        assert not big.done()
         chat.hold.set()
         assert (await big).choices[0].message.content == "ok"
 
@@ -126,5 +130,6 @@ def test_an_unknown_session_compares_the_key_as_a_known_one_does(qwen_chat, monk
         with pytest.raises(BadRequest) as e:
             gw.session_for(sid, "afg-" + "x" * 43)
         assert e.value.status == 401
-    assert len(seen) == 2 and seen[0] == seen[1] == len(s.api_key)
+    assert len(seen) == 2
+    assert seen[0] == seen[1] == len(s.api_key)
     assert gw.session_for(s.id, s.api_key) is s

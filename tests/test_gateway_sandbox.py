@@ -67,9 +67,12 @@ async def test_a_command_line_agent_fixes_an_r2e_task_in_the_sandbox(qwen_chat, 
             rollout = await run_agent(gw, agent, {"task_id": "minicalc-bug1", "issue": obs}, base_url=url,
                                       resources={"container": env.container}, timeout_s=300)
             assert (rollout.status, rollout.error) == ("complete", None), rollout.error
-            assert "applied" in rollout.answer and rollout.num_calls == 1
+            assert "applied" in rollout.answer
+            assert rollout.num_calls == 1
             _, reward, terminated, _, info = await env.astep("<function=finish>\n</function>")
-            assert terminated and reward == 1.0 and info["test_results"]["test_add"] == "PASSED"
+            assert terminated
+            assert reward == 1.0
+            assert info["test_results"]["test_add"] == "PASSED"
             # the recorded ids are the policy's
             (seg,) = rollout.segments
             assert (seg.prompt_ids, seg.response_ids) == (policy.calls[0][0], policy.calls[0][1])
@@ -77,9 +80,12 @@ async def test_a_command_line_agent_fixes_an_r2e_task_in_the_sandbox(qwen_chat, 
             await env.areset(options={"task_id": "minicalc-bug1"})
             failing = command_agent("echo broken >&2; exit 3", uds=uds, timeout_s=60)
             bad = await run_agent(gw, failing, {}, base_url=url, resources={"container": env.container})
-            assert bad.status == "error" and "status 3" in bad.error and "broken" in bad.error
+            assert bad.status == "error"
+            assert "status 3" in bad.error
+            assert "broken" in bad.error
             _, reward, terminated, _, _ = await env.astep("<function=finish>\n</function>")
-            assert terminated and reward == 0.0
+            assert terminated
+            assert reward == 0.0
     finally:
         await env.aclose()
         await manager.aclose()

@@ -90,16 +90,22 @@ async def test_the_gateway_loop_gives_verl_rows_of_exactly_what_was_sampled(serv
     calls = [c for c in server.calls if c[0] == outs[0].extra_fields["trajectory_id"].split("/")[0]]
     assert len(calls) == 3
     first, second = outs
-    assert first.prompt_ids == calls[0][1] and second.prompt_ids == calls[2][1]
+    assert first.prompt_ids == calls[0][1]
+    assert second.prompt_ids == calls[2][1]
     sampled = [t for t, m in zip(first.response_ids, first.response_mask) if m]
     assert sampled == calls[0][2] + calls[1][2]
     assert [lp for lp, m in zip(first.response_logprobs, first.response_mask) if m] == calls[0][3] + calls[1][3]
     assert (first.prompt_ids + first.response_ids)[:len(calls[1][1])] == calls[1][1]
-    assert second.response_ids == calls[2][2] and second.response_logprobs == calls[2][3]
+    assert second.response_ids == calls[2][2]
+    assert second.response_logprobs == calls[2][3]
     for out in outs:
-        assert out.reward_score == 1.0 and out.extra_fields["group_id"] == "group-7"
-        assert out.extra_fields["mode"] == "gateway" and out.extra_fields["task_id"] == "t-1"
+        assert out.reward_score == 1.0
+        assert out.extra_fields["group_id"] == "group-7"
+        assert out.extra_fields["mode"] == "gateway"
+        assert out.extra_fields["task_id"] == "t-1"
     # the legacy trainer takes one row: the last segment's
     legacy = _loop(server, tokenizer, use_v1=False, agent="test_gateway_verl:agent")
     out = await legacy.run({"temperature": 1.0, "logprobs": True}, **row)
-    assert not isinstance(out, list) and out.reward_score == 0.0 and out.response_mask[-1] == 1
+    assert not isinstance(out, list)
+    assert out.reward_score == 0.0
+    assert out.response_mask[-1] == 1

@@ -197,7 +197,9 @@ async def test_compute_advantage_on_real_step_rows(tmp_path, tiny_qwen):
     a = [[o.extra_fields["anchor_obs"] for o in s] for s in sessions]
     # the start position is every session's first anchor; the same moves lead to the same positions
     assert a[0][0] == a[1][0] == a[2][0] == a[3][0]
-    assert a[0][1] == a[1][1] and a[0][2] == a[1][3] and a[2][1] == a[3][1] == a[3][3]
+    assert a[0][1] == a[1][1]
+    assert a[0][2] == a[1][3]
+    assert a[2][1] == a[3][1] == a[3][3]
     distinct = {a[0][0], a[0][1], a[0][2], a[1][2], a[2][1], a[3][2]}
     assert len(distinct) == 6                                     # a[1][2] and a[3][2] are seen once
 

@@ -129,7 +129,8 @@ async def test_gigpo_advantages_through_the_v1_worker_and_trainer(tmp_path, tiny
     cfg = _gigpo_config(cfg)
     assert get_trainer_cls("gigpo_sync") is GiGPOTrainerSync
     trainer = get_trainer_cls(cfg.trainer.v1.trainer_mode)(config=cfg)
-    assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer) is ReplayBuffer
+    assert trainer.trainer_mode == "sync"
+    assert type(trainer.replay_buffer) is ReplayBuffer
     assert cfg.trainer.v1.trainer_mode == "gigpo_sync"                      # the caller's config untouched
 
     with pytest.raises(ConfigError, match="gigpo_sync"):                   # the gap this trainer closes
@@ -142,11 +143,13 @@ async def test_gigpo_advantages_through_the_v1_worker_and_trainer(tmp_path, tiny
         for k, expected in zip(keys, EXPECTED[script_of[s]]):
             row = store.rows[k]
             mask = row["response_mask"].bool()
-            assert row["advantages"].shape == mask.shape and int(mask.sum()) > 0
+            assert row["advantages"].shape == mask.shape
+            assert int(mask.sum()) > 0
             assert row["advantages"][mask].tolist() == pytest.approx([expected] * int(mask.sum()), abs=1e-6), k
             assert row["advantages"][~mask].abs().sum() == 0
             assert torch.equal(row["returns"], row["advantages"])
-    assert metrics["gigpo/step_groups"] == 6.0 and metrics["gigpo/singleton_ratio"] == pytest.approx(2 / 6)
+    assert metrics["gigpo/step_groups"] == 6.0
+    assert metrics["gigpo/singleton_ratio"] == pytest.approx(2 / 6)
 
     # any other estimator is verl's own step: GRPO on each session's final row, broadcast (+-0.866 here)
     trainer.config.algorithm.adv_estimator = "grpo"           # the trainer's own copy of the config
@@ -173,7 +176,8 @@ def test_async_modes_keep_verls_behaviour(tiny_qwen):
     """gigpo_colocate_async is verl's colocate_async trainer (its async replay buffer, its settings)."""
     cfg = _gigpo_config(_config(tiny_qwen, n=2), "gigpo_colocate_async")
     trainer = get_trainer_cls("gigpo_colocate_async")(config=cfg)
-    assert trainer.trainer_mode == "colocate_async" and type(trainer.replay_buffer) is ReplayBufferAsync
+    assert trainer.trainer_mode == "colocate_async"
+    assert type(trainer.replay_buffer) is ReplayBufferAsync
 
 
 def test_the_documented_overrides_compose():

@@ -48,7 +48,8 @@ def test_recipe_digest_follows_content_not_noise(tmp_path):
     r.mkdir()
     (r / "Dockerfile").write_text("FROM x\n")
     d0 = recipe_digest(r, "sha256:base1")
-    assert recipe_digest(r, "sha256:base1") == d0 and len(d0) == 12
+    assert recipe_digest(r, "sha256:base1") == d0
+    assert len(d0) == 12
     (r / ".hidden").write_text("ignored")
     (r / "wheels").mkdir()
     (r / "wheels" / "a.whl").write_text("ignored")
@@ -65,7 +66,8 @@ def test_images_main_rejects_unknown_recipe(capsys):
     assert "no image recipe 'no-such-recipe'" in capsys.readouterr().err
     assert images_main(["list"]) == 0
     listed = capsys.readouterr().out.split()
-    assert listed[0] == "base" and "r2egym" in listed
+    assert listed[0] == "base"
+    assert "r2egym" in listed
 
 
 # ------------------------------------------------------------------ real engine
@@ -92,11 +94,15 @@ def test_base_image_is_idempotent_and_keeps_its_rootfs(engine, base_image):
     assert base_image == base_image_tag()
     assert engine.images.get(base_image).id == engine.images.get("agentfly/base:latest").id
     root = base_rootfs_dir()
-    assert (root / ".agentfly-rootfs.json").is_file() and (root / "usr" / "bin" / "python3").exists()
+    assert (root / ".agentfly-rootfs.json").is_file()
+    assert (root / "usr" / "bin" / "python3").exists()
     script = ("python3 --version; git --version; id agent; timeout --version | head -1; "
               "ls /usr/lib/python3*/EXTERNALLY-MANAGED 2>&1 | grep -c 'No such'")
     out = _run(engine, base_image, ["sh", "-c", script])
-    assert "Python 3.11" in out and "git version" in out and "uid=1000(agent)" in out and "timeout (GNU" in out
+    assert "Python 3.11" in out
+    assert "git version" in out
+    assert "uid=1000(agent)" in out
+    assert "timeout (GNU" in out
     assert out.rstrip().endswith("1")  # pip may install into the system Python
 
 
@@ -113,7 +119,8 @@ def test_recipe_build_is_content_addressed(engine, base_image, tmp_path):
     try:
         tag = build_image(recipe, name="agentfly-test/hello", base=base_image, progress=lines.append)
         tags.append(tag)
-        assert tag.startswith("agentfly-test/hello:") and any("Step" in line for line in lines)
+        assert tag.startswith("agentfly-test/hello:")
+        assert any("Step" in line for line in lines)
         assert _run(engine, tag, ["cat", "/upper.txt"]) == "ONE\n"
         image_id = engine.images.get(tag).id
         lines.clear()
@@ -124,7 +131,8 @@ def test_recipe_build_is_content_addressed(engine, base_image, tmp_path):
         (recipe / "msg.txt").write_text("two")
         tag2 = build_image(recipe, name="agentfly-test/hello", base=base_image)
         tags.append(tag2)
-        assert tag2 != tag and _run(engine, tag2, ["cat", "/upper.txt"]) == "TWO\n"
+        assert tag2 != tag
+        assert _run(engine, tag2, ["cat", "/upper.txt"]) == "TWO\n"
         # a failing step fails clearly, with the build's own output
         (recipe / "Dockerfile").write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo about-to-fail && false\n")
         with pytest.raises(ImageBuildError, match="about-to-fail"):
@@ -150,7 +158,10 @@ def test_r2egym_recipe_has_python_pytest_git(engine, base_image, capsys):
     tag = capsys.readouterr().out.split()[-1]
     assert tag.startswith("agentfly/r2egym:")
     out = _run(engine, tag, ["sh", "-c", "pwd; python3 -m pytest --version; git --version; git config user.name"])
-    assert out.startswith("/testbed\n") and "pytest 8." in out and "git version" in out and out.endswith("agent\n")
+    assert out.startswith("/testbed\n")
+    assert "pytest 8." in out
+    assert "git version" in out
+    assert out.endswith("agent\n")
 
 
 @pytest.mark.slow
@@ -175,10 +186,12 @@ def test_a_second_build_of_one_tag_waits_for_the_first(engine, base_image, tmp_p
                 build_image(recipe, name="agentfly-test/locked", base=base_image)))
             builder.start()
             builder.join(3)  # a window in which an unlocked build would at least have started
-            assert builder.is_alive() and not engine.images.list(name="agentfly-test/locked")
+            assert builder.is_alive()
+            assert not engine.images.list(name="agentfly-test/locked")
             fcntl.flock(held, fcntl.LOCK_UN)
         builder.join(300)
-        assert result == [tag] and engine.images.get(tag)
+        assert result == [tag]
+        assert engine.images.get(tag)
     finally:
         for image in engine.images.list(name="agentfly-test/locked"):
             engine.images.remove(image.id, force=True)

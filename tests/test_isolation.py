@@ -86,7 +86,9 @@ async def test_same_proxy_in_a_thread_and_in_a_child_process():
             assert await thread.add(2) == await child.add(2) == 3
             assert await thread.where() == os.getpid()
             pid = await child.where()
-            assert pid != os.getpid() and pid == child.resource.child_pid and thread.resource.child_pid is None
+            assert pid != os.getpid()
+            assert pid == child.resource.child_pid
+            assert thread.resource.child_pid is None
             assert await child.resource.call("add", k=4) == 7  # the untyped call still reaches the child
 
 
@@ -120,7 +122,9 @@ async def test_a_killed_child_is_a_handled_death_and_the_pool_replaces_it():
                 await p.add()
         async with m.scope("k2") as scope:  # the health check on reuse finds it dead
             p2 = TallyProxy(await scope.acquire(spec))
-            assert p2.resource is not r and await p2.add() == 1 and p2.resource.child_pid != pid
+            assert p2.resource is not r
+            assert await p2.add() == 1
+            assert p2.resource.child_pid != pid
             pid2 = p2.resource.child_pid
         assert m.metrics()[spec.key]["replaced"] == 1
     assert not wait_gone([pid2], 10)  # closing the manager stopped the child
@@ -146,7 +150,8 @@ def test_children_die_with_a_sigkilled_parent(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         children = [int(x) for x in parent.stdout.readline().split()]
-        assert len(children) == 2 and all(alive(c) for c in children)
+        assert len(children) == 2
+        assert all(alive(c) for c in children)
     finally:
         parent.kill()
         parent.wait()

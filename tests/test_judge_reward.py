@@ -35,14 +35,18 @@ def constant_reward(trajectory) -> float:
 def test_parse_specs_and_clear_errors():
     r = parse_reward("judge:base_url=http://127.0.0.1:9/v1,model=m,api_key_env=JUDGE_KEY,concurrency=3,retries=5,"
                      "combine=add,weight=0.5")
-    assert isinstance(r, JudgeReward) and r.combine == "add" and r.weight == 0.5
+    assert isinstance(r, JudgeReward)
+    assert r.combine == "add"
+    assert r.weight == 0.5
     assert r.api == ModelAPISpec(base_url="http://127.0.0.1:9/v1", model="m", api_key_env="JUDGE_KEY",
                                  max_instances=3, max_retries=5, request_timeout=120.0)
     r = parse_reward('judge:{"serve": "transformers", "model": "/models/x", "concurrency": 2}')
     assert r.service == ModelServiceSpec(engine="transformers", model="/models/x", start_timeout=600.0)
-    assert r.api is None and r.concurrency == 2
+    assert r.api is None
+    assert r.concurrency == 2
     f = parse_reward("test_judge_reward:constant_reward")
-    assert isinstance(f, FunctionReward) and f.fn is constant_reward
+    assert isinstance(f, FunctionReward)
+    assert f.fn is constant_reward
     assert parse_reward(None) is None
     bad = {
         "judge:model=m": "needs base_url",
@@ -123,15 +127,21 @@ async def test_judge_api_concurrency_bound_retries_and_failure_isolation(slow_ju
     async with ResourceManager() as m:
         result = await run_rollouts(config, policy, chat, manager=m, progress=False)
         api = await m.acquire_global(config.reward.api)
-        assert api.retries == 1 and api.requests == 9
-    assert _SlowJudge.max_in_flight == 2 and _SlowJudge.requests == 9
+        assert api.retries == 1
+        assert api.requests == 9
+    assert _SlowJudge.max_in_flight == 2
+    assert _SlowJudge.requests == 9
     for t in result.trajectories:
-        assert not t.error and t.reward == pytest.approx(0.6)
+        assert not t.error
+        assert t.reward == pytest.approx(0.6)
         info = t.turns[-1].info
-        assert info["reward_score"] == pytest.approx(0.6) and info["judge_reply"].endswith("[[6]]")
+        assert info["reward_score"] == pytest.approx(0.6)
+        assert info["judge_reply"].endswith("[[6]]")
         assert info["env_return"] == sum(turn.reward for turn in t.turns)   # the env's own return, kept
     task, text, outcome = transcript(result.trajectories[0])
-    assert task and result.trajectories[0].turns[0].action in text and "success False, episode terminated" in outcome
+    assert task
+    assert result.trajectories[0].turns[0].action in text
+    assert "success False, episode terminated" in outcome
     assert any(task in p and text in p for p in _SlowJudge.prompts)      # the judge saw this episode
     assert result.summary["config"]["reward"] == config.reward.spec
 
@@ -141,7 +151,9 @@ async def test_judge_api_concurrency_bound_retries_and_failure_isolation(slow_ju
     result = await run_rollouts(config, policy, chat, progress=False)
     assert len(result.trajectories) == 2
     for t in result.trajectories:
-        assert "503" in t.error and "failed after 2 attempts" in t.error and t.reward == 0.0
+        assert "503" in t.error
+        assert "failed after 2 attempts" in t.error
+        assert t.reward == 0.0
 
 
 def test_cli_custom_function_reward(tmp_path):
@@ -151,7 +163,8 @@ def test_cli_custom_function_reward(tmp_path):
     from agentfly_gym.rollout.trajectory import read_jsonl_records
 
     _version, rows = read_jsonl_records(out / "trajectories.jsonl")   # the header line is the schema's
-    assert [r["reward"] for r in rows] == [0.25 * r["num_turns"] for r in rows] and rows[0]["num_turns"] >= 1
+    assert [r["reward"] for r in rows] == [0.25 * r["num_turns"] for r in rows]
+    assert rows[0]["num_turns"] >= 1
     import pyarrow.parquet as pq
 
     steps = pq.read_table(out / "steps.parquet").to_pylist()   # step rows carry the configured return
@@ -173,18 +186,21 @@ def test_cli_rollout_with_a_local_transformers_serve_judge(tmp_path):
     assert len(rows) == 2
     for r in rows:
         info = r["turns"][-1]["info"]
-        assert not r["error"] and isinstance(info["judge_reply"], str)   # the server answered each episode
+        assert not r["error"]
+        assert isinstance(info["judge_reply"], str)
         rating = parse_score(info["judge_reply"])
         assert r["reward"] == info["reward_score"] == (0.05 if rating is None else rating)
     summary = json.loads((out / "summary.json").read_text())
     pools = summary["resources"]["pools"]
     svc = [p for k, p in pools.items() if "model_service" in k]
-    assert len(svc) == 1 and svc[0]["started"] == 1               # one server for both trajectories
+    assert len(svc) == 1
+    assert svc[0]["started"] == 1
     assert summary["config"]["reward"] == spec
     from agentfly_gym.data.paths import cache_dir
 
     logs = sorted((cache_dir("logs")).glob("transformers-*.log"), key=lambda p: p.stat().st_mtime)
-    assert logs and not _server_alive(logs[-1])
+    assert logs
+    assert not _server_alive(logs[-1])
 
 
 def _server_alive(log) -> bool:
@@ -243,8 +259,10 @@ async def test_verl_agent_loop_yaml_reward_key(tmp_path, tiny_qwen, slow_judge):
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
     try:
         outs = await loop("test_judge_reward:constant_reward").run(dict(sampling), **row)
-        assert len(outs) == 2 and [o.reward_score for o in outs] == [0.5, 0.5]      # 0.25 per turn, 2 turns
-        assert not outs[0].extra_fields["error"] and outs[0].extra_fields["env_return"] == 0.5
+        assert len(outs) == 2
+        assert [o.reward_score for o in outs] == [0.5, 0.5]
+        assert not outs[0].extra_fields["error"]
+        assert outs[0].extra_fields["env_return"] == 0.5
         _SlowJudge.fail = 100
         before = agentfly_gym_verl.failure_metrics()["by_error"].get("ResourceError", 0)
         outs = await loop(f"judge:base_url={slow_judge},model=m,retries=0").run(dict(sampling), **row)

@@ -84,7 +84,8 @@ def test_sigterm_saves_the_finished_games_of_a_selfplay_run(tmp_path, monkeypatc
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["games"]["games"] == len(logged) >= 2, summary
     saved = load_trajectories(out / "trajectories.parquet")
-    assert sorted({t.group_id for t in saved}) == logged and len(saved) == 2 * len(logged)
+    assert sorted({t.group_id for t in saved}) == logged
+    assert len(saved) == 2 * len(logged)
     assert len(load_trajectories(out / "trajectories.jsonl")) == len(saved)
     assert not wait_gone(live_processes(["stockfish"], marker=marker), 20)
 
@@ -188,7 +189,8 @@ def test_append_onto_an_unreadable_run_is_refused_before_anything_runs(tmp_path,
         check_output_dir(tmp_path, "append", mode="chain")
     r = _cli("rollout", *QUICK, "-n", "2", "--append", "--output-dir", str(tmp_path))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "not a readable run output" in r.stderr and "its trajectories.jsonl still loads: 2 trajectories" in r.stderr
+    assert "not a readable run output" in r.stderr
+    assert "its trajectories.jsonl still loads: 2 trajectories" in r.stderr
     assert "nothing was run" in r.stderr
 
 

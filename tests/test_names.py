@@ -99,7 +99,8 @@ def test_resource_contract_names():
     from agentfly_gym.resources import Resource, ResourceManager
     from agentfly_gym.resources.pool import ResourcePool
 
-    assert {"adestroy", "destroy"} <= set(vars(Resource)) and not hasattr(Resource, "release")
+    assert {"adestroy", "destroy"} <= set(vars(Resource))
+    assert not hasattr(Resource, "release")
     assert {"close", "aclose", "destroy_global"} <= set(vars(ResourceManager))
     assert {"aclose", "release"} <= set(vars(ResourcePool))
     assert not {"close", "terminate", "terminate_sync"} & set(vars(ResourcePool))
@@ -177,13 +178,15 @@ def test_shims_and_dead_code_are_gone():
     import agentfly_gym.errors as errors
     import agentfly_gym.utils.aio as aio
 
-    assert not hasattr(errors, "StepTimeout") and not hasattr(aio, "on_background_loop")
+    assert not hasattr(errors, "StepTimeout")
+    assert not hasattr(aio, "on_background_loop")
 
 
 def test_verl_plugin_closes_with_close_and_aclose():
     import agentfly_gym_verl  # on sys.path through tests/conftest.py
 
-    assert callable(agentfly_gym_verl.close) and callable(agentfly_gym_verl.aclose)
+    assert callable(agentfly_gym_verl.close)
+    assert callable(agentfly_gym_verl.aclose)
     for old in ("shutdown", "ashutdown"):
         assert old not in agentfly_gym_verl.__all__
         with pytest.raises(AttributeError):

@@ -119,7 +119,8 @@ def test_games_the_tests_name_are_in_the_test_data():
     named = {m for p in sources for m in re.findall(r"valid_(?:seen|unseen|train)/[\w-]+/trial_T[\d_]+",
                                                     p.read_text(encoding="utf-8"))}
     missing = [t for t in sorted(named) if not (TEST_DATA / "alfworld" / "json_2.1.1" / t / "game.tw-pddl").is_file()]
-    assert len(named) >= 4 and missing == []
+    assert len(named) >= 4
+    assert missing == []
 
 
 @pytest.fixture(scope="module")

@@ -152,11 +152,15 @@ def test_the_verl_example_needs_no_data_folder_and_splits_its_sets():
     ranges of one task list) and checks them, and no longer says it needs a data folder."""
     text = (ROOT / "plugins" / "verl" / "examples" / "run_grpo_chess.sh").read_text()
     assert "$AGENTFLY_GYM_DATA/chess" not in text
-    assert '"$N_TRAIN" train' in text and '"$N_VAL" validation' in text and "dataset check" in text
+    assert '"$N_TRAIN" train' in text
+    assert '"$N_VAL" validation' in text
+    assert "dataset check" in text
 
 
 def test_the_verl_quickstart_says_why_it_writes_two_data_sets():
     text = (ROOT / "docs" / "trainers.md").read_text(encoding="utf-8")
     before = text[:text.index("agentfly-gym dataset Chess -o data/train.parquet")]
     said = " ".join(before[-700:].split())
-    assert "two data sets" in said and "validation" in said and "share no task" in said
+    assert "two data sets" in said
+    assert "validation" in said
+    assert "share no task" in said

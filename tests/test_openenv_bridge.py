@@ -73,14 +73,22 @@ async def test_openenv_client_plays_our_env_and_sessions_share_the_manager():
     try:
         a, b = GenericEnvClient(base_url=srv.url), GenericEnvClient(base_url=srv.url)
         r = await a.reset(seed=3)
-        assert r.done is False and r.reward is None and "White" in r.observation["text"]
+        assert r.done is False
+        assert r.reward is None
+        assert "White" in r.observation["text"]
         info = r.observation["info"]
-        assert info["step"] == 0 and info["won"] is False and "admissible_actions" in info
+        assert info["step"] == 0
+        assert info["won"] is False
+        assert "admissible_actions" in info
         move = info["admissible_actions"][0]
         s = await a.step({"text": move})
-        assert s.done is False and s.reward == 0.0 and s.observation["info"]["step"] == 1
+        assert s.done is False
+        assert s.reward == 0.0
+        assert s.observation["info"]["step"] == 1
         bad = await a.step({"text": "not-a-move"})                     # a handled observation, not an error
-        assert bad.reward == 0.0 and not bad.done and bad.observation["text"]
+        assert bad.reward == 0.0
+        assert not bad.done
+        assert bad.observation["text"]
         # a second client waits for the one engine (max_instances=1) until the first session ends
         second = asyncio.create_task(b.reset(seed=4))
 
@@ -94,7 +102,9 @@ async def test_openenv_client_plays_our_env_and_sessions_share_the_manager():
         assert "White" in r2.observation["text"]
         pools = srv.manager().metrics()
         engine = [p for k, p in pools.items() if k.startswith("inprocess")]
-        assert len(engine) == 1 and engine[0]["started"] == 1 and engine[0]["reused"] >= 1
+        assert len(engine) == 1
+        assert engine[0]["started"] == 1
+        assert engine[0]["reused"] >= 1
         await b.close()
     finally:
         srv.stop()
@@ -109,9 +119,12 @@ async def test_puzzle_reward_and_task_option_over_openenv():
             assert r.observation["info"]["task_id"] == PUZZLE
             for move in ("e5e3", "f6a1"):   # the moves that solve it in test_verl_plugin's scripted episode
                 s = await c.step({"text": move})
-                assert s.done is False and s.reward == 0.0
+                assert s.done is False
+                assert s.reward == 0.0
             s = await c.step({"text": "a8a1"})
-            assert s.done is True and s.reward == 1.0 and s.observation["info"]["won"] is True
+            assert s.done is True
+            assert s.reward == 1.0
+            assert s.observation["info"]["won"] is True
             assert (await c.state())["step_count"] == 3
             bad = GenericEnvClient(base_url=srv.url)
             with pytest.raises(Exception, match="no_such_option|unknown"):
@@ -157,10 +170,12 @@ async def test_openenv_example_env_behind_our_wrapper(echo_env):
         env2 = OpenEnvEnv(app=echo_env, action_field="message", observation_field="echoed_message", manager=m,
                           max_instances=1)
         obs, info = await env.areset(seed=0)
-        assert obs == "Echo Env environment ready!" and info["openenv"]["message_length"] == 0
+        assert obs == "Echo Env environment ready!"
+        assert info["openenv"]["message_length"] == 0
         obs, reward, term, trunc, info = await env.astep("hello")
         assert (obs, reward, term, trunc) == ("hello", pytest.approx(0.5), False, False)   # reward 0.1 per char
-        assert info["step"] == 1 and info["openenv"]["message_length"] == 5
+        assert info["step"] == 1
+        assert info["openenv"]["message_length"] == 5
         waiting = asyncio.create_task(env2.areset(seed=1))
         await until(lambda: any(p["waiting"] == 1 for k, p in m.metrics().items() if k.startswith("inprocess")),
                     60, "env2 to wait for the server")
@@ -169,9 +184,11 @@ async def test_openenv_example_env_behind_our_wrapper(echo_env):
         obs2, _ = await asyncio.wait_for(waiting, 60)
         assert obs2 == "Echo Env environment ready!"
         (pool,) = [p for k, p in m.metrics().items() if k.startswith("inprocess")]
-        assert pool["started"] == 1 and pool["reused"] == 1
+        assert pool["started"] == 1
+        assert pool["reused"] == 1
         obs, reward, *_ = await env2.astep("abc")
-        assert obs == "abc" and reward == pytest.approx(0.3)
+        assert obs == "abc"
+        assert reward == pytest.approx(0.3)
         await env2.aclose()
         with pytest.raises(ConfigError, match="exactly one of"):
             OpenEnvEnv(action_field="message")

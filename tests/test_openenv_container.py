@@ -83,7 +83,8 @@ def test_unchanged_image_is_not_rebuilt(echo_image, docker_client):
     assert build_openenv_image("echo_env", progress=lines.append) == echo_image
     assert not any("building" in line or "Step " in line for line in lines), lines
     labels = docker_client.images.get(echo_image).labels
-    assert "openenv-core==" in labels["agentfly.openenv.dists"] and labels["agentfly.openenv.env"] == "echo_env"
+    assert "openenv-core==" in labels["agentfly.openenv.dists"]
+    assert labels["agentfly.openenv.env"] == "echo_env"
 
 
 @pytest.mark.slow
@@ -99,10 +100,13 @@ async def test_echo_env_in_pooled_containers(echo_image, docker_client):
         seen = []
         for episode in range(2):
             obs, info = await env.areset(seed=episode)
-            assert obs == READY and info["openenv"]["message_length"] == 0 and info["error"] is None
+            assert obs == READY
+            assert info["openenv"]["message_length"] == 0
+            assert info["error"] is None
             (box,) = env.scope.resources.values()
             host, port = box.endpoint(8000)
-            assert host == "127.0.0.1" and env._url == f"http://127.0.0.1:{port}"
+            assert host == "127.0.0.1"
+            assert env._url == f"http://127.0.0.1:{port}"
             attrs = docker_client.api.inspect_container(box.container_id)
             assert attrs["HostConfig"]["PortBindings"]["8000/tcp"][0]["HostIp"] == "127.0.0.1"
             seen.append((box.id, box.container_id))
@@ -117,7 +121,8 @@ async def test_echo_env_in_pooled_containers(echo_image, docker_client):
                 assert not waiting.done()
             await env.aend_episode()
         (pool,) = [p for k, p in m.metrics().items() if k.startswith("container")]
-        assert pool["started"] == 1 and pool["reused"] >= 1
+        assert pool["started"] == 1
+        assert pool["reused"] >= 1
         assert seen[0][0] == seen[1][0]                      # the same pooled instance ...
         assert seen[0][1] != seen[1][1]                      # ... reset to a fresh container on reuse
         assert docker_client.containers.list(all=True, filters={"id": seen[0][1]}) == []
@@ -129,8 +134,12 @@ async def test_echo_env_in_pooled_containers(echo_image, docker_client):
         # the container dies mid-episode: a handled observation, the container discarded
         docker_client.api.kill(box.container_id)
         obs, reward, term, trunc, info = await env2.astep("anyone?")
-        assert trunc and not term and reward == 0.0
-        assert info["error"] and "OpenEnv server" in info["error"] and obs.startswith("Error:")
+        assert trunc
+        assert not term
+        assert reward == 0.0
+        assert info["error"]
+        assert "OpenEnv server" in info["error"]
+        assert obs.startswith("Error:")
         assert not env2.scope_is_open                        # the episode ended, its scope released
         assert m.metrics()[box.spec.key]["in_use"] == 0
         await env.aclose()
@@ -152,7 +161,8 @@ async def test_server_that_never_answers_fails_reset_clearly(echo_image, docker_
         with pytest.raises(ResourceStartError, match="did not answer /health with 200 within 3"):
             await env.areset(seed=0)
         (pool,) = [p for k, p in m.metrics().items() if k.startswith("container")]
-        assert pool["in_use"] == 0 and pool["idle"] == 0      # discarded, not parked for the next episode
+        assert pool["in_use"] == 0
+        assert pool["idle"] == 0
         await env.aclose()
     assert _ours(docker_client) == []
 
@@ -174,16 +184,19 @@ def test_closed_envs_leave_no_container_past_the_idle_time(echo_image, docker_cl
         return docker_client.containers.list(all=True, sparse=True,
                                              filters={"label": [f"agentfly.pool={key}", f"agentfly.pid={os.getpid()}"]})
 
-    assert first.reset(seed=0)[0] == READY and first.step("hi")[0] == "hi"
+    assert first.reset(seed=0)[0] == READY
+    assert first.step("hi")[0] == "hi"
     first.close()
     second = OpenEnvEnv(**kw)
     assert second.reset(seed=1)[0] == READY
     manager = second.manager
     second.close()
     snap = manager.metrics()[key]
-    assert snap["started"] == 1 and snap["reused"] == 1      # warm reuse across envs
+    assert snap["started"] == 1
+    assert snap["reused"] == 1
     deadline = time.monotonic() + 120
     while pool_containers() or manager.metrics()[key]["idle"]:
         assert time.monotonic() < deadline, f"containers still up: {pool_containers()}"
         time.sleep(0.2)
-    assert not manager.closed and manager.metrics()[key]["recycled"] == 1
+    assert not manager.closed
+    assert manager.metrics()[key]["recycled"] == 1

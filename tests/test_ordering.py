@@ -103,7 +103,10 @@ async def test_cancelled_or_timed_out_prioritised_waiter_strands_nothing():
     await pool.release(held)  # granted to `high`, which is cancelled before it runs: passed on to `low`
     high.cancel()
     await asyncio.wait_for(asyncio.gather(*low), 2)
-    assert order == [0] and pool.size == 1 and pool.metrics.in_use == 0 and pool.metrics.waiting == 0
+    assert order == [0]
+    assert pool.size == 1
+    assert pool.metrics.in_use == 0
+    assert pool.metrics.waiting == 0
     assert not pool._ranks
     await pool.aclose()
 
@@ -138,17 +141,22 @@ async def test_priority_travels_through_the_scope():
 def test_lengths_learn_persist_and_take_a_user_estimate(tmp_path):
     path = tmp_path / "run" / "lengths.json"
     lengths = RolloutLengths(path=path, alpha=0.5)
-    assert lengths.predict("t") is None and longest_first([None, None]) == [0, 1]
+    assert lengths.predict("t") is None
+    assert longest_first([None, None]) == [0, 1]
     lengths.observe("t", 10.0, 4)
     lengths.observe("t", 20.0, 8)
     lengths.observe("u", 2.0, 1)
-    assert lengths.predict("t") == 15.0 and lengths.predict_turns("t") == 6.0
+    assert lengths.predict("t") == 15.0
+    assert lengths.predict_turns("t") == 6.0
     assert lengths.order(["u", "new", "t"]) == ([2, 1, 0], [2.0, 8.5, 15.0])  # unknown: the mean of known ones
     lengths.save()
     again = RolloutLengths(path=path)  # a resumed run
-    assert again.predict("t") == 15.0 and len(again) == 2 and json.loads(path.read_text())["version"] == 1
+    assert again.predict("t") == 15.0
+    assert len(again) == 2
+    assert json.loads(path.read_text())["version"] == 1
     own = RolloutLengths({"u": 99.0}, path=path)
-    assert own.predict("u") == 99.0 and own.predict("t") == 15.0  # the user first, what was seen fills in
+    assert own.predict("u") == 99.0
+    assert own.predict("t") == 15.0
     assert RolloutLengths(lambda k: len(k)).predict("abc") == 3.0
     path.write_text("[1, 2]")
     with pytest.raises(ConfigError, match="not a saved RolloutLengths"):
@@ -199,7 +207,8 @@ async def test_task_runner_starts_longest_predicted_first_and_learns(chat, tmp_p
         assert {k: runner.lengths.predict(k) for k in keys} == pytest.approx(walls)
         policy.seen.clear()
         await runner.aplay(rows)
-        assert policy.seen == sorted(policy.seen, reverse=True) and len(set(policy.seen)) == 4
+        assert policy.seen == sorted(policy.seen, reverse=True)
+        assert len(set(policy.seen)) == 4
         assert RolloutLengths(path=path).predict(keys[0]) is not None  # saved for a resumed run
         arrival = TaskRunner(policy, chat, manager=m, max_turns=1, concurrency=1, order="arrival")
         policy.seen.clear()
@@ -221,7 +230,8 @@ async def test_a_row_with_neither_task_nor_seed_has_no_length_key(chat, tmp_path
         runner = TaskRunner(policy, chat, manager=m, max_turns=1, concurrency=1,
                             lengths=RolloutLengths(path=tmp_path / "lengths.json"))
         trajs = await runner.aplay([TaskRow("Chess-v0"), TaskRow("Chess-v0", seed=0)])
-    assert len(trajs) == 2 and not any(t.error for t in trajs)
+    assert len(trajs) == 2
+    assert not any(t.error for t in trajs)
     assert sorted(json.loads((tmp_path / "lengths.json").read_text())["tasks"]) == ["agentfly/Chess-v0/seed=0"]
 
 
@@ -253,7 +263,8 @@ async def test_run_rollouts_keeps_lengths_json_for_a_resumed_run(chat, tmp_path)
         await run_rollouts(first, policy, chat, manager=m, progress=False)
         assert policy.seen == [None] * 3  # nothing known yet: arrival order, FIFO acquisitions
         saved = json.loads((out / LENGTHS_NAME).read_text())
-        assert sorted(saved["tasks"]) == keys and all(v["n"] == 1 for v in saved["tasks"].values())
+        assert sorted(saved["tasks"]) == keys
+        assert all(v["n"] == 1 for v in saved["tasks"].values())
         walls = {k: v["seconds"] for k, v in saved["tasks"].items()}
         assert not list(out.glob(".*.json*")), "no temporary file left"
 
@@ -272,7 +283,8 @@ async def test_run_rollouts_keeps_lengths_json_for_a_resumed_run(chat, tmp_path)
         await run_rollouts(arrival, policy, chat, manager=m, progress=False)
         assert policy.seen == [None] * 3                                 # arrival order, FIFO acquisitions ...
         after = json.loads((out / LENGTHS_NAME).read_text())["tasks"]   # ... but its lengths are recorded
-        assert sorted(after) == keys and all(after[k]["n"] == 3 for k in keys)
+        assert sorted(after) == keys
+        assert all(after[k]["n"] == 3 for k in keys)
 
         fresh = tmp_path / "arrival-first"                             # an arrival run's file orders a later run
         await run_rollouts(RolloutConfig(env_ids=["Chess-v0"], num_trajectories=3, max_turns=1, concurrency=1,
@@ -301,7 +313,8 @@ async def test_a_corrupt_or_foreign_lengths_json_is_refused_before_the_run(chat,
     policy = Recording()
     with pytest.raises(ConfigError, match="lengths.json is not a saved RolloutLengths"):
         await run_rollouts(config, policy, chat, progress=False)
-    assert policy.seen == [] and (out / "lengths.json").read_text() == content
+    assert policy.seen == []
+    assert (out / "lengths.json").read_text() == content
     assert not (out / "summary.json").exists()
 
 
@@ -315,10 +328,12 @@ async def test_overwrite_ignores_and_replaces_a_corrupt_lengths_json(chat, tmp_p
                            if_exists="replace")
     async with ResourceManager() as m:
         result = await run_rollouts(config, RandomPolicy(seed=0), chat, manager=m, progress=False)
-    assert len(result.trajectories) == 2 and (out / "summary.json").exists()
+    assert len(result.trajectories) == 2
+    assert (out / "summary.json").exists()
     assert sorted(RolloutLengths(path=out / "lengths.json").as_dict()["tasks"]) == [
         "agentfly/Chess-v0/seed=0", "agentfly/Chess-v0/seed=1"]
-    assert "is not a saved RolloutLengths" in caplog.text and "ignored" in caplog.text
+    assert "is not a saved RolloutLengths" in caplog.text
+    assert "ignored" in caplog.text
 
 
 async def test_a_lengths_file_that_cannot_be_written_loses_nothing_of_the_run(chat, tmp_path, caplog):
@@ -329,7 +344,8 @@ async def test_a_lengths_file_that_cannot_be_written_loses_nothing_of_the_run(ch
                            lengths=RolloutLengths(path=tmp_path / "not-a-folder" / "lengths.json"))
     async with ResourceManager() as m:
         result = await run_rollouts(config, RandomPolicy(seed=0), chat, manager=m, progress=False)
-    assert len(result.trajectories) == 2 and (tmp_path / "run" / "summary.json").exists()
+    assert len(result.trajectories) == 2
+    assert (tmp_path / "run" / "summary.json").exists()
     assert "could not save the rollout-length estimate" in caplog.text
 
 
@@ -345,14 +361,17 @@ def test_saves_are_atomic_merges_that_survive_a_file_gone_bad(tmp_path, caplog):
     assert b.predict("x") == 10.0  # b took in a's key
     a.observe("x", 20.0, 2)
     a.save()
-    assert json.loads(path.read_text())["tasks"].keys() == {"x", "y"} and RolloutLengths(path=path).predict("x") == 15.0
+    assert json.loads(path.read_text())["tasks"].keys() == {"x", "y"}
+    assert RolloutLengths(path=path).predict("x") == 15.0
     path.write_text("{not json")
     a.observe("z", 1.0, 1)
     a.save()
-    assert "not a saved RolloutLengths" in caplog.text and RolloutLengths(path=path).predict("z") == 1.0
+    assert "not a saved RolloutLengths" in caplog.text
+    assert RolloutLengths(path=path).predict("z") == 1.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lengths.json"]
     fresh = RolloutLengths().load(path)
-    assert fresh.predict("x") == 15.0 and RolloutLengths().load(tmp_path / "absent.json").predict("x") is None
+    assert fresh.predict("x") == 15.0
+    assert RolloutLengths().load(tmp_path / "absent.json").predict("x") is None
 
 
 def test_cli_rollout_keeps_lengths_json_and_refuses_a_foreign_one(tmp_path, capsys):
@@ -371,7 +390,8 @@ def test_cli_rollout_keeps_lengths_json_and_refuses_a_foreign_one(tmp_path, caps
     (other / "lengths.json").write_text("[\"someone else's\"]")
     assert main(argv[:-1] + [str(other)]) == 2
     err = capsys.readouterr().err
-    assert "lengths.json is not a saved RolloutLengths" in err and "Traceback" not in err
+    assert "lengths.json is not a saved RolloutLengths" in err
+    assert "Traceback" not in err
     assert main(argv[:-1] + [str(other), "--overwrite"]) == 0      # --overwrite replaces it
     assert sorted(json.loads((other / "lengths.json").read_text())["tasks"]) == [
         "agentfly/Chess-v0/seed=0", "agentfly/Chess-v0/seed=1"]

@@ -62,7 +62,8 @@ def test_sample_rows_draws_from_each_rows_distribution():
     assert lps[0::3] == pytest.approx([float(z[t]) for t in toks[0::3]], abs=1e-6)  # at T=1, before truncation
     freq = counts / n
     assert torch.allclose(freq[0], torch.tensor([0.5, 0.3, 0.2]), atol=0.03), freq[0]
-    assert freq[1, 2] == 0 and freq[1, 0] == pytest.approx(0.5 / 0.8, abs=0.03)
+    assert freq[1, 2] == 0
+    assert freq[1, 0] == pytest.approx(0.5 / 0.8, abs=0.03)
     assert freq[2, 0] == 1
 
 
@@ -75,7 +76,8 @@ def test_sample_rows_top_p_and_temperature_per_row():
     seen = [set(toks[0::2]), set(toks[1::2])]
     assert lps[1::2] == pytest.approx([float(torch.log_softmax(z[0] / 2.0, -1)[t]) for t in toks[1::2]], abs=1e-6)
     # at T=0.5 the top token holds 0.867 of the mass, past top_p: the nucleus is that token alone
-    assert seen[0] == {0} and seen[1] == {0, 1, 2, 3}
+    assert seen[0] == {0}
+    assert seen[1] == {0, 1, 2, 3}
 
 
 async def test_seeded_tokens_do_not_depend_on_the_batch(reuse):
@@ -119,7 +121,8 @@ async def test_a_turn_with_a_reused_cache_equals_a_fresh_prefill(reuse, fresh):
             assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
         assert got[0].logprobs == pytest.approx(forward_logprobs(reuse, p2, got[0].token_ids, sampling.temperature),
                                                 abs=2e-4)
-    assert fresh.prefix_cache.hits == 0 and len(fresh.prefix_cache) == 0
+    assert fresh.prefix_cache.hits == 0
+    assert len(fresh.prefix_cache) == 0
     # after new weights (clear_prefix_cache), nothing kept before is reused
     assert len(reuse.prefix_cache) > 0
     reuse.clear_prefix_cache()
@@ -134,18 +137,22 @@ def test_prefix_cache_keeps_one_entry_per_trajectory_within_its_bound():
     cache = PrefixCache(max_bytes=3 * 512)
     cache.store([1, 2, 3, 4], kv)
     cache.store([1, 2, 3, 4], kv)  # the same sequence again: no second entry
-    assert len(cache) == 1 and cache.lookup([1, 2, 3, 4]) is None  # a prompt must extend it
+    assert len(cache) == 1
+    assert cache.lookup([1, 2, 3, 4]) is None
     assert cache.lookup([1, 2, 3, 4, 5]).token_ids == [1, 2, 3, 4]
     cache.store([1, 2, 3, 4, 5, 6, 7, 8], [(torch.zeros(1, 2, 8, 8), torch.zeros(1, 2, 8, 8))])
-    assert len(cache) == 1 and cache.nbytes == 1024  # the extended entry replaced its prefix
+    assert len(cache) == 1
+    assert cache.nbytes == 1024
     cache.store([9, 9, 9, 9], kv)  # 1024 + 512 fits
     cache.store([7, 7, 7, 7], kv)  # past the bound: the least recently used (the long one) goes
-    assert sorted(e.token_ids[0] for e in cache._entries.values()) == [7, 9] and cache.nbytes == 1024
+    assert sorted(e.token_ids[0] for e in cache._entries.values()) == [7, 9]
+    assert cache.nbytes == 1024
     PrefixCache(0).store([1], kv)  # disabled: nothing kept, no error
 
 
 def test_device_and_dtype_are_checked_and_default_to_bf16_on_a_gpu():
-    assert resolve_dtype("cpu") is None and resolve_dtype("cpu", "auto") is None
+    assert resolve_dtype("cpu") is None
+    assert resolve_dtype("cpu", "auto") is None
     assert resolve_dtype("cpu", "bfloat16") is torch.bfloat16
     with pytest.raises(ConfigError, match="floating torch dtype"):
         resolve_dtype("cpu", "int8")
@@ -163,7 +170,9 @@ def test_make_policy_takes_device_dtype_and_batch_size(tiny_qwen):
 
     policy, _ = make_policy(str(tiny_qwen), device="cpu", dtype="bfloat16", max_batch_size=3)
     try:
-        assert policy.model.dtype == torch.bfloat16 and policy.max_batch_size == 3 and policy.device.type == "cpu"
+        assert policy.model.dtype == torch.bfloat16
+        assert policy.max_batch_size == 3
+        assert policy.device.type == "cpu"
         g = asyncio.run(policy.generate(chat_ids(policy, "hi"), GREEDY))
         assert len(g.token_ids) == 6
     finally:

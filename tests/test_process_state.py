@@ -133,7 +133,8 @@ def test_the_application_installs_the_teardown_handler_and_a_run_puts_back_what_
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         with teardown.sigterm_teardown() as installed:
-            assert installed and signal.getsignal(signal.SIGTERM) is teardown._on_sigterm
+            assert installed
+            assert signal.getsignal(signal.SIGTERM) is teardown._on_sigterm
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
         assert teardown.install()
         with teardown.sigterm_teardown() as installed:
@@ -145,7 +146,8 @@ def test_the_application_installs_the_teardown_handler_and_a_run_puts_back_what_
 
         signal.signal(signal.SIGTERM, mine)
         with teardown.sigterm_teardown() as installed:
-            assert not installed and signal.getsignal(signal.SIGTERM) is mine
+            assert not installed
+            assert signal.getsignal(signal.SIGTERM) is mine
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, saved)
@@ -159,7 +161,8 @@ async def test_a_manager_owns_and_closes_its_docker_engine_access():
 
     a, b = ResourceManager(), ResourceManager()
     ea, eb = a.services.get(DockerEngine), b.services.get(DockerEngine)
-    assert ea is a.services.get(DockerEngine) and ea is not eb
+    assert ea is a.services.get(DockerEngine)
+    assert ea is not eb
     pool = ea.pool()
     assert await ea.in_thread(lambda x: x + 1, 1) == 2
     watchdog = ea.watchdog()

@@ -54,7 +54,8 @@ def _env(manager, backend_kw, **kw) -> R2EGymEnv:
 async def test_tool_semantics(manager, backend_kw):
     env = _env(manager, backend_kw, bash_timeout=3.0, max_output=2000)
     obs, info = await env.areset(options={"task_id": "minicalc-bug1"})
-    assert "minicalc.add(2, 3)` returns -1" in obs and info["backend"] == backend_kw["backend"]
+    assert "minicalc.add(2, 3)` returns -1" in obs
+    assert info["backend"] == backend_kw["backend"]
     ops = "/testbed/minicalc/ops.py"
 
     async def run(action: str) -> str:
@@ -66,24 +67,31 @@ async def test_tool_semantics(manager, backend_kw):
         return await run(_xml("execute_bash", cmd=cmd))
 
     o = await run(_xml("file_editor", command="view", path=ops))
-    assert "     3     return a - b" in o and "     8     return a - b" in o
+    assert "     3     return a - b" in o
+    assert "     8     return a - b" in o
     o = await run(_xml("file_editor", command="view", path=ops, view_range="[5, 6]"))
-    assert "def sub" in o and "def add" not in o
+    assert "def sub" in o
+    assert "def add" not in o
     assert "ERROR: Invalid view_range" in await run(_xml("file_editor", command="view", path=ops, view_range="[40, 50]"))
     o = await run(_xml("file_editor", command="view", path="/testbed"))
-    assert "/testbed/minicalc/ops.py" in o and "/testbed/tests" not in o  # hidden tests are not there
+    assert "/testbed/minicalc/ops.py" in o
+    assert "/testbed/tests" not in o
     assert "ERROR" in await run(_xml("file_editor", command="view", path="minicalc/ops.py"))  # not absolute
     # str_replace: non-unique and missing old_str are refused, the file is untouched
     o = await run(_xml("file_editor", command="str_replace", path=ops, old_str="return a - b", new_str="return a + b"))
-    assert "ERROR" in o and "Multiple occurrences" in o and "[3, 8]" in o
+    assert "ERROR" in o
+    assert "Multiple occurrences" in o
+    assert "[3, 8]" in o
     o = await run(_xml("file_editor", command="str_replace", path=ops, old_str="return a ** b", new_str="x"))
-    assert "ERROR" in o and "did not appear verbatim" in o
+    assert "ERROR" in o
+    assert "did not appear verbatim" in o
     assert (await bash("md5sum minicalc/ops.py")).count("minicalc/ops.py") == 1
     before = await bash("cat minicalc/ops.py")
     o = await run(_xml("file_editor", command="str_replace", path=ops,
                        old_str='\n    """Return a + b."""\n    return a - b\n',
                        new_str='\n    """Return a + b."""\n    return a + b\n'))
-    assert "has been edited" in o and "return a + b" in o
+    assert "has been edited" in o
+    assert "return a + b" in o
     assert "5" in await bash("python3 -c 'import minicalc; print(minicalc.add(2, 3))'")
     # undo_edit restores the previous content; a second undo has nothing left
     assert "undone successfully" in await run(_xml("file_editor", command="undo_edit", path=ops))
@@ -102,7 +110,8 @@ async def test_tool_semantics(manager, backend_kw):
     assert "ERROR: File already exists" in await run(_xml("file_editor", command="create", path=ops, file_text="x"))
     # search: folder, file, nothing
     o = await run('{"name": "search", "arguments": {"search_term": "return a"}}')
-    assert 'Found 3 matches for "return a"' in o and "/testbed/minicalc/ops.py (3 matches)" in o
+    assert 'Found 3 matches for "return a"' in o
+    assert "/testbed/minicalc/ops.py (3 matches)" in o
     o = await run(_xml("search", search_term="def sub", path=ops))
     assert "7:def sub(a, b):" in o  # one line lower after the insert
     assert "No matches found" in await run(_xml("search", search_term="zzz_nothing"))
@@ -110,12 +119,15 @@ async def test_tool_semantics(manager, backend_kw):
     assert "Exit code: 3" in await bash("echo hi; exit 3")
     t = time.monotonic()
     o = await bash("sleep 30; echo never")
-    assert "took too long" in o and "never" not in o and time.monotonic() - t < 28
+    assert "took too long" in o
+    assert "never" not in o
+    assert time.monotonic() - t < 28
     o = await bash("yes abcdefgh | head -c 200000")
     assert len(o) < 3000
     # a malformed action is a handled observation
     o = await run("please fix it")
-    assert o.startswith("ERROR: could not parse the tool call") and "<function=" in o
+    assert o.startswith("ERROR: could not parse the tool call")
+    assert "<function=" in o
     await env.aclose()
 
 
@@ -126,13 +138,15 @@ async def test_same_container_across_turns_and_clean_reuse(manager, backend_kw):
     box = next(iter(env.scope.resources.values()))
     o, *_, i1 = await env.astep(_xml("execute_bash", cmd="echo state > /testbed/marker.txt; echo $$"))
     o, *_, i2 = await env.astep(_xml("execute_bash", cmd="cat /testbed/marker.txt"))
-    assert "state" in o and info["container"] == i1["container"] == i2["container"] == box.id
+    assert "state" in o
+    assert info["container"] == i1["container"] == i2["container"] == box.id
     assert list(env.scope.resources.values()) == [box]
     # next rollout: the pool's single container is reused, reset, and holds a fresh copy of the repo
     _, info2 = await env.areset(seed=2)
     assert info2["container"] == box.id
     o, *_ = await env.astep(_xml("execute_bash", cmd="ls /testbed; git -C /testbed status --short"))
-    assert "marker.txt" not in o and "minicalc" in o
+    assert "marker.txt" not in o
+    assert "minicalc" in o
     await env.aclose()
 
 
@@ -154,7 +168,8 @@ async def test_disk_limit_holds_for_a_model_that_fills_the_disk(manager, backend
         assert info["error"], o
     await env.areset(seed=1)
     o, *_ = await env.astep(_xml("execute_bash", cmd="ls /testbed"))
-    assert "big" not in o.split() and "minicalc" in o
+    assert "big" not in o.split()
+    assert "minicalc" in o
     await env.aclose()
 
 
@@ -182,8 +197,15 @@ async def test_killed_container_ends_only_its_rollout(manager, backend_kw):
         return await b.astep(await b.expert_action())
 
     (oa, ra, ta, tra, infa), (_ob, rb, tb, _trb, infb) = await asyncio.gather(victim(), survivor())
-    assert tra and not ta and ra == 0.0 and infa["error"] and "Error" in oa
-    assert tb and rb == 1.0 and infb["error"] is None and infb["won"]
+    assert tra
+    assert not ta
+    assert ra == 0.0
+    assert infa["error"]
+    assert "Error" in oa
+    assert tb
+    assert rb == 1.0
+    assert infb["error"] is None
+    assert infb["won"]
     await a.aclose()
     await b.aclose()
 
@@ -195,11 +217,17 @@ async def test_grading_at_the_step_limit_and_finish_without_fix(manager):
     o, r, term, trunc, info = await env.astep(await env.expert_action())
     assert (r, term, trunc) == (0.0, False, False)
     o, r, term, trunc, info = await env.astep(_xml("execute_bash", cmd="true"))
-    assert trunc and not term and r == 1.0 and "Step limit reached" in o
+    assert trunc
+    assert not term
+    assert r == 1.0
+    assert "Step limit reached" in o
     assert info["test_results"] == {"test_add": "PASSED", "test_sub": "PASSED", "TestMul.test_mul": "PASSED"}
     await env.areset(seed=0)
     o, r, term, trunc, info = await env.astep(_xml("finish"))
-    assert term and r == 0.0 and info["test_results"]["test_add"] == "FAILED" and not info["won"]
+    assert term
+    assert r == 0.0
+    assert info["test_results"]["test_add"] == "FAILED"
+    assert not info["won"]
     await env.aclose()
 
 
@@ -210,9 +238,12 @@ def test_check_env_and_make():
     try:
         check_env(env.unwrapped, skip_render_check=True)
         obs, info = env.reset(seed=3)
-        assert info["task_id"] == "minicalc-bug1" and "<github_issue>" in obs
+        assert info["task_id"] == "minicalc-bug1"
+        assert "<github_issue>" in obs
         obs, _r, term, trunc, _info = env.step("not a tool call")
-        assert not (term or trunc) and obs.startswith("ERROR")
+        assert not term
+        assert not trunc
+        assert obs.startswith("ERROR")
     finally:
         env.close()
 
@@ -246,7 +277,8 @@ async def test_idle_containers_are_removed_after_max_idle_time(manager, r2e_dock
     while pool_containers() or manager.metrics()[key]["idle"]:
         assert time.monotonic() < deadline, f"containers still up: {pool_containers()}"
         await asyncio.sleep(0.2)
-    assert not manager.closed and manager.metrics()[key]["recycled"] == 1
+    assert not manager.closed
+    assert manager.metrics()[key]["recycled"] == 1
     assert R2EGymEnv(tasks=FIXTURES / "tasks.jsonl", backend="sandbox").max_idle_time == 300.0
 
 

@@ -194,7 +194,8 @@ def test_honest_suite_gets_a_sound_seal_that_agrees_with_junit(tmp_path):
     assert m == isolated_test_map(plain_xml, plain_log, test_files=["tests/test_x.py"])  # same verdict as plain pytest
     assert m["test_monkeypatch_and_mock"] == m["test_logging_and_frames"] == m["test_raises"] == "PASSED", log
     assert m["test_decorated_here"] == m["test_decorated_by_mock"] == m["TestUnittest.test_u"] == "PASSED", m
-    assert m["test_setup_error"] == m["test_teardown_error"] == "ERROR" and m["test_xpass_strict"] == "FAILED"
+    assert m["test_setup_error"] == m["test_teardown_error"] == "ERROR"
+    assert m["test_xpass_strict"] == "FAILED"
     assert all(m[t] == "PASSED" for t in m if "_own_" in t) and len([t for t in m if "_own_" in t]) == 12, m
     assert problems == [] and body["audit"] is True and body["tampered"] == [], (problems, log[-3000:])
 
@@ -283,7 +284,8 @@ def test_seal_problems():
             "junit_sha256": hashlib.sha256(xml).hexdigest(), "rc": 1}
     m = {"test_a": "PASSED", "test_b": "FAILED"}
     assert seal_problems(_seal(good), KEY, xml, m)[0] == []
-    assert "without" in seal_problems(None, KEY, xml, m)[0][0] and seal_problems(b"", KEY, xml, m)[0]
+    assert "without" in seal_problems(None, KEY, xml, m)[0][0]
+    assert seal_problems(b"", KEY, xml, m)[0]
     assert "signature" in seal_problems(_seal(good, b"other"), KEY, xml, m)[0][0]
     assert "more than" in seal_problems(_seal(good) * 2, KEY, xml, m)[0][0]
     assert "changed" in seal_problems(_seal(good), KEY, xml + b" ", m)[0][0]
@@ -415,7 +417,8 @@ def test_a_probes_verdict_from_its_reports():
     assert verdict([("setup", "passed"), ("call", "passed"), ("teardown", "passed")], True) == "passed"
     assert verdict(ok + ok, True) == "reported twice"
     assert verdict([("setup", "passed"), ("call", "rerun"), *ok[1:]], True) is None  # pytest-rerunfailures' attempt
-    assert verdict([], True) == "never reported" and verdict([], False) is None  # no test ran at all
+    assert verdict([], True) == "never reported"
+    assert verdict([], False) is None
     assert verdict([("setup", "passed"), ("teardown", "passed")], True) == "its call was never reported"
 
 

@@ -150,7 +150,8 @@ def _env(manager, **kw) -> R2EGymEnv:
 def test_the_tools_are_tools_of_the_layer_with_upstreams_schemas():
     spec = ContainerSpec(image="host", backend="sandbox")
     tools = r2e_tools(spec)
-    assert all(isinstance(t, Tool) for t in tools) and tuple(t.name for t in tools) == TOOL_NAMES
+    assert all(isinstance(t, Tool) for t in tools)
+    assert tuple(t.name for t in tools) == TOOL_NAMES
     assert [json.dumps(t.schema) for t in tools] == [json.dumps(u) for u in UPSTREAM]  # key order too
     for t in tools:  # the container comes as a rollout-scoped resource; finish needs none and ends the episode
         assert (dict(t.resources), t.scope, t.finish) == (({}, "rollout", True) if t.name == "finish" else
@@ -162,7 +163,8 @@ async def test_native_calls_observe_and_score_as_xml(manager):
     """The same calls, in XML and as native Hermes calls: identical observations, step by step, and reward 1.0;
     each native result is a role "tool" message answering its call."""
     xml_env, native_env = _env(manager), _env(manager, tool_format="native")
-    assert native_env.agent_prompt.tools and [s["function"]["name"] for s in native_env.agent_prompt.tools] == list(
+    assert native_env.agent_prompt.tools
+    assert [s["function"]["name"] for s in native_env.agent_prompt.tools] == list(
         TOOL_NAMES)
     await xml_env.areset(options={"task_id": "minicalc-bug1"})
     await native_env.areset(options={"task_id": "minicalc-bug1"})
@@ -185,9 +187,11 @@ async def test_the_expert_scores_one_in_each_native_format(manager, tool_format)
     env = _env(manager, tool_format=tool_format)
     await env.areset(options={"task_id": "minicalc-bug1"})
     first = await env.expert_action()
-    assert parse_tool_calls(first, "auto")[0].name == "execute_bash" and "<function=" not in first
+    assert parse_tool_calls(first, "auto")[0].name == "execute_bash"
+    assert "<function=" not in first
     obs, reward, term, trunc, info = await env.astep(first)
-    assert (reward, term, info["tool"]) == (0.0, False, "execute_bash") and info["tool_messages"]
+    assert (reward, term, info["tool"]) == (0.0, False, "execute_bash")
+    assert info["tool_messages"]
     obs, reward, term, trunc, info = await env.astep(await env.expert_action())
     assert (reward, term, trunc, info["tool"], info["error"]) == (1.0, True, False, "finish", None), obs
     await env.aclose()
@@ -204,19 +208,26 @@ async def test_native_faults_are_observations(manager):
 
     # no call: the error goes back as a user message (no call to answer), and names the native format
     o, info = await step("I think the bug is in ops.py.")
-    assert o.startswith("ERROR: could not parse the tool call: no tool call found") and "<tool_call>" in o
-    assert "tool_messages" not in info and env.agent_prompt.turn_messages(o, info)[0]["role"] == "user"
+    assert o.startswith("ERROR: could not parse the tool call: no tool call found")
+    assert "<tool_call>" in o
+    assert "tool_messages" not in info
+    assert env.agent_prompt.turn_messages(o, info)[0]["role"] == "user"
     # XML is not a native call
     o, info = await step(_xml("execute_bash", {"cmd": "ls"}))
-    assert "no tool call found" in o and info["tool"] is None
+    assert "no tool call found" in o
+    assert info["tool"] is None
     # a malformed call
     o, info = await step('<tool_call>\n{"name": "execute_bash", "arguments": {"cmd": </tool_call>')
-    assert o.startswith("ERROR: could not parse the tool call") and "not valid JSON" in o and "tool_messages" not in info
+    assert o.startswith("ERROR: could not parse the tool call")
+    assert "not valid JSON" in o
+    assert "tool_messages" not in info
     # an unknown tool and bad arguments: answered by a tool message, the episode goes on
     o, info = await step(format_tool_call("rm_rf", {}))
-    assert "unknown tool 'rm_rf'" in o and info["tool_messages"][0]["name"] == "rm_rf"
+    assert "unknown tool 'rm_rf'" in o
+    assert info["tool_messages"][0]["name"] == "rm_rf"
     o, info = await step(format_tool_call("file_editor", {"command": "explode", "path": OPS}))
-    assert "command='explode' is not one of" in o and info["tool_messages"][0]["content"] == o
+    assert "command='explode' is not one of" in o
+    assert info["tool_messages"][0]["content"] == o
     o, info = await step(format_tool_call("execute_bash", {"cmd": "ls", "sudo": True}))
     assert "has no parameter(s) ['sudo']" in o
     o, info = await step('<tool_call>\n{"name": "execute_bash", "arguments": ["ls"]}\n</tool_call>')
@@ -226,7 +237,10 @@ async def test_native_faults_are_observations(manager):
     # two calls in one reply: only the first runs (upstream's agent keeps only the first call)
     o, info = await step(format_tool_call("execute_bash", {"cmd": "echo one"}) +
                          format_tool_call("execute_bash", {"cmd": "echo two"}))
-    assert "one" in o and "two" not in o and len(info["tool_calls"]) == 2 and len(info["tool_messages"]) == 1
+    assert "one" in o
+    assert "two" not in o
+    assert len(info["tool_calls"]) == 2
+    assert len(info["tool_messages"]) == 1
     await env.aclose()
 
 
@@ -252,11 +266,14 @@ async def test_chain_rollout_renders_the_tools_natively(manager, test_data):
     assert (traj.reward, traj.status, len(traj.turns)) == (1.0, "complete", 2)
     tok = chat.tokenizer
     prompt = tok.decode(traj.prompt_ids)
-    assert "<tools>" in prompt and all(f'"name": "{n}"' in prompt for n in TOOL_NAMES)
+    assert "<tools>" in prompt
+    assert all(f'"name": "{n}"' in prompt for n in TOOL_NAMES)
     response = tok.decode(traj.response_ids)
-    assert "<tool_response>\nExit code: 0" in response and response.count("<tool_call>") == 2
+    assert "<tool_response>\nExit code: 0" in response
+    assert response.count("<tool_call>") == 2
     replies = [m["content"] for m in traj.messages if m["role"] == "assistant"]
     sampled = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
     assert tok.decode(sampled) == "".join(r + "<|im_end|>" for r in replies)  # mask 1 exactly on the replies
-    assert traj.messages[3]["role"] == "tool" and traj.messages[3]["name"] == "execute_bash"
+    assert traj.messages[3]["role"] == "tool"
+    assert traj.messages[3]["name"] == "execute_bash"
     await env.aclose()

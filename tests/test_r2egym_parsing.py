@@ -45,7 +45,8 @@ def test_xml_call_keeps_whitespace_and_converts_types():
     assert call.arguments["insert_line"] == 7
     # the last call of several wins; submit is finish
     call = parse_action("<function=search><parameter=search_term>a</parameter></function>\n<function=submit>\n</function>")
-    assert call.name == "finish" and call.arguments == {}
+    assert call.name == "finish"
+    assert call.arguments == {}
 
 
 def test_json_calls():
@@ -84,7 +85,9 @@ def test_agent_prompt_extracts_the_last_tool_block():
     reply = "Thoughts...\n<function=search>\n<parameter=search_term>x</parameter>\n</function>\ntrailing words"
     assert p.parse_action(reply) == "<function=search>\n<parameter=search_term>x</parameter>\n</function>"
     assert p.parse_action(' {"name": "finish", "arguments": {}} ') == '{"name": "finish", "arguments": {}}'
-    assert "file_editor" in p.system and "execute_bash" in p.system and "finish" in p.system
+    assert "file_editor" in p.system
+    assert "execute_bash" in p.system
+    assert "finish" in p.system
 
 
 # ---------------------------------------------------------------- grading on real pytest output
@@ -114,7 +117,8 @@ def test_reward_from_real_pytest_runs(fixture_repo):
     ops = fixture_repo / "minicalc" / "ops.py"
     ops.write_text(ops.read_text().replace("return a - b", "return a + b", 1))
     reward, parsed = reward_from_log(_pytest_log(fixture_repo, "--color=yes"), json.dumps(expected))
-    assert parsed == expected and reward == 1.0
+    assert parsed == expected
+    assert reward == 1.0
     # an erroring fixture gives ERROR; a broken module gives a collection ERROR and reward 0
     (fixture_repo / "tests" / "test_err.py").write_text(
         "import pytest\n@pytest.fixture\ndef boom():\n    raise RuntimeError('x')\ndef test_e(boom):\n    pass\n")
@@ -122,7 +126,8 @@ def test_reward_from_real_pytest_runs(fixture_repo):
     (fixture_repo / "tests" / "test_err.py").unlink()
     ops.write_text("def add(:\n")
     reward, parsed = reward_from_log(_pytest_log(fixture_repo), expected)
-    assert reward == 0.0 and "ERROR" in parsed.values()
+    assert reward == 0.0
+    assert "ERROR" in parsed.values()
 
 
 def test_compare_and_parse_edge_cases():
@@ -131,7 +136,8 @@ def test_compare_and_parse_edge_cases():
     assert compare_test_maps({"a": "PASSED"}, exp) == 0.0
     assert compare_test_maps({"a": "PASSED", "T.b": "PASSED", "c": "PASSED"}, exp) == 0.0
     assert compare_test_maps({"a": "PASSED", "T.b": "FAILED"}, exp) == 0.0
-    assert parse_log_pytest("") == {} and parse_log_pytest("collected 0 items\nKilled") == {}
+    assert parse_log_pytest("") == {}
+    assert parse_log_pytest("collected 0 items\nKilled") == {}
     log = ("=== short test summary info ===\nPASSED t.py::a\nFAILED t.py::T::b - AssertionError: x - y\n"
            "ERROR t.py::c - RuntimeError\n=== 1 failed ===")
     assert parse_log_pytest(log) == {"a": "PASSED", "T.b": "FAILED", "c": "ERROR"}
@@ -151,9 +157,12 @@ def test_load_upstream_rows_from_jsonl_and_parquet(tmp_path):
     pq.write_table(pa.Table.from_pylist([row]), tmp_path / "rows.parquet")
     for name in ("rows.jsonl", "rows.parquet"):
         (t,) = load_tasks(tmp_path / name)
-        assert t.docker_image == row["docker_image"] and not t.local
-        assert t.issue == "Title: wrong sum" and t.expected == {"test_sum": "PASSED"}
-        assert t.task_id == "pandas@abc123abc123" and t.gold_patch is None
+        assert t.docker_image == row["docker_image"]
+        assert not t.local
+        assert t.issue == "Title: wrong sum"
+        assert t.expected == {"test_sum": "PASSED"}
+        assert t.task_id == "pandas@abc123abc123"
+        assert t.gold_patch is None
     bad = dict(row)
     del bad["expected_output_json"]
     (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
@@ -172,7 +181,9 @@ def _write(path: Path, row: dict) -> Path:
 
 def test_local_fixture_task_resolves_paths():
     (t,) = load_tasks(FIXTURES)
-    assert t.local and t.repo_dir.is_dir() and (t.hidden_dir / "tests" / "test_calc.py").is_file()
+    assert t.local
+    assert t.repo_dir.is_dir()
+    assert (t.hidden_dir / "tests" / "test_calc.py").is_file()
     assert not (t.repo_dir / "tests").exists()  # hidden tests are not in the repository
     assert t.gold_patch.startswith("diff --git a/minicalc/ops.py")
 
@@ -239,8 +250,10 @@ def test_filter_diff_keeps_the_fix_and_drops_what_steers_the_tests(model_diff):
                             "pkg/__pycache__/mod.cpython-311.pyc", "pkg.egg-info/entry_points.txt", "setup.cfg",
                             "tests/test_a.py", "tests/helper.py", "numpy.py", "link", "sitecustomize/__init__.py",
                             "src/usercustomize/__init__.py", "afg_plug/__init__.py", "lib/pkg.egg-link"}, reasons
-    assert "start-up" in reasons["sitecustomize/__init__.py"] and "PYTEST_PLUGINS" in reasons["afg_plug/__init__.py"]
-    assert "symbolic link" in reasons["link"] and "hidden test" in reasons["tests/test_a.py"]
+    assert "start-up" in reasons["sitecustomize/__init__.py"]
+    assert "PYTEST_PLUGINS" in reasons["afg_plug/__init__.py"]
+    assert "symbolic link" in reasons["link"]
+    assert "hidden test" in reasons["tests/test_a.py"]
     # the kept part applies to a clean copy and makes exactly the kept changes
     subprocess.run(["git", "apply", "-"], input=out.diff, cwd=base, check=True, capture_output=True)
     status = _git(base, "status", "--porcelain", "-z", "--untracked-files=all").split(b"\0")
@@ -259,7 +272,9 @@ def test_filter_diff_refuses_text_smuggled_after_a_hunk():
     smuggled = good + b"--- a/conftest.py\n+++ b/conftest.py\n@@ -0,0 +1 @@\n+import evil\n"
     assert filter_diff(good).kept == ["m.py"]
     out = filter_diff(smuggled)
-    assert out.kept == [] and out.diff == b"" and out.dropped == [{"path": "m.py", "reason": "text outside a hunk"}]
+    assert out.kept == []
+    assert out.diff == b""
+    assert out.dropped == [{"path": "m.py", "reason": "text outside a hunk"}]
     short = good.replace(b"@@ -1 +1 @@", b"@@ -1,2 +1 @@")
     assert filter_diff(short).kept == []
     bad_header = b"diff --git a/m.py b/other.py\n" + good.split(b"\n", 1)[1]
@@ -313,10 +328,13 @@ def test_skip(): pass
     log = r.stdout + r.stderr
     junit = _normalise(isolated_test_map(report.read_bytes(), log, test_files=["tests/test_x.py"]))
     upstream = _normalise(parse_log_pytest(log))
-    assert upstream.pop("test_fooled") == "PASSED" and junit.pop("test_fooled") == "FAILED"
+    assert upstream.pop("test_fooled") == "PASSED"
+    assert junit.pop("test_fooled") == "FAILED"
     assert junit == upstream, (junit, upstream)
-    assert junit["TestInh.test_inherited"] == "PASSED" and junit["TestC.test_p[a.b]"] == "PASSED"
-    assert junit["test_teardown_error"] == junit["test_setup_error"] == "ERROR" and "test_xpass" not in junit
+    assert junit["TestInh.test_inherited"] == "PASSED"
+    assert junit["TestC.test_p[a.b]"] == "PASSED"
+    assert junit["test_teardown_error"] == junit["test_setup_error"] == "ERROR"
+    assert "test_xpass" not in junit
 
 
 def test_grading_mode_is_checked():

@@ -52,7 +52,8 @@ def test_a_download_cut_off_by_a_full_disk_leaves_no_archive(tmp_path, monkeypat
 
     monkeypatch.setattr(local_tasks.subprocess, "run", pip)
     got = local_tasks._download(SPEC, dest, lambda _: None)
-    assert got == dest / "tinypkg-1.0.tar.gz" and got.read_bytes() == whole
+    assert got == dest / "tinypkg-1.0.tar.gz"
+    assert got.read_bytes() == whole
     assert [p.name for p in dest.iterdir()] == ["tinypkg-1.0.tar.gz"]
 
 
@@ -70,7 +71,8 @@ def test_an_empty_archive_left_by_an_earlier_version_is_not_reused(tmp_path, mon
 
     monkeypatch.setattr(local_tasks.subprocess, "run", pip)
     got = local_tasks._download(SPEC, dest, lambda _: None)
-    assert len(calls) == 1 and got.stat().st_size > 0
+    assert len(calls) == 1
+    assert got.stat().st_size > 0
 
 
 def test_a_second_build_of_one_folder_waits_for_the_first(tmp_path):
@@ -87,7 +89,9 @@ def test_a_second_build_of_one_folder_waits_for_the_first(tmp_path):
                                                                                               log=None)))
         builder.start()
         builder.join(0.5)  # a window in which an unlocked build (well under 0.1 s here) would have finished
-        assert builder.is_alive() and not (tmp_path / "tasks.jsonl").exists()
+        assert builder.is_alive()
+        assert not (tmp_path / "tasks.jsonl").exists()
         fcntl.flock(held, fcntl.LOCK_UN)
     builder.join(60)
-    assert result == [tmp_path / "tasks.jsonl"] and (tmp_path / "tasks.jsonl").read_text() == ""
+    assert result == [tmp_path / "tasks.jsonl"]
+    assert (tmp_path / "tasks.jsonl").read_text() == ""

@@ -40,11 +40,15 @@ def test_task_set_format(local_tasks_file):
     assert len({t.repo_name for t in tasks}) >= 20  # 20+ distinct real packages
     for t, bug in zip(tasks, LOCAL_BUGS):
         assert all(c in t.row for c in R2E_COLUMNS)
-        assert t.local and t.task_id == bug.task_id and t.row["source"] == f"pypi:{bug.package}=={bug.version}"
-        assert t.expected and set(t.expected.values()) <= {"PASSED", "FAILED", "ERROR"}
+        assert t.local
+        assert t.task_id == bug.task_id
+        assert t.row["source"] == f"pypi:{bug.package}=={bug.version}"
+        assert t.expected
+        assert set(t.expected.values()) <= {"PASSED", "FAILED", "ERROR"}
         assert t.row["fail_to_pass"], t.task_id  # the bug breaks at least one hidden test
         for rel in t.hidden_tests:  # hidden tests live apart from the repository
-            assert (t.hidden_dir / rel).is_file() and not (t.repo_dir / rel).exists()
+            assert (t.hidden_dir / rel).is_file()
+            assert not (t.repo_dir / rel).exists()
         assert bug.new in (t.repo_dir / bug.file).read_text(encoding="utf-8")
         assert t.gold_patch.startswith(f"diff --git a/{bug.file} b/{bug.file}")
         assert bug.new.strip() not in t.problem_statement  # the issue shows symptoms, not the fix
@@ -86,7 +90,8 @@ async def _reward_before_and_after(env: R2EGymEnv, task_id: str) -> tuple[float,
     assert term1, o
     _same_verdict_as_upstream_log(info1, env._by_id[task_id].expected)
     if info1["grading"]["mode"] == "isolated":  # the gold patch is applied whole, nothing dropped
-        assert not info1["grading"]["dropped"] and info1["grading"]["kept"] == env._by_id[task_id].modified_files
+        assert not info1["grading"]["dropped"]
+        assert info1["grading"]["kept"] == env._by_id[task_id].modified_files
     return r0, r1, info1
 
 

@@ -88,5 +88,6 @@ def test_an_unchecked_ray_version_warns(monkeypatch, caplog):
     monkeypatch.setattr(ray, "__version__", "2.99.0")
     with caplog.at_level(logging.WARNING, logger=_compat.__name__):
         assert not _compat.check_version(ray)
-    assert "Ray 2.99.0" in caplog.text and "checked against Ray 2.60.x" in caplog.text
+    assert "Ray 2.99.0" in caplog.text
+    assert "checked against Ray 2.60.x" in caplog.text
 

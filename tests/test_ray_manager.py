@@ -145,8 +145,11 @@ def test_cap_holds_across_driver_processes_and_reuse_is_reset(cluster, tmp_path)
         assert first[1] == 1 and second[1] == 2, f"a lease did not start from a reset state: {first}, {second}"
         assert first[0] == second[0]  # the same instance for the whole lease
     assert max_alive(events) <= 3, f"{max_alive(events)} instances lived at once with a cap of 3"
-    assert snap["peak_live"] <= 3 and snap["started"] <= 3
-    assert snap["acquires"] == 18 and snap["reused"] == 18 - snap["started"] and max(r[2] for r in results) > 1
+    assert snap["peak_live"] <= 3
+    assert snap["started"] <= 3
+    assert snap["acquires"] == 18
+    assert snap["reused"] == 18 - snap["started"]
+    assert max(r[2] for r in results) > 1
     assert any(r[0][2] > 0 for r in results)  # the object's own reset ran on reuse
 
 
@@ -194,7 +197,8 @@ def test_fifo_timeout_and_cancelled_acquisitions_strand_nothing(cluster, tmp_pat
                     pass
             r = await pool.acquire(timeout=30)  # would time out had any cancelled acquisition kept the lease
             snap = await pool.fetch_snapshot()
-            assert snap["in_use"] == 1 and snap["live"] == 1
+            assert snap["in_use"] == 1
+            assert snap["live"] == 1
             await pool.release(r)
             await asyncio.to_thread(wait_for, lambda: ray.get(pool.handle.snapshot.remote())["in_use"] == 0, 30, "release")
 
@@ -221,7 +225,8 @@ def test_idle_instances_stop_after_max_idle_time_and_the_next_lease_starts_one(c
             while (snap := await pool.fetch_snapshot())["live"]:
                 assert time.monotonic() < deadline, f"idle instances still live: {snap}"
                 await asyncio.sleep(0.2)
-            assert snap["recycled"] == 2 and snap["idle"] == 0
+            assert snap["recycled"] == 2
+            assert snap["idle"] == 0
             assert all(stop is not None for _start, stop in lifetimes(events)), "the objects were not closed"
             c = await pool.acquire()
             snap = await pool.fetch_snapshot()
@@ -229,7 +234,8 @@ def test_idle_instances_stop_after_max_idle_time_and_the_next_lease_starts_one(c
             return snap
 
     snap = asyncio.run(main())
-    assert snap["started"] == 3 and snap["live"] == 1
+    assert snap["started"] == 3
+    assert snap["live"] == 1
 
 
 @pytest.mark.slow
@@ -286,7 +292,8 @@ def test_killed_node_ends_its_rollouts_with_an_error_and_others_finish(cluster, 
                 e.spec_of_host = dataclasses.replace(e.spec_of_host, name="doomed")
             infos = await asyncio.gather(*(e.areset(seed=i) for i, e in enumerate(safe + lost)))
             nodes = [e.scope.resources[e.spec_of_host.key].node_id for e in safe + lost]
-            assert set(nodes[2:]) == {doomed.node_id} and doomed.node_id not in nodes[:2]
+            assert set(nodes[2:]) == {doomed.node_id}
+            assert doomed.node_id not in nodes[:2]
             cluster.remove_node(doomed)
             outs = []
             for e, (_obs, info) in zip(safe + lost, infos):
@@ -297,7 +304,8 @@ def test_killed_node_ends_its_rollouts_with_an_error_and_others_finish(cluster, 
                     done, steps = term or trunc, steps + 1
                 outs.append((term, trunc, info.get("error")))
             for term, trunc, err in outs[:2]:
-                assert err is None and (term or trunc)
+                assert err is None
+                assert (term or trunc)
             for term, trunc, err in outs[2:]:
                 assert trunc and not term and err and "died" in err, err
             # the dead node's client gave its lease back (the pool watches its clients' nodes)
@@ -305,7 +313,8 @@ def test_killed_node_ends_its_rollouts_with_an_error_and_others_finish(cluster, 
             await m.pool(held).release(other)
             replacement = cluster.add_node(num_cpus=1, resources={"doomed": 2})
             obs, info = await lost[0].areset(seed=5)
-            assert info["error"] is None and obs
+            assert info["error"] is None
+            assert obs
             assert lost[0].scope.resources[lost[0].spec_of_host.key].node_id == replacement.node_id
             for e in safe + lost:
                 await e.aclose()
@@ -386,7 +395,8 @@ def test_remote_env_gives_the_same_episode_hosted_locally_and_on_ray(cluster):
 
     here, there = asyncio.run(main())
     assert here == there
-    assert here[1][2:4] == (False, False) and here[1][5] is None  # the unparsable move was a handled step
+    assert here[1][2:4] == (False, False)
+    assert here[1][5] is None
 
 
 @pytest.mark.slow
@@ -404,7 +414,8 @@ def test_container_lives_on_a_docker_node_and_is_removed_at_close(cluster, docke
                 box = await scope.acquire(spec)
                 assert box.node_id == docker_node
                 r = await box.exec("echo hi > /tmp/mark && cat /tmp/mark")
-                assert r.exit_code == 0 and r.output.strip() == "hi"
+                assert r.exit_code == 0
+                assert r.output.strip() == "hi"
                 assert len(docker_client.containers.list(filters=label)) == 1
             async with m.scope("r2") as scope:
                 box = await scope.acquire(spec)
@@ -428,7 +439,8 @@ def test_verl_plugin_shares_the_cluster_pools_when_the_setting_says_ray(cluster,
         m = runtime.get_manager()
         try:
             assert isinstance(m, RayResourceManager)
-            assert m.global_scope == "node" and m.namespace == ray.get_runtime_context().namespace
+            assert m.global_scope == "node"
+            assert m.namespace == ray.get_runtime_context().namespace
         finally:
             await runtime.aclose()
         assert m.closed
@@ -457,7 +469,9 @@ def test_runner_plays_pooled_envs_through_typed_proxies_on_ray(cluster, monkeypa
     assert result.summary["errors"] == 0, [t.error for t in result.trajectories]
     assert all(t.num_turns >= 1 for t in result.trajectories)
     res = result.summary["resources"]
-    assert res["started"] >= 2 and 2 <= res["max_in_use"] <= 4 and set(res["pools"])
+    assert res["started"] >= 2
+    assert 2 <= res["max_in_use"] <= 4
+    assert set(res["pools"])
 
 
 @pytest.mark.slow
@@ -554,7 +568,9 @@ def test_leases_of_a_sigkilled_client_come_back(cluster, tmp_path):
             async with m.scope("after-worker") as scope:
                 await scope.acquire(spec, timeout=90)
             snap = await m.pool(spec).fetch_snapshot()
-            assert snap["clients"] == 1 and snap["started"] == 1 and snap["timeouts"] == 0
+            assert snap["clients"] == 1
+            assert snap["started"] == 1
+            assert snap["timeouts"] == 0
 
     asyncio.run(main())
 
@@ -618,7 +634,9 @@ def test_cluster_pool_serves_larger_priority_first_and_its_age_bound_keeps_the_r
             waited = await trial("aged", 1.0, 3.0)
             assert waited is not None and waited >= 1.0, waited
             snap = await pool.fetch_snapshot()
-            assert snap["timeouts"] == 0 and snap["waiting"] == 0 and snap["peak_live"] == 1
+            assert snap["timeouts"] == 0
+            assert snap["waiting"] == 0
+            assert snap["peak_live"] == 1
 
     asyncio.run(main())
 
@@ -681,7 +699,9 @@ def test_one_host_per_node_holds_all_its_instances_as_they_grow(cluster, tmp_pat
                 uids = await asyncio.gather(*(r.call("step", "x") for r in held))
                 assert len({u[0] for u in uids}) == n  # n distinct objects, each its own state
             snap = await pool.fetch_snapshot()
-            assert snap["hosting"] == "node" and snap["hosts"] == 2 and snap["live"] == 16
+            assert snap["hosting"] == "node"
+            assert snap["hosts"] == 2
+            assert snap["live"] == 16
             # an object reports the process it runs in: the host's, one per node
             pids_seen = {await r.call("pid") for r in held}
             assert pids_seen == {p for ps in host_pids_by_node(snap).values() for p in ps}
@@ -692,7 +712,8 @@ def test_one_host_per_node_holds_all_its_instances_as_they_grow(cluster, tmp_pat
             a, b = await pool.acquire(timeout=60), await pool.acquire(timeout=60)
             assert await a.call("pid") != await b.call("pid")
             snap = await pool.fetch_snapshot()
-            assert snap["hosting"] == "instance" and snap["hosts"] == 2
+            assert snap["hosting"] == "instance"
+            assert snap["hosts"] == 2
             await pool.release(a)
             await pool.release(b)
         return seen
@@ -743,8 +764,12 @@ def test_a_dead_host_loses_all_its_instances_and_the_next_acquire_replaces_them(
 
     out, new_pids, old_pid, snap = asyncio.run(main())
     assert all(o[1] == 1 for o in out)  # fresh objects
-    assert len(new_pids) == 1 and old_pid not in new_pids
-    assert snap["died"] == 4 and snap["started"] == 6 and snap["live"] == 2 and snap["hosts"] >= 1
+    assert len(new_pids) == 1
+    assert old_pid not in new_pids
+    assert snap["died"] == 4
+    assert snap["started"] == 6
+    assert snap["live"] == 2
+    assert snap["hosts"] >= 1
 
 
 def test_batched_calls_run_in_order_in_one_round_trip(cluster, tmp_path):
@@ -768,8 +793,10 @@ def test_batched_calls_run_in_order_in_one_round_trip(cluster, tmp_path):
                 return out, after
 
     out, after = asyncio.run(main())
-    assert [o[1] for o in out[:2]] == [1, 2] and out[0][0] == out[1][0]
-    assert isinstance(out[2], int) and out[3] == 2
+    assert [o[1] for o in out[:2]] == [1, 2]
+    assert out[0][0] == out[1][0]
+    assert isinstance(out[2], int)
+    assert out[3] == 2
     assert after[1] == 4  # "c" ran, "d" did not: a, b, c, e
 
 
@@ -793,12 +820,15 @@ def test_acquisitions_and_releases_of_one_turn_travel_in_one_call(cluster, tmp_p
             return before, after, firsts, {r.instance_id for r in leases}
 
     before, after, firsts, ids = asyncio.run(main())
-    assert before["live"] == 8 and before["idle"] == 8 and len(ids) == 8
+    assert before["live"] == 8
+    assert before["idle"] == 8
+    assert len(ids) == 8
     assert after["acquire_calls"] - before["acquire_calls"] == 1
     assert after["release_calls"] - before["release_calls"] == 1
     assert 1 <= after["recycle_calls"] - before["recycle_calls"] <= after["hosts"]
     assert all(f[1] == 1 and f[2] >= 1 for f in firsts), firsts  # a reset object, reset at least once
-    assert after["idle"] == 8 and after["reused"] - before["reused"] == 8
+    assert after["idle"] == 8
+    assert after["reused"] - before["reused"] == 8
 
 
 @pytest.mark.slow

@@ -71,8 +71,11 @@ def test_spec_equality_hash_and_key():
     a = InProcessSpec(factory="m:f", kwargs={"x": 1, "y": [1, 2]}, max_instances=3)
     b = InProcessSpec(factory="m:f", kwargs={"y": [1, 2], "x": 1}, max_instances=3)
     c = InProcessSpec(factory="m:f", kwargs={"x": 2}, max_instances=3)
-    assert a == b and hash(a) == hash(b) and a.key == b.key
-    assert a.key != c.key and a.key.startswith("inprocess:")
+    assert a == b
+    assert hash(a) == hash(b)
+    assert a.key == b.key
+    assert a.key != c.key
+    assert a.key.startswith("inprocess:")
     assert a.factory_kwargs == {"x": 1, "y": (1, 2)}
     assert {a, b, c} == {a, c}
     assert ContainerSpec(image="x", memory="512m").memory == 512 * 1024**2
@@ -108,10 +111,12 @@ async def test_same_scope_same_spec_same_instance_and_distinct_specs():
             a = await scope.acquire(s1)
             assert await scope.acquire(s1) is a
             b = await scope.acquire(s2)
-            assert b is not a and b.spec == s2
+            assert b is not a
+            assert b.spec == s2
             async with m.scope("r2") as other:
                 assert await other.acquire(s1) is not a
-        assert m.pool(s1).metrics.in_use == 0 and m.pool(s2).metrics.in_use == 0
+        assert m.pool(s1).metrics.in_use == 0
+        assert m.pool(s2).metrics.in_use == 0
 
 
 async def test_concurrent_acquire_in_one_scope_shares_one_instance():
@@ -166,7 +171,9 @@ async def test_reused_instance_is_always_reset_before_handout():
             r.state["secret"] = "previous rollout's reward"
         async with m.scope("b") as scope:
             r2 = await scope.acquire(s)
-        assert r2 is r and r.resets == 1 and r.state == {}
+        assert r2 is r
+        assert r.resets == 1
+        assert r.state == {}
         met = m.pool(s).metrics
         assert (met.started, met.reused, met.resets) == (1, 1, 1)
 
@@ -194,7 +201,8 @@ async def test_capacity_holds_and_waiters_are_served_fifo():
         for t in tasks[2:]:
             await pool.release(await t)
         assert order == [0, 1, 2, 3]
-        assert pool.metrics.started == 2 and pool.metrics.max_in_use == 2
+        assert pool.metrics.started == 2
+        assert pool.metrics.max_in_use == 2
 
 
 async def test_acquire_timeout_raises_clear_error_and_leaks_nothing():
@@ -226,7 +234,8 @@ async def test_cancelled_waiter_never_strands_an_instance():
         with pytest.raises(asyncio.CancelledError):
             await w1
         await pool.release(got)
-        assert pool.size == 1 and pool.metrics.in_use == 0
+        assert pool.size == 1
+        assert pool.metrics.in_use == 0
 
 
 async def test_cancel_during_start_frees_the_slot():
@@ -257,8 +266,10 @@ async def test_unhealthy_instance_is_replaced():
             r.healthy = False  # e.g. its container was killed
         async with m.scope("b") as scope:
             r2 = await scope.acquire(s)
-        assert r2 is not r and r.released
-        assert m.pool(s).metrics.replaced == 1 and m.pool(s).metrics.started == 2
+        assert r2 is not r
+        assert r.released
+        assert m.pool(s).metrics.replaced == 1
+        assert m.pool(s).metrics.started == 2
 
 
 async def test_failed_start_raises_and_frees_the_slot():
@@ -268,7 +279,8 @@ async def test_failed_start_raises_and_frees_the_slot():
             pool = m.pool(spec(max_instances=1))
             with pytest.raises(ResourceStartError, match="boom"):
                 await pool.acquire()
-            assert pool.size == 0 and pool.metrics.start_failures == 1
+            assert pool.size == 0
+            assert pool.metrics.start_failures == 1
             Box.fail_start = False
             await pool.release(await pool.acquire())
     finally:
@@ -291,9 +303,11 @@ async def test_min_idle_prewarms_and_tops_up():
         s = spec(max_instances=3, min_idle=2)
         await m.prewarm(s)
         pool = m.pool(s)
-        assert pool.metrics.idle == 2 and pool.metrics.started == 2
+        assert pool.metrics.idle == 2
+        assert pool.metrics.started == 2
         r = await pool.acquire()
-        assert pool.metrics.started == 2 and pool.metrics.idle == 1  # served from the warm pool, nothing started
+        assert pool.metrics.started == 2
+        assert pool.metrics.idle == 1
         await _until(lambda: pool.metrics.idle == 2)  # topped up in the background after the acquisition
         assert pool.metrics.started == 3
         await pool.release(r)
@@ -318,10 +332,14 @@ async def test_idle_instances_expire_on_a_timer_and_are_reused_warm_before():
         r = await pool.acquire()
         await pool.release(r)
         r2 = await pool.acquire()
-        assert r2 is r and r.resets == 1 and not r.released    # warm reuse within the idle time
+        assert r2 is r
+        assert r.resets == 1
+        assert not r.released
         await pool.release(r)
         await _until(lambda: r.released)                       # no acquisition needed
-        assert pool.size == 0 and pool.metrics.idle == 0 and pool.metrics.recycled == 1
+        assert pool.size == 0
+        assert pool.metrics.idle == 0
+        assert pool.metrics.recycled == 1
 
         s = spec(max_idle_time=0.2, min_idle=1, max_instances=2)
         pool = m.pool(s)
@@ -331,7 +349,9 @@ async def test_idle_instances_expire_on_a_timer_and_are_reused_warm_before():
         await _until(lambda: a.released or b.released)
         await asyncio.sleep(0.5)                                # the timer does not go below min_idle: time passes
         #                                                         (2.5 idle times) and nothing more happens
-        assert pool.metrics.idle == 1 and pool.size == 1 and [a.released, b.released].count(True) == 1
+        assert pool.metrics.idle == 1
+        assert pool.size == 1
+        assert [a.released, b.released].count(True) == 1
     assert ContainerSpec(image="x").max_idle_time == 300.0     # containers expire by default
 
 
@@ -349,7 +369,8 @@ async def test_a_global_is_stopped_once_its_last_user_left_for_max_idle_time():
         m.leave_global(s, u2)
         await _until(lambda: g.released)
         g2 = await m.acquire_global(s)                         # a new one, kept (no user to leave)
-        assert g2 is not g and m.pool(s).metrics.recycled == 1
+        assert g2 is not g
+        assert m.pool(s).metrics.recycled == 1
         await asyncio.sleep(0.5)                                # no user ever left: past the idle time, it stays
         assert not g2.released
 
@@ -365,7 +386,8 @@ async def test_max_uses_recycles_an_instance():
         await _until(lambda: first.released)
         fresh = await pool.acquire()
         assert fresh is not first
-        assert pool.metrics.recycled == 1 and pool.metrics.started == 2
+        assert pool.metrics.recycled == 1
+        assert pool.metrics.started == 2
         await pool.release(fresh)
 
 
@@ -402,7 +424,8 @@ async def test_pool_close_wakes_on_the_last_release_not_on_a_timer():
     closing = asyncio.ensure_future(pool.aclose())
     for _ in range(5):
         await asyncio.sleep(0)
-    assert not closing.done() and not a.released
+    assert not closing.done()
+    assert not a.released
     await pool.release(a)
     for _ in range(5):
         await asyncio.sleep(0)
@@ -410,8 +433,11 @@ async def test_pool_close_wakes_on_the_last_release_not_on_a_timer():
     await pool.release(b)
     for _ in range(5):  # wake-up, terminate(), the release tasks: no timer in between
         await asyncio.sleep(0)
-    assert closing.done() and closing.exception() is None
-    assert a.released and b.released and pool.closed
+    assert closing.done()
+    assert closing.exception() is None
+    assert a.released
+    assert b.released
+    assert pool.closed
     await m.aclose()
 
 
@@ -424,7 +450,8 @@ async def test_pool_close_timeout_releases_what_is_still_in_use():
     t0 = loop.time()
     await pool.aclose(timeout=0.2)
     assert 0.15 <= loop.time() - t0 < 2.0
-    assert held.released and pool.closed
+    assert held.released
+    assert pool.closed
     with pytest.raises(PoolClosedError):
         await pool.acquire()
     await m.aclose()
@@ -444,8 +471,11 @@ async def test_metrics_report_waits_and_counts():
         r2 = await pool.acquire()
         await pool.release(r2)
         snap = m.metrics()[s.key]
-        assert snap["acquired"] == 2 and snap["acquire_wait_max"] >= 0.08
-        assert snap["acquire_wait_mean"] > 0 and snap["started"] == 1 and snap["reused"] == 1
+        assert snap["acquired"] == 2
+        assert snap["acquire_wait_max"] >= 0.08
+        assert snap["acquire_wait_mean"] > 0
+        assert snap["started"] == 1
+        assert snap["reused"] == 1
 
 
 async def test_many_tasks_racing_on_a_small_pool():
@@ -476,8 +506,10 @@ async def test_many_tasks_racing_on_a_small_pool():
             asyncio.get_running_loop().call_later(rng.random() * 0.05, t.cancel)
         res = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(r is None or isinstance(r, asyncio.CancelledError) for r in res)
-        assert peak <= 3 and pool.size <= 3
-        assert pool.metrics.in_use == 0 and pool.metrics.waiting == 0
+        assert peak <= 3
+        assert pool.size <= 3
+        assert pool.metrics.in_use == 0
+        assert pool.metrics.waiting == 0
         async with m.scope("final") as scope:  # nothing stranded: all 3 can still be had
             for k in range(3):
                 await asyncio.wait_for(scope.acquire(spec(max_instances=3, kwargs={"k": k})), 1)
@@ -541,10 +573,12 @@ async def test_inprocess_resource_lifecycle_and_thread_affinity():
             assert await r.call("incr") == 6
             assert await r.run(r.obj.incr, 2) == 8
             obj = r.obj
-            assert len(obj.threads) == 1 and threading.current_thread().name not in obj.threads
+            assert len(obj.threads) == 1
+            assert threading.current_thread().name not in obj.threads
         async with m.scope("b") as scope:
             r2 = await scope.acquire(s)
-            assert r2 is r and r.obj.n == 0  # reset() called on reuse
+            assert r2 is r
+            assert r.obj.n == 0
     assert obj.closed
 
 
@@ -568,4 +602,5 @@ async def test_inprocess_unhealthy_object_is_replaced():
             r.obj.closed = True  # the object reports itself unhealthy
         async with m.scope("b") as scope:
             r2 = await scope.acquire(s)
-        assert r2 is not r and m.pool(s).metrics.replaced == 1
+        assert r2 is not r
+        assert m.pool(s).metrics.replaced == 1

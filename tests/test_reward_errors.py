@@ -53,17 +53,23 @@ async def test_unrated_judgements_are_recorded_counted_and_warned(judge_url, cap
                            reward=f"judge:base_url={judge_url},model=m,default=0.25")
     result = await run_rollouts(config, policy, chat, progress=False)
     for t in result.trajectories:
-        assert t.reward == 0.25 and not t.error  # the default, applied as before ...
-        assert "holds no rating" in t.reward_error and "default 0.25" in t.reward_error  # ... but recorded
+        assert t.reward == 0.25
+        assert not t.error
+        assert "holds no rating" in t.reward_error
+        assert "default 0.25" in t.reward_error
     s = result.summary
-    assert s["reward_errors"] == 3 and s["errors"] == 0
-    assert len(s["warnings"]) == 1 and "no score for 3 of 3 trajectories" in s["warnings"][0]
+    assert s["reward_errors"] == 3
+    assert s["errors"] == 0
+    assert len(s["warnings"]) == 1
+    assert "no score for 3 of 3 trajectories" in s["warnings"][0]
     assert "no score for 3 of 3" in caplog.text
 
     _Judge.reply = "Fine. [[8]]"
     result = await run_rollouts(config, policy, chat, progress=False)
-    assert [t.reward_error for t in result.trajectories] == [None] * 3 and result.summary["warnings"] == []
-    assert result.summary["reward_errors"] == 0 and all(t.reward == 0.8 for t in result.trajectories)
+    assert [t.reward_error for t in result.trajectories] == [None] * 3
+    assert result.summary["warnings"] == []
+    assert result.summary["reward_errors"] == 0
+    assert all(t.reward == 0.8 for t in result.trajectories)
 
 
 def test_cli_warns_when_most_judgements_fail(judge_url, tmp_path, capsys):
@@ -72,6 +78,8 @@ def test_cli_warns_when_most_judgements_fail(judge_url, tmp_path, capsys):
                "--no-progress", "-n", "2", "--output-dir", str(tmp_path / "run"),
                "--reward", f"judge:base_url={judge_url},model=m"])
     err = capsys.readouterr().err
-    assert rc == 0 and "WARNING: the reward function gave no score for 2 of 2 trajectories" in err
+    assert rc == 0
+    assert "WARNING: the reward function gave no score for 2 of 2 trajectories" in err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["reward_errors"] == 2 and summary["warnings"]
+    assert summary["reward_errors"] == 2
+    assert summary["warnings"]

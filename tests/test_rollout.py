@@ -89,7 +89,8 @@ async def test_chain_keeps_sampled_ids_verbatim_and_matches_a_fresh_render(smoll
     sampled_runs = [s for s in _segments(traj) if s[0] == 1]
     assert len(sampled_runs) == len(policy.generations)
     for (prompt, gen), (_, ids, lps) in zip(policy.generations, sampled_runs):
-        assert prompt == chain[: len(prompt)] and len(prompt) >= len(traj.prompt_ids)
+        assert prompt == chain[: len(prompt)]
+        assert len(prompt) >= len(traj.prompt_ids)
         assert ids == gen.token_ids
         assert all(math.isclose(a, b, rel_tol=0, abs_tol=1e-6) for a, b in zip(lps, gen.logprobs))
         assert all(lp <= 0 for lp in lps)
@@ -110,7 +111,8 @@ async def test_chain_keeps_sampled_ids_verbatim_and_matches_a_fresh_render(smoll
             expected += ids
     ours = traj.prompt_ids + traj.response_ids
     # the fresh render ends with the last assistant turn closed (plus its boundary newline, if any)
-    assert expected == fresh[: len(expected)] and len(fresh) - len(expected) <= 1
+    assert expected == fresh[: len(expected)]
+    assert len(fresh) - len(expected) <= 1
     if drifted == 0:
         assert ours == fresh[: len(ours)]
 
@@ -121,10 +123,13 @@ async def test_expert_chain_solves_a_puzzle_with_scripted_ids(smollm2_policy):
         env = gymnasium.make("agentfly/Chess-v0", manager=m).unwrapped
         traj = await run_chain_episode(env, ExpertPolicy(), chat, max_turns=10, seed=2)
         await env.aclose()
-    assert traj.success and traj.reward == 1.0 and traj.terminated
+    assert traj.success
+    assert traj.reward == 1.0
+    assert traj.terminated
     for mask, ids, lps in _segments(traj):
         if mask == 1:
-            assert ids[-1] == chat.eot_token_id and all(math.isnan(x) for x in lps)
+            assert ids[-1] == chat.eot_token_id
+            assert all(math.isnan(x) for x in lps)
     assert [t.finish_reason for t in traj.turns] == ["action"] * traj.num_turns
 
 
@@ -139,13 +144,17 @@ async def test_runner_chess_and_scienceworld_concurrently_writes_files(tmp_path,
     assert [t.env_id for t in trajs] == ["agentfly/Chess-v0"] * 2 + ["agentfly/ScienceWorld-v0"] * 2
     assert all(t.error is None for t in trajs), [t.error for t in trajs]
     assert trajs[0].group_id == trajs[1].group_id != trajs[2].group_id == trajs[3].group_id
-    assert trajs[0].task_id == trajs[1].task_id and trajs[2].task_id == trajs[3].task_id  # a group shares its task
+    assert trajs[0].task_id == trajs[1].task_id
+    assert trajs[2].task_id == trajs[3].task_id
     s = result.summary
-    assert s["trajectories"] == 4 and s["sampled_tokens"] == sum(t.num_sampled_tokens for t in trajs) > 0
-    assert s["resources"]["started"] >= 1 and set(s["per_env"]) == {"agentfly/Chess-v0", "agentfly/ScienceWorld-v0"}
+    assert s["trajectories"] == 4
+    assert s["sampled_tokens"] == sum(t.num_sampled_tokens for t in trajs) > 0
+    assert s["resources"]["started"] >= 1
+    assert set(s["per_env"]) == {"agentfly/Chess-v0", "agentfly/ScienceWorld-v0"}
     # files: parquet + jsonl round-trip exactly, summary.json matches
     table = pq.read_table(result.paths["parquet"])
-    assert table.num_rows == 4 and table.column("response_ids").to_pylist()[0] == trajs[0].response_ids
+    assert table.num_rows == 4
+    assert table.column("response_ids").to_pylist()[0] == trajs[0].response_ids
     back = load_trajectories(result.paths["jsonl"])
     assert [b.response_ids for b in back] == [t.response_ids for t in trajs]
     assert [b.response_mask for b in back] == [t.response_mask for t in trajs]
@@ -160,17 +169,22 @@ async def test_step_mode_rows(tmp_path, smollm2_policy):
                                       trajectory_id="t1", group_id="g1")
         await env.aclose()
     rows = traj.steps
-    assert traj.mode == "step" and len(rows) == traj.num_turns == 3  # max_moves=3 truncates
-    assert [r.step for r in rows] == [0, 1, 2] and rows[-1].done
+    assert traj.mode == "step"
+    assert len(rows) == traj.num_turns == 3
+    assert [r.step for r in rows] == [0, 1, 2]
+    assert rows[-1].done
     assert all(r.trajectory_id == "t1" and r.group_id == "g1" for r in rows)
     assert all(r.episode_return == traj.reward for r in rows)
-    assert rows[0].anchor_obs != rows[1].anchor_obs and "FEN" in rows[1].anchor_obs
+    assert rows[0].anchor_obs != rows[1].anchor_obs
+    assert "FEN" in rows[1].anchor_obs
     for r in rows:
         assert len(r.response_ids) == len(r.response_mask) == len(r.response_logprobs)
         assert r.response_ids[: sum(r.response_mask)] == chat.action_ids(r.action)
     # each step's prompt is fresh: it shows at most 2 past steps
     text = policy_text = smollm2_policy.tokenizer.decode(rows[2].prompt_ids)
-    assert "[Step 1]" in text and "[Step 2]" in text and policy_text.count("Action:") >= 2
+    assert "[Step 1]" in text
+    assert "[Step 2]" in text
+    assert policy_text.count("Action:") >= 2
     from agentfly_gym.rollout.step import save_step_rows
 
     paths = save_step_rows([traj], tmp_path)
@@ -184,8 +198,11 @@ async def test_a_broken_trajectory_is_recorded_and_the_others_finish(smollm2_pol
                            env_kwargs={"ScienceWorld-v0": {"java_heap": "1k"}})
     result = await run_rollouts(config, ExpertPolicy(), chat, progress=False)
     ok, bad = result.trajectories
-    assert ok.error is None and ok.num_turns == 1
-    assert "ResourceStartError" in bad.error and "did not start" in bad.error and bad.num_turns == 0
+    assert ok.error is None
+    assert ok.num_turns == 1
+    assert "ResourceStartError" in bad.error
+    assert "did not start" in bad.error
+    assert bad.num_turns == 0
     assert result.summary["errors"] == 1
 
 
@@ -208,7 +225,8 @@ async def test_the_runner_makes_the_manager_the_setting_names(smollm2_policy, mo
     monkeypatch.setenv("AGENTFLY_GYM_MANAGER", "local")
     result = await run_rollouts(RolloutConfig(env_ids=["Chess-v0"], num_trajectories=1, max_turns=1), ExpertPolicy(),
                                 chat, progress=False)
-    assert result.summary["errors"] == 0 and result.trajectories[0].num_turns == 1
+    assert result.summary["errors"] == 0
+    assert result.trajectories[0].num_turns == 1
 
 
 def test_config_errors_name_the_value():
@@ -233,7 +251,8 @@ async def test_cancelled_rollout_releases_its_resources(smollm2_policy):
         with pytest.raises(asyncio.CancelledError):
             await task
         pool = next(iter(m.pools.values()))
-        assert pool.metrics.in_use == 0 and env.episode_id is not None
+        assert pool.metrics.in_use == 0
+        assert env.episode_id is not None
         await env.aclose()
 
 
@@ -251,7 +270,9 @@ async def test_interrupted_run_saves_finished_trajectories(tmp_path, smollm2_pol
         await task
     saved = load_trajectories(tmp_path / "trajectories.jsonl")
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["interrupted"] is True and len(saved) == 4 and summary["trajectories"] == len(saved)
+    assert summary["interrupted"] is True
+    assert len(saved) == 4
+    assert summary["trajectories"] == len(saved)
     assert all(t.num_turns >= 1 for t in saved)
 
 
@@ -273,7 +294,8 @@ async def test_interrupt_saves_before_tearing_down_and_marks_an_empty_run(tmp_pa
     await until(saved.exists, 30, "the interrupted run's summary")
     assert not task.done()  # still tearing down (each trajectory takes 3 s to stop) ...
     summary = json.loads(saved.read_text())
-    assert summary["interrupted"] is True and summary["trajectories"] == 0  # ... and already saved
+    assert summary["interrupted"] is True
+    assert summary["trajectories"] == 0
     assert load_trajectories(tmp_path / "interrupted" / "trajectories.jsonl") == []
     assert (tmp_path / "summary.json").read_text() == earlier  # the complete run was not replaced
     with pytest.raises(asyncio.CancelledError):

@@ -71,7 +71,8 @@ def test_concurrent_and_interrupted_runs_lose_nothing(tmp_path, monkeypatch):
     rows = _every_file_loads(out)
     assert rows == {"trajectories.jsonl": 4 * ok, "trajectories.parquet": 4 * ok}, rows
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["trajectories"] == 4 * ok and summary["interrupted"] is False
+    assert summary["trajectories"] == 4 * ok
+    assert summary["interrupted"] is False
     ids = [t.trajectory_id for t in load_trajectories(out / "trajectories.parquet")]
     assert len(set(ids)) == len(ids)
     complete = _snapshot(out)
@@ -105,8 +106,10 @@ def test_concurrent_and_interrupted_runs_lose_nothing(tmp_path, monkeypatch):
     assert slow.returncode == 130, "".join(err)
     assert _snapshot(out) == complete  # nothing completed earlier is lost
     partial = json.loads((out / INTERRUPTED_DIR / "summary.json").read_text())
-    assert partial["interrupted"] is True and partial["trajectories"] == 0
-    assert not list(out.rglob(".staging-*")) and not list(out.rglob(".*.tmp-*"))
+    assert partial["interrupted"] is True
+    assert partial["trajectories"] == 0
+    assert not list(out.rglob(".staging-*"))
+    assert not list(out.rglob(".*.tmp-*"))
     assert _every_file_loads(out) == {**rows, "interrupted/trajectories.jsonl": 0,
                                       "interrupted/trajectories.parquet": 0}
     assert not wait_gone(live_processes(["stockfish"], marker=marker), 20)
@@ -116,7 +119,9 @@ def test_concurrent_and_interrupted_runs_lose_nothing(tmp_path, monkeypatch):
     _, stderr = p.communicate(timeout=300)
     assert p.returncode == 0, stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["config"]["seed"] == 2 and summary["trajectories"] == 4 and "runs" not in summary
+    assert summary["config"]["seed"] == 2
+    assert summary["trajectories"] == 4
+    assert "runs" not in summary
     assert _every_file_loads(out)["trajectories.parquet"] == 4
 
 
@@ -164,7 +169,9 @@ def test_append_continues_ids_and_keeps_step_rows(tmp_path):
     assert [r["trajectory_id"] for r in load_step_rows(tmp_path / "steps.parquet")] == \
         ["traj-00000", "traj-00001", "traj-00002"]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["trajectories"] == 3 and summary["wall_s"] == 3.0 and len(summary["runs"]) == 2
+    assert summary["trajectories"] == 3
+    assert summary["wall_s"] == 3.0
+    assert len(summary["runs"]) == 2
     with pytest.raises(OutputExistsError, match="step-mode run"):
         check_output_dir(tmp_path, "append", mode="chain")
     with RunOutput(tmp_path, "replace", "chain") as out:  # a chain run replacing a step run leaves no steps file

@@ -36,7 +36,8 @@ def test_isolation_options_binds_and_environment():
     assert _pairs(argv, "--tmpfs", 3) == [("/etc/secret", "--remount-ro", "/etc/secret")]
     # the interpreter's read-only bind comes after the writable state it may lie in; / is read-only last
     assert argv.index("/opt/py") > argv.index("/state/root")
-    assert _pairs(argv, "--remount-ro", 1)[-1] == ("/",) and argv.index("--seccomp") > argv.index("/out")
+    assert _pairs(argv, "--remount-ro", 1)[-1] == ("/",)
+    assert argv.index("--seccomp") > argv.index("/out")
     assert _pairs(argv, "--seccomp", 1) == [("7",)]
     assert argv.index("--clearenv") < argv.index("--setenv")
     env = dict(_pairs(argv, "--setenv"))
@@ -47,9 +48,12 @@ def test_isolation_options_binds_and_environment():
 def test_user_network_and_optional_parts():
     argv = exec_argv(SandboxLayout(), ["id"], workdir="/", env={}, uid=1000, gid=100, home="/home/u",
                      network=True, disable_userns=False)
-    assert argv[0] == "bwrap" and "--share-net" in argv and "--disable-userns" not in argv
+    assert argv[0] == "bwrap"
+    assert "--share-net" in argv
+    assert "--disable-userns" not in argv
     assert "--seccomp" not in argv
-    assert _pairs(argv, "--uid", 1) == [("1000",)] and _pairs(argv, "--gid", 1) == [("100",)]
+    assert _pairs(argv, "--uid", 1) == [("1000",)]
+    assert _pairs(argv, "--gid", 1) == [("100",)]
     assert dict(_pairs(argv, "--setenv")) == {"PATH": DEFAULT_PATH, "HOME": "/home/u", "LANG": "C.UTF-8"}
 
 
@@ -70,9 +74,11 @@ def test_root_manager_drops_to_host_user_and_stages_unreachable_sources():
     # outermost: join the cgroup and cap file sizes, then stage as root, then drop to the host user
     assert argv[:3] == ["/bin/sh", "-ec", "echo $$ > /sys/fs/cgroup/agentfly/x/cgroup.procs; ulimit -f 8; exec \"$@\""]
     i = argv.index("/usr/bin/unshare")
-    assert argv[i:i + 5] == ["/usr/bin/unshare", "--mount", "--propagation", "private", "--"] and calls == [1]
+    assert argv[i:i + 5] == ["/usr/bin/unshare", "--mount", "--propagation", "private", "--"]
+    assert calls == [1]
     stage_script = argv[i + 7]
-    assert "mount --rbind /root/.pyenv /run/0" in stage_script and "mount --rbind /srv/sbx /run/1" in stage_script
+    assert "mount --rbind /root/.pyenv /run/0" in stage_script
+    assert "mount --rbind /srv/sbx /run/1" in stage_script
     j = argv.index("/usr/bin/setpriv")
     assert argv[j:j + 5] == ["/usr/bin/setpriv", "--reuid=1600000123", "--regid=1600000123", "--clear-groups", "--"]
     assert argv[j + 5] == "bwrap"
@@ -88,7 +94,8 @@ def test_no_staging_without_privilege_drop_and_no_unshare_lookup():
 
     argv = exec_argv(SandboxLayout(ro=[("/lib", "/root/x")]), ["true"], workdir="/", env={}, uid=0, gid=0,
                      home="/root", stage_point=lambda p: "/root", unshare=unshare)
-    assert _pairs(argv, "--ro-bind")[0] == ("/root/x", "/lib") and argv[0] == "bwrap"
+    assert _pairs(argv, "--ro-bind")[0] == ("/root/x", "/lib")
+    assert argv[0] == "bwrap"
 
 
 def test_a_source_to_stage_below_run_is_refused():
@@ -111,6 +118,9 @@ def test_network_uses_its_own_namespace_and_options_can_be_hidden():
                      user_net_fds=(5, 6), hide_options=hide)
     assert argv == ["bwrap", "--args", "9", "--", "id"]
     options = seen[0]
-    assert "--share-net" not in options and "--unshare-all" in options
-    assert _pairs(options, "--info-fd", 1) == [("5",)] and _pairs(options, "--block-fd", 1) == [("6",)]
-    assert ("/state/tmp", "/tmp") in _pairs(options, "--bind") and options[-2:] == ["--chdir", "/root"]
+    assert "--share-net" not in options
+    assert "--unshare-all" in options
+    assert _pairs(options, "--info-fd", 1) == [("5",)]
+    assert _pairs(options, "--block-fd", 1) == [("6",)]
+    assert ("/state/tmp", "/tmp") in _pairs(options, "--bind")
+    assert options[-2:] == ["--chdir", "/root"]

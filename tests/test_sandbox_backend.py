@@ -73,17 +73,22 @@ async def test_exec_round_trip_and_exit_codes(make_box):
     box = await make_box()
     assert await box.status() == ResourceStatus.READY
     r = await box.exec("echo out; echo err >&2; exit 3")
-    assert r.exit_code == 3 and not r.ok and not r.timed_out
-    assert "out" in r.output and "err" in r.output
+    assert r.exit_code == 3
+    assert not r.ok
+    assert not r.timed_out
+    assert "out" in r.output
+    assert "err" in r.output
     r = await box.exec(["python3", "-c", "import sys; print(sys.argv[1])", "a b;c"])
-    assert r.ok and r.output == "a b;c\n"
+    assert r.ok
+    assert r.output == "a b;c\n"
     r = await box.exec(["/no/such/program"])
     assert r.exit_code != 0
     # a command killed by a signal reports 128 + N, as Docker does
     r = await box.exec("kill -9 $$")
     assert r.exit_code == 137
     d = box.describe()
-    assert d["backend"] == "sandbox" and d["limits"] in ("cgroup2", "cgroup1", "rlimit")
+    assert d["backend"] == "sandbox"
+    assert d["limits"] in ("cgroup2", "cgroup1", "rlimit")
     with pytest.raises(ConfigError):
         await box.exec("")
     with pytest.raises(ConfigError):
@@ -107,7 +112,8 @@ async def test_workdir_env_user_and_readonly_root(make_box):
     assert r.output.strip() == "1000"
     # the root filesystem is read-only; the private paths are writable
     r = await box.exec("touch /usr/afg-should-fail")
-    assert r.exit_code != 0 and not Path("/usr/afg-should-fail").exists()
+    assert r.exit_code != 0
+    assert not Path("/usr/afg-should-fail").exists()
     assert (await box.exec("touch /testbed/a /tmp/b /root/c")).ok
     # image="host" gives the running interpreter with its packages (pytest for R2E tasks)
     assert (await box.exec("python3 -c 'import pytest'")).ok
@@ -118,7 +124,9 @@ async def test_timeout_kills_the_whole_process_tree(make_box):
     tag = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"
     # a child in the background plus a foreground sleep: both must die
     r = await box.exec(f"sleep 1{tag} & sleep 2{tag}", timeout=1.0)
-    assert r.timed_out and r.exit_code == -1 and r.duration < 60  # stopped at its timeout, not after the sleeps' days
+    assert r.timed_out
+    assert r.exit_code == -1
+    assert r.duration < 60
     assert await procs_settle(tag, present=False)
 
 
@@ -126,17 +134,22 @@ async def test_processes_do_not_outlive_their_exec(make_box):
     box = await make_box()
     tag = f"{uuid.uuid4().int % 10**6}.5"
     r = await box.exec(f"(sleep 3{tag} &) ; echo started")
-    assert r.ok and "started" in r.output
+    assert r.ok
+    assert "started" in r.output
     assert await procs_settle(tag, present=False)
 
 
 async def test_output_is_capped_head_and_tail(make_box):
     box = await make_box()
     r = await box.exec("python3 -c \"print('A' * 500000 + 'Z' * 500000)\"", max_output=1000)
-    assert r.truncated and len(r.output) <= 1000
-    assert r.output.startswith("AAAA") and r.output.rstrip().endswith("ZZZZ") and "characters cut" in r.output
+    assert r.truncated
+    assert len(r.output) <= 1000
+    assert r.output.startswith("AAAA")
+    assert r.output.rstrip().endswith("ZZZZ")
+    assert "characters cut" in r.output
     r = await box.exec("echo short", max_output=1000)
-    assert not r.truncated and r.output == "short\n"
+    assert not r.truncated
+    assert r.output == "short\n"
 
 
 async def test_files_persist_across_execs_and_reset_restores(make_box):
@@ -144,7 +157,9 @@ async def test_files_persist_across_execs_and_reset_restores(make_box):
     await box.put_files({"/testbed/pkg/mod.py": "X = 1\n", "/tmp/data.bin": b"\x00\x01"}, mode=0o755)
     assert await box.get_file("/testbed/pkg/mod.py") == b"X = 1\n"
     r = await box.exec("ls -l /tmp/data.bin; python3 -c 'import pkg.mod as m; print(m.X)'")
-    assert r.ok and "-rwxr-xr-x" in r.output and r.output.strip().endswith("1")
+    assert r.ok
+    assert "-rwxr-xr-x" in r.output
+    assert r.output.strip().endswith("1")
     assert (await box.exec("echo changed > pkg/mod.py; mkdir -p /root/.cache; echo 1 > /root/.cache/x")).ok
     assert await box.get_file("/testbed/pkg/mod.py") == b"changed\n"
     snap_state = sorted(p.name for p in (box.dir / "snapshot").iterdir())
@@ -154,14 +169,16 @@ async def test_files_persist_across_execs_and_reset_restores(make_box):
     assert await procs_settle(tag, present=True)
     await box.reset()
     res = await asyncio.wait_for(long, 5)
-    assert res.exit_code != 0 and pids_with(tag) == []
+    assert res.exit_code != 0
+    assert pids_with(tag) == []
     with pytest.raises(FileNotFoundError):
         await box.get_file("/testbed/pkg/mod.py")
     with pytest.raises(FileNotFoundError):
         await box.get_file("/root/.cache/x")
     assert sorted(p.name for p in box.state_dir.iterdir()) == snap_state
     assert (await box.exec("ls -A /testbed")).output == ""
-    assert box.last_reset_time is not None and box.last_reset_time < 5
+    assert box.last_reset_time is not None
+    assert box.last_reset_time < 5
 
 
 async def test_put_files_refuses_paths_outside_writable_binds(make_box):
@@ -203,10 +220,13 @@ async def test_two_instances_are_isolated(make_box):
     long = asyncio.ensure_future(a.exec(f"sleep 5{tag}", timeout=10))
     assert await procs_settle(f"sleep\x005{tag}", present=True)
     r = await b.exec("ls -A /testbed /tmp")
-    assert r.ok and "only-a" not in r.output and "t\n" not in r.output
+    assert r.ok
+    assert "only-a" not in r.output
+    assert "t\n" not in r.output
     ps_a = (await a.exec("ps -eo args")).output.splitlines()
     ps_b = (await b.exec("ps -eo args")).output.splitlines()
-    assert ps_a and ps_b
+    assert ps_a
+    assert ps_b
     assert not any(line.startswith(f"sleep 5{tag}") for line in ps_b)  # a's processes are invisible to b
     assert not any(line.startswith(f"sleep 5{tag}") for line in ps_a)  # and to a's next exec (own pid ns)
     assert pids_with(f"sleep\x005{tag}")  # though it runs on the host
@@ -240,7 +260,8 @@ async def test_no_network_by_default(make_box):
     try:
         box = await make_box()
         r = await box.exec(["python3", "-c", probe])
-        assert r.exit_code != 0 and "connected" not in r.output
+        assert r.exit_code != 0
+        assert "connected" not in r.output
         assert accepted == []
         # with network=True the host's loopback stays out of reach (the sandbox has its own network
         # namespace with a user-mode network), while the outside is reachable: the control is a server on
@@ -273,7 +294,8 @@ async def test_memory_hog_fails_inside_its_limit(make_box):
     box = await make_box(memory="128m")
     hog = "b = b'x' * (600 * 1024 * 1024); print('survived', len(b))"
     r = await box.exec(["python3", "-c", hog], timeout=60)
-    assert r.exit_code != 0 and "survived" not in r.output
+    assert r.exit_code != 0
+    assert "survived" not in r.output
     if box.limit_mode in ("cgroup1", "cgroup2"):
         assert r.exit_code == 137  # the cgroup's OOM killer, as Docker reports it
     # the sandbox (and the host: this test process) is fine afterwards
@@ -284,11 +306,13 @@ async def test_memory_hog_fails_inside_its_limit(make_box):
 
 async def test_memory_limit_in_rlimit_mode(make_box):
     box = await make_box(memory="256m", limits="rlimit")
-    assert box.limit_mode == "rlimit" and box.limits_enforced["memory"]
+    assert box.limit_mode == "rlimit"
+    assert box.limits_enforced["memory"]
     assert box.limits_enforced["pids"]  # the sandbox never runs as host root, so RLIMIT_NPROC holds
     assert box.host_uid != 0
     r = await box.exec(["python3", "-c", "b = b'x' * (600 * 1024 * 1024); print('survived')"], timeout=60)
-    assert r.exit_code != 0 and "MemoryError" in r.output
+    assert r.exit_code != 0
+    assert "MemoryError" in r.output
 
 
 async def test_pid_limit_stops_a_bounded_fork_bomb(make_box):
@@ -358,9 +382,11 @@ async def test_rootfs_image_folder(make_box, tmp_path):
     rootfs = _tiny_rootfs(tmp_path / "rootfs")
     box = await make_box(image=str(rootfs), workdir="/testbed")
     r = await box.exec("cat README; echo x > new; cat /etc/passwd | cat >/dev/null; echo $$")
-    assert r.ok and r.output.startswith("from the image\n")
+    assert r.ok
+    assert r.output.startswith("from the image\n")
     assert (await box.exec("echo id > /etc/evil")).exit_code != 0
-    assert not (rootfs / "etc" / "evil").exists() and not (rootfs / "testbed" / "new").exists()
+    assert not (rootfs / "etc" / "evil").exists()
+    assert not (rootfs / "testbed" / "new").exists()
     assert (await box.exec('echo "$HOME"', user="alice")).output == "/home/alice\n"
     await box.reset()
     assert (await box.exec("cat README; for f in *; do echo $f; done")).output == "from the image\nREADME\n"
@@ -378,7 +404,8 @@ async def test_manager_pool_semantics_and_no_leftovers(sandbox_dir):
         name, private = box.name, box.dir
     async with manager.scope("rollout-2") as scope:
         again = await scope.acquire(spec)
-        assert again is box and again.uses == 2  # reused ...
+        assert again is box
+        assert again.uses == 2
         with pytest.raises(FileNotFoundError):  # ... and reset on reuse: no state leaks across rollouts
             await again.get_file("/testbed/secret")
         running = asyncio.ensure_future(again.exec(f"sleep 7{tag}", timeout=30))
@@ -387,7 +414,8 @@ async def test_manager_pool_semantics_and_no_leftovers(sandbox_dir):
     await manager.aclose()
     await asyncio.wait_for(running, 5)
     assert pids_with(tag) == []
-    assert not private.exists() and not _sandbox_cgroups(name)
+    assert not private.exists()
+    assert not _sandbox_cgroups(name)
 
 
 async def test_reap_orphans_of_a_dead_manager(sandbox_dir):
@@ -400,15 +428,18 @@ async def test_reap_orphans_of_a_dead_manager(sandbox_dir):
         assert reap_sandbox_orphans(root=sandbox_dir) == []
         # reaping by manager id removes that manager's sandboxes only
         assert reap_sandbox_orphans("mgr-dead", root=sandbox_dir) == [box.name]
-        assert not box.dir.exists() and not _sandbox_cgroups(box.name)
-        assert keep.dir.exists() and await keep.status() == ResourceStatus.READY
+        assert not box.dir.exists()
+        assert not _sandbox_cgroups(box.name)
+        assert keep.dir.exists()
+        assert await keep.status() == ResourceStatus.READY
         # a sandbox whose owner process died is found without a manager id
         dead = await asyncio.create_subprocess_exec("true")
         await dead.wait()
         marker = keep.dir / sb.MARKER_NAME
         marker.write_text(marker.read_text().replace(f'"owner_pid": {os.getpid()}', f'"owner_pid": {dead.pid}'))
         assert reap_sandbox_orphans(root=sandbox_dir) == [keep.name]
-        assert not keep.dir.exists() and not _sandbox_cgroups(keep.name)
+        assert not keep.dir.exists()
+        assert not _sandbox_cgroups(keep.name)
     finally:
         await box.adestroy()
         await keep.adestroy()
@@ -495,7 +526,8 @@ def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
         child.send_signal(signal.SIGKILL)
         child.wait()
     folder = sandbox_dir / name
-    assert folder.exists() and _sandbox_cgroups(name)
+    assert folder.exists()
+    assert _sandbox_cgroups(name)
     had_volume = str(folder) in Path("/proc/self/mounts").read_text()
     # restricted to this test's manager id: the Docker engine may be shared with other live runs
     r = subprocess.run([sys.executable, "-m", "agentfly_gym", "resources", "gc", "--manager", "gc-test"],
@@ -503,7 +535,8 @@ def test_resources_gc_reaps_a_killed_managers_sandbox(sandbox_dir):
     assert r.returncode == 0, r.stderr
     assert name in r.stdout.split(), (r.stdout, r.stderr)
     assert "sandbox(es)" in r.stderr
-    assert not folder.exists() and not _sandbox_cgroups(name)
+    assert not folder.exists()
+    assert not _sandbox_cgroups(name)
     assert str(folder) not in Path("/proc/self/mounts").read_text()
     assert not pids_with(tag)
     if os.geteuid() == 0:

@@ -62,12 +62,16 @@ def test_make_and_check_env():
         _, info_b = env.reset(seed=7)
         assert info_a["task_id"] == info_b["task_id"]  # the task and variation come from np_random
         task, variation = info_a["task_id"].split(":")
-        assert info_a["task_name"] == task and info_a["variation"] == int(variation)
+        assert info_a["task_name"] == task
+        assert info_a["variation"] == int(variation)
         assert "admissible_actions" not in info_a
         obs, reward, terminated, truncated, info = env.step("look around")
-        assert isinstance(obs, str) and obs and info["error"] is None
+        assert isinstance(obs, str)
+        assert obs
+        assert info["error"] is None
         assert reward == pytest.approx(info["score"] / 100)  # the first reward carries the starting score
-        assert "episode_id" in info_b and "episode_id" not in info
+        assert "episode_id" in info_b
+        assert "episode_id" not in info
     finally:
         env.close()
         run_sync(env.unwrapped._manager.aclose())
@@ -77,8 +81,11 @@ async def test_expert_solves_short_task_with_return_one():
     async with ResourceManager() as manager:
         env = ScienceWorldEnv(manager=manager, max_instances=1)
         obs, info = await env.areset(options={"task_id": SHORT_TASK})
-        assert obs.startswith("Task Description:") and "non-living thing" in obs
-        assert info["task_id"] == SHORT_TASK and info["score"] >= 0 and not info["won"]
+        assert obs.startswith("Task Description:")
+        assert "non-living thing" in obs
+        assert info["task_id"] == SHORT_TASK
+        assert info["score"] >= 0
+        assert not info["won"]
         ret, steps, done = 0.0, 0, False
         while not done:
             action = await env.expert_action()
@@ -87,8 +94,11 @@ async def test_expert_solves_short_task_with_return_one():
             steps += 1
             done = terminated or truncated
             assert steps <= 10
-        assert terminated and not truncated and info["error"] is None
-        assert info["won"] is True and info["score"] == 100
+        assert terminated
+        assert not truncated
+        assert info["error"] is None
+        assert info["won"] is True
+        assert info["score"] == 100
         assert ret == pytest.approx(1.0)
         await env.aclose()
 
@@ -104,12 +114,16 @@ async def test_bad_actions_and_bad_options_are_handled():
                        "focus on"]:
             obs, reward, terminated, truncated, info = await env.astep(action)
             assert isinstance(obs, str) and obs, action[:20]
-            assert not terminated and not truncated and info["error"] is None
-            assert isinstance(info["admissible_actions"], list) and info["admissible_actions"]
+            assert not terminated
+            assert not truncated
+            assert info["error"] is None
+            assert isinstance(info["admissible_actions"], list)
+            assert info["admissible_actions"]
         assert info["score"] == start_score
         # variations are drawn from the simulator's own split
         _, info = await env.areset(seed=3, options={"task_name": "boil", "split": "test"})
-        assert 21 <= info["variation"] <= 29 and info["task_id"] == f"boil:{info['variation']}"
+        assert 21 <= info["variation"] <= 29
+        assert info["task_id"] == f"boil:{info['variation']}"
         # bad configuration: ConfigError naming the valid values, no episode left running
         with pytest.raises(ConfigError, match="valid task names"):
             await env.areset(options={"task_name": "boil-the-ocean"})
@@ -153,22 +167,28 @@ async def test_jvm_reused_and_reset_leaves_no_state():
         await env.astep("go to kitchen")
         look, inv = await env._sim.look(), await env.inventory()
         gold = await env._sim.gold_actions()
-        assert await env._sim.look() == look and await env.inventory() == inv
+        assert await env._sim.look() == look
+        assert await env.inventory() == inv
         # play the gold path past its "pick up": score and inventory change
         for t in range(len(gold)):
             action = await env.expert_action()
             _, _, terminated, truncated, info = await env.astep(action)
             if action.startswith("pick up"):
                 break
-        assert info["score"] > first["score"] and not terminated and not truncated
+        assert info["score"] > first["score"]
+        assert not terminated
+        assert not truncated
         assert await env.inventory() != inventory0
         # next episode, same task and variation, same JVM: nothing of the previous one is left
         _, second = await env.areset(options={"task_id": "find-living-thing:0"})
         assert env._sim.resource.obj.pid == pid
-        assert second["score"] == first["score"] and second["moves"] == 0
+        assert second["score"] == first["score"]
+        assert second["moves"] == 0
         assert await env.inventory() == inventory0
         metrics = _pool(manager)
-        assert metrics["started"] == 1 and metrics["reused"] == 1 and metrics["resets"] == 1
+        assert metrics["started"] == 1
+        assert metrics["reused"] == 1
+        assert metrics["resets"] == 1
         await env.aclose()
 
 
@@ -190,7 +210,8 @@ async def test_second_env_waits_for_the_only_simulator():
         metrics = _pool(manager)
         # The pool's wait covers at least the span in which b was seen waiting and a still held the JVM
         # (a lower bound from this test's own clock, not a guess at how fast a step is on this machine).
-        assert metrics["started"] == 1 and metrics["max_in_use"] == 1
+        assert metrics["started"] == 1
+        assert metrics["max_in_use"] == 1
         assert metrics["acquire_wait_max"] >= closing - seen_waiting > 0
         await b.aclose()
 
@@ -203,14 +224,19 @@ async def test_killed_jvm_is_a_handled_fault_and_replaced():
         old_pid = env._sim.resource.obj.pid
         os.kill(old_pid, signal.SIGKILL)
         obs, reward, terminated, truncated, info = await env.astep("open door to kitchen")
-        assert truncated and not terminated and reward == 0.0
-        assert info["error"] and "Error" in obs
+        assert truncated
+        assert not terminated
+        assert reward == 0.0
+        assert info["error"]
+        assert "Error" in obs
         _, info = await env.areset(options={"task_id": SHORT_TASK})
-        assert env._sim.resource.obj.pid != old_pid and info["error"] is None
+        assert env._sim.resource.obj.pid != old_pid
+        assert info["error"] is None
         obs, *_ = await env.astep("go to kitchen")
         assert "kitchen" in obs
         metrics = _pool(manager)
-        assert metrics["started"] == 2 and metrics["replaced"] == 1
+        assert metrics["started"] == 2
+        assert metrics["replaced"] == 1
         await env.aclose()
 
 
@@ -233,7 +259,8 @@ def test_default_step_limit_lets_every_gold_path_finish():
             assert entry[split]["max_variation_raw_simplification_length"] < default, (task, split)
     assert longest == data["max_gold_path"] >= 204  # a 204-action path
     replays = data["replays"]
-    assert replays and all(r["won"] and not r["truncated"] for r in replays)
+    assert replays
+    assert all(r["won"] and not r["truncated"] for r in replays)
     assert max(r["gold_length"] for r in replays) == longest  # the longest path was replayed
     assert default > max(longest, max(r["steps"] for r in replays))
 

@@ -125,6 +125,7 @@ async def test_same_observations_scores_and_flags_as_the_package(raw_env, task, 
             if terminated:
                 break
         assert raw_done and terminated, "the gold path ends the episode in both, at the same step"
-        assert info["won"] and raw_info["score"] == 100
+        assert info["won"]
+        assert raw_info["score"] == 100
         assert ret == pytest.approx(raw_info["score"] / 100)
         await env.aclose()

@@ -159,16 +159,19 @@ def test_a_class_the_jvm_refuses_falls_back_to_pipelined_calls_with_one_warning(
     caplog.set_level("DEBUG", logger=simulator_module.__name__)
     fallback = ScienceWorldSimulator()
     try:
-        assert not fallback.java_fold and fallback.fold_calls
+        assert not fallback.java_fold
+        assert fallback.fold_calls
         fallback.load(*CASES[0])
         obs, _, _, _, info = fallback.step("wait1")
-        assert info["moves"] == fallback._call("getNumMoves") > 0 and obs
+        assert info["moves"] == fallback._call("getNumMoves") > 0
+        assert obs
         sim.load(*CASES[0])
         assert (obs, info) == sim.step("wait1")[::4]
     finally:
         fallback.close()
     warnings = [r for r in caplog.records if "Java step fold is unavailable" in r.getMessage()]
-    assert [r.levelname for r in warnings] == ["WARNING"] and "pipelined" in warnings[0].getMessage()
+    assert [r.levelname for r in warnings] == ["WARNING"]
+    assert "pipelined" in warnings[0].getMessage()
 
 
 def test_decode_reads_what_the_class_writes():
@@ -191,4 +194,5 @@ def test_an_error_in_the_middle_of_a_fold_leaves_the_connection_in_step(sim):
         moves, score = pipelined_call(sim._server, (("getNumMoves",), ("getScore",)))
         assert (moves, score) == (sim._call("getNumMoves"), sim._call("getScore"))
     obs, reward, terminated, _, info = sim.step("open door to kitchen")
-    assert info["moves"] == sim._call("getNumMoves") and not terminated
+    assert info["moves"] == sim._call("getNumMoves")
+    assert not terminated

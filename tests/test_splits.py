@@ -36,7 +36,9 @@ def test_chess_puzzle_splits_are_a_partition_by_puzzle_id():
     everything = set(puzzles.puzzle_ids("all"))
     assert parts["train"] | parts["validation"] | parts["test"] == everything
     assert sum(len(p) for p in parts.values()) == len(everything) == len(puzzles)
-    assert 0.7 < len(parts["train"]) / len(puzzles) < 0.9 and len(parts["validation"]) and len(parts["test"])
+    assert 0.7 < len(parts["train"]) / len(puzzles) < 0.9
+    assert len(parts["validation"])
+    assert len(parts["test"])
     assert all(split_of(p) == s for s, ids in parts.items() for p in ids)
     assert split_of("tewjc") == split_of("tewjc")  # no seed, no process state
 
@@ -53,7 +55,8 @@ def test_chess_split_draws_only_its_puzzles_and_all_keeps_the_old_draw():
         puzzles = load_puzzles(find_puzzles_file())
         test_ids = set(puzzles.puzzle_ids("test"))
         seen = {env.reset(seed=s)[1]["task_id"] for s in range(20)}
-        assert seen <= test_ids and len(seen) > 3
+        assert seen <= test_ids
+        assert len(seen) > 3
         train_id = puzzles.puzzle_ids("train")[0]
         with pytest.raises(ConfigError, match="train puzzle"):
             env.reset(seed=0, options={"task_id": train_id})
@@ -83,9 +86,13 @@ def test_readme_example_train_and_validation_share_no_task(tmp_path):
     assert dataset_main(["Chess", "-o", str(train), "-n", "256"]) == 0
     assert dataset_main(["Chess", "-o", str(val), "-n", "32", "--split", "validation"]) == 0
     t, v = _tasks(train), _tasks(val)
-    assert len(t) == 256 and len(v) == 32 and all(t) and all(v)
+    assert len(t) == 256
+    assert len(v) == 32
+    assert all(t)
+    assert all(v)
     assert len(set(t)) == 256  # a permutation: no repeat while the split has tasks left
-    assert all(split_of(x) == "train" for x in t) and all(split_of(x) == "validation" for x in v)
+    assert all(split_of(x) == "train" for x in t)
+    assert all(split_of(x) == "validation" for x in v)
     assert not set(t) & set(v)
     assert shared_tasks(train, val)["common"] == []
     assert dataset_main(["check", str(train), str(val)]) == 0
@@ -93,7 +100,8 @@ def test_readme_example_train_and_validation_share_no_task(tmp_path):
     assert dataset_main(["Chess", "-o", str(test), "-n", "8", "--split", "test"]) == 0
     assert all(split_of(x) == "test" for x in _tasks(test))
     rows = pq.read_table(test).column("extra_info").to_pylist()
-    assert rows[0]["env_kwargs"] == '{"split": "test"}' and [r["seed"] for r in rows] == list(range(8))
+    assert rows[0]["env_kwargs"] == '{"split": "test"}'
+    assert [r["seed"] for r in rows] == list(range(8))
 
 
 def test_overlap_is_refused_excluded_or_reported(tmp_path):
@@ -142,7 +150,8 @@ def test_alfworld_splits_are_disjoint_and_named_alike():
         assert ids["validation"] == ids["valid_seen"]
         assert all(ids[s] for s in ("train", "validation", "test"))
         assert not set(ids["train"]) & set(ids["validation"])
-        assert not set(ids["train"]) & set(ids["test"]) and not set(ids["validation"]) & set(ids["test"])
+        assert not set(ids["train"]) & set(ids["test"])
+        assert not set(ids["validation"]) & set(ids["test"])
     finally:
         env.close()
 
@@ -177,9 +186,11 @@ def test_scienceworld_validation_is_dev_and_splits_are_disjoint():
         ids = {s: run_sync(env.atask_ids(s)) for s in ("train", "validation", "test", "dev")}
     finally:
         env.close()
-    assert ids["validation"] == ids["dev"] and all(ids.values())
+    assert ids["validation"] == ids["dev"]
+    assert all(ids.values())
     assert all(t.startswith("boil:") for v in ids.values() for t in v)
-    assert not set(ids["train"]) & set(ids["dev"]) and not set(ids["train"]) & set(ids["test"])
+    assert not set(ids["train"]) & set(ids["dev"])
+    assert not set(ids["train"]) & set(ids["test"])
     assert not set(ids["dev"]) & set(ids["test"])
 
 
@@ -221,7 +232,8 @@ def test_exclude_of_a_runs_trajectories_or_a_non_parquet_file_is_one_clear_line(
     for bad, match in (("strings.parquet", "does not hold records"), ("loop.parquet", "no such data set file")):
         with pytest.raises(ConfigError, match=match):
             build_dataset("Chess", None, 2, tmp_path / "b.parquet", exclude=[tmp_path / bad], check=False)
-    assert not (tmp_path / "a.parquet").exists() and not (tmp_path / "b.parquet").exists()
+    assert not (tmp_path / "a.parquet").exists()
+    assert not (tmp_path / "b.parquet").exists()
 
 
 def test_split_given_twice_or_to_an_env_without_splits_is_one_clear_config_error():

@@ -41,13 +41,16 @@ async def test_runner_plays_explicit_rows_with_one_manager(chat):
         assert runner.manager is m  # a given manager is left to its owner
         pools = m.metrics()
     assert [t.env_id for t in first] == ["agentfly/Chess-v0"] * 2 + ["agentfly/ScienceWorld-v0"]
-    assert [t.task_id for t in first[:2]] == ["tewjc", "tewjc"] and first[0].group_id == "g0"
-    assert [t.seed for t in first] == [0, 1, 3] and [t.trajectory_id for t in first + again] == \
+    assert [t.task_id for t in first[:2]] == ["tewjc", "tewjc"]
+    assert first[0].group_id == "g0"
+    assert [t.seed for t in first] == [0, 1, 3]
+    assert [t.trajectory_id for t in first + again] == \
         ["task-000000", "task-000001", "task-000002", "task-000003"]
     assert all(t.error is None and t.turns for t in first + again), [t.error for t in first + again]
     assert again[0].task_id == first[2].task_id  # the same seed draws the same ScienceWorld task
     (sim,) = pools.values()  # ScienceWorld's simulator pool (Chess puzzles need no resource)
-    assert sim["started"] == 1 and sim["reused"] >= 1
+    assert sim["started"] == 1
+    assert sim["reused"] >= 1
 
 
 def test_runner_from_sync_code(chat):
@@ -55,7 +58,8 @@ def test_runner_from_sync_code(chat):
     with TaskRunner(RandomPolicy(seed=1), chat, max_turns=1) as runner:
         trajs = runner.play([("Chess-v0", "tewjc", 0)] * 2)
         assert runner.manager is not None
-    assert [t.task_id for t in trajs] == ["tewjc"] * 2 and all(t.error is None for t in trajs)
+    assert [t.task_id for t in trajs] == ["tewjc"] * 2
+    assert all(t.error is None for t in trajs)
     with pytest.raises(ConfigError, match="task row"):
         TaskRunner(RandomPolicy(), chat).play([42])
 
@@ -69,7 +73,8 @@ async def test_run_rollouts_defaults_a_training_loop_needs(chat):
     async with ResourceManager() as m:
         runs = [await run_rollouts(config, RandomPolicy(seed=0), chat, manager=m, progress=False) for _ in range(2)]
         seeds = [r.summary["config"]["seed"] for r in runs]
-        assert seeds[0] != seeds[1] and all(isinstance(s, int) for s in seeds)  # a fresh seed per call
+        assert seeds[0] != seeds[1]
+        assert all(isinstance(s, int) for s in seeds)
         assert [t.task_id for t in runs[0].trajectories] != [t.task_id for t in runs[1].trajectories]
         fixed = RolloutConfig(env_ids=["Chess-v0"], num_trajectories=4, max_turns=1, seed=seeds[0])
         replay = await run_rollouts(fixed, RandomPolicy(seed=0), chat, manager=m, progress=False)

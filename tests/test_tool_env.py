@@ -40,7 +40,8 @@ def test_the_issue_example_works_exactly_as_written():
     env = gymnasium.make(env_id)
     obs, info = env.reset(seed=0)
     obs, *_ = env.step('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>')   # obs holds 5
-    assert "5" in obs and _[1:3] == [False, False]
+    assert "5" in obs
+    assert _[1:3] == [False, False]
     obs, reward, terminated, truncated, info = env.step("The answer is 5.")               # reward 1.0, episode over
     assert (reward, terminated, truncated, info["error"]) == (1.0, True, False, None)
     assert info["completion"] == "The answer is 5."
@@ -118,7 +119,9 @@ def test_async_tool_and_resource_parameters_are_left_out_of_the_schema():
         """
         return await counter.call("bump", by)
 
-    assert bump.is_async and bump.timeout == 5 and set(bump.resources) == {"counter"}
+    assert bump.is_async
+    assert bump.timeout == 5
+    assert set(bump.resources) == {"counter"}
     assert bump.parameters == {"type": "object", "properties": {"by": {"type": "integer", "description": "how much to add"}},
                                "required": ["by"]}
     assert bump.check_arguments({"by": "two"}) .startswith("bad argument 'by'")
@@ -261,8 +264,10 @@ async def test_faults_are_observations_and_the_episode_goes_on():
     for reply, message in cases:
         obs, reward, terminated, truncated, info = await env.astep(reply)
         assert message in obs, (reply, obs)
-        assert obs.startswith("Error: ") and (reward, terminated, truncated, info["error"]) == (0.0, False, False, None)
-        assert info["tool_errors"] == 1 and info["tool_messages"][0]["role"] == "tool"
+        assert obs.startswith("Error: ")
+        assert (reward, terminated, truncated, info["error"]) == (0.0, False, False, None)
+        assert info["tool_errors"] == 1
+        assert info["tool_messages"][0]["role"] == "tool"
     obs, reward, terminated, truncated, info = await env.astep("It is 5")
     assert (reward, terminated) == (1.0, True)
     await env.aclose()
@@ -307,7 +312,8 @@ async def test_a_reward_that_raises_is_an_error_not_a_score_of_zero():
     await env.areset(seed=0)
     obs, reward, terminated, truncated, info = await env.astep("5")
     assert info["error"] == "the reward function failed: KeyError: 'judge unavailable'"
-    assert (reward, terminated, truncated) == (0.0, False, True) and "The episode has ended" in obs
+    assert (reward, terminated, truncated) == (0.0, False, True)
+    assert "The episode has ended" in obs
     assert not env.scope_is_open
 
     env = await _env(reward=lambda completion: float("nan"))
@@ -413,7 +419,8 @@ async def test_chain_and_step_rollouts_render_tools_natively(test_data):
         assert (traj.reward, traj.status, len(traj.turns)) == (1.0, "complete", 2)
         tok = chat.tokenizer
         prompt = tok.decode(traj.prompt_ids)
-        assert "<tools>" in prompt and '"name": "add"' in prompt
+        assert "<tools>" in prompt
+        assert '"name": "add"' in prompt
         response = tok.decode(traj.response_ids)
         assert response == (CALL_ADD + "<|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
                             "<|im_start|>assistant\n<think>\n\n</think>\n\nThe answer is 5.<|im_end|>")
@@ -438,7 +445,8 @@ async def test_a_reward_error_marks_the_trajectory(test_data):
                            expert=lambda row, messages: "5")
     policy, chat = make_policy("expert", tokenizer=str(test_data / "tokenizers" / "qwen3"))
     traj = await play_episode(env_id, policy, chat, max_turns=2, seed=0)
-    assert traj.status == "error" and traj.error == "the reward function failed: ValueError: no reference"
+    assert traj.status == "error"
+    assert traj.error == "the reward function failed: ValueError: no reference"
 
 
 def test_vector_env_and_env_checker():
@@ -450,7 +458,8 @@ def test_vector_env_and_env_checker():
     venv = gymnasium.make_vec(env_id, num_envs=2)
     obs, infos = venv.reset(seed=0)
     obs, rewards, terminated, truncated, infos = venv.step([CALL_ADD, "5"])
-    assert obs[0] == "5" and list(terminated) == [False, True]
+    assert obs[0] == "5"
+    assert list(terminated) == [False, True]
     venv.close()
 
 
@@ -476,7 +485,10 @@ def test_an_integer_past_pythons_digit_limit_is_a_malformed_call_not_an_error():
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step(
         '<tool_call>{"name":"add","arguments":{"a":%s,"b":1}}</tool_call>' % ("9" * 4301))
-    assert "cannot be read" in obs and not terminated and not truncated and not info.get("error")
+    assert "cannot be read" in obs
+    assert not terminated
+    assert not truncated
+    assert not info.get("error")
     obs, *_ = env.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')
     assert obs.strip() == "5"
     env.close()

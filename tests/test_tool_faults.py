@@ -154,7 +154,8 @@ async def test_a_reply_over_max_action_length_is_said_to_be_cut():
     obs, reward, terminated, truncated, info = await env.astep(reply)
     assert obs.startswith(f"Error: your reply was cut at 65,536 characters (it had {len(reply):,}; the rest was "
                           "dropped), so its tool call could not be read whole"), obs
-    assert info["reply_cut"] == len(reply) - limit and (terminated, truncated, info["error"]) == (False, False, None)
+    assert info["reply_cut"] == len(reply) - limit
+    assert (terminated, truncated, info["error"]) == (False, False, None)
     reply = _call("echo", text="abc") + " " * 70_000              # the call is whole; the tail is lost
     obs, *_, info = await env.astep(reply)
     assert obs == f"Note: your reply was cut at 65,536 characters (it had {len(reply):,}; the rest was dropped).\n3"
@@ -189,7 +190,8 @@ async def test_an_integral_float_for_an_int_is_the_int_and_a_fraction_is_refused
     env = _env("test/Ints-v0", [kinds])
     await env.areset(seed=0)
     obs, *_, info = await env.astep(_call("kinds", a=2.0, xs=[1.0, 3], pair=[4.0, "s"], opt=5.0, num=6.0, either=7.0))
-    assert obs == "int int int int int float float" and info["tool_errors"] == 0
+    assert obs == "int int int int int float float"
+    assert info["tool_errors"] == 0
     for bad, why in [({"a": 2.5}, "bad argument 'a' for 'kinds': 2.5 is not of type 'integer'"),
                      ({"a": True}, "bad argument 'a' for 'kinds': True is not of type 'integer'"),
                      ({"xs": [1, 2.5]}, "bad argument 'xs.1' for 'kinds': 2.5 is not of type 'integer'")]:
@@ -213,7 +215,9 @@ async def test_a_reward_that_raises_has_no_score_and_is_counted(test_data):
     env = _env("test/NoScore-v0", [echo], reward=bad)
     await env.areset(seed=0)
     obs, reward, terminated, truncated, info = await env.astep("5")
-    assert info["score"] is None and info["won"] is False and (reward, terminated, truncated) == (0.0, False, True)
+    assert info["score"] is None
+    assert info["won"] is False
+    assert (reward, terminated, truncated) == (0.0, False, True)
     assert info["error"] == info["reward_error"] == "the reward function failed: ValueError: no reference"
     await env.aclose()
 
@@ -221,7 +225,8 @@ async def test_a_reward_that_raises_has_no_score_and_is_counted(test_data):
                            expert=lambda row, messages: "5", replace=True)
     policy, chat = make_policy("expert", tokenizer=str(test_data / "tokenizers" / "qwen3"))
     traj = await play_episode(env_id, policy, chat, max_turns=2, seed=0)
-    assert traj.status == "error" and traj.reward_error == traj.error == "the reward function failed: ValueError: no reference"
+    assert traj.status == "error"
+    assert traj.reward_error == traj.error == "the reward function failed: ValueError: no reference"
     assert traj.turns[-1].info["score"] is None
     summary = summarize([traj], 1.0)
     assert (summary["errors"], summary["reward_errors"]) == (1, 1)
@@ -288,7 +293,8 @@ def test_closures_of_one_factory_over_different_values_are_different_envs():
     make_tool_env("test/Closure2-v0", tasks=tasks, tools=[tool(_adder(1))], reward=_reward_for("5"))
     env = gymnasium.make(env_id)
     env.reset(seed=0)
-    assert env.step("5")[1] == 1.0 and env.unwrapped.reward_fn.__closure__[0].cell_contents == "5"
+    assert env.step("5")[1] == 1.0
+    assert env.unwrapped.reward_fn.__closure__[0].cell_contents == "5"
     env.close()
     # captured sets, bytes and arrays count by value; a captured list that holds itself is no RecursionError
     import numpy as np
@@ -366,7 +372,8 @@ def test_a_module_imported_twice_registers_its_env_once_and_the_cli_reference_st
     spec = importlib.util.spec_from_file_location("twicetasks_again", tmp_path / "twicetasks.py")
     second = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(second)                                   # a second import of the same file
-    assert first.ENV_ID == second.ENV_ID == "user/Twice-v0" and first.add is not second.add
+    assert first.ENV_ID == second.ENV_ID == "user/Twice-v0"
+    assert first.add is not second.add
     assert normalize_env_id("twicetasks:make_env") == "user/Twice-v0"
     env = gymnasium.make("user/Twice-v0")
     env.reset(seed=0)

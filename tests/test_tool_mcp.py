@@ -65,8 +65,10 @@ def test_the_servers_tools_become_tools(server):
     tools = mcp_tools(server)
     assert [t.name for t in tools] == ["add", "count", "explode"]
     add = tools[0]
-    assert add.description == "Add two integers." and add.parameters["required"] == ["a", "b"]
-    assert add.parameters["properties"]["a"]["type"] == "integer" and dict(add.resources) == {"mcp_server": server}
+    assert add.description == "Add two integers."
+    assert add.parameters["required"] == ["a", "b"]
+    assert add.parameters["properties"]["a"]["type"] == "integer"
+    assert dict(add.resources) == {"mcp_server": server}
     with pytest.raises(ConfigError, match="lists no tool"):
         mcp_tools(server, names=["sub"])
 
@@ -84,9 +86,12 @@ async def test_an_env_calls_the_pooled_server(server):
         obs, *_ = await env.astep(_call("count", {}) + _call("count", {}))
         assert sorted(obs.split("\n")) == ["0", "1"]  # one server, two calls
         obs, *_, info = await env.astep(_call("add", {"a": "two", "b": 3}))
-        assert "bad argument 'a'" in obs and info["tool_errors"] == 1  # checked against the server's schema
+        assert "bad argument 'a'" in obs
+        assert info["tool_errors"] == 1
         obs, *_, info = await env.astep(_call("explode", {"why": "test"}))
-        assert "MCPToolError" in obs and "boom: test" in obs and info["tool_errors"] == 1
+        assert "MCPToolError" in obs
+        assert "boom: test" in obs
+        assert info["tool_errors"] == 1
         obs, reward, term, trunc, info = await env.astep("The answer is 5.")
         assert (reward, term, info["error"]) == (1.0, True, None)
         # the next rollout gets the pooled server back, as it is (its state carried over)

@@ -39,7 +39,8 @@ async def test_code_interpreter_runs_python_in_a_pooled_container_kept_for_the_r
     async with ResourceManager() as manager:
         env = gymnasium.make("agentfly/CodeInterpreter-v0", manager=manager, max_instances=2, backend="sandbox").unwrapped
         obs, info = await env.areset(options={"task_id": "ci-0003"})
-        assert obs == env.tasks[3]["prompt"] and info["tools"] == ["python"]
+        assert obs == env.tasks[3]["prompt"]
+        assert info["tools"] == ["python"]
         obs, *_ = await env.astep(_call("python", code="open('/tmp/state', 'w').write('kept'); print(6 * 7)"))
         assert obs == "42\n"
         obs, *_ = await env.astep(_call("python", code="print(open('/tmp/state').read())"))
@@ -53,7 +54,8 @@ async def test_code_interpreter_runs_python_in_a_pooled_container_kept_for_the_r
                                                     seed=s, max_turns=3) for s in range(3)))
         assert [(t.reward, t.status) for t in trajs] == [(1.0, "complete")] * 3, [t.error for t in trajs]
         (pool,) = [p for p in manager.pools.values() if p.spec.kind == "container"]
-        assert pool.metrics.max_in_use <= 2 and pool.metrics.in_use == 0
+        assert pool.metrics.max_in_use <= 2
+        assert pool.metrics.in_use == 0
         # a new episode gets a reset container: the last episode's file is gone
         env = gymnasium.make("agentfly/CodeInterpreter-v0", manager=manager, max_instances=2, backend="sandbox").unwrapped
         await env.areset(seed=0)
@@ -176,7 +178,8 @@ async def test_the_bundled_cpu_model_plays_both_tasks():
     for t in result.trajectories:
         assert t.status in ("complete", "truncated"), (t.env_id, t.status, t.error)
         prompt = chat.tokenizer.decode(t.prompt_ids)
-        assert "<tools>" in prompt and "<tool_call>" in prompt    # the tools, described in the system message
+        assert "<tools>" in prompt
+        assert "<tool_call>" in prompt
         assert sum(t.response_mask) == sum(turn.sampled_tokens for turn in t.turns) > 0
 
 

@@ -79,7 +79,8 @@ async def test_status_and_versions_round_trip(tmp_path, chat):
         for field in ("reply_truncated", "context_cut", "reward_error", "scope_id"):  # versions 3 and 4
             assert [getattr(b, field) for b in back] == [getattr(t, field) for t in trajs.values()]
     rows = load_step_rows(steps)
-    assert len(rows) == len(trajs["step"].steps) >= 1 and {r["status"] for r in rows} == {"complete"}
+    assert len(rows) == len(trajs["step"].steps) >= 1
+    assert {r["status"] for r in rows} == {"complete"}
     assert [r["response_ids"] for r in rows] == [s.response_ids for s in trajs["step"].steps]
 
 
@@ -128,18 +129,23 @@ def test_long_step_prompts_keep_the_system_prompt(chat):
     current = "the current board " + "y " * 10
     TASK = "task text " * 100
     full_msgs, full, shown, cut = fit_step_prompt(chat, env, TASK, past, current, 4, 3, None)
-    assert shown == 3 and cut == 0
+    assert shown == 3
+    assert cut == 0
     system_ids = chat.tokenizer.apply_chat_template(full_msgs[:1], tokenize=True, return_dict=False)
     # one pair too many: the oldest shown pair (step 2's) is dropped, the newest two stay
     _, two, _, _ = fit_step_prompt(chat, env, TASK, past, current, 4, 2, None)
     msgs, ids, shown, cut = fit_step_prompt(chat, env, TASK, past, current, 4, 3, len(two))
     assert (shown, cut, ids) == (2, 0, two)
     text = chat.tokenizer.decode(ids)
-    assert "observation 3" in text and "observation 2" in text and "observation 1" not in text
+    assert "observation 3" in text
+    assert "observation 2" in text
+    assert "observation 1" not in text
     # smaller than any history: no history, then the task text is cut after the system part
     budget = len(system_ids) + 80
     msgs, ids, shown, cut = fit_step_prompt(chat, env, TASK, past, current, 4, 3, budget)
-    assert shown == 0 and len(ids) == budget and cut > 0
+    assert shown == 0
+    assert len(ids) == budget
+    assert cut > 0
     assert ids[:len(system_ids)] == system_ids                       # the system prompt, whole
     generation_prompt = chat.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
     assert ids[-len(generation_prompt):] == generation_prompt

@@ -58,7 +58,8 @@ async def test_concurrent_requests_are_batched(tiny):
     b0, f0 = tiny.num_batches, tiny.num_forward_passes
     seq = [await tiny.generate(p, SamplingParams(max_tokens=n, temperature=1.0)) for p, n in zip(ps, sizes)]
     seq_batches, seq_passes = tiny.num_batches - b0, tiny.num_forward_passes - f0
-    assert seq_batches == 6 and seq_passes == sum(sizes)
+    assert seq_batches == 6
+    assert seq_passes == sum(sizes)
 
     b1, f1 = tiny.num_batches, tiny.num_forward_passes
     conc = await asyncio.gather(*(tiny.generate(p, SamplingParams(max_tokens=n, temperature=1.0))
@@ -69,8 +70,10 @@ async def test_concurrent_requests_are_batched(tiny):
     for gens in (seq, conc):
         for g, n in zip(gens, sizes):
             assert isinstance(g, Generation)
-            assert len(g.token_ids) == n and g.finish_reason == "length"  # no eos among the random draws
-            assert len(g.logprobs) == n and all(lp <= 0 and math.isfinite(lp) for lp in g.logprobs)
+            assert len(g.token_ids) == n
+            assert g.finish_reason == "length"
+            assert len(g.logprobs) == n
+            assert all(lp <= 0 and math.isfinite(lp) for lp in g.logprobs)
             assert g.latency > 0
     # Padding never leaks: every id of a short row was sampled (its logprob is a real probability).
     assert all(lp > -50 for g in conc for lp in g.logprobs)
@@ -118,7 +121,8 @@ async def test_seeded_sampling_is_reproducible(tiny, tiny_qwen):
             outs.append([(await p.generate(prompt, SamplingParams(max_tokens=6))).token_ids for _ in range(2)])
         finally:
             await p.aclose()
-    assert outs[0] == outs[1] and outs[0][0] != outs[0][1]
+    assert outs[0] == outs[1]
+    assert outs[0][0] != outs[0][1]
 
 
 async def test_mixed_sampling_params_in_one_batch(tiny):
@@ -155,7 +159,8 @@ async def test_requests_join_a_running_batch_with_their_solo_results(tiny):
     first = await asyncio.gather(*(tiny.generate(p, GREEDY) for p in ps[:2]))  # shorter and longer prompts
     third = await tiny.generate(ps[2], GREEDY)  # joins after the first two left
     long = await long_task
-    assert long.finish_reason == "length" and len(long.token_ids) == 300
+    assert long.finish_reason == "length"
+    assert len(long.token_ids) == 300
     assert tiny.num_joined - j0 == 3
     # shared passes: the long request's 300 plus one prefill per admitted group, never a wave of its own
     assert tiny.num_forward_passes - f0 <= 300 + 3
@@ -192,7 +197,8 @@ async def test_a_stream_of_newcomers_cannot_hold_back_running_rows(tiny_qwen):
         stop = True
         await asyncio.gather(*clients)
         await p.aclose()
-    assert long.finish_reason == "length" and len(long.token_ids) == 40
+    assert long.finish_reason == "length"
+    assert len(long.token_ids) == 40
     assert passes <= 2 * 40 + 1, passes
 
 
@@ -202,7 +208,8 @@ async def test_stop_token_ends_generation_and_is_included(tiny):
     stop_tok = greedy.token_ids[2]
     g = await tiny.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=(stop_tok,)))
     first = greedy.token_ids.index(stop_tok)
-    assert g.finish_reason == "stop" and g.token_ids == greedy.token_ids[:first + 1]
+    assert g.finish_reason == "stop"
+    assert g.token_ids == greedy.token_ids[:first + 1]
     assert len(g.logprobs) == len(g.token_ids)
 
 
@@ -213,13 +220,18 @@ async def test_smollm2_stops_on_eos_and_batches_match_solo(smol):
     solo = [await smol.generate(p, SamplingParams(max_tokens=16, temperature=0.0)) for p in ps]
     both = await asyncio.gather(*(smol.generate(p, SamplingParams(max_tokens=16, temperature=0.0)) for p in ps))
     im_end = smol.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert smol.tokenizer.eos_token_id == im_end and smol.eos_token_ids == {im_end}
+    assert smol.tokenizer.eos_token_id == im_end
+    assert smol.eos_token_ids == {im_end}
     for s, b in zip(solo, both):
-        assert s.finish_reason == "stop" and s.token_ids[-1] == im_end and im_end not in s.token_ids[:-1]
-        assert s.text == smol.tokenizer.decode(s.token_ids, skip_special_tokens=True) and "<|im_end|>" not in s.text
+        assert s.finish_reason == "stop"
+        assert s.token_ids[-1] == im_end
+        assert im_end not in s.token_ids[:-1]
+        assert s.text == smol.tokenizer.decode(s.token_ids, skip_special_tokens=True)
+        assert "<|im_end|>" not in s.text
         assert b.token_ids == s.token_ids  # left padding + position ids are right
     cut = await smol.generate(ps[0], SamplingParams(max_tokens=2, temperature=0.0))
-    assert cut.finish_reason == "length" and cut.token_ids == solo[0].token_ids[:2]
+    assert cut.finish_reason == "length"
+    assert cut.token_ids == solo[0].token_ids[:2]
 
 
 async def test_event_loop_stays_free_while_generating(tiny):
@@ -293,8 +305,10 @@ async def test_close_fails_queued_requests_and_lets_the_running_batch_finish(tin
     results = await asyncio.gather(*tasks, return_exceptions=True)
     done = [r for r in results if isinstance(r, Generation)]
     failed = [r for r in results if isinstance(r, PolicyError)]
-    assert len(done) == 2 and all(len(g.token_ids) == 200 for g in done)  # the running batch finished
-    assert len(failed) == 6 and all("closed" in str(e) for e in failed)  # the queued ones did not run
+    assert len(done) == 2
+    assert all(len(g.token_ids) == 200 for g in done)
+    assert len(failed) == 6
+    assert all("closed" in str(e) for e in failed)
 
 
 @pytest.mark.slow
@@ -305,8 +319,10 @@ def test_model_folders_are_built_once_under_concurrency(test_data, tmp_path):
     tok_dir = test_data / "tokenizers" / "qwen3"
     with ThreadPoolExecutor(4) as ex:
         dirs = list(ex.map(lambda _: tiny_qwen_dir(tok_dir, cache=tmp_path, seed=5), range(4)))
-    assert len(set(dirs)) == 1 and dirs[0].parent == tmp_path
-    assert (dirs[0] / "model.safetensors").is_file() and (dirs[0] / "tokenizer.json").is_file()
+    assert len(set(dirs)) == 1
+    assert dirs[0].parent == tmp_path
+    assert (dirs[0] / "model.safetensors").is_file()
+    assert (dirs[0] / "tokenizer.json").is_file()
     assert not list(tmp_path.glob(f".{dirs[0].name}.tmp-*"))  # no temporary folder left behind
     mtime = (dirs[0] / "model.safetensors").stat().st_mtime_ns
     assert tiny_qwen_dir(tok_dir, cache=tmp_path, seed=5) == dirs[0]
@@ -316,7 +332,8 @@ def test_model_folders_are_built_once_under_concurrency(test_data, tmp_path):
     (dirs[0] / ".agentfly-complete").unlink()
     (tmp_path / f".{dirs[0].name}.tmp-killed").mkdir()
     assert tiny_qwen_dir(tok_dir, cache=tmp_path, seed=5) == dirs[0]
-    assert (dirs[0] / ".agentfly-complete").is_file() and not list(tmp_path.glob(f".{dirs[0].name}.tmp-*"))
+    assert (dirs[0] / ".agentfly-complete").is_file()
+    assert not list(tmp_path.glob(f".{dirs[0].name}.tmp-*"))
 
 
 def test_missing_model_package_says_how_to_install(monkeypatch, tmp_path):

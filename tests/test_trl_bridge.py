@@ -21,8 +21,10 @@ from agentfly_gym.rollout.models import smollm2_dir
 
 def test_task_dataset_round_trips_through_the_prompt():
     ds = task_dataset("Chess", ["tewjc", "HKIFI"], n=3, seed=7)
-    assert ds.column_names == ["prompt", "env_id", "task_id", "seed", "split"] and len(ds) == 3
-    assert ds["task_id"] == ["tewjc", "HKIFI", "tewjc"] and ds["seed"] == [7, 8, 9]
+    assert ds.column_names == ["prompt", "env_id", "task_id", "seed", "split"]
+    assert len(ds) == 3
+    assert ds["task_id"] == ["tewjc", "HKIFI", "tewjc"]
+    assert ds["seed"] == [7, 8, 9]
     rows = [parse_task_prompt(p) for p in ds["prompt"]]
     assert rows[1] == TaskRow("agentfly/Chess-v0", task_id="HKIFI", seed=8)
     assert parse_task_prompt(task_prompt("Chess-v0", seed=3)) == TaskRow("agentfly/Chess-v0", None, 3)
@@ -83,14 +85,16 @@ def test_task_dataset_takes_a_numpy_integer_seed(tmp_path, capsys):
     import numpy as np
 
     ds = task_dataset("Chess-v0", ["tewjc", "HKIFI"], seed=np.int64(4), check=False)
-    assert ds["seed"] == [4, 5] and parse_task_prompt(ds["prompt"][1]) == TaskRow("agentfly/Chess-v0", "HKIFI", 5)
+    assert ds["seed"] == [4, 5]
+    assert parse_task_prompt(ds["prompt"][1]) == TaskRow("agentfly/Chess-v0", "HKIFI", 5)
     verl_dataset = pytest.importorskip("agentfly_gym_verl.dataset")
     out = str(tmp_path / "d.parquet")
     assert verl_dataset.dataset_main(["Chess", "-o", out, "-n", "2", "--seed", "-1"]) == 2
     assert "seed=-1 must be an integer" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         verl_dataset.dataset_main(["Chess", "-o", out, "-n", "2", "--seed", "abc"])
-    assert e.value.code == 2 and "--seed: invalid int value: 'abc'" in capsys.readouterr().err
+    assert e.value.code == 2
+    assert "--seed: invalid int value: 'abc'" in capsys.readouterr().err
 
 
 def test_task_dataset_checks_listed_task_ids_as_the_cli_does():
@@ -109,11 +113,14 @@ def test_task_dataset_draws_from_a_split_and_leaves_out_another_set():
     keeps a set's tasks out of a draw from the same split."""
     train = task_dataset("Chess-v0", n=12, seed=0)
     val = task_dataset("Chess-v0", n=6, seed=0, split="validation")
-    assert set(train["split"]) == {"train"} and set(val["split"]) == {"validation"}
-    assert all(train["task_id"]) and len(set(train["task_id"])) == 12
+    assert set(train["split"]) == {"train"}
+    assert set(val["split"]) == {"validation"}
+    assert all(train["task_id"])
+    assert len(set(train["task_id"])) == 12
     assert not set(train["task_id"]) & set(val["task_id"])
     row = parse_task_prompt(val["prompt"][0])
-    assert row.env_kwargs == {"split": "validation"} and row.task_id == val["task_id"][0]
+    assert row.env_kwargs == {"split": "validation"}
+    assert row.task_id == val["task_id"][0]
     more = task_dataset("Chess-v0", n=12, seed=1, exclude=train)
     assert not set(more["task_id"]) & set(train["task_id"])
     assert not set(task_dataset("Chess-v0", n=4, seed=0, exclude=train["task_id"][:4])["task_id"]) & set(
@@ -146,8 +153,11 @@ def test_a_rows_split_reaches_its_env():
     with TaskRunner(RandomPolicy(seed=0), chat, max_turns=1, env_kwargs={"Chess-v0": {"split": "train"}}) as runner:
         (traj,) = runner.play([row])
         (refused,) = runner.play([TaskRow(row.env_id, row.task_id, row.seed)])
-    assert traj.error is None and traj.task_id == row.task_id and traj.num_turns == 1
-    assert refused.error and "not in split='train'" in refused.error
+    assert traj.error is None
+    assert traj.task_id == row.task_id
+    assert traj.num_turns == 1
+    assert refused.error
+    assert "not in split='train'" in refused.error
 
 
 async def test_rollout_dict_is_the_sampled_tokens_and_a_cut_reply_ends_on_it(tiny_qwen):
@@ -167,11 +177,15 @@ async def test_rollout_dict_is_the_sampled_tokens_and_a_cut_reply_ends_on_it(tin
     for i, t in enumerate(trajs):
         n = len(out["completion_ids"][i])
         assert len(out["logprobs"][i]) == len(out["env_mask"][i]) == n >= 1
-        assert out["prompt_ids"][i] == t.prompt_ids and out["completion_ids"][i] == t.response_ids[:n]
-        assert t.reply_truncated and out["reply_truncated"][i] and out["env_mask"][i][-1] == 1
+        assert out["prompt_ids"][i] == t.prompt_ids
+        assert out["completion_ids"][i] == t.response_ids[:n]
+        assert t.reply_truncated
+        assert out["reply_truncated"][i]
+        assert out["env_mask"][i][-1] == 1
         assert out["completion_ids"][i][-1] != chat.eot_token_id
         assert all(lp == 0.0 for lp, m in zip(out["logprobs"][i], out["env_mask"][i]) if not m)
-        assert out["task_id"][i] == "tewjc" and out["env_return"][i] == t.reward
+        assert out["task_id"][i] == "tewjc"
+        assert out["env_return"][i] == t.reward
 
 
 def _example():

@@ -47,14 +47,20 @@ async def test_a_reply_cut_at_max_tokens_is_recorded_and_can_end_the_record(tmp_
         step = await run_step_episode(env, tiny_policy, chat, sampling=sampling, max_turns=2,
                                       options={"task_id": PUZZLE})
         await env.aclose()
-    assert chain.turns and all(t.finish_reason == "length" for t in chain.turns)
-    assert chain.reply_truncated and chain.response_mask[-1] == 0  # the closing id the policy did not sample
+    assert chain.turns
+    assert all(t.finish_reason == "length" for t in chain.turns)
+    assert chain.reply_truncated
+    assert chain.response_mask[-1] == 0
     ids, mask, lps = chain.trainer_response()
-    assert mask[-1] == 1 and len(ids) == len(mask) == len(lps) == len(chain.response_ids) - 1
-    assert ids == chain.response_ids[:-1] and chain.trainer_response(end_on_sampled=False)[0] == chain.response_ids
-    assert step.reply_truncated and all(r.reply_truncated for r in step.steps)
+    assert mask[-1] == 1
+    assert len(ids) == len(mask) == len(lps) == len(chain.response_ids) - 1
+    assert ids == chain.response_ids[:-1]
+    assert chain.trainer_response(end_on_sampled=False)[0] == chain.response_ids
+    assert step.reply_truncated
+    assert all(r.reply_truncated for r in step.steps)
     back = load_trajectories(save_trajectories([chain], tmp_path)["parquet"])[0]
-    assert back.reply_truncated and back.trainer_response() == (ids, mask, [pytest.approx(x) for x in lps])
+    assert back.reply_truncated
+    assert back.trainer_response() == (ids, mask, [pytest.approx(x) for x in lps])
     assert all(r["reply_truncated"] for r in load_step_rows(save_step_rows([step], tmp_path)["steps"]))
 
 
@@ -64,7 +70,8 @@ async def test_a_reply_that_stops_is_not_marked_cut(chat):
         env = gymnasium.make("agentfly/Chess-v0", manager=m).unwrapped
         traj = await run_chain_episode(env, ExpertPolicy(), chat, options={"task_id": PUZZLE})
         await env.aclose()
-    assert not traj.reply_truncated and traj.trainer_response()[0] == traj.response_ids
+    assert not traj.reply_truncated
+    assert traj.trainer_response()[0] == traj.response_ids
 
 
 async def test_max_context_tokens_is_a_hard_cap(chat):
@@ -81,7 +88,10 @@ async def test_max_context_tokens_is_a_hard_cap(chat):
         cut = await run_chain_episode(env, ExpertPolicy(), chat, options={"task_id": PUZZLE}, max_turns=2,
                                       sampling=SamplingParams(max_tokens=reply), max_context_tokens=cap)
         await env.aclose()
-    assert obs > 4 and len(full.turns) == 2
+    assert obs > 4
+    assert len(full.turns) == 2
     assert len(cut.prompt_ids) + len(cut.response_ids) == cap
-    assert cut.context_cut == obs - obs // 2 and cut.status == "token_budget" and len(cut.turns) == 1
+    assert cut.context_cut == obs - obs // 2
+    assert cut.status == "token_budget"
+    assert len(cut.turns) == 1
     assert cut.response_ids == full.response_ids[:cap - p]  # what is kept is exactly the uncut chain's start

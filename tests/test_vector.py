@@ -34,15 +34,22 @@ def no_leaked_engines(monkeypatch):
 def test_make_vec_returns_async_text_vector_env_with_batch_semantics():
     venv = gymnasium.make_vec("agentfly/Chess-v0", num_envs=3)
     try:
-        assert isinstance(venv, AsyncTextVectorEnv) and venv.num_envs == 3
+        assert isinstance(venv, AsyncTextVectorEnv)
+        assert venv.num_envs == 3
         obs, infos = venv.reset(seed=11)
-        assert isinstance(obs, tuple) and len(obs) == 3 and all(isinstance(o, str) and o for o in obs)
-        assert infos["_task_id"].all() and len(set(infos["task_id"])) >= 2  # seeds 11, 12, 13
+        assert isinstance(obs, tuple)
+        assert len(obs) == 3
+        assert all(isinstance(o, str) and o for o in obs)
+        assert infos["_task_id"].all()
+        assert len(set(infos["task_id"])) >= 2
         again, infos2 = venv.reset(seed=11)
-        assert again == obs and list(infos2["task_id"]) == list(infos["task_id"])  # seeded, reproducible
+        assert again == obs
+        assert list(infos2["task_id"]) == list(infos["task_id"])
         legal = [infos["admissible_actions"][i][0] for i in range(3)]
         obs, rew, term, trunc, infos = venv.step(legal)
-        assert rew.dtype == np.float64 and term.dtype == np.bool_ and len(obs) == 3
+        assert rew.dtype == np.float64
+        assert term.dtype == np.bool_
+        assert len(obs) == 3
         assert venv.observation_space.contains(obs)
     finally:
         venv.close()
@@ -57,9 +64,12 @@ async def test_next_step_autoreset_after_a_failed_puzzle():
             expert = await venv.envs[i].expert_action()
             wrong.append(next(a for a in infos["admissible_actions"][i] if a != expert))
         obs, rew, term, trunc, infos = await venv.astep(wrong)
-        assert term.all() and (rew == 0).all()
+        assert term.all()
+        assert (rew == 0).all()
         obs2, rew2, term2, trunc2, infos2 = await venv.astep(["ignored", "ignored"])  # the autoreset step
-        assert not term2.any() and (rew2 == 0).all() and all("Puzzle" in o for o in obs2)
+        assert not term2.any()
+        assert (rew2 == 0).all()
+        assert all("Puzzle" in o for o in obs2)
         assert (infos2["step"] == 0).all()
         await venv.aclose()
 
@@ -72,8 +82,11 @@ async def test_same_step_autoreset_reports_final_obs():
         expert = await venv.envs[0].expert_action()
         wrong = next(a for a in infos["admissible_actions"][0] if a != expert)
         obs, rew, term, trunc, infos = await venv.astep([wrong])
-        assert term[0] and "final_obs" in infos and infos["_final_obs"][0]
-        assert "Puzzle" in obs[0] and infos["final_obs"][0] != obs[0]
+        assert term[0]
+        assert "final_obs" in infos
+        assert infos["_final_obs"][0]
+        assert "Puzzle" in obs[0]
+        assert infos["final_obs"][0] != obs[0]
         await venv.aclose()
 
 
@@ -91,7 +104,9 @@ async def test_disabled_autoreset_needs_reset_mask():
         assert isinstance(info.value, CallOrderError)
         obs, infos = await venv.areset(options={"reset_mask": np.array([True, False])})
         # the sub-env not reset keeps its current observation, as in Gymnasium (tests/test_vector_gymnasium.py)
-        assert obs[1] == stepped[1] and obs[0] and infos["_task_id"].tolist() == [True, False]
+        assert obs[1] == stepped[1]
+        assert obs[0]
+        assert infos["_task_id"].tolist() == [True, False]
         await venv.aclose()
 
 
@@ -110,13 +125,16 @@ async def test_send_recv_returns_fast_envs_without_waiting_for_a_slow_one():
         assert isinstance(pending.value, CallOrderError)
         assert pending.value.env_id == 3
         obs, rew, term, trunc, infos, ids = await venv.arecv(min_ready=1)
-        assert 3 not in ids.tolist() and len(ids) >= 1 and len(obs) == len(ids)
+        assert 3 not in ids.tolist()
+        assert len(ids) >= 1
+        assert len(obs) == len(ids)
         assert not venv._pending[3].done()  # the slow env is still thinking
         rest = []
         while venv._pending:
             *_, more = await venv.arecv(min_ready=1)
             rest += more.tolist()
-        assert 3 in rest and sorted(ids.tolist() + rest) == [0, 1, 2, 3]
+        assert 3 in rest
+        assert sorted(ids.tolist() + rest) == [0, 1, 2, 3]
         await venv.aclose()
 
 
@@ -127,7 +145,8 @@ async def test_recv_timeout_returns_empty_batch():
         obs, infos = await venv.areset(seed=0)
         await venv.asend([infos["admissible_actions"][0][0]])
         obs, rew, term, trunc, infos, ids = await venv.arecv(min_ready=1, timeout=0.01)
-        assert ids.size == 0 and obs == ()
+        assert ids.size == 0
+        assert obs == ()
         *_, ids = await venv.arecv(min_ready=1)
         assert ids.tolist() == [0]
         await venv.aclose()
@@ -145,7 +164,9 @@ async def test_sub_envs_share_one_manager_and_its_caps():
         await venv.envs[0].aend_episode()
         await asyncio.wait_for(third, 30)
         pool = next(iter(m.pools.values()))
-        assert pool.metrics.started == 2 and pool.metrics.max_in_use == 2 and pool.metrics.reused == 1
+        assert pool.metrics.started == 2
+        assert pool.metrics.max_in_use == 2
+        assert pool.metrics.reused == 1
         await venv.aclose()
 
 
@@ -159,8 +180,10 @@ async def test_a_dead_engine_truncates_only_its_own_env():
         assert not wait_gone([engine.pid], 10)
         actions = [infos["admissible_actions"][i][0] for i in range(2)]
         obs, rew, term, trunc, infos = await venv.astep(actions)
-        assert trunc[0] and infos["error"][0]
-        assert not trunc[1] and infos["error"][1] is None
+        assert trunc[0]
+        assert infos["error"][0]
+        assert not trunc[1]
+        assert infos["error"][1] is None
         await venv.aclose()
 
 
@@ -229,9 +252,15 @@ async def test_same_step_autoreset_that_fails_is_contained_to_its_sub_env():
 
         broken._reset_episode = fail
         obs, rew, term, trunc, infos = await venv.astep(wrong)  # raised RuntimeError before the fix
-        assert term.all() and "injected reset fault" in infos["error"][0] and infos["error"][1] is None
-        assert infos["final_obs"][0] and "Puzzle" in obs[1]
+        assert term.all()
+        assert "injected reset fault" in infos["error"][0]
+        assert infos["error"][1] is None
+        assert infos["final_obs"][0]
+        assert "Puzzle" in obs[1]
         del broken._reset_episode
         obs, rew, term, trunc, infos = await venv.astep(["ignored", next(iter(infos["admissible_actions"][1]))])
-        assert "Puzzle" in obs[0] and not term[0] and not trunc[0] and infos["error"][0] is None
+        assert "Puzzle" in obs[0]
+        assert not term[0]
+        assert not trunc[0]
+        assert infos["error"][0] is None
         await venv.aclose()

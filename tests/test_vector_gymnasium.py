@@ -49,12 +49,14 @@ def test_same_step_final_info_is_a_dict_of_arrays_as_in_sync_vector_env():
         obs_a, rew_a, term_a, trunc_a, info_a = ours.step(actions)
         obs_b, rew_b, term_b, trunc_b, info_b = theirs.step(actions)
         assert term_a.tolist() == term_b.tolist() == [True, False]
-        assert rew_a.tolist() == rew_b.tolist() and tuple(obs_a) == tuple(obs_b)
+        assert rew_a.tolist() == rew_b.tolist()
+        assert tuple(obs_a) == tuple(obs_b)
         assert isinstance(info_a["final_info"], dict)
         _same_structure(info_a, info_b)
         assert info_a["_final_info"].tolist() == [True, False]
         assert info_a["final_info"]["won"][info_a["_final_info"]].tolist() == [False]
-        assert info_a["final_obs"][0] == info_b["final_obs"][0] and info_a["final_obs"][1] is None
+        assert info_a["final_obs"][0] == info_b["final_obs"][0]
+        assert info_a["final_obs"][1] is None
     finally:
         ours.close()
         theirs.close()
@@ -75,7 +77,8 @@ def test_partial_reset_returns_the_current_observations_of_the_others():
         mask = np.array([True, False])
         obs_a, info_a = ours.reset(seed=[30, None], options={"reset_mask": mask})
         obs_b, info_b = theirs.reset(seed=[30, None], options={"reset_mask": mask.copy()})
-        assert obs_a[1] == stepped[1] != "" and tuple(obs_a) == tuple(obs_b)
+        assert obs_a[1] == stepped[1] != ""
+        assert tuple(obs_a) == tuple(obs_b)
         _same_structure(info_a, info_b)
         assert info_a["_task_id"].tolist() == [True, False]
     finally:

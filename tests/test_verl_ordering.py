@@ -138,7 +138,8 @@ async def test_a_bad_lengths_file_is_a_warning_and_a_fresh_start(tmp_path, tok, 
         assert sorted(await _batch("agentfly_chain", server, tok, cfg, rows, lengths_path=str(path))) == \
             sorted(puzzles[:2])
     assert admitted == [None, None]  # nothing known yet: arrival order
-    assert "is not a saved RolloutLengths" in caplog.text and "fresh estimate" in caplog.text
+    assert "is not a saved RolloutLengths" in caplog.text
+    assert "fresh estimate" in caplog.text
     assert sorted(json.loads(path.read_text())["tasks"]) == sorted(f"{ENV}/{t}" for t in puzzles[:2])
     lengths = get_runtime().lengths[str(path)]
     lengths.observe(f"{ENV}/{puzzles[0]}", 50.0)  # make the second row the longer one

@@ -175,14 +175,16 @@ def _check_schema(out: AgentLoopOutput, prompt_length: int = PROMPT_LEN) -> None
             assert isinstance(out.extra_fields[k], type(v)), (k, out.extra_fields[k])
     n = len(out.response_ids)
     assert n >= 1
-    assert len(out.response_mask) == n and len(out.response_logprobs) == n
+    assert len(out.response_mask) == n
+    assert len(out.response_logprobs) == n
     assert len(out.prompt_ids) <= prompt_length
     # verl puts the reward on the last token: it must be a sampled one (or nothing was sampled at all)
     assert out.response_mask[-1] == 1 or set(out.response_mask) == {0}
     assert isinstance(out.extra_fields["min_global_steps"], int | None)
     # what verl's V1 trainer does with the output (agent_loop_tq._agent_loop_postprocess) works on it
     field = out.as_dict()
-    assert field["prompts"].shape[0] == len(out.prompt_ids) and field["rm_scores"][-1] == out.reward_score
+    assert field["prompts"].shape[0] == len(out.prompt_ids)
+    assert field["rm_scores"][-1] == out.reward_score
     list_of_dict_to_tensordict([field, dict(field)])
 
 
@@ -228,20 +230,23 @@ async def _check_chain(out: AgentLoopOutput, server: ModelServer, tokenizer, env
     n = min(len(expected_ids), response_length)
     while n and expected_mask[n - 1] == 0:
         n -= 1
-    assert len(out.response_ids) == n and n > 0
+    assert len(out.response_ids) == n
+    assert n > 0
     assert out.response_ids == expected_ids[:n]          # sampled ids verbatim, env/template ids exact
     assert out.response_mask == expected_mask[:n]
     assert all(math.isclose(a, b, rel_tol=0, abs_tol=1e-6) for a, b in zip(out.response_logprobs, expected_lp[:n]))
     assert full[: len(out.prompt_ids)] == out.prompt_ids
     # reward = the env's return for these actions
     assert steps == ef["num_steps"] == len(calls)
-    assert math.isclose(out.reward_score, total) and math.isclose(ef["env_return"], total)
+    assert math.isclose(out.reward_score, total)
+    assert math.isclose(ef["env_return"], total)
     assert out.metrics.generate_sequences > 0
 
 
 async def _check_steps(outs: list[AgentLoopOutput], server: ModelServer, tokenizer, env_id, env_kwargs, seed,
                        options, prompt_length: int = PROMPT_LEN):
-    assert isinstance(outs, list) and outs
+    assert isinstance(outs, list)
+    assert outs
     for o in outs:
         _check_schema(o, prompt_length)
     ef0 = outs[0].extra_fields
@@ -255,14 +260,18 @@ async def _check_steps(outs: list[AgentLoopOutput], server: ModelServer, tokeniz
     anchors = [obs0] + observations[:-1]
     for i, (o, c) in enumerate(zip(outs, calls)):
         ef = o.extra_fields
-        assert ef["step"] == i and ef["trajectory_id"] == ef0["trajectory_id"] and ef["group_id"] == ef0["group_id"]
+        assert ef["step"] == i
+        assert ef["trajectory_id"] == ef0["trajectory_id"]
+        assert ef["group_id"] == ef0["group_id"]
         assert ef["anchor_obs"] == anchors[i]
         assert o.prompt_ids == c["prompt_ids"]                       # the fresh prompt the server saw
         if c["token_ids"]:                                           # sampled ids verbatim, nothing after them
-            assert o.response_ids == c["token_ids"] and o.response_mask == [1] * len(c["token_ids"])
+            assert o.response_ids == c["token_ids"]
+            assert o.response_mask == [1] * len(c["token_ids"])
             assert o.response_logprobs == pytest.approx(c["log_probs"], abs=1e-6)
         else:                                                        # nothing sampled: verl's one mask-0 token
-            assert o.response_ids == [chat.eot_token_id] and o.response_mask == [0]
+            assert o.response_ids == [chat.eot_token_id]
+            assert o.response_mask == [0]
         assert math.isclose(o.reward_score, total)
     assert math.isclose(sum(o.extra_fields["step_reward"] for o in outs), total)
 
@@ -290,16 +299,21 @@ def test_dataset_builder_and_cli(tmp_path, tiny_qwen):
                  check=False)  # a bad task id on purpose: the loop must turn it into an error row
     assert [r["extra_info"]["task_id"] for r in rows] == [PUZZLE, "abc"]
     r = rows[1]
-    assert r["agent_name"] == "agentfly_step" and r["data_source"] == "agentfly/Chess-v0" and r["index"] == 1
-    assert r["extra_info"]["max_turns"] == 3 and r["extra_info"]["mode"] == "step"
-    assert r["raw_prompt"][0]["role"] == "system" and "chess" in r["raw_prompt"][0]["content"].lower()
+    assert r["agent_name"] == "agentfly_step"
+    assert r["data_source"] == "agentfly/Chess-v0"
+    assert r["index"] == 1
+    assert r["extra_info"]["max_turns"] == 3
+    assert r["extra_info"]["mode"] == "step"
+    assert r["raw_prompt"][0]["role"] == "system"
+    assert "chess" in r["raw_prompt"][0]["content"].lower()
     out = tmp_path / "cli.parquet"
     assert dataset_main(["ScienceWorld", "-o", str(out), "-n", "3", "--split", "dev", "--seed", "5"]) == 0
     import pyarrow.parquet as pq
 
     got = pq.read_table(out).to_pylist()
     assert [g["extra_info"]["seed"] for g in got] == [5, 6, 7]
-    assert got[0]["extra_info"]["env_kwargs"] == '{"split": "dev"}' and got[0]["agent_name"] == "agentfly_chain"
+    assert got[0]["extra_info"]["env_kwargs"] == '{"split": "dev"}'
+    assert got[0]["agent_name"] == "agentfly_chain"
     assert dataset_main(["Chess", "-o", str(tmp_path / "bad.parquet"), "-n", "2", "--split", "dev"]) == 2
     assert dataset_main(["NoSuchEnv", "-o", str(tmp_path / "bad.parquet"), "-n", "2"]) == 2
     assert not (tmp_path / "bad.parquet").exists()
@@ -318,7 +332,8 @@ async def test_chess_chain_and_step_with_a_real_model(tmp_path, policy, clean_ru
     out_c, out_s = await asyncio.gather(chain.run(_sampling(cfg), **row), step.run(_sampling(cfg), **row))
     opts = {"task_id": PUZZLE}
     await _check_chain(out_c, server, tok, "agentfly/Chess-v0", env_kwargs, 0, opts, 3)
-    assert out_c.extra_fields["group_id"] == "uid-0" and out_c.extra_fields["task_id"] == PUZZLE
+    assert out_c.extra_fields["group_id"] == "uid-0"
+    assert out_c.extra_fields["task_id"] == PUZZLE
     await _check_steps(out_s, server, tok, "agentfly/Chess-v0", env_kwargs, 0, opts)
     assert out_c.extra_fields["trajectory_id"] != out_s[0].extra_fields["trajectory_id"]
 
@@ -340,8 +355,11 @@ async def test_solved_puzzle_reward(tmp_path, policy, clean_runtime):
     (row,) = _rows(tmp_path, tok, cfg, "Chess", [PUZZLE], max_turns=3, env_kwargs={"mode": "puzzle"})
     out_c = await _make_loop("agentfly_chain", server, tok, cfg).run(_sampling(cfg), **row)
     out_s = await _make_loop("agentfly_step", server, tok, cfg).run(_sampling(cfg), **row)
-    assert out_c.reward_score == 1.0 and out_c.extra_fields["success"] and out_c.extra_fields["terminated"]
-    assert out_c.num_turns == 6 and out_c.extra_fields["turn_scores"] == [0.0, 0.0, 1.0]
+    assert out_c.reward_score == 1.0
+    assert out_c.extra_fields["success"]
+    assert out_c.extra_fields["terminated"]
+    assert out_c.num_turns == 6
+    assert out_c.extra_fields["turn_scores"] == [0.0, 0.0, 1.0]
     assert out_c.extra_fields["reward_extra_info"] == {"acc": 1.0}
     ones = [t for t, m in zip(out_c.response_ids, out_c.response_mask) if m == 1]
     assert ones == sum(server.replies, [])
@@ -387,7 +405,8 @@ async def test_scienceworld_chain_and_step(tmp_path, policy, clean_runtime):
     opts = {"task_id": SW_TASK}
     await _check_chain(out_c, server, tok, "agentfly/ScienceWorld-v0", env_kwargs, 0, opts, 2, response_length=400)
     await _check_steps(out_s, server, tok, "agentfly/ScienceWorld-v0", env_kwargs, 0, opts)
-    assert out_c.extra_fields["mode"] == "chain" and out_s[0].extra_fields["mode"] == "step"
+    assert out_c.extra_fields["mode"] == "chain"
+    assert out_s[0].extra_fields["mode"] == "step"
     (pool,) = [p for p in get_manager().metrics().values()]
     assert pool["started"] == 1                        # one JVM served both trajectories and both replays
 
@@ -411,17 +430,24 @@ async def test_failing_env_leaves_no_row_under_v1_and_an_error_row_under_the_leg
                     ("agentfly_chain", bad_kw)):
         assert await _make_loop(name, server, tok, cfg).run(_sampling(cfg), **r, global_steps=3) == []
     counts = failure_metrics()
-    assert counts["failed_trajectories"] == 4 and counts["by_error"] == {"ConfigError": 4}
-    assert counts["by_mode"] == {"chain": 3, "step": 1} and server.calls == []
+    assert counts["failed_trajectories"] == 4
+    assert counts["by_error"] == {"ConfigError": 4}
+    assert counts["by_mode"] == {"chain": 3, "step": 1}
+    assert server.calls == []
     cfg_v0 = _trainer_config(use_v1=False)
     out = await _make_loop("agentfly_chain", server, tok, cfg_v0).run(_sampling(cfg_v0), **row, global_steps=3)
-    assert isinstance(out, AgentLoopOutput) and out.reward_score == 0.0
-    assert "ConfigError" in out.extra_fields["error"] and "no-such-puzzle" in out.extra_fields["error"]
-    assert set(out.response_mask) == {0} and server.calls == [] and out.extra_fields["status"] == "error"
+    assert isinstance(out, AgentLoopOutput)
+    assert out.reward_score == 0.0
+    assert "ConfigError" in out.extra_fields["error"]
+    assert "no-such-puzzle" in out.extra_fields["error"]
+    assert set(out.response_mask) == {0}
+    assert server.calls == []
+    assert out.extra_fields["status"] == "error"
     assert out.extra_fields["min_global_steps"] == out.extra_fields["max_global_steps"] == 3
     _check_schema(out)
     out = await _make_loop("agentfly_chain", server, tok, cfg_v0).run(_sampling(cfg_v0), **bad_env)
-    assert "unknown environment" in out.extra_fields["error"] and out.reward_score == 0.0
+    assert "unknown environment" in out.extra_fields["error"]
+    assert out.reward_score == 0.0
     out = await _make_loop("agentfly_chain", server, tok, cfg_v0).run(_sampling(cfg_v0), **bad_kw)
     assert "blitz" in out.extra_fields["error"]
     reset_failure_metrics()
@@ -442,7 +468,8 @@ async def test_step_prompts_over_prompt_length_keep_the_system_prompt(tmp_path, 
     cfg.data.max_prompt_length = 8192
     full = await _make_loop("agentfly_step", server, tok, cfg).run(_sampling(cfg), **row)
     sizes = [len(o.prompt_ids) for o in full]
-    assert [o.extra_fields["history_shown"] for o in full] == [0, 1, 2] and sizes[2] > sizes[1] > sizes[0]
+    assert [o.extra_fields["history_shown"] for o in full] == [0, 1, 2]
+    assert sizes[2] > sizes[1] > sizes[0]
     assert not any(o.extra_fields["prompt_truncated"] for o in full)
     cfg.data.max_prompt_length = sizes[2] - 1                 # step 2 cannot show both past steps
     server = ScriptedServer(tok, replies)
@@ -451,12 +478,15 @@ async def test_step_prompts_over_prompt_length_keep_the_system_prompt(tmp_path, 
                        prompt_length=sizes[2] - 1)
     assert [o.prompt_ids for o in outs[:2]] == [o.prompt_ids for o in full[:2]]
     last = outs[2]
-    assert len(last.prompt_ids) <= sizes[2] - 1 and last.extra_fields["history_shown"] == 1
-    assert last.extra_fields["prompt_truncated"] and last.extra_fields["prompt_cut"] == 0
+    assert len(last.prompt_ids) <= sizes[2] - 1
+    assert last.extra_fields["history_shown"] == 1
+    assert last.extra_fields["prompt_truncated"]
+    assert last.extra_fields["prompt_cut"] == 0
     system = tok.apply_chat_template(row["raw_prompt"][:1], tokenize=True, return_dict=False)
     assert all(o.prompt_ids[:len(system)] == system for o in outs)
     text = tok.decode(last.prompt_ids)
-    assert "[Step 2]" in text and "[Step 1]" not in text      # the newest past step stays, the oldest goes
+    assert "[Step 2]" in text
+    assert "[Step 1]" not in text
 
 
 def test_dataset_builder_rejects_tasks_and_options_the_env_rejects(tmp_path):
@@ -467,5 +497,6 @@ def test_dataset_builder_rejects_tasks_and_options_the_env_rejects(tmp_path):
         build_dataset("Chess", tasks=["ZZZZ"], out_path=tmp_path / "a.parquet")
     with pytest.raises(ConfigError, match="bogus"):
         build_dataset("Chess", n=2, out_path=tmp_path / "b.parquet", reset_options={"bogus": 1})
-    assert not (tmp_path / "a.parquet").exists() and not (tmp_path / "b.parquet").exists()
+    assert not (tmp_path / "a.parquet").exists()
+    assert not (tmp_path / "b.parquet").exists()
     assert build_dataset("Chess", tasks=["tewjc"], out_path=tmp_path / "c.parquet").exists()

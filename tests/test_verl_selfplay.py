@@ -116,7 +116,8 @@ def _postprocess(outs) -> None:
     for o in outs:
         assert set(o.extra_fields) == set(EXTRA_FIELD_DEFAULTS)
         assert len(o.response_ids) == len(o.response_mask) == len(o.response_logprobs) >= 1
-        assert len(o.response_ids) <= RESPONSE_LEN and len(o.prompt_ids) <= PROMPT_LEN
+        assert len(o.response_ids) <= RESPONSE_LEN
+        assert len(o.prompt_ids) <= PROMPT_LEN
         f = o.as_dict()
         assert f["rm_scores"][-1] == o.reward_score
         fields.append(f)
@@ -131,7 +132,8 @@ async def clean_runtime():
     runtime = current_runtime()
     await aclose()
     # the pairing belongs to the worker's runtime (not to module dicts): closing the runtime drops it
-    assert pending_games() == 0 and (runtime is None or (runtime.selfplay is None and runtime.manager.closed))
+    assert pending_games() == 0
+    assert (runtime is None or (runtime.selfplay is None and runtime.manager.closed))
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +156,12 @@ async def test_fools_mate_rows_carry_each_sides_reward(tmp_path, qwen_tok, clean
         assert [o.reward_score for o in white] == [-1.0] * len(white)
         assert [o.reward_score for o in black] == [1.0] * len(black)
         ew, eb = white[-1].extra_fields, black[-1].extra_fields
-        assert ew["group_id"] == eb["group_id"] == "uid-7-g0" and ew["trajectory_id"] != eb["trajectory_id"]
-        assert not ew["error"] and not eb["error"] and eb["success"] and not ew["success"]
+        assert ew["group_id"] == eb["group_id"] == "uid-7-g0"
+        assert ew["trajectory_id"] != eb["trajectory_id"]
+        assert not ew["error"]
+        assert not eb["error"]
+        assert eb["success"]
+        assert not ew["success"]
         assert ew["num_steps"] == eb["num_steps"] == 2
         # one request id per player; the sampled ids are in that player's rows verbatim, with logprobs
         by_player = {a: [c for c in server.calls if c["request_id"] == f"uid-7-g0-{a}"] for a in ("white", "black")}
@@ -187,8 +193,10 @@ async def test_tiny_model_self_play_exact_ids_and_unpaired_session(tmp_path, tin
         outs = await _sessions(cfg, server, tok, row, n=3, mode="chain", max_tokens_per_turn=16)
         _postprocess(outs)
         white, black, lone = outs
-        assert white.reward_score == -1.0 and black.reward_score == 1.0
-        assert white.extra_fields["num_steps"] == 2 and black.extra_fields["num_steps"] == 0
+        assert white.reward_score == -1.0
+        assert black.reward_score == 1.0
+        assert white.extra_fields["num_steps"] == 2
+        assert black.extra_fields["num_steps"] == 0
         assert black.response_mask == [0] * len(black.response_mask)
         calls = [c for c in server.calls if c["request_id"] == "uid-7-g0-white"]
         assert white.prompt_ids == calls[0]["prompt_ids"]
@@ -199,7 +207,8 @@ async def test_tiny_model_self_play_exact_ids_and_unpaired_session(tmp_path, tin
         chat = ChatTokenizer(tok)
         assert white.response_ids[len(calls[0]["token_ids"]):][:1] == chat.close_assistant_ids(calls[0]["token_ids"])[:1]
         # the unpaired third session (game 1, White) played its own game to the end
-        assert lone.extra_fields["group_id"] == "uid-7-g1" and lone.reward_score == -1.0
+        assert lone.extra_fields["group_id"] == "uid-7-g1"
+        assert lone.reward_score == -1.0
         assert pending_games() == 1  # its Black rows wait for a partner until claim_timeout
         from agentfly_gym_verl.runtime import current_runtime
 
@@ -234,4 +243,5 @@ async def test_bad_row_leaves_no_row_under_v1_and_an_error_row_under_legacy(tmp_
             assert out == []
         else:
             _postprocess([out])
-            assert "not a multi-agent environment" in out.extra_fields["error"] and out.reward_score == 0.0
+            assert "not a multi-agent environment" in out.extra_fields["error"]
+            assert out.reward_score == 0.0

@@ -200,11 +200,13 @@ async def test_a_failed_session_leaves_no_row_and_no_shifted_group(tmp_path, tin
     worker.llm_client = ScriptedServer(worker.tokenizer, [SOLVE], fail=1)
     await _generate(worker, cfg, _prompts(tmp_path, worker, cfg, [PUZZLE], "agentfly_chain"))
     assert store.status == {"uid0": "finished"}
-    assert len(store.rows) == 2 and all(k.startswith("uid0_") and k.endswith("_0") for k in store.rows)
+    assert len(store.rows) == 2
+    assert all(k.startswith("uid0_") and k.endswith("_0") for k in store.rows)
     for k, tag in store.tags.items():
         assert tag["min_global_steps"] == tag["max_global_steps"] == GLOBAL_STEPS     # verl's global_steps
         assert float(store.rows[k]["rm_scores"].sum()) == 1.0
-    assert failure_metrics()["failed_trajectories"] == 1 and failure_metrics()["by_error"] == {"ConnectionError": 1}
+    assert failure_metrics()["failed_trajectories"] == 1
+    assert failure_metrics()["by_error"] == {"ConnectionError": 1}
     for estimator in ("grpo", "gae"):
         batch, metrics = _train_step(store, cfg, estimator)
         for k in batch.keys:
@@ -251,7 +253,8 @@ async def test_the_reward_sits_on_a_sampled_token(tmp_path, tiny_qwen, store, mo
     returns = {k: float(row["rm_scores"].sum()) for k, row in store.rows.items()}
     assert sorted(set(returns.values())) == [0.0, 1.0]
     for row in store.rows.values():
-        assert int(row["response_mask"][-1]) == 1 and int(row["responses"][-1]) == eos
+        assert int(row["response_mask"][-1]) == 1
+        assert int(row["responses"][-1]) == eos
         assert float(row["rm_scores"][-1]) == float(row["rm_scores"].sum())      # on the last, sampled token
     for estimator in ("gae", "grpo"):
         batch, _ = _train_step(store, cfg, estimator)

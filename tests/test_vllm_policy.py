@@ -40,7 +40,8 @@ async def test_vllm_policy_returns_sampled_ids_and_logprobs(tiny_qwen):
     try:
         prompt = policy.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
         gen = await policy.generate(list(prompt), SamplingParams(max_tokens=8, temperature=1.0, seed=0))
-        assert 1 <= len(gen.token_ids) <= 8 and len(gen.logprobs) == len(gen.token_ids)
+        assert 1 <= len(gen.token_ids) <= 8
+        assert len(gen.logprobs) == len(gen.token_ids)
         assert all(lp <= 0 for lp in gen.logprobs)
     finally:
         policy.close()

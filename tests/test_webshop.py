@@ -77,10 +77,12 @@ def test_catalog_loads_as_upstream(data_dir):
     c = load_catalog(data_dir / PRODUCTS, data_dir / ATTRS, human_goals=False)
     assert len(c.products) == 29
     p = c.by_asin["B08ZRR3DZT"]  # pricing "$19.99$27.99", customization options
-    assert p["pricing"] == [19.99, 27.99] and p["Price"] == "$19.99 to $27.99"
+    assert p["pricing"] == [19.99, 27.99]
+    assert p["Price"] == "$19.99 to $27.99"
     assert 19.99 <= c.prices["B08ZRR3DZT"] <= 27.99
     assert p["options"]["size"] == ["x-small", "small", "medium", "large", "x-large"]
-    assert "product_information" not in p and "brand" not in p  # cleaned keys
+    assert "product_information" not in p
+    assert "brand" not in p
     assert c.by_asin["B08R3XSC65"]["Price"] == "$100.0"  # empty pricing
     assert c.by_asin["B06Y3VLDFB"]["Price"] == "$877.8"
     assert c.by_asin["B001EHF3KK"]["Attributes"] == []  # present in the attribute file, empty list
@@ -89,7 +91,8 @@ def test_catalog_loads_as_upstream(data_dir):
     expected = sum(max(1, __import__("math").prod(len(v) for v in q["options"].values()))
                    for q in c.products if q.get("instruction_text"))
     assert len(c.goals) == expected == 149
-    assert c.goals[0]["instruction_text"] == GOAL0 and c.goals[0]["asin"] == "B08QRHVS6N"
+    assert c.goals[0]["instruction_text"] == GOAL0
+    assert c.goals[0]["asin"] == "B08QRHVS6N"
     assert c.goals[0]["goal_options"] == {"color": "vent kit", "style": "dash"}
     again = load_catalog(data_dir / PRODUCTS, data_dir / ATTRS, human_goals=False)
     assert [g["instruction_text"] for g in again.goals] == [g["instruction_text"] for g in c.goals]
@@ -115,7 +118,8 @@ def test_bm25_search_ranks_target_first(server):
 def test_search_page_text_and_clickables(server):
     v = server.new_session("p1", 0)
     assert v["observation"] == f"WebShop [SEP] Instruction: [SEP] {GOAL0} [SEP] Search"
-    assert v["has_search_bar"] and v["clickables"] == ["search"]
+    assert v["has_search_bar"]
+    assert v["clickables"] == ["search"]
     assert v["admissible_actions"] == ["search[<your query>]"]
     server.end_session("p1")
 
@@ -125,14 +129,17 @@ def test_results_item_and_sub_pages(server):
     server.new_session("p2", goal["goal_idx"])
     instr = goal["instruction_text"]
     v = server.step("p2", "search[Cream Blush Stick makeup]")
-    assert v["valid"] and v["page"] == "search_results"
+    assert v["valid"]
+    assert v["page"] == "search_results"
     parts = v["observation"].split(" [SEP] ")
-    assert parts[:3] == ["Instruction:", instr, "Back to Search"] and parts[4] == "Next >"
+    assert parts[:3] == ["Instruction:", instr, "Back to Search"]
+    assert parts[4] == "Next >"
     assert re.fullmatch(r"Page 1 \(Total results: \d+\)", parts[3])
     assert parts[5] == "B08XQRDDT1"
     p = server.catalog.by_asin["B08XQRDDT1"]
     assert parts[6:8] == [p["Title"], "$15.99"]
-    assert v["clickables"][:2] == ["back to search", "next >"] and v["clickables"][2] == "b08xqrddt1"
+    assert v["clickables"][:2] == ["back to search", "next >"]
+    assert v["clickables"][2] == "b08xqrddt1"
     total = int(parts[3].split(": ")[1].rstrip(")"))
     assert len(v["clickables"]) == 2 + min(10, total)
 
@@ -142,7 +149,8 @@ def test_results_item_and_sub_pages(server):
                                               "Reviews", "Attributes", "Buy Now"])
     assert v["clickables"] == ["back to search", "< prev", "description", "features", "reviews", "attributes", "buy now",
                                "set-a", "set-b"]
-    assert "click[set-b]" in v["admissible_actions"] and "search[<your query>]" not in v["admissible_actions"]
+    assert "click[set-b]" in v["admissible_actions"]
+    assert "search[<your query>]" not in v["admissible_actions"]
 
     v = server.step("p2", "click[features]")
     assert v["observation"] == " [SEP] ".join(["Instruction:", instr, "Back to Search", "< Prev"]
@@ -157,11 +165,14 @@ def test_results_item_and_sub_pages(server):
     assert v["observation"].split(" [SEP] ")[4:] == p["Attributes"] + [p["category"], p["query"], p["product_category"]]
     server.step("p2", "click[< prev]")
     v = server.step("p2", "click[< prev]")  # item page -> the same results page
-    assert v["page"] == "search_results" and "Page 1 (" in v["observation"]
+    assert v["page"] == "search_results"
+    assert "Page 1 (" in v["observation"]
     v = server.step("p2", "click[next >]")
-    assert v["clickables"][:3] == ["back to search", "< prev", "next >"] and " [SEP] Page 2 (" in v["observation"]
+    assert v["clickables"][:3] == ["back to search", "< prev", "next >"]
+    assert " [SEP] Page 2 (" in v["observation"]
     v = server.step("p2", "click[back to search]")
-    assert v["page"] == "index" and v["has_search_bar"]
+    assert v["page"] == "index"
+    assert v["has_search_bar"]
     server.end_session("p2")
 
 
@@ -174,7 +185,8 @@ def test_text_rich_marks_clicked_options(server):
     v = server.step("p3", "click[set-b]")
     lines = v["observation"].split("\n")
     assert lines[0] == "You have clicked set-b."
-    assert "  [clicked button] set-b [clicked button_]" in lines and "  [button] set-a [button_]" in lines
+    assert "  [clicked button] set-b [clicked button_]" in lines
+    assert "  [button] set-a [button_]" in lines
     v = server.step("p3", "click[< prev]")
     assert "[clicked button] B08XQRDDT1 [clicked button_]" in v["observation"]
     server.end_session("p3")
@@ -199,14 +211,19 @@ def test_reward_formula_by_hand():
     # exact product and options, in budget: (3 attributes? no: 2 of 3 + 2 options + price) / (3 + 2 + 1)
     r, info = get_reward(PRODUCT, GOAL, 40.0, {"color": "red", "size": "9"}, words_nouns)
     assert info["n_attr_matches"] == 2  # lightweight (fuzzy), rubber sole (bullet substring); waterproof missing
-    assert r == pytest.approx((2 + 2 + 1) / 6) and info["r_type"] == 1.0 and info["r_price"] is True
-    assert info["w_att"] == pytest.approx(3 / 6) and info["w_option"] == pytest.approx(2 / 6)
+    assert r == pytest.approx((2 + 2 + 1) / 6)
+    assert info["r_type"] == 1.0
+    assert info["r_price"] is True
+    assert info["w_att"] == pytest.approx(3 / 6)
+    assert info["w_option"] == pytest.approx(2 / 6)
     # "dark red" normalises to "dark" (dark precedes red in the colour list): no colour match; "10" vs "size 9" no
     r, info = get_reward(PRODUCT, GOAL, 40.0, {"color": "dark red", "size": "10"}, words_nouns)
-    assert info["n_option_matches"] == 0 and r == pytest.approx((2 + 0 + 1) / 6)
+    assert info["n_option_matches"] == 0
+    assert r == pytest.approx((2 + 0 + 1) / 6)
     # over budget
     r, info = get_reward(PRODUCT, GOAL, 60.0, {"color": "red", "size": "9"}, words_nouns)
-    assert info["r_price"] is False and r == pytest.approx(4 / 6)
+    assert info["r_price"] is False
+    assert r == pytest.approx(4 / 6)
     # "9.5" vs the goal's ("size", "9"): token_set_ratio("9 5", "size 9") = 50, no match
     r, info = get_reward(PRODUCT, GOAL, 40.0, {"size": "9.5"}, words_nouns)
     assert info["n_option_matches"] == 0
@@ -214,14 +231,16 @@ def test_reward_formula_by_hand():
     p = dict(PRODUCT, Attributes=["pack of 4"])
     g = dict(GOAL, attributes=["4 pack"], goal_options={})
     r, info = get_reward(p, g, 1.0, {}, words_nouns)
-    assert r == pytest.approx((1 + 0 + 1) / 2) and "r_option" not in info
+    assert r == pytest.approx((1 + 0 + 1) / 2)
+    assert "r_option" not in info
 
 
 def test_type_reward_levels_by_hand():
     other = dict(PRODUCT, query="other", product_category="A › B")
     g6 = dict(GOAL, name="red a b c d e")  # 6 "nouns"
     t = get_type_reward(other, g6, words_nouns)  # 1/6 common: 0.167, not > 0.2, no query/category match
-    assert t["title_score"] == pytest.approx(1 / 6) and t["r_type"] == 0.5
+    assert t["title_score"] == pytest.approx(1 / 6)
+    assert t["r_type"] == 0.5
     g11 = dict(GOAL, name="red a b c d e f g h i j")  # 1/11 < 0.1
     assert get_type_reward(other, g11, words_nouns)["r_type"] == 0.1
     assert get_type_reward(other, dict(GOAL, name="blue hat"), words_nouns)["r_type"] == 0.0
@@ -235,7 +254,8 @@ def test_fuzzy_and_colour_helpers():
     assert token_set_ratio("Pack of 12", "12 pack") == 100
     assert token_set_ratio("", "x") == 0
     assert token_set_ratio("long lasting", "long-lasting") == 100  # punctuation becomes a space (thefuzz)
-    assert normalize_color("steelivy fuchsia") == "fuchsia" and normalize_color("123alabaster") == "alabaster"
+    assert normalize_color("steelivy fuchsia") == "fuchsia"
+    assert normalize_color("123alabaster") == "alabaster"
 
 
 def test_reward_with_spacy_on_real_product(server):
@@ -243,10 +263,14 @@ def test_reward_with_spacy_on_real_product(server):
     p = server.catalog.by_asin[g["asin"]]
     r, info = get_reward(p, g, server.catalog.prices[g["asin"]], dict(g["goal_options"]), server.nouns)
     # upstream's quirk: the bought "dash" normalises to "ash" and misses the goal's ("style", "dash")
-    assert r == pytest.approx(5 / 6) and info["r_option"] == 0.5 and info["query_match"] and info["title_score"] > 0.9
+    assert r == pytest.approx(5 / 6)
+    assert info["r_option"] == 0.5
+    assert info["query_match"]
+    assert info["title_score"] > 0.9
     wrong = server.catalog.by_asin["B06Y3VLDFB"]  # a console table for an iphone mount goal
     r2, info2 = get_reward(wrong, g, 877.8, {}, server.nouns)
-    assert info2["r_type"] < 1.0 and r2 < 0.5
+    assert info2["r_type"] < 1.0
+    assert r2 < 0.5
 
 
 # ---------------------------------------------------------------------- env
@@ -265,17 +289,28 @@ async def test_scripted_episode_buys_with_full_reward(data_dir):
         goal_idx = next(g["goal_idx"] for g in (await env_goals(env)) if g["asin"] == "B08ZRR3DZT")
         obs, info = await env.areset(options={"task_id": goal_idx})
         goal = await env.goal()
-        assert info["task_id"] == str(goal_idx) and goal["instruction_text"] in obs
+        assert info["task_id"] == str(goal_idx)
+        assert goal["instruction_text"] in obs
         obs, r, term, trunc, info = await env.astep("search[sexy one shoulder sleeveless cutout mini club dress]")
-        assert info["page"] == "search_results" and "B08ZRR3DZT" in obs and r == 0 and not term
+        assert info["page"] == "search_results"
+        assert "B08ZRR3DZT" in obs
+        assert r == 0
+        assert not term
         obs, r, term, trunc, info = await env.astep("click[b08zrr3dzt]")
         for value in goal["goal_options"].values():
             obs, r, term, trunc, info = await env.astep(f"click[{value}]")
-            assert info["action_valid"] and not term
+            assert info["action_valid"]
+            assert not term
         obs, r, term, trunc, info = await env.astep("click[buy now]")
-        assert term and not trunc and r == 1.0 and info["won"] and info["score"] == 1.0
-        assert info["reward_info"]["r_option"] == 1.0 and info["options"] == goal["goal_options"]
-        assert obs.startswith("Thank you for shopping with us!") and "Your score (min 0.0, max 1.0) [SEP] 1.0" in obs
+        assert term
+        assert not trunc
+        assert r == 1.0
+        assert info["won"]
+        assert info["score"] == 1.0
+        assert info["reward_info"]["r_option"] == 1.0
+        assert info["options"] == goal["goal_options"]
+        assert obs.startswith("Thank you for shopping with us!")
+        assert "Your score (min 0.0, max 1.0) [SEP] 1.0" in obs
         with pytest.raises(ResetNeeded):
             await env.astep("click[back to search]")
         # a wrong purchase: the first result of an unrelated search, no options
@@ -283,7 +318,9 @@ async def test_scripted_episode_buys_with_full_reward(data_dir):
         await env.astep("search[console table]")
         obs, r, term, trunc, info = await env.astep("click[b06y3vldfb]")
         obs, r, term, trunc, info = await env.astep("click[buy now]")
-        assert term and r < 0.5 and not info["won"]
+        assert term
+        assert r < 0.5
+        assert not info["won"]
         await env.aclose()
 
 
@@ -300,7 +337,9 @@ async def test_expert_reaches_reward_one(data_dir):
             r, term, info = await run_expert(env, tid)
             assert term and r == 1.0, (tid, info)
         r, term, info = await run_expert(env, 0)  # upstream's reward of goal 0's own product and options is 5/6
-        assert term and r == pytest.approx(5 / 6) and info["options"] == {"color": "vent kit", "style": "dash"}
+        assert term
+        assert r == pytest.approx(5 / 6)
+        assert info["options"] == {"color": "vent kit", "style": "dash"}
         await env.aclose()
 
 
@@ -325,7 +364,8 @@ async def test_bad_actions_leave_the_page_unchanged(data_dir):
         await strict.areset(options={"task_id": 3})
         obs1, *_ = await strict.astep("search[hdmi cable]")
         obs, r, term, trunc, info = await strict.astep("search[red dress]")
-        assert obs == obs1 and not info["action_valid"]
+        assert obs == obs1
+        assert not info["action_valid"]
         await strict.aclose()
 
 
@@ -370,14 +410,16 @@ async def test_one_server_for_many_envs_and_concurrent_sessions(data_dir):
             await e.aclose()
         assert (await server.stats())["sessions"] == 0
         snap = m.metrics()[envs[0].server_spec.key]
-        assert snap["started"] == 1 and snap["in_use"] == 1
+        assert snap["started"] == 1
+        assert snap["in_use"] == 1
 
 
 def test_check_env_and_sync_api(data_dir):
     env = gymnasium.make("agentfly/WebShop-v0", data_dir=str(data_dir))
     check_env(env.unwrapped, skip_render_check=True)
     obs, info = env.reset(seed=1)
-    assert info["admissible_actions"] == ["search[<your query>]"] and obs.startswith("WebShop [SEP] Instruction:")
+    assert info["admissible_actions"] == ["search[<your query>]"]
+    assert obs.startswith("WebShop [SEP] Instruction:")
     obs, r, term, trunc, info = env.step("search[pillow covers]")
     assert info["page"] == "search_results"
     env.close()
@@ -397,10 +439,13 @@ async def test_server_in_its_own_process(data_dir):
         env = WebShopEnv(manager=m, data_dir=data_dir, isolation="process", max_episode_steps=30)
         assert env.server_spec.isolation == "process"
         r, term, info = await run_expert(env, 17)
-        assert term and r == 1.0
+        assert term
+        assert r == 1.0
         server = await env.server()
         pid = server.resource.child_pid
-        assert pid is not None and pid != os.getpid() and (await server.stats())["pid"] == pid
+        assert pid is not None
+        assert pid != os.getpid()
+        assert (await server.stats())["pid"] == pid
         obs, _ = await env.areset(options={"task_id": 1})
         obs2, *_ = await env.astep("click[nonexistent]")
         assert obs2 == obs
@@ -410,12 +455,16 @@ async def test_server_in_its_own_process(data_dir):
 
         os.kill(pid, signal.SIGKILL)
         obs, reward, term, trunc, info = await env.astep("search[pillow]")
-        assert trunc and not term and reward == 0.0
-        assert info["error"].startswith("ResourceDied: ") and f"process {pid} was killed by signal 9" in info["error"]
+        assert trunc
+        assert not term
+        assert reward == 0.0
+        assert info["error"].startswith("ResourceDied: ")
+        assert f"process {pid} was killed by signal 9" in info["error"]
         assert obs == fault_step(info["error"])[0]
         obs, info = await env.areset(options={"task_id": 1})  # a new server
         new_pid = (await env.server()).resource.child_pid
-        assert new_pid not in (None, pid) and (await (await env.server()).stats())["pid"] == new_pid
+        assert new_pid not in (None, pid)
+        assert (await (await env.server()).stats())["pid"] == new_pid
         await env.aclose()
     assert not alive(new_pid)  # manager close stopped the child
 
@@ -430,8 +479,10 @@ def test_measure_load_time_and_memory(data_dir):
                           "--products-file", PRODUCTS], capture_output=True, text=True, timeout=180, check=True)
     stats = json.loads(out.stdout.strip().splitlines()[-1])
     print("webshop server load:", stats)
-    assert stats["products"] == 29 and stats["goals"] == 149
-    assert 0 < stats["load_seconds"] < 120 and 0 < stats["rss_delta_bytes"] < 2 * 1024**3
+    assert stats["products"] == 29
+    assert stats["goals"] == 149
+    assert 0 < stats["load_seconds"] < 120
+    assert 0 < stats["rss_delta_bytes"] < 2 * 1024**3
 
 
 async def test_human_goals_from_items_human_ins(tmp_path, data_dir):
@@ -449,13 +500,17 @@ async def test_human_goals_from_items_human_ins(tmp_path, data_dir):
     async with ResourceManager() as m:
         env = WebShopEnv(manager=m, data_dir=tmp_path, human_goals=True, max_episode_steps=30)
         goals = await env_goals(env)
-        assert len(goals) == 2 and {g["asin"] for g in goals} == {"B08K7LDM7Q", "B08R3XSC65"}
+        assert len(goals) == 2
+        assert {g["asin"] for g in goals} == {"B08K7LDM7Q", "B08R3XSC65"}
         pillow = next(g for g in goals if g["asin"] == "B08K7LDM7Q")
         # the trailing "." is stripped, then the price text: $17.99 -> two of (20, 30, 40, 50), the larger
         assert pillow["instruction_text"].startswith("i want cowhide throw pillow covers, 20x20 inch, and price lower than ")
-        assert pillow["goal_options"] == ['20"x20"'] and pillow["price_upper"] in (30.0, 40.0, 50.0)
+        assert pillow["goal_options"] == ['20"x20"']
+        assert pillow["price_upper"] in (30.0, 40.0, 50.0)
         r, term, info = await run_expert(env, pillow["goal_idx"])
-        assert term and r == 1.0 and info["options"] == {"size": '20"x20"'}
+        assert term
+        assert r == 1.0
+        assert info["options"] == {"size": '20"x20"'}
         await env.aclose()
 
 
@@ -465,7 +520,9 @@ def test_make_vec_sub_envs_have_their_own_sessions(data_dir):
         obs, info = v.reset(seed=0)
         assert all(o.startswith("WebShop [SEP] Instruction: [SEP] ") for o in obs)
         obs2, r, term, trunc, info = v.step(["search[hdmi cable]", "click[nope]", "search[pillow covers]"])
-        assert obs2[1] == obs[1] and "Page 1 (Total results:" in obs2[0] and "Page 1 (Total results:" in obs2[2]
+        assert obs2[1] == obs[1]
+        assert "Page 1 (Total results:" in obs2[0]
+        assert "Page 1 (Total results:" in obs2[2]
         assert list(info["page"]) == ["search_results", "index", "search_results"]
     finally:
         v.close()
@@ -497,7 +554,8 @@ def test_process_server_outlives_the_last_env_by_max_idle_time(data_dir):
     third = gymnasium.make("agentfly/WebShop-v0", **kw)
     third.reset(seed=2)
     new_pid = run_sync(third.unwrapped.server()).resource.child_pid
-    assert new_pid not in (None, pid) and alive(new_pid)
+    assert new_pid not in (None, pid)
+    assert alive(new_pid)
     third.close()
     manager = third.unwrapped.manager
     run_sync(manager.aclose())

@@ -96,7 +96,8 @@ def test_reward_case_quirks_by_hand():
     """The issue's examples, read off upstream's code: bought values are colour-normalised by
     substring, dict goal options are ``(name, value)`` tuples and normalised only on an exact colour."""
     vent, dash = ("color", "vent kit"), ("style", "dash")
-    assert normalize_color("dash") == "ash" and normalize_color(dash) == dash
+    assert normalize_color("dash") == "ash"
+    assert normalize_color(dash) == dash
     assert get_option_reward(["vent kit", "dash"], [vent, dash]) == (0.5, 1)  # "ash" vs "style dash"
     assert get_option_reward(["5 shelves"], [("size", "4 shelves")]) == (1.0, 1)
     assert token_set_ratio("5 shelves", ("size", "4 shelves")) == 88  # "shelves" vs "shelves 5": 2*7/16
@@ -110,14 +111,17 @@ def test_reward_case_quirks_by_hand():
     assert get_option_reward(["navy blue"], [("color", "navy")]) == (0.0, 0)  # "blue" precedes "navy" in the list
     # each goal option counts at most once, however many bought values match it
     assert get_option_reward(["red", "red"], ["red"]) == (1.0, 1)
-    assert goal_option_items({"color": "red"}) == [("color", "red")] and goal_option_items(["red"]) == ["red"]
+    assert goal_option_items({"color": "red"}) == [("color", "red")]
+    assert goal_option_items(["red"]) == ["red"]
 
 
 # ---------------------------------------------------------------------- upstream's goal.py, run side by side
 def test_fixture_provenance(upstream_fixture):
     up = upstream_fixture["upstream"]
-    assert up["thefuzz"] == "0.19.0" and "difflib" in up["fuzzy_backend"]
-    assert len(upstream_fixture["cases"]) >= 500 and len(upstream_fixture["token_set_ratio"]) >= 500
+    assert up["thefuzz"] == "0.19.0"
+    assert "difflib" in up["fuzzy_backend"]
+    assert len(upstream_fixture["cases"]) >= 500
+    assert len(upstream_fixture["token_set_ratio"]) >= 500
     # upstream's code reproduced the six reward cases when the fixture was made
     assert [c["id"] for c in upstream_fixture["replayed_reference_cases"]] == [
         "case-000", "case-012", "case-022", "case-059", "case-064", "case-081"]
@@ -157,7 +161,8 @@ def test_token_set_ratio_processing_as_thefuzz_0_19():
     assert token_set_ratio("café noir", "caf noir") == 100
     assert token_set_ratio("12\u2013pack", "12 pack") == 100  # an en dash (> 255) is a non-word char
     assert token_set_ratio("a_b", "a b") < 100  # "_" is a word character for \W
-    assert token_set_ratio(None, "x") == 0 and token_set_ratio("!!", "x") == 0
+    assert token_set_ratio(None, "x") == 0
+    assert token_set_ratio("!!", "x") == 0
     assert token_set_ratio("Pack of 12", "12 pack") == 100
     # Python's round half to even: difflib ratio 2*7/16 = 87.5 -> 88
     assert token_set_ratio("5 shelves", "4 shelves size") == 88
@@ -245,7 +250,8 @@ def test_upstream_unit_test_type_and_total_reward(nouns):
 # ---------------------------------------------------------------------- through the env, goal picked by text
 async def _buy(env: WebShopEnv, instruction: str, query: str, asin: str, options: dict[str, str]):
     obs, info = await env.areset(options={"instruction": instruction})
-    assert info["instruction"] == instruction and instruction in obs
+    assert info["instruction"] == instruction
+    assert instruction in obs
     obs, *_ = await env.astep(f"search[{query}]")
     assert asin in obs, obs[:500]
     await env.astep(f"click[{asin.lower()}]")
@@ -277,7 +283,9 @@ async def test_reset_by_instruction(test_data):
         text = goal7["instruction_text"]
         obs, info = await env.areset(options={"instruction": text})
         first = await (await env.server()).goal_index(text)
-        assert info["task_id"] == str(first) and first <= 7 and info["instruction"] == text
+        assert info["task_id"] == str(first)
+        assert first <= 7
+        assert info["instruction"] == text
         # case and runs of whitespace do not matter
         _, info = await env.areset(options={"instruction": "  " + text.upper().replace(" ", "   ") + " "})
         assert info["task_id"] == str(first)

@@ -74,9 +74,13 @@ def test_cached_index_ranks_as_a_fresh_one(which, sample, synth, tmp_path):
     fresh = ProductSearch(catalog.products)  # nothing cached
     built = ProductSearch(catalog.products, cache=tmp_path / "bm25", key=catalog.content_hash)
     loaded = ProductSearch(catalog.products, cache=tmp_path / "bm25", key=catalog.content_hash)
-    assert not fresh.loaded_from_cache and fresh.cache_path is None
-    assert not built.loaded_from_cache and built.cache_path is not None and built.cache_path.is_dir()
-    assert loaded.loaded_from_cache and loaded.cache_path == built.cache_path
+    assert not fresh.loaded_from_cache
+    assert fresh.cache_path is None
+    assert not built.loaded_from_cache
+    assert built.cache_path is not None
+    assert built.cache_path.is_dir()
+    assert loaded.loaded_from_cache
+    assert loaded.cache_path == built.cache_path
     products = list(catalog.products)
     some_hits = 0
     for q in _queries(catalog):
@@ -127,7 +131,8 @@ def test_catalog_cache_round_trip(synth, tmp_path):
     plain = load_catalog(*synth, human_goals=False, cache=False)
     first = load_catalog(*synth, human_goals=False, cache=tmp_path)
     second = load_catalog(*synth, human_goals=False, cache=tmp_path)
-    assert plain.cache_path is None and first.cache_path == second.cache_path == tmp_path / first.content_hash
+    assert plain.cache_path is None
+    assert first.cache_path == second.cache_path == tmp_path / first.content_hash
     assert sorted(p.name for p in first.cache_path.iterdir()) == ["goals-synthetic-seed42.npz", "meta.json",
                                                                    "offsets.npy", "products.jsonl"]
     assert sorted(x.name for x in tmp_path.iterdir()) == [first.content_hash, "file-hashes"]  # no temporary folder
@@ -188,7 +193,9 @@ def test_unwritable_cache_falls_back_to_memory(sample, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     c = load_catalog(sample / PRODUCTS, sample / ATTRS, human_goals=False, cache=blocker / "sub")
-    assert c.cache_path is None and len(c.products) == 29 and len(c.goals) == 149
+    assert c.cache_path is None
+    assert len(c.products) == 29
+    assert len(c.goals) == 149
 
 
 def test_num_products_and_bad_input(sample, tmp_path):
@@ -217,7 +224,9 @@ def test_product_store_sequence():
     import numpy as np
 
     store = ProductStore(b"".join(lines), np.asarray(offsets), ["A1", "B2", "C3"], decoded_cache=1)
-    assert len(store) == 3 and store[-1]["x"] == 2 and [p["asin"] for p in store[:2]] == ["A1", "B2"]
+    assert len(store) == 3
+    assert store[-1]["x"] == 2
+    assert [p["asin"] for p in store[:2]] == ["A1", "B2"]
     assert store[0] is store[0]  # the last read product is kept
     with pytest.raises(IndexError, match="index 3 out of range"):
         store[3]
@@ -235,7 +244,8 @@ def test_synthetic_catalog_is_deterministic_and_plausible(sample, tmp_path):
     assert a == list(iter_synthetic_products(base, attrs, 300, seed=1))
     assert a != list(iter_synthetic_products(base, attrs, 300, seed=2))
     asins = [p["asin"] for p, _ in a]
-    assert len(set(asins)) == 300 and all(len(x) == 10 and x == x.upper() for x in asins)
+    assert len(set(asins)) == 300
+    assert all(len(x) == 10 and x == x.upper() for x in asins)
     assert len({p["name"] for p, _ in a}) > 290  # titles vary
     sample_titles = {p["name"] for p in base}
     assert not sample_titles & {p["name"] for p, _ in a}
@@ -245,9 +255,11 @@ def test_synthetic_catalog_is_deterministic_and_plausible(sample, tmp_path):
     p2, _ = write_synthetic_catalog(sample, tmp_path / "two", 300, seed=1)
     assert p1.read_bytes() == p2.read_bytes()
     c = load_catalog(p1, a1, human_goals=False, cache=False)
-    assert len(c.products) == 300 and len(c.goals) > 0
+    assert len(c.products) == 300
+    assert len(c.goals) > 0
     prices = [c.prices[x] for x in asins]
-    assert min(prices) > 0 and len(set(prices)) > 250
+    assert min(prices) > 0
+    assert len(set(prices)) > 250
     with pytest.raises(ConfigError) as info:
         next(iter_synthetic_products(base, attrs, 0))
     assert info.value.field == "n"
@@ -260,7 +272,8 @@ def test_server_second_start_uses_both_caches(synth, tmp_path):
 
     first = WebShopServer(str(synth[0]), str(synth[1]), human_goals=False, cache=str(tmp_path))
     second = WebShopServer(str(synth[0]), str(synth[1]), human_goals=False, cache=str(tmp_path))
-    assert not first.search_engine.loaded_from_cache and second.search_engine.loaded_from_cache
+    assert not first.search_engine.loaded_from_cache
+    assert second.search_engine.loaded_from_cache
     assert second.catalog.cache_path == first.catalog.cache_path
     assert second.catalog.cache_path.parent == tmp_path / "catalog"
     assert second.search_engine.cache_path.parent == tmp_path / "bm25"
