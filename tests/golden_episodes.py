@@ -4,7 +4,11 @@ Used by ``tests/test_episode_golden.py`` to check that refactoring the episode l
 token-faithful output byte-identical; the reference file ``tests/data/golden_episodes.json`` was
 written by the code before the refactoring with::
 
-    python3 tests/golden_episodes.py --write
+    AGENTFLY_GYM_DATA=tests/data python3 tests/golden_episodes.py --write
+
+(the data root the tests use).  The two SmolLM2 cases were recorded again when sampling moved onto the model's
+device (one uniform draw per row from its own generator, then an inverse-CDF search): the same seed draws other
+tokens than the host-side ``torch.multinomial`` did; every other case was unchanged by that re-recording.
 
 Cases: the runner (``run_rollouts``) on Chess in chain and step mode with the seeded random policy,
 the expert and the bundled SmolLM2 (seeded sampling), one trajectory at a time so that neither the
@@ -29,8 +33,9 @@ _VOLATILE_TURN_KEYS = ("generate_s", "env_s")
 
 
 #: Fields recorded since the golden file was written (schema version 3: tests/test_truncation.py and
-#: tests/test_reward_errors.py pin them); left out so that everything recorded before is compared as it was.
-_ADDED_FIELDS = ("reply_truncated", "context_cut", "reward_error")
+#: tests/test_reward_errors.py pin them; version 4's scope_id, the rollout scope's id, fresh per episode; version
+#: 5's text_only, tests/test_endpoint_policy.py); left out so that everything recorded before is compared as it was.
+_ADDED_FIELDS = ("reply_truncated", "context_cut", "reward_error", "scope_id", "text_only")
 _ADDED_ROW_FIELDS = ("reply_truncated",)
 
 

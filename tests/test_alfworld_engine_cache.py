@@ -319,3 +319,22 @@ def test_the_cli_precomputes_into_agentfly_gym_cache_and_says_what_it_did(tmp_pa
     assert sorted(p for p in sample.rglob("*")) == before
     with pytest.raises(SystemExit):
         data_main(["precompute", "webshop"])
+
+
+def test_precompute_writes_an_entry_this_process_already_holds_in_memory(tmp_path):
+    """An entry computed into one cache folder stays in the process's shared memory; a precompute into another
+    folder must still write it there (it counted it as computed and wrote nothing, so the suite failed when an
+    earlier test on the same worker had loaded the game)."""
+    from agentfly_gym.data.paths import sample_dir
+    from agentfly_gym.envs.alfworld.precompute import precompute_engine_cache
+
+    EngineCache.clear_memory()
+    kw = {"data_dir": sample_dir("alfworld"), "splits": ["valid_unseen"], "limit": 1, "include_sample": False,
+          "progress": False}
+    first = precompute_engine_cache(cache_dir=tmp_path / "a", **kw)
+    second = precompute_engine_cache(cache_dir=tmp_path / "b", **kw)
+    assert first["computed"] == 1
+    assert second["computed"] == 1
+    assert len(list((tmp_path / "a").glob("*.pickle.zlib"))) == 1
+    assert len(list((tmp_path / "b").glob("*.pickle.zlib"))) == 1
+    EngineCache.clear_memory()

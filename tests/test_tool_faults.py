@@ -463,8 +463,8 @@ def test_a_mistyped_argument_is_a_config_error_naming_it_and_the_close_match():
     """``max_turn=`` (for ``max_turns``) used to reach the base constructor as a bare TypeError."""
     with pytest.raises(ConfigError, match=r"unknown tool environment argument 'max_turn' \(did you mean "
                                           r"'max_turns'\?\); the arguments are \[.*'step_timeout'"):
-        make_tool_env("test/Typo-v0", tasks=[{"prompt": "p"}], tools=[echo], reward=_exact, max_turn=3)
+        make_tool_env("test/Typo-v0", tasks=[{"prompt": "p", "answer": "a"}], tools=[echo], reward=_exact, max_turn=3)
     assert "test/Typo-v0" not in gymnasium.registry
-    env_id = make_tool_env("test/Typo-v0", tasks=[{"prompt": "p"}], tools=[echo], reward=_exact, replace=True)
+    env_id = make_tool_env("test/Typo-v0", tasks=[{"prompt": "p", "answer": "a"}], tools=[echo], reward=_exact, replace=True)
     with pytest.raises(ConfigError, match=r"'step_timout' \(did you mean 'step_timeout'\?\), 'zzz';"):
         gymnasium.make(env_id, step_timout=5, zzz=1)                 # gymnasium.make's overrides too

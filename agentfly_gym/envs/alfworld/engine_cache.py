@@ -408,12 +408,13 @@ class EngineCache:
         return entry
 
     def put(self, key: str, entry: EngineEntry) -> None:
-        """Keep ``entry`` in memory and, when it gained results, write it to disk (atomic rename)."""
+        """Keep ``entry`` in memory and, when it gained results or this cache's folder lacks it (an entry
+        another cache of this process computed, held in the shared memory), write it to disk (atomic rename)."""
         self._remember(key, entry)
-        if not entry.dirty:
+        path = self.path(key)
+        if not entry.dirty and (path is None or not entry.results or path.exists()):
             return
         entry.dirty = False
-        path = self.path(key)
         if path is None:
             return
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
