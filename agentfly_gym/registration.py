@@ -130,6 +130,7 @@ def bad_kwargs_error(env_id: str, kwargs: dict[str, Any], error: Exception) -> E
     (a ``TypeError``): it names each argument the environment does not take, with its close match
     (``mdoe`` -> ``mode``), and the arguments it does take."""
     from .errors import ConfigError
+    from .utils.suggest import name_unknown
 
     try:
         known = env_kwarg_names(env_id)
@@ -138,12 +139,9 @@ def bad_kwargs_error(env_id: str, kwargs: dict[str, Any], error: Exception) -> E
     unknown = [k for k in kwargs if k not in known]
     if not unknown:
         return ConfigError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {error}")
-    said = []
-    for k in unknown:
-        close = difflib.get_close_matches(k, known, n=1)
-        said.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
-    return ConfigError(f"{env_id}: bad keyword argument{'s' if len(said) > 1 else ''} {', '.join(said)}: the env "
-                       f"takes no such argument; its arguments are {known}")
+    said, s = name_unknown(unknown, known)
+    return ConfigError(f"{env_id}: bad keyword argument{s} {said}: the env takes no such argument; its arguments "
+                       f"are {known}")
 
 
 def normalize_multiagent_id(name: str) -> str:

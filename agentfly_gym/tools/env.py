@@ -22,7 +22,6 @@ so the trajectory is recorded as an error (``status="error"``, ``reward_error`` 
 from __future__ import annotations
 
 import asyncio
-import difflib
 import functools
 import inspect
 import json
@@ -39,6 +38,7 @@ from ..envs.prompting import AgentPrompt
 from ..errors import ConfigError, ResetNeeded, ResourceError
 from ..limits import check_int
 from ..resources.scope import RolloutScope
+from ..utils.suggest import name_unknown
 from .formats import FORMATS, ToolCall, ToolCallError, format_tool_call, parse_tool_calls
 from .stalls import ToolBlockedLoop
 from .tasks import check_fields, load_tasks
@@ -393,12 +393,8 @@ def _check_kwargs(kwargs: Mapping[str, Any]) -> None:
         return
     known = sorted(base | {name for name, p in inspect.signature(ToolEnv.__init__).parameters.items()
                            if name != "self" and p.kind is p.KEYWORD_ONLY})
-    said = []
-    for k in unknown:
-        close = difflib.get_close_matches(k, known, n=1)
-        said.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
-    raise ConfigError(f"unknown tool environment argument{'s' if len(said) > 1 else ''} {', '.join(said)}; "
-                      f"the arguments are {known}")
+    said, s = name_unknown(unknown, known)
+    raise ConfigError(f"unknown tool environment argument{s} {said}; the arguments are {known}")
 
 
 def _join(messages: list[dict[str, Any]]) -> str:

@@ -48,7 +48,6 @@ counts ``2.0`` as an integer, so an ``int`` argument written ``2.0`` is accepted
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +56,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..resources.spec import ResourceSpec
+from ..utils.suggest import name_unknown
 from .stalls import StallWatch, watch_loop_stalls
 from .threads import run_in_daemon_thread
 
@@ -314,12 +314,8 @@ def _refuse_unknown_options(unknown: Mapping[str, Any]) -> None:
     """Raise a ConfigError naming each option :func:`tool` does not take, with its close match, not Python's bare
     ``TypeError: tool() got an unexpected keyword argument``."""
     known = sorted(n for n, p in inspect.signature(tool).parameters.items() if p.kind is p.KEYWORD_ONLY)
-    said = []
-    for k in unknown:
-        close = difflib.get_close_matches(k, known, n=1)
-        said.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
-    raise ConfigError(f"@tool got unknown option{'s' if len(said) > 1 else ''} {', '.join(said)}; its options are "
-                      f"{known}")
+    said, s = name_unknown(unknown, known)
+    raise ConfigError(f"@tool got unknown option{s} {said}; its options are {known}")
 
 
 def check_tools(tools: Sequence[Tool | Callable[..., Any]]) -> list[Tool]:
