@@ -211,6 +211,16 @@ def env_success(completions: list, env_success: list[float] | None = None, **kwa
     return [float(s) for s in env_success]
 
 
+def trainer_sampling(trainer: Any, *, max_tokens: int, temperature: float | None,
+                     top_p: float | None) -> SamplingParams:
+    """The sampling of a rollout function: ``temperature`` / ``top_p`` as given, else the trainer's ``args`` (TRL's
+    ``GRPOConfig``; 1.0 where it has none), and ``max_tokens`` per reply (tokens)."""
+    args = getattr(trainer, "args", None)
+    temperature = temperature if temperature is not None else getattr(args, "temperature", 1.0)
+    top_p = top_p if top_p is not None else getattr(args, "top_p", 1.0)
+    return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p))
+
+
 class AgentFlyRollout:
     """TRL ``rollout_func``: plays each prompt's task with the trainer's current weights (see the module
     docstring for what it returns).
@@ -278,10 +288,7 @@ class AgentFlyRollout:
         return model
 
     def _sampling(self, trainer: Any) -> SamplingParams:
-        args = getattr(trainer, "args", None)
-        temperature = self.temperature if self.temperature is not None else getattr(args, "temperature", 1.0)
-        top_p = self.top_p if self.top_p is not None else getattr(args, "top_p", 1.0)
-        return SamplingParams(max_tokens=self.max_tokens, temperature=float(temperature), top_p=float(top_p))
+        return trainer_sampling(trainer, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         """Play one episode per prompt; returns TRL's rollout dict (lists of length ``len(prompts)``)."""

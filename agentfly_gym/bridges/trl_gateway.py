@@ -28,8 +28,7 @@ from typing import Any
 
 from ..gateway import Gateway, run_agents, segment_rows, serve_gateway
 from ..gateway.agents import prompt_task
-from ..rollout.policies.base import SamplingParams
-from .trl import AgentFlyRollout
+from .trl import AgentFlyRollout, trainer_sampling
 
 __all__ = ["GatewayRollout", "prompt_task"]
 
@@ -86,10 +85,8 @@ class GatewayRollout:
             kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
             self._chat = ChatTokenizer(tokenizer, chat_template_kwargs=kwargs)
         chat = self._chat
-        args = getattr(trainer, "args", None)
-        temperature = self.temperature if self.temperature is not None else getattr(args, "temperature", 1.0)
-        top_p = self.top_p if self.top_p is not None else getattr(args, "top_p", 1.0)
-        sampling = SamplingParams(max_tokens=self.max_tokens, temperature=float(temperature), top_p=float(top_p))
+        sampling = trainer_sampling(trainer, max_tokens=self.max_tokens, temperature=self.temperature,
+                                    top_p=self.top_p)
         return Gateway(policy, chat, max_turns=self.max_turns, max_tokens=self.max_tokens,
                        default_sampling=sampling), model
 
