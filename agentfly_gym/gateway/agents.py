@@ -147,7 +147,7 @@ async def run_agent(gateway: Any, agent: Callable[..., Any], task: Any, *, base_
         out.status = "truncated"  # the turn limit ended it (the agent failed on the refused call)
     out.segments = list(session.segments)
     out.num_calls = len(session.calls)
-    out.num_rewritten = sum(1 for c in session.calls[1:] if not c.appended)
+    out.num_rewritten = session.num_rewritten
     if out.error is None and score is not None:
         try:
             out.reward = float(await _maybe_await(score(out.answer, task)))
