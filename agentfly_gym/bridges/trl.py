@@ -211,6 +211,21 @@ def env_success(completions: list, env_success: list[float] | None = None, **kwa
     return [float(s) for s in env_success]
 
 
+def model_policy(model: Any, tokenizer: Any, current: Any, *, seed: int | None, max_batch_size: int,
+                 prefix_cache_bytes: int | None = 0) -> Any:
+    """A :class:`~agentfly_gym.rollout.policies.transformers_policy.TransformersPolicy` sampling from ``model``'s
+    live weights: ``current`` when it already samples from that model object (a trainer keeps one across steps),
+    else a new one made by ``TransformersPolicy.from_model`` (``current``, if any, is closed first)."""
+    if current is not None and getattr(current, "model", None) is model:
+        return current
+    from ..rollout.policies.transformers_policy import TransformersPolicy
+
+    if current is not None:
+        current.close()
+    return TransformersPolicy.from_model(model, tokenizer, seed=seed, max_batch_size=max_batch_size,
+                                         prefix_cache_bytes=prefix_cache_bytes)
+
+
 def trainer_sampling(trainer: Any, *, max_tokens: int, temperature: float | None,
                      top_p: float | None) -> SamplingParams:
     """The sampling of a rollout function: ``temperature`` / ``top_p`` as given, else the trainer's ``args`` (TRL's
@@ -269,14 +284,9 @@ class AgentFlyRollout:
         if self._given_policy is not None:
             policy = self._given_policy
         else:
-            from ..rollout.policies.transformers_policy import TransformersPolicy
-
-            if self._policy is not None:
-                self._policy.close()
             # KV reuse on: every call clears the kept caches first (the weights changed in between)
-            policy = TransformersPolicy.from_model(model, tokenizer, seed=self.seed, max_batch_size=self.concurrency,
-                                                   prefix_cache_bytes=None)
-            self._policy = policy
+            policy = self._policy = model_policy(model, tokenizer, self._policy, seed=self.seed,
+                                                 max_batch_size=self.concurrency, prefix_cache_bytes=None)
         self._model = model
         chat = ChatTokenizer(tokenizer, chat_template_kwargs=dict(getattr(trainer, "chat_template_kwargs", None) or {}))
         if self._runner is not None:

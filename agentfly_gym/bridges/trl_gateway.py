@@ -28,7 +28,7 @@ from typing import Any
 
 from ..gateway import Gateway, run_agents, segment_rows, serve_gateway
 from ..gateway.agents import prompt_task
-from .trl import AgentFlyRollout, trainer_sampling
+from .trl import AgentFlyRollout, model_policy, trainer_sampling
 
 __all__ = ["GatewayRollout", "prompt_task"]
 
@@ -58,7 +58,7 @@ class GatewayRollout:
         self.max_turns, self.max_tokens = check_int("max_turns", max_turns), check_int("max_tokens", max_tokens)
         self.concurrency = check_int("concurrency", concurrency)
         self.timeout_s, self.temperature, self.top_p, self.seed = timeout_s, temperature, top_p, seed
-        self._given_policy, self._policy, self._model, self._chat = policy, None, None, None
+        self._given_policy, self._policy, self._chat = policy, None, None
         #: the rollouts of the last call (AgentRollout objects)
         self.last_rollouts: list = []
 
@@ -71,16 +71,9 @@ class GatewayRollout:
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         if self._given_policy is not None:
             policy = self._given_policy
-        elif self._policy is not None and model is self._model:
-            policy = self._policy
         else:
-            from ..rollout.policies.transformers_policy import TransformersPolicy
-
-            if self._policy is not None:
-                self._policy.close()
-            policy = self._policy = TransformersPolicy.from_model(model, tokenizer, seed=self.seed,
-                                                                  max_batch_size=self.concurrency)
-        self._model = model
+            policy = self._policy = model_policy(model, tokenizer, self._policy, seed=self.seed,
+                                                 max_batch_size=self.concurrency)
         if self._chat is None or self._chat.tokenizer is not tokenizer:
             kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
             self._chat = ChatTokenizer(tokenizer, chat_template_kwargs=kwargs)
