@@ -39,9 +39,6 @@ STDLIB_PUBLIC = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
 #: ``alfworld/_compat.py``; its one private read is ALFWorld's own planner entry point.)
 ALLOWED: dict[str, str] = {
     "agentfly_gym/envs/alfworld/_plan_worker.py": "the ALFWorld PDDL env's _pddl_state/_entity_infos read to replan",
-    # runs inside the task image under that image's own pytest (any version the task pins), shipped beside the
-    # launcher: a host-side version gate cannot know that pytest; to move into a _compat module shipped with it
-    "agentfly_gym/envs/r2egym/guard_probes.py": "a probe class's pytest Class node given its object (Class._obj)",
 }
 
 

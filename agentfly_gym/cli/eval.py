@@ -135,12 +135,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     config = EvalConfig(plans=plans, k=args.k, model=args.model, max_concurrency=args.max_concurrency,
                         max_turns=args.max_turns, sampling=sampling, seed=args.seed, output_dir=args.output_dir)
     is_endpoint = args.model.startswith("openai:")
+    # make_policy refuses --base-url / --api-key-env with a policy that is no endpoint, before loading a model
     policy, chat = make_policy(args.model, tokenizer=args.tokenizer, seed=args.seed, max_batch_size=args.batch_size,
-                               base_url=args.base_url if is_endpoint else None,
-                               api_key_env=args.api_key_env if is_endpoint else None,
+                               base_url=args.base_url, api_key_env=args.api_key_env,
                                endpoint_options=endpoint_options(args) if is_endpoint else None)
-    if not is_endpoint and (args.base_url or args.api_key_env):
-        raise ConfigError("--base-url and --api-key-env go with --model openai:MODEL")
 
     async def run() -> Any:
         try:

@@ -160,15 +160,12 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         args.seed = 0 if args.seed is None else args.seed  # games are never appended (refused)
         return _rollout_multiagent(args, env_kwargs)
     _resolve_seed(args)
-    if args.policy == "random":  # it picks among info["admissible_actions"], which ScienceWorld lists only on request
-        from ..registration import normalize_env_id
-
-        env_kwargs = {normalize_env_id(k): dict(v) for k, v in env_kwargs.items()}
-        if "agentfly/ScienceWorld-v0" in map(normalize_env_id, args.env):
-            env_kwargs.setdefault("agentfly/ScienceWorld-v0", {}).setdefault("with_admissible_actions", True)
     from ..registration import normalize_env_id
 
     env_kwargs = {normalize_env_id(k): dict(v) for k, v in env_kwargs.items()}
+    # random picks among info["admissible_actions"], which ScienceWorld lists only on request
+    if args.policy == "random" and "agentfly/ScienceWorld-v0" in map(normalize_env_id, args.env):
+        env_kwargs.setdefault("agentfly/ScienceWorld-v0", {}).setdefault("with_admissible_actions", True)
     tasks = _plan_tasks(args, env_kwargs)
     config = RolloutConfig(
         env_ids=args.env, tasks=tasks, num_trajectories=args.num_trajectories, group_size=args.group_size,

@@ -35,7 +35,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..limits import EpisodeLimits, check_int
 from ..rollout.policies.base import SamplingParams
-from ..rollout.trajectory import Trajectory, Turn
+from ..rollout.trajectory import Trajectory
 from .plan import EnvTasks
 from .results import is_error, summarize_eval
 
@@ -125,13 +125,6 @@ def _key(env_id: str, task: str, j: int) -> tuple[str, str, int]:
     return (env_id, task, int(j))
 
 
-def _from_record(r: dict[str, Any]) -> Trajectory:
-    fields = {f.name for f in dataclasses.fields(Trajectory)}
-    kw = {k: v for k, v in r.items() if k in fields and k != "steps"}
-    kw["turns"] = [Turn(**t) for t in kw.get("turns", [])]
-    return Trajectory(**kw)
-
-
 def _checked(traj: Trajectory) -> Trajectory:
     """``traj`` if the fields the scores read have their types (a hand-edited or corrupted line may not).
 
@@ -206,7 +199,7 @@ def _load_progress(out: Path) -> dict[tuple[str, str, int], Trajectory]:
             try:
                 rec = json.loads(line)
                 key = _key(rec["env_id"], rec["task"], rec["sample"])
-                traj = _checked(_from_record(rec["trajectory"]))
+                traj = _checked(Trajectory.from_record(rec["trajectory"]))
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 log.warning("%s line %d is not a finished sample (%s); it is played again", path, n, e)
                 continue

@@ -24,7 +24,6 @@ Command line: ``agentfly-gym images build [names]`` (:mod:`agentfly_gym.cli.imag
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -38,6 +37,7 @@ from typing import Any
 
 from ..data.paths import cache_dir
 from ..errors import ConfigError
+from ..utils.files import file_lock
 from .base import build_base_image
 from .engine import ImageBuildError, Progress, docker_client, run_logged, say, tag_latest, image_exists
 
@@ -153,17 +153,11 @@ def build_image(recipe_dir: str | os.PathLike, *, name: str | None = None, base:
         return tag
     # one build of a tag at a time, across processes (two test workers, two shells): they would share the wheel
     # download folder half-written; the second waits and finds the image the first built
-    lock_path = build_lock_path(tag)
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not force and image_exists(tag, client):  # another process built it meanwhile
-                tag_latest(client, tag, repo)
-                return tag
-            return _build_locked(client, recipe, repo, tag, base_id, progress)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with file_lock(build_lock_path(tag)):
+        if not force and image_exists(tag, client):  # another process built it meanwhile
+            tag_latest(client, tag, repo)
+            return tag
+        return _build_locked(client, recipe, repo, tag, base_id, progress)
 
 
 def build_lock_path(tag: str) -> Path:

@@ -110,9 +110,7 @@ class ResourceSpec:
 
     def __post_init__(self) -> None:
         check_int("max_instances", self.max_instances)
-        if not isinstance(self.min_idle, int) or not 0 <= self.min_idle <= self.max_instances:
-            raise ConfigError(f"min_idle={self.min_idle!r} must be an integer in [0, max_instances={self.max_instances}]",
-                              field="min_idle")
+        check_int("min_idle", self.min_idle, minimum=0, maximum=self.max_instances, unit="at most max_instances")
         check_int("max_uses", self.max_uses, optional=True)
         check_max_idle_time(self.max_idle_time)
         if self.start_timeout <= 0:
@@ -307,11 +305,8 @@ class ModelServiceSpec(ResourceSpec):
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]",
                               field="gpu_memory_utilization")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ConfigError(f"max_model_len={self.max_model_len!r} must be None or >= 1 tokens",
-                              field="max_model_len")
-        if self.port is not None and not 0 < self.port < 65536:
-            raise ConfigError(f"port={self.port!r} must be in 1..65535", field="port")
+        check_int("max_model_len", self.max_model_len, optional=True, unit="tokens")
+        check_int("port", self.port, optional=True, maximum=65535, unit="a TCP port")
         super().__post_init__()
 
 
@@ -349,8 +344,7 @@ class ModelAPISpec(ResourceSpec):
         if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
             raise ConfigError(f"api_key_env={self.api_key_env!r} must be an environment variable name",
                               field="api_key_env")
-        if self.max_retries < 0:
-            raise ConfigError(f"max_retries={self.max_retries!r} must be >= 0", field="max_retries")
+        check_int("max_retries", self.max_retries, minimum=0)
         super().__post_init__()
 
 

@@ -47,7 +47,7 @@ def reply_text(reply: Any, tool_format: str = "hermes") -> str:
         except ValueError:
             args = None
         if isinstance(args, dict):
-            parts.append(format_tool_call(call["name"], args, tool_format if tool_format != "auto" else "hermes"))
+            parts.append(format_tool_call(call["name"], args, tool_format))
         else:
             parts.append(f'<tool_call>\n{{"name": {json.dumps(call["name"])}, "arguments": {call["arguments"]}}}\n</tool_call>')
     return "\n".join(parts)

@@ -15,19 +15,18 @@ reader never sees a half-written folder.  Nothing happens at import.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from ..data.paths import cache_dir
 from ..errors import ConfigError, DataNotFoundError, PolicyError
+from ..utils.files import file_lock
 
 __all__ = ["smollm2_dir", "tiny_qwen_dir", "SMOLLM2_INSTALL"]
 
@@ -48,18 +47,6 @@ def _models_root(cache: str | os.PathLike | None) -> Path:
     return Path(cache).expanduser() if cache is not None else cache_dir("models")
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (created if missing), held for the block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def _build_once(dest: Path, build: Callable[[Path], None]) -> Path:
     """Return ``dest``, building it with ``build(tmp_dir)`` first if it is not complete.
 
@@ -69,7 +56,7 @@ def _build_once(dest: Path, build: Callable[[Path], None]) -> Path:
     """
     if (dest / _DONE).is_file():
         return dest
-    with _file_lock(dest.parent / f".{dest.name}.lock"):
+    with file_lock(dest.parent / f".{dest.name}.lock"):
         if (dest / _DONE).is_file():  # another process finished while we waited
             return dest
         for stale in dest.parent.glob(f".{dest.name}.tmp-*"):  # left by a killed build (we hold the lock)

@@ -210,6 +210,19 @@ class Trajectory:
         d["num_sampled_tokens"] = self.num_sampled_tokens
         return d
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Trajectory:
+        """The trajectory of a :meth:`to_record` dict (turns as dicts; keys that are not fields, such as
+        ``num_turns`` or a step-mode ``steps``, are ignored).
+
+        Raises:
+            TypeError: a turn or the record lacks a required field, or holds an unknown one in a turn.
+        """
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in record.items() if k in fields and k != "steps"}
+        kw["turns"] = [Turn(**t) for t in kw.get("turns", [])]
+        return cls(**kw)
+
 
 def require_token_ids(traj: Trajectory, what: str = "training") -> None:
     """Refuse a text-only trajectory where token ids are needed (training rows).
@@ -383,10 +396,4 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
                 r[k] = json.loads(r[k])
     else:
         _, records = read_jsonl_records(path)
-    out = []
-    fields = {f.name for f in dataclasses.fields(Trajectory)}
-    for r in records:
-        kw = {k: v for k, v in r.items() if k in fields and k != "steps"}
-        kw["turns"] = [Turn(**t) for t in kw.get("turns", [])]
-        out.append(Trajectory(**kw))
-    return out
+    return [Trajectory.from_record(r) for r in records]

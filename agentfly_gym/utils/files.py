@@ -1,8 +1,10 @@
-"""Publishing a folder or a file whole: built under a temporary name beside it, renamed into place when complete."""
+"""Publishing a folder or a file whole: built under a temporary name beside it, renamed into place when complete;
+and the lock that keeps a second process from building the same thing at once."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -10,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["staged_dir", "atomic_path", "fsync_dir"]
+__all__ = ["staged_dir", "atomic_path", "file_lock", "fsync_dir"]
 
 
 @contextlib.contextmanager
@@ -73,3 +75,23 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created, with its folder, if missing) for the block, waiting for
+    another process that holds it: one build of a thing at a time across processes (two test workers, two
+    shells), where the second then finds what the first built.  (An output folder's lock, which refuses a second
+    writer instead of waiting, is :func:`~agentfly_gym.rollout.outputs.folder_lock`.)
+
+    Raises:
+        OSError: the lock file cannot be created or opened.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)

@@ -150,11 +150,10 @@ class R2EGrading:
         if not r.ok:
             raise EnvError(f"R2E-Gym task {task.task_id}: preparing the grading copy failed (exit {r.exit_code}): "
                            f"{r.output[-2000:]}")
-        shadowing = {line.split("=", 1)[1] for line in r.output.splitlines() if line.startswith("AFG_SHADOW=")}
+        shadowing = set(_printed(r.output, "AFG_SHADOW"))
         script = task.run_tests if task.local else _image_script(r.output)
         # 2. the filtered diff, then the hidden tests from the task
-        env_plugins = "".join(line.split("=", 1)[1] for line in r.output.splitlines() if line.startswith("AFG_PLUGINS="))
-        plugins = plugin_modules(script, env_plugins)
+        plugins = plugin_modules(script, "".join(_printed(r.output, "AFG_PLUGINS")))
         kept = filter_diff(diff, DiffRules(hidden_files, hidden_dirs, frozenset(shadowing), plugins))
         record["kept"], record["dropped"] = kept.kept, kept.dropped
         files: dict[str, bytes | str] = {}
@@ -243,14 +242,19 @@ def _guard_source(name: str = "grading_guard.py") -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
+def _printed(setup_output: str, name: str) -> list[str]:
+    """The values the grading container's setup printed as ``NAME=value`` lines, in order."""
+    prefix = name + "="
+    return [line[len(prefix):] for line in setup_output.splitlines() if line.startswith(prefix)]
+
+
 def _image_script(setup_output: str) -> str | None:
     """The task image's ``run_tests.sh``, as the grading container's setup printed it (None if there is none)."""
-    for line in setup_output.splitlines():
-        if line.startswith("AFG_SCRIPT="):
-            try:
-                return base64.b64decode(line.split("=", 1)[1].strip(), validate=True).decode("utf-8")
-            except ValueError:
-                return None
+    for value in _printed(setup_output, "AFG_SCRIPT")[:1]:
+        try:
+            return base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except ValueError:
+            return None
     return None
 
 

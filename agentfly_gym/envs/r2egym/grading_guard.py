@@ -62,10 +62,10 @@ import types
 
 
 
-def _load_namespaces(name="guard_namespaces"):
-    """The launcher's helper module (:mod:`.guard_namespaces`), read from the file next to this one (the repository
-    under test may hold a module of that name) and kept in ``sys.modules`` under a private name that the snapshot
-    covers."""
+def _load_helper(name):
+    """One of the launcher's helper modules (:mod:`.guard_namespaces`, :mod:`.guard_probes`), read from the file
+    ``name + ".py"`` next to this one (the repository under test may hold a module of that name) and kept in
+    ``sys.modules`` under a private name that the snapshot covers."""
     path = os.path.join(os.path.dirname(os.path.realpath(__file__)), name + ".py")
     mod = types.ModuleType("_afg_" + name)
     mod.__file__ = path
@@ -75,13 +75,13 @@ def _load_namespaces(name="guard_namespaces"):
     return mod
 
 
-_ns = _load_namespaces()
+_ns = _load_helper("guard_namespaces")
 _MISSING, _CLASS_ADDED_OK, _snapshot, _code_like, _codes, _merge, _own_bindings, _rebound, _profile_reports_frames = (
     _ns._MISSING, _ns._CLASS_ADDED_OK, _ns._snapshot, _ns._code_like, _ns._codes, _ns._merge, _ns._own_bindings,
     _ns._rebound, _ns._profile_reports_frames)
 _decorated, _conftests, _sha, _test_files, _trusted_impl = (_ns._decorated, _ns._conftests, _ns._sha, _ns._test_files,
                                                              _ns._trusted_impl)
-_probes = _load_namespaces("guard_probes")
+_probes = _load_helper("guard_probes")
 _RANK = {"SKIPPED": 0, "XPASS": 1, "PASSED": 2, "ERROR": 3, "FAILED": 4}
 #: audit events refused outright: they reach any object or frame (gc's graph, other threads' frames, tracing)
 _DENIED = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",

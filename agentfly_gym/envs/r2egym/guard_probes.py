@@ -257,8 +257,9 @@ def _class_probe(m, own, g, filename, lines, taken, draw, getattr=getattr, str=s
     node = m.ihook.pytest_pycollect_makeitem(collector=m, name=cname, obj=cls)
     nodes = node if type(node) is list else [node] if node is not None else []
     for n in nodes:
-        if getattr(n, "_obj", None) is not cls:
-            n._obj = cls  # pytest 8.1+ looks a class up in its module (where the probe class is not bound)
+        # pinned through the node's public ``obj`` setter (every pytest since 3.0): the node otherwise looks the
+        # class up by name in a module namespace that code under test can reach
+        n.obj = cls
     out = [it for n in nodes for it in n.collect()]
     if len(out) != 1:
         raise ValueError("the probe class %s gave %d tests" % (cname, len(out)))

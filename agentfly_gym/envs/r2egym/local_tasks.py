@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import fcntl
 import hashlib
 import json
 import os
@@ -45,6 +44,7 @@ from pathlib import Path
 
 from ...data.paths import cache_dir
 from ...errors import AgentFlyError, ConfigError
+from ...utils.files import file_lock
 from .grading import compare_test_maps, parse_log_pytest
 
 __all__ = [
@@ -462,12 +462,8 @@ def build_local_tasks(out_dir: str | Path | None = None, *, bugs: Iterable[BugSp
     (out / "rows").mkdir(parents=True, exist_ok=True)
     # one build of a folder at a time, across processes (two test workers, two shells): they would write the same
     # temporary files; the second finds the first's rows and builds only what is still missing
-    with open(out / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return _build_locked(out, specs, ids, force, test_timeout, jobs, say)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with file_lock(out / ".build.lock"):
+        return _build_locked(out, specs, ids, force, test_timeout, jobs, say)
 
 
 def _build_locked(out: Path, specs: list[BugSpec], ids: list[str], force: bool, test_timeout: float, jobs: int,

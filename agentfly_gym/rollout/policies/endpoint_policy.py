@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import ConfigError, PolicyError
+from ...limits import check_int
 from .base import SamplingParams
 
 __all__ = ["ChatReply", "EndpointError", "EndpointPolicy", "RateLimiter"]
@@ -141,13 +142,10 @@ class EndpointPolicy:
         if api_key_env is not None and not os.environ.get(api_key_env):
             raise ConfigError(f"api_key_env={api_key_env!r}: the environment variable is not set (or empty); export "
                               "the endpoint's key there")
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ConfigError(f"max_retries={max_retries!r} must be an integer >= 0")
+        max_retries = check_int("max_retries", max_retries, minimum=0)
         if not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ConfigError(f"timeout={timeout!r} must be a number of seconds > 0")
-        if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
-                                            or max_concurrency < 1):
-            raise ConfigError(f"max_concurrency={max_concurrency!r} must be an integer >= 1 or None")
+        max_concurrency = check_int("max_concurrency", max_concurrency, optional=True)
         self.model, self.base_url, self.api_key_env = model, base_url, api_key_env
         self.token_ids = bool(token_ids)
         self.extra_body = dict(extra_body or {})

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
+from ...limits import check_int
 
 __all__ = ["make_policy", "POLICY_NAMES"]
 
@@ -71,8 +72,7 @@ def make_policy(name: str, *, tokenizer: str | None = None, seed: int | None = 0
             endpoint; an endpoint without the ``openai`` package; a bad ``max_batch_size``, or (model policies;
             scripted and endpoint ones ignore them) a bad ``device`` or ``dtype``, before any model is loaded.
     """
-    if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
-        raise ConfigError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+    max_batch_size = check_int("max_batch_size", max_batch_size)
     from ..chat import ChatTokenizer
 
     if name.startswith(ENDPOINT_PREFIX):

@@ -116,12 +116,10 @@ def _default_prefix_cache_bytes(device: Any) -> int:
 
 
 def _check_args(max_batch_size: int, batch_wait_s: float, torch_threads: int | None) -> None:
-    if max_batch_size < 1:
-        raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
+    check_int("max_batch_size", max_batch_size)
     if batch_wait_s < 0:
         raise ConfigError(f"batch_wait_s must be >= 0 seconds, got {batch_wait_s!r}")
-    if torch_threads is not None and torch_threads < 1:
-        raise ConfigError(f"torch_threads must be >= 1 or None, got {torch_threads!r}")
+    check_int("torch_threads", torch_threads, optional=True)
 
 
 class TransformersPolicy:
@@ -253,9 +251,7 @@ class TransformersPolicy:
         """Everything but loading: ``self.model`` and ``self.tokenizer`` are set."""
         import inspect
 
-        if prefix_cache_bytes is not None and (not isinstance(prefix_cache_bytes, int) or prefix_cache_bytes < 0):
-            raise ConfigError(f"prefix_cache_bytes must be an int >= 0 (0 disables KV reuse) or None, "
-                              f"got {prefix_cache_bytes!r}")
+        check_int("prefix_cache_bytes", prefix_cache_bytes, minimum=0, optional=True, unit="bytes; 0 disables KV reuse")
         path = name
         self.device = device
         self.max_batch_size = max_batch_size
