@@ -211,6 +211,31 @@ def env_success(completions: list, env_success: list[float] | None = None, **kwa
     return [float(s) for s in env_success]
 
 
+def model_policy(model: Any, tokenizer: Any, current: Any, *, seed: int | None, max_batch_size: int,
+                 prefix_cache_bytes: int | None = 0) -> Any:
+    """A :class:`~agentfly_gym.rollout.policies.transformers_policy.TransformersPolicy` sampling from ``model``'s
+    live weights: ``current`` when it already samples from that model object (a trainer keeps one across steps),
+    else a new one made by ``TransformersPolicy.from_model`` (``current``, if any, is closed first)."""
+    if current is not None and getattr(current, "model", None) is model:
+        return current
+    from ..rollout.policies.transformers_policy import TransformersPolicy
+
+    if current is not None:
+        current.close()
+    return TransformersPolicy.from_model(model, tokenizer, seed=seed, max_batch_size=max_batch_size,
+                                         prefix_cache_bytes=prefix_cache_bytes)
+
+
+def trainer_sampling(trainer: Any, *, max_tokens: int, temperature: float | None,
+                     top_p: float | None) -> SamplingParams:
+    """The sampling of a rollout function: ``temperature`` / ``top_p`` as given, else the trainer's ``args`` (TRL's
+    ``GRPOConfig``; 1.0 where it has none), and ``max_tokens`` per reply (tokens)."""
+    args = getattr(trainer, "args", None)
+    temperature = temperature if temperature is not None else getattr(args, "temperature", 1.0)
+    top_p = top_p if top_p is not None else getattr(args, "top_p", 1.0)
+    return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p))
+
+
 class AgentFlyRollout:
     """TRL ``rollout_func``: plays each prompt's task with the trainer's current weights (see the module
     docstring for what it returns).
@@ -259,14 +284,9 @@ class AgentFlyRollout:
         if self._given_policy is not None:
             policy = self._given_policy
         else:
-            from ..rollout.policies.transformers_policy import TransformersPolicy
-
-            if self._policy is not None:
-                self._policy.close()
             # KV reuse on: every call clears the kept caches first (the weights changed in between)
-            policy = TransformersPolicy.from_model(model, tokenizer, seed=self.seed, max_batch_size=self.concurrency,
-                                                   prefix_cache_bytes=None)
-            self._policy = policy
+            policy = self._policy = model_policy(model, tokenizer, self._policy, seed=self.seed,
+                                                 max_batch_size=self.concurrency, prefix_cache_bytes=None)
         self._model = model
         chat = ChatTokenizer(tokenizer, chat_template_kwargs=dict(getattr(trainer, "chat_template_kwargs", None) or {}))
         if self._runner is not None:
@@ -278,10 +298,7 @@ class AgentFlyRollout:
         return model
 
     def _sampling(self, trainer: Any) -> SamplingParams:
-        args = getattr(trainer, "args", None)
-        temperature = self.temperature if self.temperature is not None else getattr(args, "temperature", 1.0)
-        top_p = self.top_p if self.top_p is not None else getattr(args, "top_p", 1.0)
-        return SamplingParams(max_tokens=self.max_tokens, temperature=float(temperature), top_p=float(top_p))
+        return trainer_sampling(trainer, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         """Play one episode per prompt; returns TRL's rollout dict (lists of length ``len(prompts)``)."""

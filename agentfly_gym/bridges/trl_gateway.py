@@ -28,8 +28,7 @@ from typing import Any
 
 from ..gateway import Gateway, run_agents, segment_rows, serve_gateway
 from ..gateway.agents import prompt_task
-from ..rollout.policies.base import SamplingParams
-from .trl import AgentFlyRollout
+from .trl import AgentFlyRollout, model_policy, trainer_sampling
 
 __all__ = ["GatewayRollout", "prompt_task"]
 
@@ -59,7 +58,7 @@ class GatewayRollout:
         self.max_turns, self.max_tokens = check_int("max_turns", max_turns), check_int("max_tokens", max_tokens)
         self.concurrency = check_int("concurrency", concurrency)
         self.timeout_s, self.temperature, self.top_p, self.seed = timeout_s, temperature, top_p, seed
-        self._given_policy, self._policy, self._model, self._chat = policy, None, None, None
+        self._given_policy, self._policy, self._chat = policy, None, None
         #: the rollouts of the last call (AgentRollout objects)
         self.last_rollouts: list = []
 
@@ -72,24 +71,15 @@ class GatewayRollout:
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         if self._given_policy is not None:
             policy = self._given_policy
-        elif self._policy is not None and model is self._model:
-            policy = self._policy
         else:
-            from ..rollout.policies.transformers_policy import TransformersPolicy
-
-            if self._policy is not None:
-                self._policy.close()
-            policy = self._policy = TransformersPolicy.from_model(model, tokenizer, seed=self.seed,
-                                                                  max_batch_size=self.concurrency)
-        self._model = model
+            policy = self._policy = model_policy(model, tokenizer, self._policy, seed=self.seed,
+                                                 max_batch_size=self.concurrency)
         if self._chat is None or self._chat.tokenizer is not tokenizer:
             kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
             self._chat = ChatTokenizer(tokenizer, chat_template_kwargs=kwargs)
         chat = self._chat
-        args = getattr(trainer, "args", None)
-        temperature = self.temperature if self.temperature is not None else getattr(args, "temperature", 1.0)
-        top_p = self.top_p if self.top_p is not None else getattr(args, "top_p", 1.0)
-        sampling = SamplingParams(max_tokens=self.max_tokens, temperature=float(temperature), top_p=float(top_p))
+        sampling = trainer_sampling(trainer, max_tokens=self.max_tokens, temperature=self.temperature,
+                                    top_p=self.top_p)
         return Gateway(policy, chat, max_turns=self.max_turns, max_tokens=self.max_tokens,
                        default_sampling=sampling), model
 

@@ -75,6 +75,17 @@ def prompt_task(prompt: Any) -> dict[str, Any]:
     return {"prompt": text, "messages": messages}
 
 
+def check_timeout(timeout_s: Any) -> float:
+    """``timeout_s`` as a float of seconds > 0 (an agent's or its command's time limit).
+
+    Raises:
+        ConfigError: anything else (a bool included), ``field="timeout_s"``.
+    """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ConfigError(f"timeout_s={timeout_s!r} must be a number of seconds > 0", field="timeout_s")
+    return float(timeout_s)
+
+
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
@@ -108,8 +119,7 @@ async def run_agent(gateway: Any, agent: Callable[..., Any], task: Any, *, base_
     Raises:
         ConfigError: a bad ``timeout_s``.
     """
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ConfigError(f"timeout_s={timeout_s!r} must be a number of seconds > 0", field="timeout_s")
+    check_timeout(timeout_s)
     if task_id is None:
         task_id = str(task.get("task_id", "")) if isinstance(task, dict) else ""
     out = AgentRollout(trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id, task_id=task_id)
@@ -137,7 +147,7 @@ async def run_agent(gateway: Any, agent: Callable[..., Any], task: Any, *, base_
         out.status = "truncated"  # the turn limit ended it (the agent failed on the refused call)
     out.segments = list(session.segments)
     out.num_calls = len(session.calls)
-    out.num_rewritten = sum(1 for c in session.calls[1:] if not c.appended)
+    out.num_rewritten = session.num_rewritten
     if out.error is None and score is not None:
         try:
             out.reward = float(await _maybe_await(score(out.answer, task)))

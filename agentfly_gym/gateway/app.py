@@ -35,9 +35,11 @@ import time
 import uuid
 from typing import Any
 
+from ..data.task_draw import check_seed
 from ..errors import ConfigError, PolicyError, TokenizationError
+from ..limits import check_int
 from ..rollout.policies.base import SamplingParams
-from .messages import BadRequest, read_messages, read_tools, reply_message
+from .messages import BadRequest, as_bad_request, read_messages, read_tools, reply_message
 from .session import Session
 
 __all__ = ["Gateway"]
@@ -70,8 +72,6 @@ class Gateway:
                  admin_key: str | None = None, tool_format: str | None = None,
                  default_sampling: SamplingParams | None = None) -> None:
         from ..tools.formats import FORMATS, detect_tool_format
-
-        from ..limits import check_int
 
         max_turns, max_tokens = check_int("max_turns", max_turns), check_int("max_tokens", max_tokens, unit="tokens")
         max_body_bytes = check_int("max_body_bytes", max_body_bytes, unit="bytes")
@@ -125,9 +125,8 @@ class Gateway:
             max_tokens = body.get("max_tokens")
         if max_tokens is None:
             max_tokens = min(d.max_tokens, self.max_tokens)
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= self.max_tokens:
-            raise BadRequest(f"max_tokens={max_tokens!r} must be an integer in [1, {self.max_tokens}]",
-                             param="max_tokens")
+        with as_bad_request("max_tokens"):
+            max_tokens = check_int("max_tokens", max_tokens, maximum=self.max_tokens)
         kw: dict[str, Any] = {"max_tokens": max_tokens}
         for name in ("temperature", "top_p"):
             v = body.get(name)
@@ -136,13 +135,12 @@ class Gateway:
                     raise BadRequest(f"{name}={v!r} must be a number", param=name)
                 kw[name] = float(v)
         seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
-            raise BadRequest(f"seed={seed!r} must be an integer in [0, 2**63)", param="seed")
-        try:
+        if seed is not None:
+            with as_bad_request("seed"):
+                seed = check_seed(seed)
+        with as_bad_request():
             return SamplingParams(temperature=kw.get("temperature", d.temperature), top_p=kw.get("top_p", d.top_p),
                                   top_k=d.top_k, max_tokens=max_tokens, seed=seed, stop_token_ids=d.stop_token_ids)
-        except ConfigError as e:
-            raise BadRequest(str(e)) from None
 
     def _stop_strings(self, body: dict[str, Any]) -> list[str]:
         stop = body.get("stop")
@@ -207,9 +205,8 @@ class Gateway:
                 raise BadRequest(f"the chat template rejects these messages: {type(e).__name__}: {e}",
                                  param="messages") from None
             try:
-                gen = await self.policy.generate(list(prompt_ids), sampling)
-            except ConfigError as e:
-                raise BadRequest(str(e)) from None
+                with as_bad_request():
+                    gen = await self.policy.generate(list(prompt_ids), sampling)
             except PolicyError as e:
                 if any(w in str(e) for w in ("long", "length", "context")):  # the prompt does not fit the model
                     raise BadRequest(str(e), code="context_length_exceeded", param="messages") from None

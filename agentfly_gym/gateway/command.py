@@ -105,10 +105,10 @@ def command_agent(command: str | list[str], *, uds: str | os.PathLike, port: int
         ConfigError: a bad ``port`` or ``timeout_s``.
     """
     from ..limits import check_int
+    from .agents import check_timeout
 
     port = check_int("port", port, maximum=65535)
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ConfigError(f"timeout_s={timeout_s!r} must be a number of seconds > 0", field="timeout_s")
+    check_timeout(timeout_s)
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
     inner_sock = f"{SOCKET_DIR}/{os.path.basename(os.fspath(uds))}"
 

@@ -11,7 +11,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .messages import BadRequest
+from ..limits import check_int
+from .messages import BadRequest, as_bad_request
 
 __all__ = ["dumps", "not_found", "read_json", "routes"]
 
@@ -144,9 +145,9 @@ def routes(gateway: Any) -> list[tuple[str, Any, list[str]]]:
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object {\"max_turns\": int, \"metadata\": {...}}")
         max_turns = body.get("max_turns")
-        if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int)
-                                      or not 1 <= max_turns <= 100_000):
-            raise BadRequest(f"max_turns={max_turns!r} must be an integer in [1, 100000]", param="max_turns")
+        if max_turns is not None:
+            with as_bad_request("max_turns"):
+                max_turns = check_int("max_turns", max_turns, maximum=100_000)
         metadata = body.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("metadata must be an object", param="metadata")

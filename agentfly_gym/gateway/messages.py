@@ -10,17 +10,19 @@ OpenAI's error shape).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..errors import AgentFlyError
+from ..errors import AgentFlyError, ConfigError
 
 __all__ = [
     "BadRequest",
     "Message",
+    "as_bad_request",
     "read_messages",
     "read_tools",
     "reply_message",
@@ -49,6 +51,17 @@ class BadRequest(AgentFlyError):
     def body(self) -> dict[str, Any]:
         """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@contextlib.contextmanager
+def as_bad_request(param: str | None = None) -> Iterator[None]:
+    """Answer a :class:`~agentfly_gym.errors.ConfigError` raised inside (the project's checks of a value:
+    :func:`~agentfly_gym.limits.check_int`, :func:`~agentfly_gym.data.task_draw.check_seed`, ...) as a 400
+    :class:`BadRequest` with the same message, at fault ``param``."""
+    try:
+        yield
+    except ConfigError as e:
+        raise BadRequest(str(e), param=param) from None
 
 
 @dataclasses.dataclass(frozen=True)

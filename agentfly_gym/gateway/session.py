@@ -216,6 +216,11 @@ class Session:
         self.calls.append(rec)
         return rec
 
+    @property
+    def num_rewritten(self) -> int:
+        """Calls that started a segment after the first call (the agent rewrote its history)."""
+        return sum(1 for c in self.calls[1:] if not c.appended)
+
     def trajectory(self) -> dict[str, Any]:
         """The recorded trajectory as JSON: ``{"session_id", "segments": [Segment.to_json()], "calls": [...],
         "num_calls", "num_segments", "num_appended", "num_rewritten", "num_incremental", "closed", "metadata"}``;
@@ -223,6 +228,6 @@ class Session:
         return {"session_id": self.id, "segments": [s.to_json() for s in self.segments],
                 "calls": [dataclasses.asdict(c) for c in self.calls], "num_calls": len(self.calls),
                 "num_segments": len(self.segments), "num_appended": sum(c.appended for c in self.calls),
-                "num_rewritten": sum(1 for c in self.calls[1:] if not c.appended),
+                "num_rewritten": self.num_rewritten,
                 "num_incremental": sum(c.incremental for c in self.calls), "closed": self.closed,
                 "metadata": self.metadata}

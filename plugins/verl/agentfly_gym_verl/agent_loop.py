@@ -127,6 +127,40 @@ def _extra_fields(**values: Any) -> dict[str, Any]:
     return out
 
 
+def response_logprobs(lps: list[float], mask: list[int], want: bool) -> list[float] | None:
+    """A row's ``response_logprobs`` (None unless ``want``): 0.0 at mask-0 ids, and at sampled ids whose logprob
+    the server did not report (None or NaN; counted in a warning)."""
+    if not want:
+        return None
+    out, missing = [], 0
+    for x, m in zip(lps, mask):
+        if m == 0:
+            out.append(0.0)
+        elif x is None or math.isnan(x):
+            out.append(0.0)
+            missing += 1
+        else:
+            out.append(float(x))
+    if missing:
+        log.warning("server returned no logprobs for %d sampled tokens although logprobs were requested; "
+                    "0.0 stored", missing)
+    return out
+
+
+def end_on_sampled(ids: list[int], mask: list[int], lps: list[float], eot_token_id: int) -> None:
+    """Drop the trailing mask-0 ids in place, so that the reward verl puts on the last token sits on a sampled one
+    (see the module docstring); a response with no sampled id becomes the one mask-0 ``eot_token_id`` verl needs
+    (>= 1 response token; it trains nothing either way)."""
+    while mask and mask[-1] == 0:
+        ids.pop()
+        mask.pop()
+        lps.pop()
+    if not ids:
+        ids.append(int(eot_token_id))
+        mask.append(0)
+        lps.append(0.0)
+
+
 def _as_dict(value: Any, what: str) -> dict[str, Any]:
     """A mapping, a JSON object string, None or a 0-d numpy object array -> dict."""
     if hasattr(value, "item") and getattr(value, "shape", None) == ():
@@ -403,38 +437,10 @@ class AgentFlyAgentLoop(AgentLoopBase):
 
     # ------------------------------------------------------------------ outputs
     def _logprobs(self, lps: list[float], mask: list[int], want: bool) -> list[float] | None:
-        if not want:
-            return None
-        out, missing = [], 0
-        for x, m in zip(lps, mask):
-            if m == 0:
-                out.append(0.0)
-            elif x is None or math.isnan(x):
-                out.append(0.0)
-                missing += 1
-            else:
-                out.append(float(x))
-        if missing:
-            log.warning("server returned no logprobs for %d sampled tokens although logprobs were requested; "
-                        "0.0 stored", missing)
-        return out
+        return response_logprobs(lps, mask, want)
 
     def _end_on_sampled(self, ids: list[int], mask: list[int], lps: list[float]) -> None:
-        """Drop the trailing mask-0 ids, so that the reward verl puts on the last token sits on a
-        sampled one (see the module docstring); a response with no sampled id becomes the one
-        mask-0 end-of-turn id verl needs (it trains nothing either way)."""
-        while mask and mask[-1] == 0:
-            ids.pop()
-            mask.pop()
-            lps.pop()
-        self._pad_empty(ids, mask, lps)
-
-    def _pad_empty(self, ids: list[int], mask: list[int], lps: list[float]) -> None:
-        """verl needs >= 1 response token (its reward goes on the last one): add a mask-0 end-of-turn id."""
-        if not ids:
-            ids.append(int(chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs).eot_token_id))
-            mask.append(0)
-            lps.append(0.0)
+        end_on_sampled(ids, mask, lps, chat_tokenizer(self.tokenizer, self.apply_chat_template_kwargs).eot_token_id)
 
     def _common_fields(self, traj: Trajectory, policy: VerlServerPolicy, row: dict[str, Any]) -> dict[str, Any]:
         return dict(trajectory_id=traj.trajectory_id, group_id=traj.group_id, env_id=traj.env_id,

@@ -12,7 +12,6 @@ rollout without any segment (its agent failed before its first call) is one row 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +19,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 
 from agentfly_gym.gateway.rows import segment_rows
 
-from .agent_loop import _extra_fields
+from .agent_loop import _extra_fields, end_on_sampled, response_logprobs
 
 __all__ = ["gateway_outputs"]
 
@@ -44,12 +43,8 @@ def gateway_outputs(rollouts: Sequence[Any], *, eot_token_id: int, response_leng
         prompt = list(traj.prompt_ids[-prompt_length:]) or [int(eot_token_id)]
         ids = list(traj.response_ids[:response_length])
         mask = list(traj.response_mask[:response_length])
-        lps = [0.0 if (not m or math.isnan(x)) else float(x)
-               for x, m in zip(traj.response_logprobs[:response_length], mask)]
-        while mask and not mask[-1]:
-            ids.pop(), mask.pop(), lps.pop()
-        if not ids:
-            ids, mask, lps = [int(eot_token_id)], [0], [0.0]
+        lps = list(traj.response_logprobs[:response_length])
+        end_on_sampled(ids, mask, lps, eot_token_id)
         step = int(traj.trajectory_id.rpartition("/")[2]) if "/" in traj.trajectory_id else 0
         status = traj.status or ("error" if traj.error else "complete")
         if sum(traj.response_mask[response_length:]) and status in ("complete", "truncated"):
@@ -68,7 +63,7 @@ def gateway_outputs(rollouts: Sequence[Any], *, eot_token_id: int, response_leng
             turns += m and not prev
             prev = m
         outs.append(AgentLoopOutput(prompt_ids=prompt, response_ids=ids, response_mask=mask,
-                                    response_logprobs=lps if want_logprobs else None,
+                                    response_logprobs=response_logprobs(lps, mask, want_logprobs),
                                     reward_score=float(traj.reward), num_turns=max(1, 2 * turns),
                                     metrics=AgentLoopMetrics(), extra_fields=extra))
     return outs
