@@ -133,3 +133,23 @@ def test_an_unknown_session_compares_the_key_as_a_known_one_does(qwen_chat, monk
     assert len(seen) == 2
     assert seen[0] == seen[1] == len(s.api_key)
     assert gw.session_for(s.id, s.api_key) is s
+
+
+async def test_a_call_cancelled_while_waiting_for_its_session_keeps_no_turn(qwen_chat):
+    """A call counts a turn, then waits for the session's lock (another call of the session runs): cancelled
+    there, it must give the turn back (it kept it for good, so the session hit its turn limit early)."""
+    import asyncio
+
+    gw = Gateway(ScriptedPolicy(qwen_chat, lambda prompt: "ok"), qwen_chat)
+    s = gw.open_session(max_turns=1)
+    await s.lock.acquire()  # as a running call of the session holds it
+    waiting = asyncio.ensure_future(gw.complete({"messages": MSGS}, s))
+    for _ in range(50):  # until the call has counted its turn and waits on the lock
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    s.lock.release()
+    reply = await gw.complete({"messages": MSGS}, s)  # the one turn is still there
+    assert reply["choices"][0]["message"]["content"] == "ok"

@@ -193,7 +193,11 @@ class Gateway:
         t0 = time.monotonic()
         if session is not None:
             session.take_turn()
-            await session.lock.acquire()
+            try:
+                await session.lock.acquire()
+            except BaseException:  # cancelled while another call of the session runs: the turn was not used
+                session.release_turn()
+                raise
         try:
             try:
                 # rendering and tokenizing a body of megabytes takes seconds: off the event loop, so one agent's
