@@ -599,3 +599,20 @@ async def test_cancelled_starts_leave_no_folder_or_cgroup(tmp_path, monkeypatch)
     assert left == [], left
     cgroups = [d for b in boxes for d in glob.glob(f"/sys/fs/cgroup/**/agentfly-gym/{b.name}", recursive=True)]
     assert cgroups == [], cgroups
+
+
+async def test_gc_under_another_root_leaves_a_live_idle_sandbox_its_cgroup(make_box, tmp_path):
+    """An idle sandbox's cgroup is empty between execs; a reap of another sandbox root (another
+    user, another test worker) once removed it as a stray, and the next exec failed to join it."""
+    box = await make_box()
+    if not box._cgroups:
+        pytest.skip("no cgroup limits here (rlimit mode)")
+    before = _sandbox_cgroups(box.name)
+    assert before
+    other_root = tmp_path / "other-root"
+    other_root.mkdir()
+    assert reap_sandbox_orphans(root=other_root) == []
+    assert _sandbox_cgroups(box.name) == before
+    r = await box.exec("echo still-here")
+    assert r.ok, r.output
+    assert r.output == "still-here\n"

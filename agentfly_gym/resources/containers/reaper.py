@@ -121,17 +121,17 @@ def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLi
     Args:
         manager_id: reap every sandbox labelled with this manager id (do not pass a live
             manager's id); ``None`` reaps those whose owner is dead (:func:`owner_dead`), folders
-            left without a marker by a start that died (after 10 minutes), and empty cgroups
-            whose folder is gone.
+            left without a marker by a start that died (after 10 minutes), with their cgroups.
         root: the sandbox root (default :func:`sandbox_root`).
         older_than: only sandboxes created at least this many seconds ago.
         dry_run: list what would be removed without removing anything.
 
     Returns:
-        The names (``sbx-<hex>``) of the sandboxes removed.  Empty ``agentfly-gym`` cgroups
-        whose sandbox folder is gone are removed too.
+        The names (``sbx-<hex>``) of the sandboxes removed.  An ``agentfly-gym`` cgroup whose
+        folder is gone is left alone: it may belong to a live sandbox under another root (an idle
+        sandbox's cgroup is empty between execs), which removing it would break.
     """
-    from .sandbox.cgroups import CGROUP_FS, CGROUP_PARENT, cgroup1_dir, cgroup_pids, kill_cgroups, remove_cgroups
+    from .sandbox.cgroups import CGROUP_PARENT, instance_cgroups, kill_cgroups, remove_cgroups
     from .sandbox.container import MARKER_NAME, sandbox_root
     from .sandbox.volume import unmount_under
 
@@ -151,6 +151,7 @@ def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLi
                     reaped.append(d.name)
                     if dry_run:
                         continue
+                    remove_cgroups(instance_cgroups(d.name))
                     unmount_under(d)
                     shutil.rmtree(d, ignore_errors=True)
                 continue
@@ -165,25 +166,13 @@ def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLi
                 reaped.append(d.name)
                 continue
             cgroups = [c for c in marker.get("cgroups", []) if CGROUP_PARENT in c]
+            cgroups += [c for c in instance_cgroups(d.name) if c not in cgroups]
             kill_cgroups(cgroups)
             _kill_host_user(marker.get("host_uid"))
             remove_cgroups(cgroups)
             unmount_under(d)
             shutil.rmtree(d, ignore_errors=True)
             reaped.append(d.name)
-    if dry_run or manager_id is not None:
-        return reaped
-    # stray cgroups of sandboxes whose folder is gone (only empty ones: they may belong to another root)
-    parents = [CGROUP_FS / CGROUP_PARENT] + [b / CGROUP_PARENT for b in
-                                              (cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
-    for parent in parents:
-        if not parent.is_dir():
-            continue
-        for cg in parent.iterdir():
-            if cg.is_dir() and cg.name.startswith("sbx-") and not (base / cg.name).exists() \
-                    and not cgroup_pids([str(cg)]):
-                with contextlib.suppress(OSError):
-                    os.rmdir(cg)
     return reaped
 
 

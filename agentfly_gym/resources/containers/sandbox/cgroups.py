@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CGROUP_FS", "CGROUP_PARENT", "LIMIT_MODES", "SANDBOX_LIMITS_ENV", "cgroup1_dir", "cgroup_pids",
-    "detect_limit_mode", "kill_cgroups", "make_cgroups", "remove_cgroups",
+    "detect_limit_mode", "instance_cgroups", "kill_cgroups", "make_cgroups", "remove_cgroups",
 ]
 
 SANDBOX_LIMITS_ENV = "AGENTFLY_GYM_SANDBOX_LIMITS"
@@ -85,6 +85,17 @@ def detect_limit_mode() -> str:
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
+
+
+def instance_cgroups(name: str) -> list[str]:
+    """The existing cgroup folders of the instance ``name`` (``sbx-<hex>``), in every hierarchy.
+
+    Found by name, so a start that died between :func:`make_cgroups` and writing its marker
+    leaves nothing that the reaper misses.
+    """
+    parents = [CGROUP_FS / CGROUP_PARENT] + [b / CGROUP_PARENT for b in
+                                              (cgroup1_dir(c) for c in ("memory", "pids", "cpu")) if b is not None]
+    return [str(p / name) for p in parents if (p / name).is_dir()]
 
 
 def cgroup_pids(dirs: list[str]) -> set[int]:
