@@ -171,8 +171,9 @@ class DockerContainer(DockerFiles, ContainerResource):
         spec = self.spec
         self._death_reason = None
         self._upper_dir = None
+        image_id: str | None = None
         try:
-            api.inspect_image(spec.image)
+            image_id = api.inspect_image(spec.image).get("Id")
         except docker.errors.ImageNotFound:
             if spec.image.startswith("agentfly/"):
                 raise ResourceStartError(
@@ -268,14 +269,21 @@ class DockerContainer(DockerFiles, ContainerResource):
         except docker.errors.APIError as e:
             raise ResourceStartError(f"starting a container of {spec.image!r} failed: {e.explanation or e}") from e
         self.published_ports = read_published_ports(api, cid, spec.ports)
-        res = self._exec_sync(["/bin/sh", "-c", _SETUP, "sh"], timeout=120, workdir="/",
-                              env={"AFG_USER": spec.user} if spec.user else None, user="root",
-                              max_output=10_000, use_timeout=False)
-        if res.exit_code != 0 or "setup-ok" not in res.output:
-            raise ResourceStartError(
-                f"{self.id}: setting up the container of {spec.image!r} failed (exit {res.exit_code}); "
-                f"the image needs /bin/sh, cp and timeout: {res.output[-2000:]}")
-        info = dict(line.split("=", 1) for line in res.output.splitlines() if "=" in line)
+        # what the setup script learns depends only on the image and the user: asked once per pair (an exec
+        # round trip per start saved), and again for an image that was not inspected
+        setup_key = (image_id, spec.user) if image_id else None
+        info = engine.image_facts.get(setup_key) if setup_key else None
+        if info is None:
+            res = self._exec_sync(["/bin/sh", "-c", _SETUP, "sh"], timeout=120, workdir="/",
+                                  env={"AFG_USER": spec.user} if spec.user else None, user="root",
+                                  max_output=10_000, use_timeout=False)
+            if res.exit_code != 0 or "setup-ok" not in res.output:
+                raise ResourceStartError(
+                    f"{self.id}: setting up the container of {spec.image!r} failed (exit {res.exit_code}); "
+                    f"the image needs /bin/sh, cp and timeout: {res.output[-2000:]}")
+            info = dict(line.split("=", 1) for line in res.output.splitlines() if "=" in line)
+            if setup_key and ("uid" in info or not spec.user):
+                engine.image_facts[setup_key] = info
         self._has_timeout = info.get("timeout") == "1"
         if "uid" in info:
             try:
@@ -294,9 +302,21 @@ class DockerContainer(DockerFiles, ContainerResource):
             cid, self.container_id = self.container_id, None
             self._fresh = False
             self.published_ports = {}
-        if cid is not None:
+        if cid is None:
+            self._start_sync()
+            return
+        if self.spec.ports:  # fixed host ports: the old container holds them until it is gone
             self._remove_sync(cid)
-        self._start_sync()
+            self._start_sync()
+            return
+        # the old container is removed while the fresh one is made (the two engine calls overlap instead of
+        # adding up); the replacement returns once both are done, so the instance still counts one container
+        removal = threading.Thread(target=self._remove_sync, args=(cid,), name="afg-docker-remove", daemon=True)
+        removal.start()
+        try:
+            self._start_sync()
+        finally:
+            removal.join()
 
     async def park(self) -> None:
         """The pool keeps this instance idle: end the episode's processes now, get a fresh container ready.

@@ -17,7 +17,12 @@ from ....errors import ResourceUnavailable
 if TYPE_CHECKING:
     from .watchdog import DiskWatchdog
 
-__all__ = ["DockerEngine", "docker_available", "docker_module"]
+__all__ = ["DockerEngine", "ENGINE_THREADS", "docker_available", "docker_module"]
+
+#: Threads (and pooled connections) for blocking engine calls.  An exec holds one for the whole command, so
+#: with 64 (the former size) 64 rollouts running long commands made every container start, removal and
+#: file copy wait for one of them to end; threads are started only as calls need them.
+ENGINE_THREADS = 512
 
 _probe: bool | None = None  # whether an engine answered this process's last probe (None: not probed yet)
 
@@ -38,8 +43,8 @@ def docker_module():
 class DockerEngine:
     """One resource manager's access to the Docker engine (its ``services.get(DockerEngine)``).
 
-    Holds, each made on first use: the docker-py client (64 pooled connections), the thread pool every
-    blocking docker-py call runs on (64 threads), the disk watchdog (:class:`.watchdog.DiskWatchdog`), and
+    Holds, each made on first use: the docker-py client (:data:`ENGINE_THREADS` pooled connections), the thread
+    pool every blocking docker-py call runs on (as many threads, started as needed), the disk watchdog (:class:`.watchdog.DiskWatchdog`), and
     what was learnt about the engine (whether it accepts ``storage_opt size``, whether a writable layer can
     be loop-mounted here).  :meth:`close` (the manager's ``aclose``/``close``, after its instances are
     gone) stops the threads and closes the client.
@@ -51,6 +56,8 @@ class DockerEngine:
     Attributes:
         storage_opt_ok: whether the engine accepts ``storage_opt size`` (None: not tried yet).
         layer_volume_ok: whether a container's writable layer can be loop-mounted here (None: not tried yet).
+        image_facts: (image id, user) -> what a container's setup script found in that image (whether it has
+            ``timeout``; the user's uid and gid), so that later containers of the image skip the script.
     """
 
     def __init__(self) -> None:
@@ -60,6 +67,7 @@ class DockerEngine:
         self._watchdog: DiskWatchdog | None = None
         self.storage_opt_ok: bool | None = None
         self.layer_volume_ok: bool | None = None
+        self.image_facts: dict[tuple[str, str | None], dict[str, str]] = {}
 
     def client(self) -> Any:
         """The docker-py client (made on first use).
@@ -71,7 +79,7 @@ class DockerEngine:
             if self._client is None:
                 docker = docker_module()
                 try:
-                    self._client = docker.from_env(timeout=120, max_pool_size=64)
+                    self._client = docker.from_env(timeout=120, max_pool_size=ENGINE_THREADS)
                 except docker.errors.DockerException as e:
                     raise ResourceUnavailable(f"no Docker engine configured here: {e}") from e
             return self._client
@@ -80,7 +88,7 @@ class DockerEngine:
         """The thread pool for blocking engine calls (made on first use)."""
         with self._lock:
             if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="afg-docker")
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=ENGINE_THREADS, thread_name_prefix="afg-docker")
             return self._pool
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -22,9 +22,11 @@ BYTES_PER_INODE = 8192
 ``N // BYTES_PER_INODE`` files, folders and symlinks (8192 for 64 MiB, 1.3 million for 10 GB)."""
 
 
-def make_ext4(img: Path, size: int, *, root_owner: tuple[int, int] = (0, 0), timeout: float = 120) -> None:
+def make_ext4(img: Path, size: int, *, root_owner: tuple[int, int] = (0, 0), timeout: float = 120,
+              source: Path | None = None) -> None:
     """Make ``img`` (created, must not exist) a sparse ext4 file system of ``size`` bytes with one inode per
-    :data:`BYTES_PER_INODE` bytes, no journal and no reserved blocks.
+    :data:`BYTES_PER_INODE` bytes, no journal and no reserved blocks; with ``source``, holding a copy of that
+    folder's tree (``mke2fs -d``: owners, modes, device nodes and extended attributes kept).
 
     Raises:
         FileNotFoundError: no ``mkfs.ext4`` / ``mke2fs`` here.
@@ -37,7 +39,8 @@ def make_ext4(img: Path, size: int, *, root_owner: tuple[int, int] = (0, 0), tim
         f.truncate(size)
     uid, gid = root_owner
     subprocess.run([mkfs, "-q", "-F", "-t", "ext4", "-m", "0", "-O", "^has_journal", "-i", str(BYTES_PER_INODE),
-                    "-E", f"lazy_itable_init=1,root_owner={uid}:{gid}", str(img)],
+                    "-E", f"lazy_itable_init=1,root_owner={uid}:{gid}", *(["-d", str(source)] if source else []),
+                    str(img)],
                    check=True, capture_output=True, text=True, timeout=timeout)
 
 
