@@ -56,6 +56,9 @@ PEERS: dict[str, dict[str, Any]] = {
                   "api": "skyrl_gym BaseTextEnv per trajectory, asyncio tasks, env.step in a thread pool"},
 }
 PROFILES = {"container": "r2e", "light": "alfworld"}
+#: agentfly-gym's systems (one driver, drive_ours.py) -> the driver's variant: "ours" as the library ships
+#: (the summary's ratio is of it), "ours-nolimits" without the disk volume, to measure what the limit costs
+OURS = {"ours": None, "ours-nolimits": "nolimits"}
 MAX_N_WHY = {"verifiers": "each rollout prepares its chat program (a uv script) and starts its MCP tool server in its "
                           "own processes: ~1-3 min per rollout measured at n = 4 on this shared 2-core machine, so "
                           "n = 64 / 256 (128 / 512 rollouts) would take hours and starve the other systems' runs"}
@@ -161,9 +164,12 @@ def run_driver(system: str, py: Path, args: dict[str, Any], timeout: float,
                kill_after_s: float | None = None) -> dict[str, Any]:
     """Run one driver; its RESULT plus peak tree RSS, containers created, and (``kill_after_s``) what is left
     after the run's containers were killed mid-episode."""
-    cmd = [str(py), str(HERE / f"drive_{system.replace('-', '_')}.py"), json.dumps(args)]
+    driver = "ours" if system in OURS else system.replace("-", "_")
+    if system in OURS:
+        args = {**args, "variant": OURS[system]}
+    cmd = [str(py), str(HERE / f"drive_{driver}.py"), json.dumps(args)]
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    if system != "ours":
+    if system not in OURS:
         env["PYTHONPATH"] = ""
     env.update(_uv_env())
     t_start = time.time()
@@ -318,8 +324,13 @@ def main() -> int:
                      "trajectories_per_run": "2 n (two batches of n in flight)",
                      "nemo_gym": "not run: NeMo Gym needs Python >= 3.12; this machine has Python 3.11",
                      "systems": {}, "runs": {}, "summary": {}, "kill_mid_episode": {}})
-    pys: dict[str, Path] = {"ours": Path(sys.executable)}
+    pys: dict[str, Path] = {s: Path(sys.executable) for s in OURS}
     for s in systems:
+        if s == "ours-nolimits":
+            res.data["systems"][s] = {"version": version_of(pys[s], "agentfly-gym"),
+                                      "api": "as ours, its containers without the disk limit's volume (the "
+                                             "peers' containers have none): what the limit costs"}
+            continue
         if s == "ours":
             res.data["systems"]["ours"] = {"version": version_of(pys["ours"], "agentfly-gym"),
                                            "api": "ToolEnv + run_chain_episode + OpenAITokenPolicy, one "
@@ -385,7 +396,7 @@ def main() -> int:
 def summarize(row: dict[str, Any]) -> dict[str, Any]:
     """One (workload, n)'s summary: each system's trajectories/s and ours over the best peer's."""
     tps = {s: r.get("trajectories_per_s") for s, r in row.items()}
-    best_peer = max((v or 0.0 for s, v in tps.items() if s != "ours"), default=0.0)
+    best_peer = max((v or 0.0 for s, v in tps.items() if s not in OURS), default=0.0)
     return {"trajectories_per_s": tps,
             "ours_over_best_peer": (tps.get("ours") or 0.0) / best_peer if best_peer else None}
 
