@@ -9,6 +9,7 @@ covered by parsing answers in the shape vLLM documents (``return_token_ids``,
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import os
@@ -177,3 +178,53 @@ def test_parse_completion_choice_vllm_shapes():
         parse_completion_choice({"text": "hi", "logprobs": {"tokens": ["h", "i"]}})
     with pytest.raises(PolicyError, match="logprobs"):
         parse_completion_choice({"token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]}})
+
+
+class _Gathering(http.server.BaseHTTPRequestHandler):
+    """Answers once ``barrier.parties`` requests are in the server at the same time."""
+
+    barrier: threading.Barrier
+    protocol_version = "HTTP/1.1"  # keep-alive, as the client pools its connections
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        try:
+            _Gathering.barrier.wait()
+            code, body = 200, {"choices": [{"message": {"content": "together"}}]}
+        except threading.BrokenBarrierError:
+            code, body = 400, {"error": "the requests did not all arrive together"}
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+async def test_model_api_has_max_instances_requests_in_flight_past_httpx_default_pool():
+    """150 requests allowed in flight reach the server together (one httpx client's default pool holds 100
+    connections and queued the rest; the resource spreads them over several clients)."""
+    n = 150
+    _Gathering.barrier = threading.Barrier(n, timeout=30)
+
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = 512
+        daemon_threads = True
+
+    srv = Server(("127.0.0.1", 0), _Gathering)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        spec = ModelAPISpec(base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", model="m", max_instances=n,
+                            max_retries=0, request_timeout=60)
+        async with ResourceManager() as m:
+            api = await m.acquire_global(spec)
+            replies = await asyncio.gather(*(api.chat([{"role": "user", "content": str(i)}]) for i in range(n)))
+            assert replies == ["together"] * n
+    finally:
+        _Gathering.barrier.abort()
+        srv.shutdown()
+        srv.server_close()
