@@ -32,14 +32,22 @@ SHORT_TASK = "find-non-living-thing:0"  # gold path of 5 steps
 GOLD_PATHS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "scienceworld_gold_paths.json"
 
 
+_OTHERS: set[int] = set()  # JVMs of this worker that were up when the running test started
+
+
 def _scienceworld_jvms() -> list[int]:
-    """PIDs of ScienceWorld JVMs (zombies included) whose parent is this test process."""
-    return sorted(live_processes(["scienceworld.jar", "java"], children_of=os.getpid(), zombies=True))
+    """PIDs of ScienceWorld JVMs (zombies included) whose parent is this test process, started by the running
+    test (those up when it started are not counted)."""
+    return sorted(set(live_processes(["scienceworld.jar", "java"], children_of=os.getpid(), zombies=True)) - _OTHERS)
 
 
 @pytest.fixture(autouse=True)
 def no_leaked_jvm():
-    assert _scienceworld_jvms() == [], "a ScienceWorld JVM was already running before the test"
+    # another module's test on this worker may keep a simulator idle for reuse in a manager that outlives it (a
+    # default manager, up to its idle time): in a random order it was up here and failed three tests' set-up; it
+    # is not this test's, so it is left out of the count instead
+    _OTHERS.clear()
+    _OTHERS.update(live_processes(["scienceworld.jar", "java"], children_of=os.getpid(), zombies=True))
     yield
     deadline = time.monotonic() + 10
     while _scienceworld_jvms() and time.monotonic() < deadline:
