@@ -14,10 +14,11 @@ import http.server
 import json
 import os
 import threading
+import time
 
 import pytest
 
-from agentfly_gym.errors import PolicyError, ResourceStartError
+from agentfly_gym.errors import PolicyError, ResourceDied, ResourceStartError
 from agentfly_gym.resources import ModelAPISpec, ModelServiceSpec, ResourceManager, ResourceStatus
 from agentfly_gym.resources.backends.model_api import APIError
 from agentfly_gym.rewards import LLMJudge, parse_score, resourced
@@ -226,5 +227,43 @@ async def test_model_api_has_max_instances_requests_in_flight_past_httpx_default
             assert replies == ["together"] * n
     finally:
         _Gathering.barrier.abort()
+        srv.shutdown()
+        srv.server_close()
+
+
+class _Slow(http.server.BaseHTTPRequestHandler):
+    """Answers after 5 s."""
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        time.sleep(5)
+        data = b'{"choices": [{"message": {"content": "late"}}]}'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+async def test_model_api_released_mid_request_ends_its_requests_as_resource_died():
+    """Requests in flight when the resource is released end as ResourceDied at once (they were an APIError with an
+    empty 'ReadError' detail, or a retry after the backoff)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        spec = ModelAPISpec(base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", model="m", max_instances=4,
+                            max_retries=0)
+        async with ResourceManager() as m:
+            api = await m.acquire_global(spec)
+            calls = [asyncio.ensure_future(api.chat([{"role": "user", "content": "hi"}])) for _ in range(4)]
+            await asyncio.sleep(0.5)
+            await api.adestroy()
+            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 3)
+            assert all(isinstance(r, ResourceDied) for r in results), results
+    finally:
         srv.shutdown()
         srv.server_close()

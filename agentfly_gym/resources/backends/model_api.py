@@ -97,6 +97,8 @@ class ModelAPIResource(Resource):
                 try:
                     r = await self._post_once(path.lstrip("/"), payload)
                 except httpx.TransportError as e:
+                    if not self._clients:  # released while the request was in flight: its client was closed
+                        raise ResourceDied(f"{self.id} was released") from e
                     status, detail, retry_after = 0, f"{type(e).__name__}: {e}", None
                 else:
                     if r.status_code < 400:
