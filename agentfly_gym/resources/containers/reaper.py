@@ -148,12 +148,14 @@ def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLi
             except (OSError, ValueError):
                 # a folder whose start died before the marker was written; reap when old
                 if manager_id is None and time.time() - d.stat().st_mtime > max(600, older_than):
-                    reaped.append(d.name)
                     if dry_run:
+                        reaped.append(d.name)
                         continue
-                    remove_cgroups(instance_cgroups(d.name))
+                    if not remove_cgroups(instance_cgroups(d.name)):
+                        continue  # still busy: the folder stays, found again by name by the next gc
                     unmount_under(d)
                     shutil.rmtree(d, ignore_errors=True)
+                    reaped.append(d.name)
                 continue
             if manager_id is not None:
                 if marker.get("labels", {}).get("agentfly.manager") != manager_id:
@@ -169,7 +171,9 @@ def reap_sandbox_orphans(manager_id: str | None = None, *, root: str | os.PathLi
             cgroups += [c for c in instance_cgroups(d.name) if c not in cgroups]
             kill_cgroups(cgroups)
             _kill_host_user(marker.get("host_uid"))
-            remove_cgroups(cgroups)
+            if not remove_cgroups(cgroups):  # still busy: the folder and its marker stay for the next gc
+                log.warning("sandbox %s: a cgroup is still busy; left for the next gc", d.name)
+                continue
             unmount_under(d)
             shutil.rmtree(d, ignore_errors=True)
             reaped.append(d.name)

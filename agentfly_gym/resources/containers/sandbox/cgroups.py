@@ -124,9 +124,11 @@ def kill_cgroups(dirs: list[str], *, tries: int = 50) -> bool:
     return not cgroup_pids(dirs)
 
 
-def remove_cgroups(dirs: list[str]) -> None:
+def remove_cgroups(dirs: list[str]) -> bool:
+    """Kill the processes of the cgroups ``dirs`` and remove them; True when every one is gone (False: one was
+    still busy after about a second, e.g. a process stuck in I/O; the caller keeps what finds it again)."""
     if not dirs:
-        return
+        return True
     kill_cgroups(dirs)
     for d in dirs:
         for _ in range(50):
@@ -137,6 +139,7 @@ def remove_cgroups(dirs: list[str]) -> None:
                 break
             except OSError:  # EBUSY while the last killed process is reaped
                 time.sleep(0.02)
+    return not any(os.path.isdir(d) for d in dirs)
 
 
 def make_cgroups(mode: str, name: str, spec: ContainerSpec) -> tuple[list[str], dict[str, bool]]:

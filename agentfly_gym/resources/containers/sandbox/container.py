@@ -432,11 +432,21 @@ class SandboxContainer(SandboxFiles, SandboxMounts, ContainerResource):
 
     def _teardown(self) -> None:
         self._kill_all()
-        remove_cgroups(self._cgroups)
+        cgroups_gone = remove_cgroups(self._cgroups)
         self._cgroups = []
         if self.dir is not None:
             unmount_under(self.dir)
-            shutil.rmtree(self.dir, ignore_errors=True)
+            if cgroups_gone:
+                shutil.rmtree(self.dir, ignore_errors=True)
+            else:  # the marker stays, naming the cgroups: `agentfly-gym gc` removes them once this process is gone
+                log.warning("sandbox %s: a cgroup is still busy; its marker is kept for gc", self.name)
+                for p in self.dir.iterdir():
+                    if p.name != MARKER_NAME:
+                        if p.is_dir() and not p.is_symlink():
+                            shutil.rmtree(p, ignore_errors=True)
+                        else:
+                            with contextlib.suppress(OSError):
+                                p.unlink()
 
     def _check_alive(self) -> None:
         if self._released:
