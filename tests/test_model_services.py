@@ -10,6 +10,7 @@ covered by parsing answers in the shape vLLM documents (``return_token_ids``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import os
@@ -181,6 +182,33 @@ def test_parse_completion_choice_vllm_shapes():
         parse_completion_choice({"token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]}})
 
 
+def _answer(handler: http.server.BaseHTTPRequestHandler, code: int, data: bytes) -> None:
+    """Send ``data`` as a JSON answer with its length (the connection can stay open)."""
+    handler.send_response(code)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+@contextlib.contextmanager
+def _serving(handler: type[http.server.BaseHTTPRequestHandler]):
+    """A threading HTTP server of ``handler`` on a free loopback port (a deep accept queue, daemon threads);
+    yields its ``/v1`` base URL."""
+
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = 512
+        daemon_threads = True
+
+    srv = Server(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 class _Gathering(http.server.BaseHTTPRequestHandler):
     """Answers once ``barrier.parties`` requests are in the server at the same time."""
 
@@ -194,12 +222,7 @@ class _Gathering(http.server.BaseHTTPRequestHandler):
             code, body = 200, {"choices": [{"message": {"content": "together"}}]}
         except threading.BrokenBarrierError:
             code, body = 400, {"error": "the requests did not all arrive together"}
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        _answer(self, code, json.dumps(body).encode())
 
     def log_message(self, *a):
         pass
@@ -210,25 +233,15 @@ async def test_model_api_has_max_instances_requests_in_flight_past_httpx_default
     connections and queued the rest; the resource spreads them over several clients)."""
     n = 150
     _Gathering.barrier = threading.Barrier(n, timeout=30)
-
-    class Server(http.server.ThreadingHTTPServer):
-        request_queue_size = 512
-        daemon_threads = True
-
-    srv = Server(("127.0.0.1", 0), _Gathering)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        spec = ModelAPISpec(base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", model="m", max_instances=n,
-                            max_retries=0, request_timeout=60)
-        async with ResourceManager() as m:
-            api = await m.acquire_global(spec)
-            replies = await asyncio.gather(*(api.chat([{"role": "user", "content": str(i)}]) for i in range(n)))
-            assert replies == ["together"] * n
-    finally:
-        _Gathering.barrier.abort()
-        srv.shutdown()
-        srv.server_close()
+    with _serving(_Gathering) as url:
+        spec = ModelAPISpec(base_url=url, model="m", max_instances=n, max_retries=0, request_timeout=60)
+        try:
+            async with ResourceManager() as m:
+                api = await m.acquire_global(spec)
+                replies = await asyncio.gather(*(api.chat([{"role": "user", "content": str(i)}]) for i in range(n)))
+                assert replies == ["together"] * n
+        finally:
+            _Gathering.barrier.abort()  # handler threads still waiting (a failed run) answer at once
 
 
 class _Slow(http.server.BaseHTTPRequestHandler):
@@ -237,12 +250,7 @@ class _Slow(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         self.rfile.read(int(self.headers.get("content-length", 0)))
         time.sleep(5)
-        data = b'{"choices": [{"message": {"content": "late"}}]}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        _answer(self, 200, b'{"choices": [{"message": {"content": "late"}}]}')
 
     def log_message(self, *a):
         pass
@@ -251,12 +259,8 @@ class _Slow(http.server.BaseHTTPRequestHandler):
 async def test_model_api_released_mid_request_ends_its_requests_as_resource_died():
     """Requests in flight when the resource is released end as ResourceDied at once (they were an APIError with an
     empty 'ReadError' detail, or a retry after the backoff)."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        spec = ModelAPISpec(base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", model="m", max_instances=4,
-                            max_retries=0)
+    with _serving(_Slow) as url:
+        spec = ModelAPISpec(base_url=url, model="m", max_instances=4, max_retries=0)
         async with ResourceManager() as m:
             api = await m.acquire_global(spec)
             calls = [asyncio.ensure_future(api.chat([{"role": "user", "content": "hi"}])) for _ in range(4)]
@@ -264,6 +268,3 @@ async def test_model_api_released_mid_request_ends_its_requests_as_resource_died
             await api.adestroy()
             results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 3)
             assert all(isinstance(r, ResourceDied) for r in results), results
-    finally:
-        srv.shutdown()
-        srv.server_close()
