@@ -150,13 +150,26 @@ async def test_pool_cap_waiter_proceeds_after_release(base_image, manager):
     await second.aclose()
 
 
+def can_restart_in_place() -> bool:
+    """Root beside a local overlay2 engine: a container is made fresh by restarting it with its layer emptied."""
+    import docker
+
+    return os.geteuid() == 0 and docker.from_env().info().get("Driver") == "overlay2"
+
+
 @pytest.mark.slow
-async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(base_image, manager):
-    """reset() gives a fresh container (files anywhere, processes, /tmp); the pool parks an idle
-    instance, so the next acquisition waits for nothing like a start."""
+@pytest.mark.parametrize("in_place", [True, False], ids=["restarted-in-place", "replaced"])
+async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(base_image, manager, in_place):
+    """reset() gives a fresh container (files anywhere, processes, /tmp), whether the same container restarted with
+    its writable layer emptied (root beside a local overlay2 engine, as in CI) or a new one in its place; the pool
+    parks an idle instance, so the next acquisition waits for nothing like a start."""
+    if in_place and not can_restart_in_place():
+        pytest.skip("restarting in place needs root beside a local overlay2 engine")
     s = spec(base_image, max_instances=1)
     async with manager.scope("r") as scope:
         c = await scope.acquire(s)
+        if not in_place:
+            c.engine.restart_in_place_ok = False
         original = await c.get_file("/root/.bashrc")
         profile = await c.get_file("/root/.profile")
         r = await c.exec(
@@ -167,8 +180,9 @@ async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(b
         await c.put_files({"/home/agent/work/a.py": "print(1)\n"})
         assert any("sleep 1001" in p for p in await procs(c))
         first = c.container_id
-        await c.reset()  # not parked (still in use): replaced now
-        assert c.container_id != first
+        await c.reset()  # not parked (still in use): made fresh now
+        assert (c.container_id == first) is in_place
+        assert c.restarts_in_place == int(in_place)
         assert c.last_reset_time is not None
         assert await c.get_file("/root/.bashrc") == original
         assert await c.get_file("/root/.profile") == profile
@@ -189,7 +203,8 @@ async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(b
     assert c._park_future is not None
     assert c._park_future.exception() is None
     parked = c.container_id
-    assert parked != first  # replaced while parked, in the background
+    assert (parked == first) is in_place  # made fresh while parked, in the background
+    assert c.restarts_in_place == 2 * int(in_place)
     async with manager.scope("r2") as scope:
         t0 = time.monotonic()
         again = await scope.acquire(s)
@@ -199,6 +214,59 @@ async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(b
         assert c.container_id == parked and manager.metrics()[s.key]["started"] == 1, manager.metrics()[s.key]
         assert (await c.exec("test -e /root/used")).exit_code == 1
     print(f"\ndocker: start {start_time:.3f}s, reuse after parking {reuse_time:.3f}s")
+
+
+_STATE = ("ipcs; ls -A /dev /dev/shm /dev/mqueue /root /tmp; ls -ld /etc /usr/share/doc /usr/bin/ls; "
+          "df --output=used,iused /")
+_ENGINE_FILES = "cat /etc/hosts /etc/hostname /etc/resolv.conf"  # the container's address may change on a restart
+
+_EPISODE = r"""
+echo evil >> /etc/hosts; echo evil > /etc/hostname; echo 'nameserver 6.6.6.6' >> /etc/resolv.conf
+echo s > /dev/shm/x; echo d > /dev/planted; mkfifo /tmp/fifo; ipcmk -M 4096 >/dev/null; ipcmk -Q >/dev/null
+python3 -c "
+import os
+os.makedirs('/root/deep', exist_ok=True); os.chdir('/root/deep')
+for i in range(3000):
+    os.mkdir('d'); os.chdir('d')
+open('f', 'w').write('x')
+open('/root/n\x01\nodd name', 'w').write('y')
+os.symlink('/etc/passwd', '/root/link')
+"
+head -c 30000000 /dev/urandom > /root/big
+rm -rf /usr/share/doc; chmod 700 /etc; chown nobody /usr/bin/ls
+(setsid sleep 999 >/dev/null 2>&1 &); echo done"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["used", "stopped", "removed"])
+async def test_reset_in_place_leaves_nothing_of_a_hostile_episode(engine, base_image, manager, how):
+    """Whatever an episode writes (the engine's /etc files, /dev and /dev/shm, SysV IPC objects, a 3,000-deep tree,
+    odd names, a symbolic link out, 30 MB, a lower folder deleted, lower files' modes and owners) and leaves
+    running, reset() restores the state right after start; also when the container was stopped from outside
+    (restarted in place as well) or removed from outside (a new container in its place)."""
+    s = spec(base_image, max_instances=1, network=True)
+    async with manager.scope("h") as scope:
+        c = await scope.acquire(s)
+        before = (await c.exec(_STATE)).output
+        first = c.container_id
+        r = await c.exec(_EPISODE, timeout=120)
+        assert r.output.endswith("done\n"), r.output
+        assert (await c.exec(_STATE)).output != before
+        if how == "stopped":
+            engine.api.kill(first)
+        elif how == "removed":
+            engine.api.remove_container(first, force=True)
+        await c.reset()
+        in_place = can_restart_in_place() and how != "removed"
+        assert (c.container_id == first) is in_place
+        assert c.restarts_in_place == int(in_place)
+        assert (await c.exec(_STATE)).output == before
+        engine_files = (await c.exec(_ENGINE_FILES)).output
+        assert "evil" not in engine_files
+        assert "6.6.6.6" not in engine_files
+        live = await procs(c)
+        assert not any("sleep 999" in p for p in live), live
+        assert await c.status() == ResourceStatus.READY
 
 
 @pytest.mark.slow

@@ -54,8 +54,8 @@ class ContainerResource(Resource, abc.ABC):
 
     * every process started after ``start()`` (by ``exec`` or its children) is gone;
     * the whole writable file system is restored, whatever was written where (``/root``, ``/etc``,
-      ``/usr/local``, site-packages, ``/tmp``, the workdir): Docker replaces the container with a
-      fresh one of the same image; the sandbox, whose only writable places are its private state,
+      ``/usr/local``, site-packages, ``/tmp``, the workdir): Docker restarts the container with its
+      writable layer emptied, or replaces it with a fresh one of the same image; the sandbox, whose only writable places are its private state,
       restores that state from the snapshot taken at start.  Read-write ``spec.mounts`` are shared
       host folders and are not restored.
 

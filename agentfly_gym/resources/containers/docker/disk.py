@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..sandbox.volume import make_ext4
 
-__all__ = ["layer_dir", "mount_layer_volume"]
+__all__ = ["clear_upper_dir", "layer_dir", "mount_layer_volume", "overlay_paths"]
 
 log = logging.getLogger(__name__)
 
@@ -75,3 +75,34 @@ def mount_layer_volume(layer: Path, size: int) -> bool:
         return False
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # the image too: the loop device keeps it while mounted
+
+
+def overlay_paths(graph_driver: dict) -> tuple[str, str] | None:
+    """``(UpperDir, MergedDir)`` of a container whose overlay2 layer is on this host (root only, as the layer folders
+    are root's); ``graph_driver`` is ``inspect_container(...)["GraphDriver"]``; else ``None``."""
+    if os.geteuid() != 0 or (graph_driver or {}).get("Name") != "overlay2":
+        return None
+    data = graph_driver.get("Data") or {}
+    upper, merged = data.get("UpperDir"), data.get("MergedDir")
+    if not upper or not merged or not os.path.isdir(upper):
+        return None
+    return upper, merged
+
+
+def clear_upper_dir(upper: str) -> bool:
+    """Empty ``upper``, a stopped container's overlay upper folder (its writable layer: every file written, and
+    the whiteouts of every lower file deleted), so that its next start sees the image as it is.  ``rm`` handles
+    any depth and name the container made and follows no symbolic link; ``--one-file-system`` keeps it on the
+    layer's file system.  False when ``upper`` is not empty afterwards (logged)."""
+    try:
+        entries = [os.path.join(upper, e) for e in os.listdir(upper)]
+        if entries:
+            r = subprocess.run(["rm", "-rf", "--one-file-system", "--", *entries], capture_output=True, text=True,
+                               timeout=300, check=False)
+            if r.returncode != 0 or os.listdir(upper):
+                log.info("docker: emptying a container's writable layer failed: %s", r.stderr.strip()[-500:])
+                return False
+        return True
+    except (OSError, subprocess.SubprocessError) as e:
+        log.info("docker: emptying a container's writable layer failed: %s", e)
+        return False
