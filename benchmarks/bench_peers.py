@@ -56,9 +56,20 @@ PEERS: dict[str, dict[str, Any]] = {
                   "api": "skyrl_gym BaseTextEnv per trajectory, asyncio tasks, env.step in a thread pool"},
 }
 PROFILES = {"container": "r2e", "light": "alfworld"}
-#: agentfly-gym's systems (one driver, drive_ours.py) -> the driver's variant: "ours" as the library ships
-#: (the summary's ratio is of it), "ours-nolimits" without the disk volume, to measure what the limit costs
-OURS = {"ours": None, "ours-nolimits": "nolimits"}
+#: agentfly-gym's systems (one driver, drive_ours.py) -> the driver's variant: "ours" as the library ships, on
+#: Docker like the peers (the summary's ratio is of it), "ours-nolimits" without the disk volume, to measure what
+#: the limit costs, "ours-sandbox" on the library's daemon-less sandbox backend instead of Docker
+OURS = {"ours": None, "ours-nolimits": "nolimits", "ours-sandbox": "sandbox"}
+OURS_API = {
+    "ours": "ToolEnv + run_chain_episode + OpenAITokenPolicy, one ResourceManager, Docker container pool "
+            "max_instances = n (the library's default limits: 1 CPU, 1 GiB, 256 pids, a disk volume)",
+    "ours-nolimits": "as ours, its containers without the disk limit's volume (the peers' containers have none): "
+                     "what the limit costs",
+    "ours-sandbox": "as ours, the container on the library's daemon-less sandbox backend (bubblewrap over the "
+                    "same image's file system, a process tree per exec, the same limits) instead of Docker: what "
+                    "a user without a Docker engine (or choosing backend='sandbox') gets; the peers ship no "
+                    "container backend of their own",
+}
 MAX_N_WHY = {"verifiers": "each rollout prepares its chat program (a uv script) and starts its MCP tool server in its "
                           "own processes: ~1-3 min per rollout measured at n = 4 on this shared 2-core machine, so "
                           "n = 64 / 256 (128 / 512 rollouts) would take hours and starve the other systems' runs"}
@@ -151,13 +162,24 @@ def _containers(run_id: str, all_states: bool = True) -> int:
     return len(r.stdout.split())
 
 
-def _created_since(since: float, until: float) -> int:
-    import workload as W
+class ContainerEvents:
+    """Counts the engine's ``create`` and ``start`` events of the benchmark's image while it runs (a ``docker events``
+    stream: the engine keeps only its last 256 events for a later ``--since`` query, and every exec makes three)."""
 
-    r = subprocess.run(["docker", "events", "--since", f"{since:.3f}", "--until", f"{until:.3f}", "--filter",
-                        "event=create", "--filter", f"image={W.IMAGE}", "--format", "{{.ID}}"],
-                       capture_output=True, text=True, check=False, timeout=60)
-    return len(r.stdout.split())
+    def __init__(self) -> None:
+        import workload as W
+
+        self.proc = subprocess.Popen(["docker", "events", "--filter", "type=container", "--filter", "event=create",
+                                      "--filter", "event=start", "--filter", f"image={W.IMAGE}", "--format",
+                                      "{{.Action}}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        time.sleep(0.3)  # subscribed before the driver starts
+
+    def stop(self) -> dict[str, int]:
+        time.sleep(0.5)  # the last events reach the stream
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=30)
+        words = out.split()
+        return {"containers_created": words.count("create"), "containers_started": words.count("start")}
 
 
 def run_driver(system: str, py: Path, args: dict[str, Any], timeout: float,
@@ -172,7 +194,7 @@ def run_driver(system: str, py: Path, args: dict[str, Any], timeout: float,
     if system not in OURS:
         env["PYTHONPATH"] = ""
     env.update(_uv_env())
-    t_start = time.time()
+    events = ContainerEvents()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True, cwd=args.get("cwd", str(REPO)))
     peak = [0]
@@ -204,12 +226,12 @@ def run_driver(system: str, py: Path, args: dict[str, Any], timeout: float,
         rc = "timeout"
     stop.set()
     th.join()
-    t_end = time.time()
+    counted = events.stop()
     line = [x for x in out.splitlines() if x.startswith("RESULT ")]
     res: dict[str, Any] = json.loads(line[-1][7:]) if line else {"failed": f"rc={rc}: {err[-1500:]}"}
     res["rc"] = rc
     res["peak_tree_rss_bytes"] = peak[0]
-    res["containers_created"] = _created_since(t_start, t_end)
+    res.update(counted)
     if kill_after_s is not None:
         res.update(killed)
         time.sleep(0)  # the driver has exited: what it left is what is left
@@ -269,7 +291,9 @@ def figures(res: dict[str, Any], replay: Any, workload: str, n: int, total: int,
            "env_overhead_per_step_s": {"p50": C.pct(over, 0.5), "p99": C.pct(over, 0.99), "steps": len(over)}
            if over else None,
            "containers_created": res.get("containers_created"),
+           "containers_started": res.get("containers_started"),
            "containers_per_trajectory": (res.get("containers_created") or 0) / total,
+           "starts_per_trajectory": (res.get("containers_started") or 0) / total,
            "peak_tree_rss_bytes": res.get("peak_tree_rss_bytes"),
            "peak_rss_per_rollout_bytes": (res.get("peak_tree_rss_bytes") or 0) / n,
            "ids_equal_sampled": {"turns": turns, "equal": match, "share": match / turns if turns else None,
@@ -277,7 +301,7 @@ def figures(res: dict[str, Any], replay: Any, workload: str, n: int, total: int,
            "tool_results_seen": {"expected": expected, "seen": len(replay.tool_seen),
                                  "how": "the request for turn t carries the output of tool call t - 1"},
            "errors": res.get("errors"), "rc": res.get("rc")}
-    for key in ("command", "cli_wall_s", "rc_vf_eval", "notes"):
+    for key in ("command", "cli_wall_s", "rc_vf_eval", "notes", "pool"):
         if key in res:
             out[key] = res[key]
     if res.get("failed") or res.get("stderr_tail"):
@@ -326,15 +350,8 @@ def main() -> int:
                      "systems": {}, "runs": {}, "summary": {}, "kill_mid_episode": {}})
     pys: dict[str, Path] = {s: Path(sys.executable) for s in OURS}
     for s in systems:
-        if s == "ours-nolimits":
-            res.data["systems"][s] = {"version": version_of(pys[s], "agentfly-gym"),
-                                      "api": "as ours, its containers without the disk limit's volume (the "
-                                             "peers' containers have none): what the limit costs"}
-            continue
-        if s == "ours":
-            res.data["systems"]["ours"] = {"version": version_of(pys["ours"], "agentfly-gym"),
-                                           "api": "ToolEnv + run_chain_episode + OpenAITokenPolicy, one "
-                                                  "ResourceManager, Docker container pool max_instances = n"}
+        if s in OURS:
+            res.data["systems"][s] = {"version": version_of(pys[s], "agentfly-gym"), "api": OURS_API[s]}
             continue
         with C.skip_on_error(res, f"{s}/venv") as g:
             pys[s] = peer_venv(s)
@@ -397,8 +414,11 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
     """One (workload, n)'s summary: each system's trajectories/s and ours over the best peer's."""
     tps = {s: r.get("trajectories_per_s") for s, r in row.items()}
     best_peer = max((v or 0.0 for s, v in tps.items() if s not in OURS), default=0.0)
-    return {"trajectories_per_s": tps,
-            "ours_over_best_peer": (tps.get("ours") or 0.0) / best_peer if best_peer else None}
+    out = {"trajectories_per_s": tps,
+           "ours_over_best_peer": (tps.get("ours") or 0.0) / best_peer if best_peer else None}
+    if tps.get("ours-sandbox") and best_peer:
+        out["ours_sandbox_over_best_peer"] = tps["ours-sandbox"] / best_peer
+    return out
 
 
 def merge(a: Any, files: list[Path]) -> int:

@@ -101,7 +101,12 @@ async def test_scope_reuse_labels_limits_and_parallel_exec(engine, base_image, m
         assert hc["NanoCpus"] == 500_000_000
         assert hc["Memory"] == hc["MemorySwap"] == 256 * 1024**2
         assert hc["PidsLimit"] == 100
-        assert hc["NetworkMode"] == "none"
+        # no network: networking disabled (a private network namespace with only lo, and no engine sandbox to build)
+        assert info["Config"].get("NetworkDisabled") is True
+        assert hc["NetworkMode"] in ("default", "")
+        ifaces = (await c1.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")).output.split()
+        assert ifaces == ["lo"]
+        assert (await c1.exec("getent hosts localhost")).exit_code == 0  # the read-only /etc/hosts
         assert hc["Init"] is True
         assert hc["SecurityOpt"] == ["no-new-privileges"]
         assert hc["CapDrop"] == ["ALL"]
@@ -216,7 +221,7 @@ async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(b
     print(f"\ndocker: start {start_time:.3f}s, reuse after parking {reuse_time:.3f}s")
 
 
-_STATE = ("ipcs; ls -A /dev /dev/shm /dev/mqueue /root /tmp; ls -ld /etc /usr/share/doc /usr/bin/ls; "
+_STATE = ("ipcs; ls -A /dev /dev/shm /dev/mqueue /root /tmp; stat -c '%n %a %U:%G' /etc /usr/share/doc /usr/bin/ls; "
           "df --output=used,iused /")
 _ENGINE_FILES = "cat /etc/hosts /etc/hostname /etc/resolv.conf"  # the container's address may change on a restart
 
@@ -238,13 +243,13 @@ rm -rf /usr/share/doc; chmod 700 /etc; chown nobody /usr/bin/ls
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["used", "stopped", "removed"])
-async def test_reset_in_place_leaves_nothing_of_a_hostile_episode(engine, base_image, manager, how):
+@pytest.mark.parametrize(("how", "network"), [("used", True), ("used", False), ("stopped", False), ("removed", True)])
+async def test_reset_in_place_leaves_nothing_of_a_hostile_episode(engine, base_image, manager, how, network):
     """Whatever an episode writes (the engine's /etc files, /dev and /dev/shm, SysV IPC objects, a 3,000-deep tree,
     odd names, a symbolic link out, 30 MB, a lower folder deleted, lower files' modes and owners) and leaves
     running, reset() restores the state right after start; also when the container was stopped from outside
     (restarted in place as well) or removed from outside (a new container in its place)."""
-    s = spec(base_image, max_instances=1, network=True)
+    s = spec(base_image, max_instances=1, network=network)
     async with manager.scope("h") as scope:
         c = await scope.acquire(s)
         before = (await c.exec(_STATE)).output

@@ -51,7 +51,11 @@ async def main(a: dict[str, Any]) -> dict[str, Any]:
     # the library's defaults (disk limit on a volume of its own, 1 CPU, 1 GiB, 256 pids); the "ours-nolimits"
     # variant drops the disk volume, which the peers' containers do not have either
     limits = {"disk": None} if a.get("variant") == "nolimits" else {}
-    box_spec = ContainerSpec(image=W.IMAGE, backend="docker", max_instances=n, name="bench-peers", **limits)
+    # the "ours-sandbox" variant runs the same image's file system (the project's base image, which the benchmark's
+    # image only labels) on the library's daemon-less sandbox backend instead of Docker
+    backend = {"backend": "sandbox", "sandbox_image": "agentfly/base"} if a.get("variant") == "sandbox" else \
+        {"backend": "docker"}
+    box_spec = ContainerSpec(image=W.IMAGE, max_instances=n, name="bench-peers", **backend, **limits)
 
     if wl == "container":
         @tool(resources={"box": box_spec}, timeout=600)
@@ -107,8 +111,9 @@ async def main(a: dict[str, Any]) -> dict[str, Any]:
 
         done = await asyncio.gather(*(one(k) for k in range(total)))
         wall = time.monotonic() - t0
+        pool = m.metrics().get(box_spec.key) if wl == "container" else None
     return {"wall_s": wall, "trajectories": sum(done), "steps": steps, "ids": ids, "errors": errors[:5],
-            "notes": "ids: the trajectory's sampled token ids (mask 1), per turn"}
+            "pool": pool, "notes": "ids: the trajectory's sampled token ids (mask 1), per turn"}
 
 
 if __name__ == "__main__":
