@@ -56,6 +56,7 @@ PEERS: dict[str, dict[str, Any]] = {
                   "api": "skyrl_gym BaseTextEnv per trajectory, asyncio tasks, env.step in a thread pool"},
 }
 PROFILES = {"container": "r2e", "light": "alfworld"}
+MODEL_BATCH = 16  # the SmolLM2 run's most requests decoded together
 #: agentfly-gym's systems (one driver, drive_ours.py) -> the driver's variant: "ours" as the library ships, on
 #: Docker like the peers (the summary's ratio is of it), "ours-nolimits" without the disk volume, to measure what
 #: the limit costs, "ours-sandbox" on the library's daemon-less sandbox backend instead of Docker
@@ -297,7 +298,7 @@ def figures(res: dict[str, Any], replay: Any, workload: str, n: int, total: int,
            "peak_tree_rss_bytes": res.get("peak_tree_rss_bytes"),
            "peak_rss_per_rollout_bytes": (res.get("peak_tree_rss_bytes") or 0) / n,
            "ids_equal_sampled": {"turns": turns, "equal": match, "share": match / turns if turns else None,
-                                 "how": how},
+                                 "how": how, "turns_asked_twice": sum(1 for v in replay.served.values() if v > 1)},
            "tool_results_seen": {"expected": expected, "seen": len(replay.tool_seen),
                                  "how": "the request for turn t carries the output of tool call t - 1"},
            "errors": res.get("errors"), "rc": res.get("rc")}
@@ -319,6 +320,8 @@ def main() -> int:
     p.add_argument("--turn-div", type=float, default=8.0, help="traced turn counts are divided by this (>= 2 turns)")
     p.add_argument("--kill-n", type=int, default=16, help="n of the containers-killed-mid-episode run (0: none)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per driver run")
+    p.add_argument("--model", choices=["replay", "smollm2"], default="replay",
+                   help="smollm2: the replies' text sampled by the bundled SmolLM2 on this CPU (rows '<workload>-smollm2')")
     p.add_argument("--max-n", default="verifiers=16",
                    help="SYSTEM=N,...: largest n a system is run at (the reason is recorded in the JSON)")
     p.add_argument("--kill-systems", default="ours,gem,skyrl-gym",
@@ -366,11 +369,22 @@ def main() -> int:
     systems = [s for s in systems if s in pys]
     if "container" in a.workloads:
         bench_image()
-    for wl in [w for w in a.workloads.split(",") if w]:
+    model = None
+    if a.model == "smollm2":
+        from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
+
+        model = TransformersPolicy(smollm2_dir(), max_batch_size=MODEL_BATCH, torch_threads=None, seed=a.seed)
+        res.data["model"] = {"name": "SmolLM2-135M-Instruct (bundled)", "server": "the replay server, its reply "
+                             "fillers sampled by the model (TransformersPolicy, continuous batching, max batch "
+                             f"{MODEL_BATCH}, CPU, all cores), the script (turns, tool calls) replayed"}
+    for wl_name in [w for w in a.workloads.split(",") if w]:
+        wl = wl_name
         prof = T.make_profiles()[PROFILES[wl]]
         replay = Replay(profile=prof, workload=wl, seed=a.seed, time_scale=a.time_scale, turn_div=a.turn_div,
-                        tokenizer=tok)
-        res.data["runs"][wl] = {"profile": prof.name, "profile_source": prof.source}
+                        tokenizer=tok, model=model)
+        if model is not None:
+            wl_name = f"{wl}-smollm2"  # its own rows: the replayed runs' are not replaced on a merge
+        res.data["runs"][wl_name] = {"profile": prof.name, "profile_source": prof.source}
         with ReplayServer(replay) as url:
             for n in ns:
                 total = 2 * n
@@ -391,8 +405,8 @@ def main() -> int:
                           f"efficiency {row[s]['schedule_efficiency']}, done {row[s]['trajectories_done']}/{total}"
                           + (f" FAILED {row[s].get('failure', '')[-400:]}" if row[s].get("failure") else ""),
                           flush=True)
-                res.data["runs"][wl][str(n)] = row
-                res.data["summary"].setdefault(wl, {})[str(n)] = summarize(row)
+                res.data["runs"][wl_name][str(n)] = row
+                res.data["summary"].setdefault(wl_name, {})[str(n)] = summarize(row)
                 _save_partial(res)
             if wl == "container" and a.kill_n:
                 for s in systems:
@@ -407,6 +421,8 @@ def main() -> int:
                     res.data["kill_mid_episode"][s]["errors"] = (r.get("errors") or [])[:3]
                     print(f"[bench_peers] kill mid-episode {s}: {res.data['kill_mid_episode'][s]}", flush=True)
                     _save_partial(res)
+    if model is not None:
+        model.close()
     return C.finish(res, plot)
 
 
@@ -438,6 +454,8 @@ def merge(a: Any, files: list[Path]) -> int:
             for n, row in byn.items():
                 if n.isdigit():
                     res.data["summary"].setdefault(wl, {})[n] = summarize(row)
+        if d.get("model"):
+            res.data["model"] = d["model"]
         res.data["merged_from"].append({"command": d["command"], "started": d["started"],
                                         "machine": d["machine"], "workloads": list(d.get("runs") or {})})
     return C.finish(res, plot)

@@ -5,6 +5,8 @@ trajectory of both systems ended with the model's final answer, with the sampled
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import os
 import subprocess
@@ -55,16 +57,52 @@ def test_replay_is_deterministic_and_logs_the_sampled_ids():
     def make(seed):
         return Replay(profile=prof, workload="container", seed=seed, time_scale=0.01, turn_div=8, tokenizer=tok)
 
+    def reply(r, k, t, prompt=None):
+        return asyncio.run(r.reply(k, t, prompt))
+
     a, b, c = make(0), make(0), make(1)
     for k in range(4):
         n = a.turns(k)
         assert n >= 2
         for t in range(n):
-            ra, rb = a.reply(k, t), b.reply(k, t)
+            ra, rb = reply(a, k, t), reply(b, k, t)
             assert ra == rb
             assert a.log[f"{k}/{t}"] == ra["ids"]
             assert (ra["call"] is None) == (t == n - 1)
             if ra["call"]:
                 assert ra["call"]["name"] == "run"
                 assert ra["call"]["arguments"]["cmd"].startswith("sleep ")
-    assert [c.reply(k, 0)["ids"] for k in range(4)] != [a.reply(k, 0)["ids"] for k in range(4)]
+    assert [reply(c, k, 0)["ids"] for k in range(4)] != [reply(a, k, 0)["ids"] for k in range(4)]
+
+
+@pytest.mark.slow  # loads SmolLM2 and samples a few dozen tokens on the CPU
+def test_replay_with_the_bundled_model_samples_the_filler_and_keeps_the_script():
+    """With a model, a reply's filler is what the model sampled for the prompt (seeded: the same twice), then the
+    scripted tool call; the ids are logged; no replayed delay."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import bench_trace_rollout as T
+    from replay_server import Replay
+
+    from agentfly_gym.rollout.models import smollm2_dir
+    from agentfly_gym.rollout.policies.transformers_policy import TransformersPolicy
+
+    policy = TransformersPolicy(smollm2_dir(), seed=0)
+    try:
+        replay = Replay(profile=T.make_profiles()["r2e"], workload="container", seed=0, time_scale=0.01, turn_div=8,
+                        tokenizer=policy.tokenizer, model=policy)
+        plain = Replay(profile=T.make_profiles()["r2e"], workload="container", seed=0, time_scale=0.01, turn_div=8,
+                       tokenizer=policy.tokenizer)
+        prompt = policy.tokenizer.encode("<|im_start|>user\nTASK-0: list the files.<|im_end|>\n<|im_start|>assistant\n")
+
+        async def go():
+            return await replay.reply(0, 0, prompt), await replay.reply(0, 0, prompt), await plain.reply(0, 0, prompt)
+
+        r1, r2, r0 = asyncio.run(go())
+    finally:
+        policy.close()
+    assert r1 == r2  # seeded by (seed, k, t)
+    assert r1["delay_s"] == 0.0
+    assert r1["call"] == r0["call"]  # the script is the replay's
+    assert r1["ids"] != r0["ids"]  # the filler is the model's, not the word pool's
+    assert r1["text"].endswith("</tool_call>")
+    assert replay.log["0/0"] == r1["ids"]

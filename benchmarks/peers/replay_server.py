@@ -20,7 +20,10 @@ per-request speed, as the trace benchmark models it).  Every turn but the last a
 
 The reply's ids: ``filler`` ids drawn from a fixed pool of word tokens by a generator seeded with ``(seed, k, t)``
 (a sampled sequence need not be the canonical tokenization of its text, as with a real model), then the
-canonical ids of the tool call (or answer).  Every reply's ids are logged by ``(k, t)`` (``GET /log``), so a
+canonical ids of the tool call (or answer).  With a ``model`` (the bundled SmolLM2 in a ``TransformersPolicy``,
+continuous batching on this machine's CPU), the filler is instead sampled by the model from the request's prompt
+(as many tokens as the replayed length allows, seeded with ``(seed, k, t)``), the answer takes as long as that
+generation does (no replayed delay), and the script (turn count, tool calls) stays the same for every system.  Every reply's ids are logged by ``(k, t)`` (``GET /log``), so a
 harness can check whether the ids a trainer would get equal the ids sampled.
 """
 
@@ -43,13 +46,14 @@ class Replay:
     """The deterministic model: ``reply(k, t)`` is trajectory k's turn t (ids, text, tool call, delay)."""
 
     def __init__(self, *, profile: Any, workload: str, seed: int, time_scale: float, turn_div: float,
-                 tokenizer: Any) -> None:
-        self.profile, self.workload, self.seed = profile, workload, seed
+                 tokenizer: Any, model: Any = None) -> None:
+        self.profile, self.workload, self.seed, self.model = profile, workload, seed, model
         self.time_scale, self.turn_div, self.tok = time_scale, turn_div, tokenizer
         vocab = tokenizer.get_vocab()
         self.pool = sorted(i for s, i in vocab.items() if re.fullmatch(r"Ġ?[a-z]{3,8}", s))[:4000]
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.log: dict[str, list[int]] = {}
+        self.served: dict[str, int] = {}  # "k/t" -> replies served for it (more than one: the client asked again)
         self.tool_seen: set[str] = set()  # "k/t": the conversation of turn t holds the result of tool call t - 1
         self._traces: dict[int, dict[str, Any]] = {}
 
@@ -74,14 +78,18 @@ class Replay:
 
     def reset_logs(self) -> None:
         self.log.clear()
+        self.served.clear()
         self.tool_seen.clear()
 
-    def reply(self, k: int, t: int) -> dict[str, Any]:
+    async def reply(self, k: int, t: int, prompt_ids: list[int] | None = None) -> dict[str, Any]:
         tr = self.trace(k)
         t = min(t, tr["turns"] - 1)
         rng = np.random.default_rng([self.seed, k, t, 7])
         n_fill = int(min(FILLER_CAP, max(1, tr["reply_tokens"][t] - 24)))
-        filler = [int(x) for x in rng.choice(self.pool, size=n_fill)]
+        if self.model is not None and prompt_ids:
+            filler = await self._sample(prompt_ids, n_fill, int(rng.integers(2**62)))
+        else:
+            filler = [int(x) for x in rng.choice(self.pool, size=n_fill)]
         call: dict[str, Any] | None = None
         if t < tr["turns"] - 1:
             if self.workload == "container":
@@ -94,10 +102,22 @@ class Replay:
             tail = f" ANSWER-{k}"
         ids = filler + self.tok.encode(tail, add_special_tokens=False)
         self.log[f"{k}/{t}"] = ids
+        self.served[f"{k}/{t}"] = self.served.get(f"{k}/{t}", 0) + 1
         text = self.tok.decode(ids)
         content = self.tok.decode(filler) + ("" if call else tail)
         return {"ids": ids, "text": text, "content": content, "call": call,
-                "delay_s": tr["gen_s"][t] * self.time_scale}
+                "delay_s": 0.0 if self.model is not None else tr["gen_s"][t] * self.time_scale}
+
+    async def _sample(self, prompt_ids: list[int], n: int, seed: int) -> list[int]:
+        """The model's reply to ``prompt_ids``: at most ``n`` sampled ids, its end-of-turn token dropped, cut
+        before any text that would read as the script's own (a tool call, a task or answer marker)."""
+        from agentfly_gym.rollout.policies.base import SamplingParams
+
+        g = await self.model.generate(prompt_ids[-1500:], SamplingParams(max_tokens=n, temperature=1.0, seed=seed))
+        ids = [i for i in g.token_ids if i != self.eos]
+        while ids and any(m in self.tok.decode(ids) for m in ("<tool_call>", "TASK-", "ANSWER-", "<|im_")):
+            ids.pop()
+        return ids or self.pool[:1]
 
 
 def _key_turn_chat(messages: list[dict[str, Any]]) -> tuple[int, int]:
@@ -110,6 +130,18 @@ def _key_turn_chat(messages: list[dict[str, Any]]) -> tuple[int, int]:
             k = int(hit.group(1))
             break
     return k, sum(1 for m in messages if m.get("role") == "assistant")
+
+
+def _render_chat(messages: list[dict[str, Any]]) -> str:
+    """A chat request as the model's prompt text (ChatML, SmolLM2's format; tool calls and results as text)."""
+    out = []
+    for m in messages:
+        c = m.get("content")
+        text = c if isinstance(c, str) else json.dumps(c) if c else ""
+        for call in m.get("tool_calls") or []:
+            text += "\n<tool_call>\n" + json.dumps(call.get("function", call)) + "\n</tool_call>"
+        out.append(f"<|im_start|>{m.get('role', 'user')}\n{text}<|im_end|>\n")
+    return "".join(out) + "<|im_start|>assistant\n"
 
 
 def make_app(replay: Replay):
@@ -133,7 +165,9 @@ def make_app(replay: Replay):
             return JSONResponse({"error": {"message": "no TASK-<k> in the conversation"}}, status_code=400)
         last = (body.get("messages") or [{}])[-1]
         replay.saw(k, t, last.get("content") if isinstance(last.get("content"), str) else json.dumps(last))
-        r = replay.reply(k, t)
+        prompt_ids = replay.tok.encode(_render_chat(body.get("messages") or []), add_special_tokens=False) \
+            if replay.model is not None else None
+        r = await replay.reply(k, t, prompt_ids)
         await asyncio.sleep(r["delay_s"])
         msg: dict[str, Any] = {"role": "assistant", "content": r["content"]}
         if r["call"]:
@@ -176,7 +210,7 @@ def make_app(replay: Replay):
         t = max(0, text.count("<|im_start|>assistant") - 1)
         parts = text.split("<|im_start|>")
         replay.saw(k, t, parts[-2] if len(parts) >= 2 else "")  # the message before the generation prompt
-        r = replay.reply(k, t)
+        r = await replay.reply(k, t, prompt if isinstance(prompt, list) else None)
         await asyncio.sleep(r["delay_s"])
         ids = r["ids"] + [replay.eos]
         return JSONResponse({
