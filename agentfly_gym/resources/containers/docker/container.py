@@ -421,16 +421,31 @@ class DockerContainer(DockerFiles, ContainerResource):
             removal.join()
 
     async def park(self) -> None:
-        """The pool keeps this instance idle: end the episode's processes now, get a fresh container ready.
+        """The pool keeps this instance idle: end the episode's processes now (the container is killed), get a fresh
+        container ready in the background (:meth:`DockerEngine.park_pool`, a few at a time).
 
         Never raises; a failure shows in the next :meth:`reset`.
         """
         if self._released or self._park_future is not None or self._fresh:
             return
-        fut = self.engine.pool().submit(self._replace_sync)
+        if self._status == ResourceStatus.UNHEALTHY:  # the pool replaces it on the next acquisition: only end it
+            self.engine.pool().submit(self._kill_sync, self.container_id)
+            return
+        fut = self.engine.park_pool().submit(self._replace_sync)
         self._park_future = fut
+        # the episode's processes end now, whenever the refresh gets its turn
+        self.engine.pool().submit(self._kill_sync, self.container_id)
         with contextlib.suppress(BaseException):
             await asyncio.shield(asyncio.wrap_future(fut))
+
+    def _kill_sync(self, cid: str | None) -> None:
+        """SIGKILL container ``cid`` (every process in it); never raises (gone or stopped already: nothing to do)."""
+        if cid is None:
+            return
+        try:
+            self.engine.client().api.kill(cid)
+        except Exception:  # noqa: BLE001, S110 - not running or gone: the refresh makes a fresh one either way
+            pass
 
     async def reset(self) -> None:
         """Make this instance a fresh container of its spec (see the class docstring).
@@ -444,7 +459,7 @@ class DockerContainer(DockerFiles, ContainerResource):
         t0 = time.monotonic()
         fut, self._park_future = self._park_future, None
         try:
-            if fut is not None:
+            if fut is not None and not fut.cancel():  # a refresh not begun is done here and now instead
                 await asyncio.shield(asyncio.wrap_future(fut))
             if not self._fresh or self.container_id is None:
                 await asyncio.shield(self._in_thread(self._replace_sync))
@@ -485,7 +500,7 @@ class DockerContainer(DockerFiles, ContainerResource):
 
     async def adestroy(self) -> None:
         fut = self._park_future
-        if fut is not None:  # let a replacement in flight finish, so its container is removed too
+        if fut is not None and not fut.cancel():  # let a refresh in flight finish, so its container is removed too
             with contextlib.suppress(BaseException):
                 await asyncio.shield(asyncio.wrap_future(fut))
         try:

@@ -23,6 +23,8 @@ __all__ = ["DockerEngine", "ENGINE_THREADS", "docker_available", "docker_module"
 #: with 64 (the former size) 64 rollouts running long commands made every container start, removal and
 #: file copy wait for one of them to end; threads are started only as calls need them.
 ENGINE_THREADS = 512
+#: Parked instances refreshed (restarted or replaced) in the background at once; see ``DockerEngine.park_pool``.
+PARK_THREADS = 2
 
 _probe: bool | None = None  # whether an engine answered this process's last probe (None: not probed yet)
 
@@ -66,6 +68,7 @@ class DockerEngine:
         self._lock = threading.Lock()
         self._client: Any = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._park_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._watchdog: DiskWatchdog | None = None
         self.storage_opt_ok: bool | None = None
         self.layer_volume_ok: bool | None = None
@@ -94,6 +97,17 @@ class DockerEngine:
                 self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=ENGINE_THREADS, thread_name_prefix="afg-docker")
             return self._pool
 
+    def park_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The thread pool of parked instances' background refreshes: :data:`PARK_THREADS` at a time, so that a batch
+        of instances going idle at once (the end of a rollout batch) does not compete, as a burst of container starts,
+        with the rollouts still running; an acquisition of an instance whose refresh has not begun does it at once
+        (the refresh is cancelled here)."""
+        with self._lock:
+            if self._park_pool is None:
+                self._park_pool = concurrent.futures.ThreadPoolExecutor(max_workers=PARK_THREADS,
+                                                                        thread_name_prefix="afg-docker-park")
+            return self._park_pool
+
     async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on :meth:`pool`, awaited."""
         return await asyncio.get_running_loop().run_in_executor(self.pool(), lambda: fn(*args))
@@ -112,9 +126,12 @@ class DockerEngine:
         Idempotent, never raises; a later call of a method makes them again."""
         with self._lock:
             client, pool, watchdog = self._client, self._pool, self._watchdog
+            park_pool, self._park_pool = self._park_pool, None
             self._client = self._pool = self._watchdog = None
         if watchdog is not None:
             watchdog.close()
+        if park_pool is not None:
+            park_pool.shutdown(wait=False, cancel_futures=True)  # refreshes not begun are dropped: nobody needs them
         if pool is not None:
             pool.shutdown(wait=False)  # queued work still runs: its awaiters get their results
         if client is not None:
