@@ -11,6 +11,7 @@ the episode's own container (``grading="in_place"``, upstream's way).  Used by `
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 TASK_ID = "minicalc-bug1"
@@ -22,6 +23,8 @@ REPO = Path(__file__).resolve().parent / "fixtures" / "r2e" / "repos" / "minical
 #: test, after two passing tests)
 HACK_TASKS = Path(__file__).resolve().parent / "fixtures" / "r2e" / "hack_tasks.jsonl"
 HIDDEN = ("tests/test_calc.py::test_add", "tests/test_calc.py::test_sub", "tests/test_calc.py::TestMul::test_mul")
+NO_BYTECODE = shutil.ignore_patterns("__pycache__")
+"""``copytree`` ignore of fixture copies: a checkout's stale ``.pyc`` would be imported instead of the source."""
 FINISH = "<function=finish>\n</function>"
 
 # a pytest hook that turns every report into a pass

@@ -22,6 +22,7 @@ import pytest
 import agentfly_gym  # noqa: F401  (registers agentfly/R2EGym-v0)
 from agentfly_gym.envs.r2egym import R2EGymEnv
 from agentfly_gym.resources import ResourceManager
+from r2e_hacks import NO_BYTECODE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "r2e"
 REPO = Path(__file__).resolve().parents[1]
@@ -343,7 +344,7 @@ def _upstream_style_image(docker_client, base_image: str, tmp_path: Path) -> str
     """An image laid out as R2E-Gym's task images are: the buggy repository as a git checkout at /testbed, the
     hidden tests at /r2e_tests, /run_tests.sh running them with ``pytest -rA`` (built from the fixture task)."""
     ctx = tmp_path / "ctx"
-    shutil.copytree(FIXTURES / "repos" / "minicalc", ctx / "testbed")
+    shutil.copytree(FIXTURES / "repos" / "minicalc", ctx / "testbed", ignore=NO_BYTECODE)
     (ctx / "r2e_tests").mkdir()
     shutil.copy(FIXTURES / "hidden" / "minicalc" / "tests" / "test_calc.py", ctx / "r2e_tests" / "test_1.py")
     (ctx / "run_tests.sh").write_text("#!/bin/bash\ncd /testbed\n"

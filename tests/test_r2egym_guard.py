@@ -24,6 +24,7 @@ import pytest
 import r2e_hacks
 
 from agentfly_gym.envs.r2egym.isolation import guard_command, isolated_test_map, seal_problems, without_probes
+from r2e_hacks import NO_BYTECODE
 
 REPO = Path(__file__).resolve().parents[1]
 GUARD = REPO / "agentfly_gym" / "envs" / "r2egym" / "grading_guard.py"
@@ -248,12 +249,12 @@ def _fools_pytest_then_guarded(tmp_path, package_init: str, conftest: str | None
     unless ``probes`` is false); returns its seal's problems and its log.  A run the launcher finds sound must give
     the verdict plain pytest gave, or, where the launcher ``refused`` what the hack did, a failing test."""
     row = TASKS[task]
-    shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
+    shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True, ignore=NO_BYTECODE)
     test = next(t for t in row["hidden_tests"] if t.split("/")[-1].startswith("test_"))
 
     def hidden_tests():  # afresh for each run: a hack may have rewritten them in the run before
         shutil.rmtree(tmp_path / "tests", ignore_errors=True)
-        shutil.copytree(FIXTURES / row["hidden_dir"] / "tests", tmp_path / "tests")
+        shutil.copytree(FIXTURES / row["hidden_dir"] / "tests", tmp_path / "tests", ignore=NO_BYTECODE)
         if test_file is not None:
             (tmp_path / "tests" / "test_calc.py").write_text(test_file)
 
@@ -423,8 +424,8 @@ def test_a_probes_verdict_from_its_reports():
 
 
 def _gold_minicalc(tmp_path: Path) -> None:
-    shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True)
-    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests")
+    shutil.copytree(FIXTURES / "repos" / "minicalc", tmp_path, dirs_exist_ok=True, ignore=NO_BYTECODE)
+    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", tmp_path / "tests", ignore=NO_BYTECODE)
     ops = tmp_path / "minicalc" / "ops.py"
     ops.write_text(ops.read_text().replace("return a - b", "return a + b", 1))
 

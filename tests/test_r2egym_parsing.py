@@ -23,6 +23,7 @@ from agentfly_gym.envs.r2egym import (
     reward_from_log,
 )
 from agentfly_gym.errors import ConfigError, DataNotFoundError
+from r2e_hacks import NO_BYTECODE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "r2e"
 
@@ -101,8 +102,8 @@ def _pytest_log(repo: Path, *extra: str) -> str:
 @pytest.fixture
 def fixture_repo(tmp_path) -> Path:
     repo = tmp_path / "repo"
-    shutil.copytree(FIXTURES / "repos" / "minicalc", repo)
-    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", repo / "tests")
+    shutil.copytree(FIXTURES / "repos" / "minicalc", repo, ignore=NO_BYTECODE)
+    shutil.copytree(FIXTURES / "hidden" / "minicalc" / "tests", repo / "tests", ignore=NO_BYTECODE)
     return repo
 
 
