@@ -275,6 +275,24 @@ async def test_reset_in_place_leaves_nothing_of_a_hostile_episode(engine, base_i
 
 
 @pytest.mark.slow
+async def test_reset_of_an_image_with_a_volume_makes_a_new_container(engine, base_image, manager):
+    """An image's VOLUME is an anonymous volume the engine keeps across a restart: such a container is never
+    restarted in place; reset() gives a new one, and what the episode wrote in the volume is gone."""
+    import io
+
+    recipe = f"FROM {base_image}\nVOLUME /data\n".encode()
+    image, _ = engine.images.build(fileobj=io.BytesIO(recipe), tag="agentfly/test-volume:latest", rm=True)
+    async with manager.scope("v") as scope:
+        c = await scope.acquire(spec("agentfly/test-volume:latest", max_instances=1))
+        first = c.container_id
+        assert (await c.exec("echo kept > /data/x && echo ok")).output == "ok\n"
+        await c.reset()
+        assert c.container_id != first
+        assert c.restarts_in_place == 0
+        assert (await c.exec("test -e /data/x")).exit_code == 1
+
+
+@pytest.mark.slow
 async def test_exec_timeout_kills_command_and_children(base_image, manager):
     async with manager.scope("t") as scope:
         c = await scope.acquire(s := spec(base_image))

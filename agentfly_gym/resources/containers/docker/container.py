@@ -246,24 +246,23 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
         except docker.errors.APIError as e:
             raise ResourceStartError(f"creating a container of {spec.image!r} failed: {e.explanation or e}") from e
         cid = created["Id"]
+        try:
+            info = api.inspect_container(cid)
+        except docker.errors.APIError:
+            info = {}
+        graph = info.get("GraphDriver") or {}
         volume = False
         layer: Path | None = None
         if try_volume:
-            try:
-                layer = layer_dir(api.inspect_container(cid).get("GraphDriver") or {})
-            except docker.errors.APIError:
-                layer = None
+            layer = layer_dir(graph)
             volume = layer is not None and mount_layer_volume(layer, spec.disk)
             if engine.layer_volume_ok is None or volume:
                 engine.layer_volume_ok = volume
-        self._layer = self._layer_paths(api, cid, layer)
+        self._layer = self._layer_paths(info, layer)
         if volume:
             self.disk_mode = "volume"
         elif spec.disk and not use_opt:
-            try:
-                upper = (api.inspect_container(cid).get("GraphDriver") or {}).get("Data", {}).get("UpperDir")
-            except docker.errors.APIError:
-                upper = None
+            upper = (graph.get("Data") or {}).get("UpperDir")
             self._upper_dir = upper if upper and os.path.isdir(upper) else None
             self.disk_mode = "watchdog" if self._upper_dir else "fsize"
         else:
@@ -299,17 +298,20 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
             engine.watchdog().watch(self)
         self._fresh = True
 
-    def _layer_paths(self, api: Any, cid: str, layer: Path | None) -> tuple[str, str] | None:
+    def _layer_paths(self, info: dict[str, Any], layer: Path | None) -> tuple[str, str] | None:
         """``(upper, merged)``: the host folders of the container's writable layer and of its mounted root, when
-        this process can restart the container in place (see :meth:`_restart_in_place_sync`); else None."""
+        this process can restart the container in place (see :meth:`_restart_in_place_sync`); else None.
+
+        ``info`` is the created container's ``inspect_container``.  Never for a container with a volume (an image's
+        ``VOLUME``, which the engine makes anonymous and keeps across a restart) or a tmpfs mount: what an episode
+        writes there is not in the writable layer, and only a new container gets them new."""
         if self.engine.restart_in_place_ok is False or os.geteuid() != 0:
+            return None
+        if any(m.get("Type") not in ("bind", None) for m in info.get("Mounts") or []):
             return None
         if layer is not None:
             return str(layer / "diff"), str(layer / "merged")
-        try:
-            return overlay_paths(api.inspect_container(cid).get("GraphDriver") or {})
-        except Exception:  # noqa: BLE001 - an engine that cannot say: replaced instead
-            return None
+        return overlay_paths(info.get("GraphDriver") or {})
 
     def _start_container(self, cid: str) -> None:
         """``docker start`` of the created (or stopped) container ``cid``, then its published ports.
