@@ -155,24 +155,17 @@ async def test_pool_cap_waiter_proceeds_after_release(base_image, manager):
     await second.aclose()
 
 
-def can_restart_in_place() -> bool:
-    """Root beside a local overlay2 engine: a container is made fresh by restarting it with its layer emptied."""
-    import docker
-
-    return os.geteuid() == 0 and docker.from_env().info().get("Driver") == "overlay2"
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("in_place", [True, False], ids=["restarted-in-place", "replaced"])
 async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(base_image, manager, in_place):
     """reset() gives a fresh container (files anywhere, processes, /tmp), whether the same container restarted with
     its writable layer emptied (root beside a local overlay2 engine, as in CI) or a new one in its place; the pool
     parks an idle instance, so the next acquisition waits for nothing like a start."""
-    if in_place and not can_restart_in_place():
-        pytest.skip("restarting in place needs root beside a local overlay2 engine")
     s = spec(base_image, max_instances=1)
     async with manager.scope("r") as scope:
         c = await scope.acquire(s)
+        if in_place and not c.engine.restart_in_place_ok:
+            pytest.skip("restarting in place needs root beside a local overlay2 engine whose mounts this process sees")
         if not in_place:
             c.engine.restart_in_place_ok = False
         original = await c.get_file("/root/.bashrc")
@@ -221,8 +214,8 @@ async def test_reset_restores_state_and_parking_makes_reuse_cheaper_than_start(b
     print(f"\ndocker: start {start_time:.3f}s, reuse after parking {reuse_time:.3f}s")
 
 
-_STATE = ("ipcs; ls -A /dev /dev/shm /dev/mqueue /root /tmp; stat -c '%n %a %U:%G' /etc /usr/share/doc /usr/bin/ls; "
-          "df --output=used,iused /")
+_STATE = "ipcs; ls -A /dev /dev/shm /dev/mqueue /root /tmp; stat -c '%n %a %U:%G' / /etc /usr/share/doc /usr/bin/ls"
+_DISK = "df --output=used,iused /"  # compared where the layer is a volume of its own (else the host's file system)
 _ENGINE_FILES = "cat /etc/hosts /etc/hostname /etc/resolv.conf"  # the container's address may change on a restart
 
 _EPISODE = r"""
@@ -238,7 +231,7 @@ open('/root/n\x01\nodd name', 'w').write('y')
 os.symlink('/etc/passwd', '/root/link')
 "
 head -c 30000000 /dev/urandom > /root/big
-rm -rf /usr/share/doc; chmod 700 /etc; chown nobody /usr/bin/ls
+rm -rf /usr/share/doc; chmod 700 /etc; chown nobody /usr/bin/ls; chmod 777 /; chown nobody /
 (setsid sleep 999 >/dev/null 2>&1 &); echo done"""
 
 
@@ -253,6 +246,7 @@ async def test_reset_in_place_leaves_nothing_of_a_hostile_episode(engine, base_i
     async with manager.scope("h") as scope:
         c = await scope.acquire(s)
         before = (await c.exec(_STATE)).output
+        disk = (await c.exec(_DISK)).output if c.disk_mode == "volume" else None
         first = c.container_id
         r = await c.exec(_EPISODE, timeout=120)
         assert r.output.endswith("done\n"), r.output
@@ -262,16 +256,32 @@ async def test_reset_in_place_leaves_nothing_of_a_hostile_episode(engine, base_i
         elif how == "removed":
             engine.api.remove_container(first, force=True)
         await c.reset()
-        in_place = can_restart_in_place() and how != "removed"
+        in_place = bool(c.engine.restart_in_place_ok) and how != "removed"
         assert (c.container_id == first) is in_place
         assert c.restarts_in_place == int(in_place)
         assert (await c.exec(_STATE)).output == before
+        if disk is not None:
+            assert (await c.exec(_DISK)).output == disk
         engine_files = (await c.exec(_ENGINE_FILES)).output
         assert "evil" not in engine_files
         assert "6.6.6.6" not in engine_files
         live = await procs(c)
         assert not any("sleep 999" in p for p in live), live
         assert await c.status() == ResourceStatus.READY
+
+
+async def test_an_engine_that_cannot_bind_the_hosts_file_gets_the_none_network(base_image, manager, monkeypatch):
+    """A remote engine cannot bind this host's hosts file: the create is refused, and containers without a network
+    are made on the "none" network instead (the engine's own /etc/hosts), from then on for that engine."""
+    from agentfly_gym.resources.containers.docker import container as docker_container
+
+    monkeypatch.setattr(docker_container, "HOSTS_FILE", "/nonexistent/agentfly-gym/hosts")  # not on the engine's host
+    async with manager.scope("n") as scope:
+        c = await scope.acquire(spec(base_image))
+        assert c.engine.hosts_bind_ok is False
+        info = c.engine.client().api.inspect_container(c.container_id)
+        assert info["HostConfig"]["NetworkMode"] == "none"
+        assert (await c.exec("getent hosts localhost")).exit_code == 0
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from ...base import ResourceStatus
 from ..api import ContainerResource, mount_sources
 from ..ownership import LABEL, owner_labels
 from ...spec import ContainerSpec
-from .disk import clear_upper_dir, layer_dir, mount_layer_volume, overlay_paths
+from .disk import UpperDir, layer_dir, mount_layer_volume, overlay_paths
 from .engine import DockerEngine, docker_module
 from .commands import DockerExec
 from .files import DockerFiles
@@ -118,9 +118,10 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
         self._generation = 0
         self._fresh = False              # no exec or file write since the container was made
         self._park_future: concurrent.futures.Future | None = None
+        self._park_kill: concurrent.futures.Future | None = None
         self.disk_mode: str | None = None  # "storage-opt", "watchdog", "fsize" or None (no limit)
         self._upper_dir: str | None = None
-        self._layer: tuple[str, str] | None = None  # (upper, merged) host folders when restartable in place
+        self._layer: tuple[UpperDir, str] | None = None  # (upper, merged folder) when restartable in place
         self.restarts_in_place = 0
         self._death_reason: str | None = None
         self.published_ports: dict[int, tuple[str, int]] = {}
@@ -191,7 +192,7 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
                 raise ResourceStartError(f"image {spec.image!r} is not here and pulling it failed: {e}") from e
         except docker.errors.APIError as e:
             raise ResourceStartError(f"docker engine error looking up image {spec.image!r}: {e}") from e
-        def host_config(storage_opt: bool) -> Any:
+        def host_config(storage_opt: bool, net_off: bool) -> Any:
             extra: dict[str, Any] = {}
             if spec.disk and storage_opt:
                 extra["storage_opt"] = {"size": str(spec.disk)}
@@ -202,13 +203,14 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
                 mem_limit=spec.memory,
                 memswap_limit=spec.memory,
                 pids_limit=spec.pids,
-                network_mode="bridge" if spec.network else None,
+                network_mode="bridge" if spec.network else None if net_off else "none",
                 security_opt=["no-new-privileges"],
                 cap_drop=["ALL"],
                 cap_add=list(CAP_ADD),
                 # typed bind mounts: the engine refuses a missing source instead of creating it
                 mounts=[docker.types.Mount(target=m.target, source=src, type="bind", read_only=m.read_only)
-                        for m, src in zip(spec.mounts, mount_sources(spec))] + _hosts_mount(spec) or None,
+                        for m, src in zip(spec.mounts, mount_sources(spec))] + (_hosts_mount(spec) if net_off else [])
+                       or None,
                 init=True,
                 port_bindings=port_bindings(spec.ports),
                 runtime=spec.runtime,
@@ -220,12 +222,27 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
         self._generation += 1
         name = self.name if self._generation == 1 else f"{self.name}-{self._generation}"
 
+        net_off = not spec.network and engine.hosts_bind_ok is not False
+
         def create(storage_opt: bool) -> dict[str, Any]:
-            return api.create_container(
-                spec.image, command=list(spec.command), name=name, labels=self.labels, environment=env or None,
-                working_dir=spec.workdir or None, user=spec.user or None, host_config=host_config(storage_opt),
-                hostname="agentfly", detach=True, tty=False, stdin_open=False, ports=list(spec.ports) or None,
-                network_disabled=not spec.network)
+            nonlocal net_off
+
+            def call() -> dict[str, Any]:
+                return api.create_container(
+                    spec.image, command=list(spec.command), name=name, labels=self.labels, environment=env or None,
+                    working_dir=spec.workdir or None, user=spec.user or None, host_config=host_config(storage_opt, net_off),
+                    hostname="agentfly", detach=True, tty=False, stdin_open=False, ports=list(spec.ports) or None,
+                    network_disabled=net_off)
+            try:
+                return call()
+            except docker.errors.APIError as e:
+                if not net_off or HOSTS_FILE not in str(e.explanation or e):
+                    raise
+                # an engine that cannot see this host's files (remote, or in a VM): the "none" network instead
+                log.info("the Docker engine cannot bind %s (%s); containers without a network use --network none",
+                         HOSTS_FILE, e.explanation or e)
+                engine.hosts_bind_ok, net_off = False, False
+                return call()
 
         # the kernel-enforced limit of disk and inodes (see .disk) where it can be had, else the engine's quota
         try_volume = bool(spec.disk) and os.geteuid() == 0 and engine.layer_volume_ok is not False
@@ -298,9 +315,10 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
             engine.watchdog().watch(self)
         self._fresh = True
 
-    def _layer_paths(self, info: dict[str, Any], layer: Path | None) -> tuple[str, str] | None:
-        """``(upper, merged)``: the host folders of the container's writable layer and of its mounted root, when
-        this process can restart the container in place (see :meth:`_restart_in_place_sync`); else None.
+    def _layer_paths(self, info: dict[str, Any], layer: Path | None) -> tuple[UpperDir, str] | None:
+        """``(upper, merged)``: the container's writable layer as made (its host folder, the root folder's mode, owner
+        and attributes) and the host folder of its mounted root, when this process can restart the container in
+        place (see :meth:`_restart_in_place_sync`); else None.
 
         ``info`` is the created container's ``inspect_container``.  Never for a container with a volume (an image's
         ``VOLUME``, which the engine makes anonymous and keeps across a restart) or a tmpfs mount: what an episode
@@ -309,9 +327,14 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
             return None
         if any(m.get("Type") not in ("bind", None) for m in info.get("Mounts") or []):
             return None
-        if layer is not None:
-            return str(layer / "diff"), str(layer / "merged")
-        return overlay_paths(info.get("GraphDriver") or {})
+        paths = (str(layer / "diff"), str(layer / "merged")) if layer is not None else \
+            overlay_paths(info.get("GraphDriver") or {})
+        if paths is None:
+            return None
+        try:
+            return UpperDir.record(paths[0]), paths[1]
+        except OSError:
+            return None
 
     def _start_container(self, cid: str) -> None:
         """``docker start`` of the created (or stopped) container ``cid``, then its published ports.
@@ -366,7 +389,7 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
             api.wait(cid, timeout=60)
         except Exception:  # noqa: BLE001 - not stopped in time, or gone: replaced instead
             return False
-        if os.path.ismount(merged) or not clear_upper_dir(upper):
+        if os.path.ismount(merged) or not upper.renew():
             return False
         self._death_reason = None
         self._start_container(cid)
@@ -378,6 +401,9 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
         """Make the instance a fresh container: the same container restarted in place with an emptied writable
         layer where this process can do it (:meth:`_restart_in_place_sync`), else the current container removed
         (every process with it) and a new one made in its place."""
+        kill, self._park_kill = self._park_kill, None
+        if kill is not None:
+            kill.result()  # never raises (_kill_sync)
         with self._lock:
             if self._released:
                 raise ResourceDied(f"{self.id} was released")
@@ -417,10 +443,11 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
         if self._status == ResourceStatus.UNHEALTHY:  # the pool replaces it on the next acquisition: only end it
             self.engine.pool().submit(self._kill_sync, self.container_id)
             return
+        # the episode's processes end now, whenever the refresh gets its turn (which waits for this kill first: a
+        # late kill would hit the container restarted in place, whose id is the same)
+        self._park_kill = self.engine.pool().submit(self._kill_sync, self.container_id)
         fut = self.engine.park_pool().submit(self._replace_sync)
         self._park_future = fut
-        # the episode's processes end now, whenever the refresh gets its turn
-        self.engine.pool().submit(self._kill_sync, self.container_id)
         with contextlib.suppress(BaseException):
             await asyncio.shield(asyncio.wrap_future(fut))
 
@@ -461,7 +488,7 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
     async def status(self) -> ResourceStatus:
         if self._status in (ResourceStatus.STOPPED, ResourceStatus.CREATED, ResourceStatus.STARTING):
             return self._status
-        if self._park_future is not None:  # being replaced by a fresh container: reset() tells
+        if self._park_future is not None and not self._park_future.done():  # being refreshed: reset() tells
             return self._status
         if self._death_reason is not None:
             self._status = ResourceStatus.UNHEALTHY

@@ -23,16 +23,18 @@ in the background, so a re-acquisition does not wait for it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
 
 from ..sandbox.volume import make_ext4
 
-__all__ = ["clear_upper_dir", "layer_dir", "mount_layer_volume", "overlay_paths"]
+__all__ = ["RM_TIMEOUT", "UpperDir", "layer_dir", "mount_layer_volume", "overlay_paths"]
 
 log = logging.getLogger(__name__)
 
@@ -89,20 +91,46 @@ def overlay_paths(graph_driver: dict) -> tuple[str, str] | None:
     return upper, merged
 
 
-def clear_upper_dir(upper: str) -> bool:
-    """Empty ``upper``, a stopped container's overlay upper folder (its writable layer: every file written, and
-    the whiteouts of every lower file deleted), so that its next start sees the image as it is.  ``rm`` handles
-    any depth and name the container made and follows no symbolic link; ``--one-file-system`` keeps it on the
-    layer's file system.  False when ``upper`` is not empty afterwards (logged)."""
-    try:
-        entries = [os.path.join(upper, e) for e in os.listdir(upper)]
-        if entries:
-            r = subprocess.run(["rm", "-rf", "--one-file-system", "--", *entries], capture_output=True, text=True,
-                               timeout=300, check=False)
-            if r.returncode != 0 or os.listdir(upper):
-                log.info("docker: emptying a container's writable layer failed: %s", r.stderr.strip()[-500:])
+RM_TIMEOUT = 60.0
+"""Seconds the host-side removal of a writable layer may take; past it the container is replaced instead."""
+
+
+@dataclasses.dataclass(frozen=True)
+class UpperDir:
+    """A container's overlay upper folder (its writable layer) as the engine made it at create: the folder is the
+    container's ``/``, so its own mode, owner and extended attributes are the root folder's."""
+
+    path: str
+    mode: int
+    uid: int
+    gid: int
+    xattrs: tuple[tuple[str, bytes], ...]
+
+    @classmethod
+    def record(cls, path: str) -> UpperDir:
+        """Raises OSError: ``path`` cannot be read."""
+        st = os.stat(path)
+        return cls(path, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid,
+                   tuple((n, os.getxattr(path, n)) for n in os.listxattr(path)))
+
+    def renew(self) -> bool:
+        """Replace the folder, which the engine has unmounted (the container stopped), with a new empty one as it was
+        at create: every file written, every whiteout of a deleted lower file and every change of ``/`` itself (mode,
+        owner, attributes) is gone, so the next start sees the image as it is.  ``rm`` handles any depth and name
+        the container made, follows no symbolic link and stays on the layer's file system.  False (logged) when it
+        cannot be done: the caller replaces the container."""
+        try:
+            r = subprocess.run(["rm", "-rf", "--one-file-system", "--", self.path], capture_output=True, text=True,
+                               timeout=RM_TIMEOUT, check=False)
+            if r.returncode != 0 or os.path.lexists(self.path):
+                log.info("docker: removing a container's writable layer failed: %s", r.stderr.strip()[-500:])
                 return False
-        return True
-    except (OSError, subprocess.SubprocessError) as e:
-        log.info("docker: emptying a container's writable layer failed: %s", e)
-        return False
+            os.mkdir(self.path, 0o700)
+            os.chown(self.path, self.uid, self.gid)
+            os.chmod(self.path, self.mode)
+            for name, value in self.xattrs:
+                os.setxattr(self.path, name, value)
+            return True
+        except (OSError, subprocess.SubprocessError) as e:
+            log.info("docker: renewing a container's writable layer failed: %s", e)
+            return False

@@ -60,6 +60,8 @@ class DockerEngine:
         layer_volume_ok: whether a container's writable layer can be loop-mounted here (None: not tried yet).
         restart_in_place_ok: whether this process sees the engine's mounts, so that a container can be made fresh
             by a restart with its writable layer emptied instead of a new container (None: not tried yet).
+        hosts_bind_ok: whether the engine can bind this host's ``hosts`` file (False: a remote engine, whose containers
+            without a network then use ``--network none``; None: not refused yet).
         image_facts: (image id, user) -> what a container's setup script found in that image (whether it has
             ``timeout``; the user's uid and gid), so that later containers of the image skip the script.
     """
@@ -73,6 +75,7 @@ class DockerEngine:
         self.storage_opt_ok: bool | None = None
         self.layer_volume_ok: bool | None = None
         self.restart_in_place_ok: bool | None = None
+        self.hosts_bind_ok: bool | None = None
         self.image_facts: dict[tuple[str, str | None], dict[str, str]] = {}
 
     def client(self) -> Any:
