@@ -388,23 +388,26 @@ def main() -> int:
         with ReplayServer(replay) as url:
             for n in ns:
                 total = 2 * n
-                row: dict[str, Any] = {}
+                tries: dict[str, list[dict[str, Any]]] = {}
+                here = [s for s in systems if n <= a.max_n.get(s, n)]
                 for s in systems:
-                    if n > a.max_n.get(s, n):
+                    if s not in here:
                         res.skip(f"{wl}/{n}/{s}", f"n > {a.max_n[s]} (--max-n): {MAX_N_WHY.get(s, '')}")
-                        continue
-                    args = {"url": url, "workload": wl, "n": n, "total": total, "run_id": f"{s}-{wl}-{n}",
-                            "config": res.data["systems"][s]}
-                    print(f"[bench_peers] {wl} n={n} {s} ...", flush=True)
-                    if wl == "container":  # never while another run's containers may be up (a light run has none)
-                        _cleanup_containers()
-                    replay.reset_logs()
-                    r = run_driver(s, pys[s], args, a.timeout)
-                    row[s] = figures(r, replay, wl, n, total, tok)
-                    print(f"[bench_peers] {wl} n={n} {s}: {row[s]['trajectories_per_s']} traj/s, "
-                          f"efficiency {row[s]['schedule_efficiency']}, done {row[s]['trajectories_done']}/{total}"
-                          + (f" FAILED {row[s].get('failure', '')[-400:]}" if row[s].get("failure") else ""),
-                          flush=True)
+                for rep in range(a.repeats or 1):  # --repeats (default 1); the order rotates, so that no system always runs first or last
+                    for s in here[rep % len(here):] + here[:rep % len(here)] if here else []:
+                        args = {"url": url, "workload": wl, "n": n, "total": total, "run_id": f"{s}-{wl}-{n}",
+                                "config": res.data["systems"][s]}
+                        print(f"[bench_peers] {wl} n={n} {s} ...", flush=True)
+                        if wl == "container":  # never while another run's containers may be up (light: none)
+                            _cleanup_containers()
+                        replay.reset_logs()
+                        r = run_driver(s, pys[s], args, a.timeout)
+                        f = figures(r, replay, wl, n, total, tok)
+                        tries.setdefault(s, []).append(f)
+                        print(f"[bench_peers] {wl} n={n} {s}: {f['trajectories_per_s']} traj/s, "
+                              f"efficiency {f['schedule_efficiency']}, done {f['trajectories_done']}/{total}"
+                              + (f" FAILED {f.get('failure', '')[-400:]}" if f.get("failure") else ""), flush=True)
+                row = {s: median_run(fs) for s, fs in tries.items()}
                 res.data["runs"][wl_name][str(n)] = row
                 res.data["summary"].setdefault(wl_name, {})[str(n)] = summarize(row)
                 _save_partial(res)
@@ -424,6 +427,16 @@ def main() -> int:
     if model is not None:
         model.close()
     return C.finish(res, plot)
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A system's row from its repeats: the run of median trajectories/s (its figures as measured), with every
+    repeat's trajectories/s under ``repeats`` when there was more than one."""
+    ranked = sorted(runs, key=lambda r: r.get("trajectories_per_s") or 0.0)
+    row = dict(ranked[(len(ranked) - 1) // 2])
+    if len(runs) > 1:
+        row["repeats"] = [r.get("trajectories_per_s") for r in runs]
+    return row
 
 
 def summarize(row: dict[str, Any]) -> dict[str, Any]:
@@ -473,17 +486,19 @@ def plot(res: C.Result) -> None:
     d = res.data
     wls = list(d["summary"])
     fig, axes = C.subplots(1, max(1, len(wls)), figsize=(6 * max(1, len(wls)), 4), squeeze=False)
+    everyone = sorted({s for wl in wls for byn in d["summary"][wl].values() for s in byn["trajectories_per_s"]})
+    color = {s: f"C{i}" for i, s in enumerate(everyone)}  # one color per system in every panel
     for ax, wl in zip(axes[0], wls):
         ns = list(d["summary"][wl])
         systems = sorted({s for n in ns for s in d["summary"][wl][n]["trajectories_per_s"]})
         width = 0.8 / max(1, len(systems))
         for j, s in enumerate(systems):
             ys = [d["summary"][wl][n]["trajectories_per_s"].get(s) or 0.0 for n in ns]
-            ax.bar([i + j * width for i in range(len(ns))], ys, width, label=s)
+            ax.bar([i + j * width for i in range(len(ns))], ys, width, label=s, color=color[s])
         ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(ns))])
         ax.set_xticklabels([f"n={n}" for n in ns])
         ax.set_ylabel("trajectories / s")
-        ax.set_title(f"{wl} workload (time scale {d['time_scale']:g})")
+        ax.set_title(f"{wl} workload" + ("" if wl.endswith("-smollm2") else f" (time scale {d['time_scale']:g})"))
         ax.legend(fontsize=8)
     C.save_figure(res, fig)
 

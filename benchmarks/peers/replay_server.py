@@ -52,6 +52,8 @@ class Replay:
         vocab = tokenizer.get_vocab()
         self.pool = sorted(i for s, i in vocab.items() if re.fullmatch(r"Ġ?[a-z]{3,8}", s))[:4000]
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+        self.assistant_ids = tokenizer.encode("assistant", add_special_tokens=False)
         self.log: dict[str, list[int]] = {}
         self.served: dict[str, int] = {}  # "k/t" -> replies served for it (more than one: the client asked again)
         self.tool_seen: set[str] = set()  # "k/t": the conversation of turn t holds the result of tool call t - 1
@@ -132,6 +134,31 @@ def _key_turn_chat(messages: list[dict[str, Any]]) -> tuple[int, int]:
     return k, sum(1 for m in messages if m.get("role") == "assistant")
 
 
+def _key_turn_text(text: str) -> tuple[int, int, str]:
+    """(trajectory k or -1, turn, the message before the generation prompt) of a text prompt."""
+    hit = TASK_RE.search(text)
+    parts = text.split("<|im_start|>")
+    return (int(hit.group(1)) if hit else -1, max(0, text.count("<|im_start|>assistant") - 1),
+            parts[-2] if len(parts) >= 2 else "")
+
+
+def _key_turn_ids(replay: Replay, ids: list[int]) -> tuple[int, int, str]:
+    """:func:`_key_turn_text` of a token-id prompt, decoding only the messages it needs (the task's and the last
+    one), as an inference server given ids does not detokenize the whole prompt: the whole decode cost this server's
+    CPU on every request of the token-id clients only."""
+    starts = [i for i, x in enumerate(ids) if x == replay.im_start] + [len(ids)]
+    asst = replay.assistant_ids
+    t = max(0, sum(1 for i in starts[:-1] if ids[i + 1:i + 1 + len(asst)] == asst) - 1)
+    k = -1
+    for a, b in zip(starts, starts[1:3]):
+        hit = TASK_RE.search(replay.tok.decode(ids[a:b]))
+        if hit:
+            k = int(hit.group(1))
+            break
+    last = replay.tok.decode(ids[starts[-3]:starts[-2]]) if len(starts) >= 3 else ""
+    return k, t, last
+
+
 def _render_chat(messages: list[dict[str, Any]]) -> str:
     """A chat request as the model's prompt text (ChatML, SmolLM2's format; tool calls and results as text)."""
     out = []
@@ -200,16 +227,12 @@ def make_app(replay: Replay):
     async def completions(request: Request):
         body = await request.json()
         prompt = body.get("prompt")
-        text = replay.tok.decode(prompt) if isinstance(prompt, list) else str(prompt)
-        hit = TASK_RE.search(text)
+        k, t, last = _key_turn_ids(replay, prompt) if isinstance(prompt, list) else _key_turn_text(str(prompt))
         stats["requests"] += 1
-        if not hit:
+        if k < 0:
             stats["bad"] += 1
             return JSONResponse({"error": {"message": "no TASK-<k> in the prompt"}}, status_code=400)
-        k = int(hit.group(1))
-        t = max(0, text.count("<|im_start|>assistant") - 1)
-        parts = text.split("<|im_start|>")
-        replay.saw(k, t, parts[-2] if len(parts) >= 2 else "")  # the message before the generation prompt
+        replay.saw(k, t, last)  # the message before the generation prompt
         r = await replay.reply(k, t, prompt if isinstance(prompt, list) else None)
         await asyncio.sleep(r["delay_s"])
         ids = r["ids"] + [replay.eos]
