@@ -440,12 +440,11 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
         """
         if self._released or self._park_future is not None or self._fresh:
             return
-        if self._status == ResourceStatus.UNHEALTHY:  # the pool replaces it on the next acquisition: only end it
-            self.engine.pool().submit(self._kill_sync, self.container_id)
-            return
         # the episode's processes end now, whenever the refresh gets its turn (which waits for this kill first: a
         # late kill would hit the container restarted in place, whose id is the same)
         self._park_kill = self.engine.pool().submit(self._kill_sync, self.container_id)
+        if self._status == ResourceStatus.UNHEALTHY:  # the pool replaces it on the next acquisition: only end it
+            return
         fut = self.engine.park_pool().submit(self._replace_sync)
         self._park_future = fut
         with contextlib.suppress(BaseException):
