@@ -111,7 +111,7 @@ def test_ctrl_c_in_a_terminal_stops_scienceworld_without_tracebacks(tmp_path, mo
     marker = mark_tree(monkeypatch)
     before = live_processes(["java"], marker=marker)
     proc = subprocess.Popen([sys.executable, "-m", "agentfly_gym", "-v", "rollout", "--env", "ScienceWorld-v0",
-                             "--policy", "random", "-n", "8", "--concurrency", "4", "--max-turns", "400",
+                             "--policy", "random", "-n", "32", "--concurrency", "4", "--max-turns", "400",
                              "--no-progress", "--output-dir", str(tmp_path / "run")], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, env=dict(os.environ))
     lines: list[str] = []
@@ -123,7 +123,11 @@ def test_ctrl_c_in_a_terminal_stops_scienceworld_without_tracebacks(tmp_path, mo
     # one trajectory finished: the other rollouts (concurrency 4) are mid-episode, on live JVMs
     wait_until(lambda: live_processes(["java"], marker=marker) - before, 60, "the rollouts' JVMs")
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does
-    proc.wait(timeout=120)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:  # say how far the stop got (its -v log), then end it
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the CLI did not exit within 120 s of the Ctrl-C; its log:\n" + "".join(lines)[-6000:])
     reader.join(timeout=10)
     err = "".join(lines)
     assert proc.returncode == 130, err
