@@ -37,8 +37,10 @@ class APIError(ResourceError):
 #: Requests in flight per ``httpx.AsyncClient`` (its pooled connections).  httpcore's pool scans every queued
 #: request against every connection, and every idle connection against all of them, on each request's start
 #: and end: one client for 256 requests in flight spent 36 s of a 44 s run there.  ``max_instances`` requests
-#: are spread over ``ceil(max_instances / CONNECTIONS_PER_CLIENT)`` clients, the least busy first.
-CONNECTIONS_PER_CLIENT = 32
+#: are spread over ``ceil(max_instances / CONNECTIONS_PER_CLIENT)`` clients, the least busy first.  Measured with
+#: the peers benchmark's light workload (128 multi-turn rollouts, 64 in flight, replay server on this host,
+#: 2 cores; benchmarks/bench_peers.py): 8 per client ran in 1.28-1.46 s, 32 in 2.0-2.6 s, 64 in 4.2-4.4 s.
+CONNECTIONS_PER_CLIENT = 8
 
 
 class ModelAPIResource(Resource):
