@@ -338,6 +338,8 @@ def main() -> int:
                    help="smollm2: the replies' text sampled by the bundled SmolLM2 on this CPU (rows '<workload>-smollm2')")
     p.add_argument("--max-n", default="verifiers=16",
                    help="SYSTEM=N,...: largest n a system is run at (the reason is recorded in the JSON)")
+    p.add_argument("--once", default="",
+                   help="SYSTEM,...: run once at each n even with --repeats (verifiers: ~10 min a run at n = 16)")
     p.add_argument("--kill-systems", default="ours,gem,skyrl-gym",
                    help="systems that get the containers-killed-mid-episode run")
     p.add_argument("--merge", default="",
@@ -347,6 +349,7 @@ def main() -> int:
     if a.merge:
         return merge(a, [Path(x) for x in a.merge.split(",") if x])
     a.kill_systems = [x for x in a.kill_systems.split(",") if x]
+    once = {x for x in a.once.split(",") if x}
     a.max_n = {k: int(v) for k, v in (x.split("=") for x in a.max_n.split(",") if x)}
     if a.scale == 0:
         a.ns = "4"
@@ -410,6 +413,8 @@ def main() -> int:
                         res.skip(f"{wl}/{n}/{s}", f"n > {a.max_n[s]} (--max-n): {MAX_N_WHY.get(s, '')}")
                 for rep in range(a.repeats or 1):  # --repeats (default 1); the order rotates, so that no system always runs first or last
                     for s in here[rep % len(here):] + here[:rep % len(here)] if here else []:
+                        if rep and s in once:
+                            continue
                         args = {"url": url, "workload": wl, "n": n, "total": total, "run_id": f"{s}-{wl}-{n}",
                                 "config": res.data["systems"][s]}
                         print(f"[bench_peers] {wl} n={n} {s} ...", flush=True)
