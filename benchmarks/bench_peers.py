@@ -57,19 +57,21 @@ PEERS: dict[str, dict[str, Any]] = {
 }
 PROFILES = {"container": "r2e", "light": "alfworld"}
 MODEL_BATCH = 16  # the SmolLM2 run's most requests decoded together
-#: agentfly-gym's systems (one driver, drive_ours.py) -> the driver's variant: "ours" as the library ships, on
-#: Docker like the peers (the summary's ratio is of it), "ours-nolimits" without the disk volume, to measure what
-#: the limit costs, "ours-sandbox" on the library's daemon-less sandbox backend instead of Docker
-OURS = {"ours": None, "ours-nolimits": "nolimits", "ours-sandbox": "sandbox"}
-OURS_API = {
-    "ours": "ToolEnv + run_chain_episode + OpenAITokenPolicy, one ResourceManager, Docker container pool "
-            "max_instances = n (the library's default limits: 1 CPU, 1 GiB, 256 pids, a disk volume)",
-    "ours-nolimits": "as ours, its containers without the disk limit's volume (the peers' containers have none): "
-                     "what the limit costs",
-    "ours-sandbox": "as ours, the container on the library's daemon-less sandbox backend (bubblewrap over the "
-                    "same image's file system, a process tree per exec, the same limits) instead of Docker: what "
-                    "a user without a Docker engine (or choosing backend='sandbox') gets; the peers ship no "
-                    "container backend of their own",
+#: agentfly-gym's systems (one driver, drive_ours.py): the driver's variant and how it runs the work. "ours" as the
+#: library ships, on Docker like the peers (the summary's ratio is of it), "ours-nolimits" without the disk volume,
+#: to measure what the limit costs, "ours-sandbox" on the library's daemon-less sandbox backend instead of Docker
+OURS: dict[str, dict[str, Any]] = {
+    "ours": {"variant": None,
+             "api": "ToolEnv + run_chain_episode + OpenAITokenPolicy, one ResourceManager, Docker container pool "
+                    "max_instances = n (the library's default limits: 1 CPU, 1 GiB, 256 pids, a disk volume)"},
+    "ours-nolimits": {"variant": "nolimits",
+                      "api": "as ours, its containers without the disk limit's volume (the peers' containers have "
+                             "none): what the limit costs"},
+    "ours-sandbox": {"variant": "sandbox",
+                     "api": "as ours, the container on the library's daemon-less sandbox backend (bubblewrap over "
+                            "the same image's file system, a process tree per exec, the same limits) instead of "
+                            "Docker: what a user without a Docker engine (or choosing backend='sandbox') gets; the "
+                            "peers ship no container backend of their own"},
 }
 MAX_N_WHY = {"verifiers": "each rollout prepares its chat program (a uv script) and starts its MCP tool server in its "
                           "own processes: ~1-3 min per rollout measured at n = 4 on this shared 2-core machine, so "
@@ -189,7 +191,7 @@ def run_driver(system: str, py: Path, args: dict[str, Any], timeout: float,
     after the run's containers were killed mid-episode."""
     driver = "ours" if system in OURS else system.replace("-", "_")
     if system in OURS:
-        args = {**args, "variant": OURS[system]}
+        args = {**args, "variant": OURS[system]["variant"]}
     cmd = [str(py), str(HERE / f"drive_{driver}.py"), json.dumps(args)]
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     if system not in OURS:
@@ -371,7 +373,7 @@ def main() -> int:
     pys: dict[str, Path] = {s: Path(sys.executable) for s in OURS}
     for s in systems:
         if s in OURS:
-            res.data["systems"][s] = {"version": version_of(pys[s], "agentfly-gym"), "api": OURS_API[s]}
+            res.data["systems"][s] = {"version": version_of(pys[s], "agentfly-gym"), "api": OURS[s]["api"]}
             continue
         with C.skip_on_error(res, f"{s}/venv") as g:
             pys[s] = peer_venv(s)
@@ -490,7 +492,8 @@ def merge(a: Any, files: list[Path]) -> int:
         if d.get("model"):
             res.data["model"] = d["model"]
         res.data["merged_from"].append({"command": d["command"], "started": d["started"],
-                                        "machine": d["machine"], "workloads": list(d.get("runs") or {})})
+                                        "machine": d["machine"], "workloads": list(d.get("runs") or {}),
+                                        **({"engine_warmup": d["engine_warmup"]} if d.get("engine_warmup") else {})})
     return C.finish(res, plot)
 
 
