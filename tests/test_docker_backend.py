@@ -232,15 +232,15 @@ os.symlink('/etc/passwd', '/root/link')
 "
 head -c 30000000 /dev/urandom > /root/big
 rm -rf /usr/share/doc; chmod 700 /etc; chown nobody /usr/bin/ls; chmod 777 /; chown nobody /
-(setsid sleep 999 >/dev/null 2>&1 &); echo done"""
+(setsid sleep 999 >/dev/null 2>&1 &); echo evil > /proc/1/fd/1; echo done"""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("how", "network"), [("used", True), ("used", False), ("stopped", False), ("removed", True)])
 async def test_reset_in_place_leaves_nothing_of_a_hostile_episode(engine, base_image, manager, how, network):
     """Whatever an episode writes (the engine's /etc files, /dev and /dev/shm, SysV IPC objects, a 3,000-deep tree,
-    odd names, a symbolic link out, 30 MB, a lower folder deleted, lower files' modes and owners) and leaves
-    running, reset() restores the state right after start; also when the container was stopped from outside
+    odd names, a symbolic link out, 30 MB, a lower folder deleted, lower files' modes and owners, the container's
+    output) and leaves running, reset() restores the state right after start; also when the container was stopped from outside
     (restarted in place as well) or removed from outside (a new container in its place)."""
     s = spec(base_image, max_instances=1, network=network)
     async with manager.scope("h") as scope:
@@ -267,6 +267,7 @@ async def test_reset_in_place_leaves_nothing_of_a_hostile_episode(engine, base_i
         assert "6.6.6.6" not in engine_files
         live = await procs(c)
         assert not any("sleep 999" in p for p in live), live
+        assert b"evil" not in engine.api.logs(c.container_id)  # the container's output, which the engine keeps
         assert await c.status() == ResourceStatus.READY
 
 

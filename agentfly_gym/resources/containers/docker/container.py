@@ -122,6 +122,8 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
         self.disk_mode: str | None = None  # "storage-opt", "watchdog", "fsize" or None (no limit)
         self._upper_dir: str | None = None
         self._layer: tuple[UpperDir, str] | None = None  # (upper, merged folder) when restartable in place
+        self._log_path: str | None = None  # the engine's json-file log of the container, once started (emptied
+        # on a restart in place)
         self.restarts_in_place = 0
         self._death_reason: str | None = None
         self.published_ports: dict[int, tuple[str, int]] = {}
@@ -360,7 +362,8 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
 
     def _restart_in_place_sync(self, cid: str) -> bool:
         """Make container ``cid`` fresh without making a new one: kill it (every process of the episode with
-        its pid namespace), empty its writable layer while the engine has it unmounted, start it again.
+        its pid namespace), empty its writable layer while the engine has it unmounted (and its log), start it
+        again.
 
         What a start makes anew is as after ``start()``: processes, ``/dev`` and ``/dev/shm``, the IPC and
         network namespaces, ``/etc/hosts``, ``/etc/hostname`` and ``/etc/resolv.conf`` (the engine writes
@@ -391,6 +394,12 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
             return False
         if os.path.ismount(merged) or not upper.renew():
             return False
+        if self._log_path is None:  # the engine names it at the first start
+            with contextlib.suppress(docker.errors.APIError):
+                self._log_path = api.inspect_container(cid).get("LogPath") or None
+        if self._log_path:  # what the episode's processes wrote to the container's output goes too
+            with contextlib.suppress(OSError):
+                os.truncate(self._log_path, 0)
         self._death_reason = None
         self._start_container(cid)
         self.restarts_in_place += 1
