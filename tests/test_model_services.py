@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from agentfly_gym.errors import PolicyError, ResourceDied, ResourceStartError
+from agentfly_gym.errors import ConfigError, PolicyError, ResourceDied, ResourceStartError
 from agentfly_gym.resources import ModelAPISpec, ModelServiceSpec, ResourceManager, ResourceStatus
 from agentfly_gym.resources.backends.model_api import APIError
 from agentfly_gym.rewards import LLMJudge, parse_score, resourced
@@ -94,14 +94,19 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         self.rfile.read(int(self.headers.get("content-length", 0)))
         _Flaky.seen_auth.append(self.headers.get("authorization", ""))
-        code = _Flaky.plan.pop(0) if _Flaky.plan else 200
-        body = json.dumps({"choices": [{"message": {"content": "ok [[7]]"}}]} if code == 200 else {"error": "x"})
+        what = _Flaky.plan.pop(0) if _Flaky.plan else 200
+        code = {"html": 200, "no-content": 204, "dict-content": 200, "wait-a-day": 429}.get(what, what)
+        content = {"text": "a dict"} if what == "dict-content" else "ok [[7]]"
+        body = json.dumps({"choices": [{"message": {"content": content}}]} if code == 200 else {"error": "x"})
+        if what == "html":
+            body = "<html>a proxy's error page</html>"
         self.send_response(code)
         self.send_header("content-type", "application/json")
         if code == 429:
-            self.send_header("retry-after", "0.01")
+            self.send_header("retry-after", "86400" if what == "wait-a-day" else "0.01")
         self.end_headers()
-        self.wfile.write(body.encode())
+        if code != 204:
+            self.wfile.write(body.encode())
 
     def log_message(self, *a):
         pass
@@ -137,6 +142,31 @@ async def test_model_api_retries_429_and_5xx_then_succeeds(flaky_server, monkeyp
         _Flaky.plan = [503, 503, 503, 503]
         with pytest.raises(APIError, match="4 attempts"):
             await api.chat([{"role": "user", "content": "hi"}])
+
+
+async def test_model_api_answers_that_are_no_chat_completion_are_api_errors(flaky_server, monkeypatch):
+    """An endpoint's answer is untrusted: a 200 that is not JSON (a proxy's HTML page), a 204 without a body and a
+    message content that is not text are each an APIError naming the answer; a 429 asking to wait a day is
+    retried after MAX_RETRY_AFTER seconds instead (made small here)."""
+    from agentfly_gym.resources.backends import model_api
+
+    monkeypatch.setattr(model_api, "MAX_RETRY_AFTER", 0.05)
+    spec = ModelAPISpec(base_url=flaky_server, model="m", backoff=0.01)
+    hi = [{"role": "user", "content": "hi"}]
+    async with ResourceManager() as m:
+        api = await m.acquire_global(spec)
+        for what, match in (("html", "200 without a JSON object: .<html>"), ("no-content", "answered 204"),
+                            ("dict-content", "content is not text")):
+            _Flaky.plan = [what]
+            with pytest.raises(APIError, match=match):
+                await api.chat(hi)
+        _Flaky.plan = ["wait-a-day", 200]
+        assert await asyncio.wait_for(api.chat(hi), 30) == "ok [[7]]"
+    for bad in (0, -1, float("nan"), float("inf"), "10", True):
+        with pytest.raises(ConfigError, match="request_timeout"):
+            ModelAPISpec(base_url=flaky_server, model="m", request_timeout=bad)
+    with pytest.raises(ConfigError, match="backoff"):
+        ModelAPISpec(base_url=flaky_server, model="m", backoff=-0.5)
 
 
 async def test_model_api_missing_key_is_a_clear_start_error(flaky_server, monkeypatch):

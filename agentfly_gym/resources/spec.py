@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -345,6 +346,12 @@ class ModelAPISpec(ResourceSpec):
             raise ConfigError(f"api_key_env={self.api_key_env!r} must be an environment variable name",
                               field="api_key_env")
         check_int("max_retries", self.max_retries, minimum=0)
+        for name, low in (("backoff", 0.0), ("request_timeout", None)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+                    (v < low if low is not None else v <= 0):
+                raise ConfigError(f"{name}={v!r} must be a number of seconds {'>= 0' if low is not None else '> 0'}",
+                                  field=name)
         super().__post_init__()
 
 

@@ -43,6 +43,25 @@ class APIError(ResourceError):
 CONNECTIONS_PER_CLIENT = 8
 
 
+#: Longest wait, in seconds, that a 429 or 5xx answer's ``Retry-After`` can ask for before a retry.
+MAX_RETRY_AFTER = 60.0
+
+
+def _json_object(r: Any, url: str) -> dict[str, Any]:
+    """The JSON object answered in ``r`` (an ``httpx.Response`` with a status below 400).
+
+    Raises:
+        APIError: the body is not a JSON object (an HTML page, a 204, a redirect not followed, a list).
+    """
+    try:
+        data = r.json()
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        data = None
+    if not isinstance(data, dict):
+        raise APIError(f"{url} answered {r.status_code} without a JSON object: {r.text[:300]!r}", r.status_code)
+    return data
+
+
 class ModelAPIResource(Resource):
     """An OpenAI-compatible endpoint: ``await api.chat(messages, ...)``, ``await api.post(path, json)``.
 
@@ -82,10 +101,11 @@ class ModelAPIResource(Resource):
         self._status = ResourceStatus.READY
 
     async def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST ``payload`` as JSON to ``base_url/path`` and return the JSON answer (with retries).
+        """POST ``payload`` as JSON to ``base_url/path`` and return the JSON answer (with retries; a 429 or 5xx
+        answer's ``Retry-After`` is honoured up to :data:`MAX_RETRY_AFTER` seconds).
 
         Raises:
-            APIError: a 4xx other than 429, or retries exhausted.
+            APIError: a 4xx other than 429, retries exhausted, or an answer that is not a JSON object.
             ResourceDied: the resource was released.
         """
         import httpx
@@ -104,7 +124,7 @@ class ModelAPIResource(Resource):
                     status, detail, retry_after = 0, f"{type(e).__name__}: {e}", None
                 else:
                     if r.status_code < 400:
-                        return r.json()
+                        return _json_object(r, f"{self.spec.base_url}/{path.lstrip('/')}")
                     status, detail = r.status_code, r.text[:500]
                     retry_after = r.headers.get("retry-after")
                     if status != 429 and status < 500:
@@ -113,7 +133,10 @@ class ModelAPIResource(Resource):
                     raise APIError(f"{self.spec.base_url}/{path.lstrip('/')} failed after {attempt + 1} attempts "
                                    f"(last: {status or 'no answer'}: {detail})", status)
                 self.retries += 1
-                wait = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else delay
+                # the server's Retry-After, up to MAX_RETRY_AFTER: a hostile or broken one must not park the
+                # request (and its slot of max_instances) for hours
+                wait = min(float(retry_after), MAX_RETRY_AFTER) \
+                    if retry_after and retry_after.replace(".", "", 1).isdigit() else delay
                 log.info("%s: retrying after %s (%.2fs)", self.id, status or "connection error", wait)
                 await asyncio.sleep(wait * (1 + 0.1 * random.random()))
                 delay *= 2
@@ -136,9 +159,12 @@ class ModelAPIResource(Resource):
         payload = {"model": self.spec.model, "messages": messages, **params}
         data = await self.post("chat/completions", payload)
         try:
-            return data["choices"][0]["message"]["content"] or ""
+            content = data["choices"][0]["message"]["content"] or ""
         except (KeyError, IndexError, TypeError) as e:
             raise APIError(f"unexpected chat completion answer: {str(data)[:300]}") from e
+        if not isinstance(content, str):
+            raise APIError(f"unexpected chat completion answer (content is not text): {str(data)[:300]}")
+        return content
 
     async def reset(self) -> None:
         """Nothing to do: an endpoint client keeps no per-rollout state."""
