@@ -397,6 +397,9 @@ async def test_memory_hog_is_oom_killed_and_fork_bomb_is_contained(engine, base_
         assert len(os.listdir("/proc")) < host_procs + 60  # bounded by pids=40, not exploding
         await c.reset()  # freezes and kills whatever the bomb left
         assert (await c.exec("echo recovered")).output == "recovered\n"
+        # the OOM kill is the last episode's: the fresh container (restarted in place, where the engine keeps its
+        # State.OOMKilled) is healthy
+        assert await c.status() == ResourceStatus.READY
         left = await procs(c)
         assert len(left) <= 3, left
 

@@ -94,8 +94,8 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
       since): the whole writable file system and every process are as right after ``start()``,
       whatever the episode wrote.  Raises
       :class:`~agentfly_gym.errors.ResourceError` if it fails, so the pool replaces the instance.
-    * ``status()``: ``UNHEALTHY`` when the container is gone, not running, was OOM-killed or went
-      past its disk limit.
+    * ``status()``: ``UNHEALTHY`` when the container is gone, not running (OOM-killed, killed from outside) or
+      went past its disk limit.
     * ``adestroy()`` (and its synchronous twin ``destroy()``): ``docker rm -f``; idempotent, never raises.
     """
 
@@ -508,7 +508,9 @@ class DockerContainer(DockerExec, DockerFiles, ContainerResource):
             state = await self._in_thread(self._state_sync)
         except Exception:  # noqa: BLE001 - an engine that cannot say: the container is not known running
             state = None
-        if state is None or state.get("Status") != "running" or state.get("OOMKilled"):
+        # not State.OOMKilled: the engine sets it when a container with an OOM-killed process stops, and keeps it
+        # after a restart in place, where it says nothing about the fresh container
+        if state is None or state.get("Status") != "running":
             self._status = ResourceStatus.UNHEALTHY
         return self._status
 
