@@ -274,15 +274,34 @@ async def test_reset_in_place_leaves_nothing_of_a_hostile_episode(engine, base_i
 async def test_an_engine_that_cannot_bind_the_hosts_file_gets_the_none_network(base_image, manager, monkeypatch):
     """A remote engine cannot bind this host's hosts file: the create is refused, and containers without a network
     are made on the "none" network instead (the engine's own /etc/hosts), from then on for that engine."""
-    from agentfly_gym.resources.containers.docker import container as docker_container
+    from agentfly_gym.resources.containers.docker import etc_hosts
 
-    monkeypatch.setattr(docker_container, "HOSTS_FILE", "/nonexistent/agentfly-gym/hosts")  # not on the engine's host
+    monkeypatch.setattr(etc_hosts, "HOSTS_FILE", "/nonexistent/agentfly-gym/hosts")  # not on the engine's host
     async with manager.scope("n") as scope:
         c = await scope.acquire(spec(base_image))
         assert c.engine.hosts_bind_ok is False
         info = c.engine.client().api.inspect_container(c.container_id)
         assert info["HostConfig"]["NetworkMode"] == "none"
         assert (await c.exec("getent hosts localhost")).exit_code == 0
+
+
+async def test_a_hosts_file_only_its_owner_reads_is_bound_as_a_readable_copy(base_image, manager, monkeypatch,
+                                                                           tmp_path):
+    """A checkout made under umask 077 has the packaged hosts file at mode 600, and a bound file keeps its host
+    mode: a readable copy in the cache is bound instead, so that a non-root user in the container resolves
+    localhost."""
+    from agentfly_gym.resources.containers.docker import etc_hosts
+
+    private = tmp_path / "hosts"
+    private.write_bytes(Path(etc_hosts.HOSTS_FILE).read_bytes())
+    private.chmod(0o600)
+    monkeypatch.setattr(etc_hosts, "HOSTS_FILE", str(private))
+    monkeypatch.setenv("AGENTFLY_GYM_CACHE", str(tmp_path / "cache"))
+    async with manager.scope("h") as scope:
+        c = await scope.acquire(spec(base_image, user="agent"))
+        r = await c.exec("id -un; getent hosts localhost")
+        assert r.exit_code == 0 and r.output.startswith("agent\n") and "localhost" in r.output, r.output
+    assert private.stat().st_mode & 0o777 == 0o600  # the checkout's file is left as it is
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ Containers run with (``ContainerSpec`` field -> Docker setting):
   :class:`~agentfly_gym.errors.ResourceDied` saying so, and the pool replaces it;
 * ``network=False`` -> networking disabled (a private network namespace with loopback only, like
   ``network_mode="none"`` but with no network sandbox for the engine to build on each start) and
-  ``/etc/hosts`` a read-only bind of :data:`.container.HOSTS_FILE`; ``True`` -> the default bridge;
+  ``/etc/hosts`` a read-only bind of :data:`.etc_hosts.HOSTS_FILE`; ``True`` -> the default bridge;
 * ``ports`` -> each published on ``127.0.0.1`` at a host port the engine picks, read back after
   start into ``DockerContainer.published_ports`` (``ContainerResource.endpoint(port)``);
 * ``mounts`` -> typed bind mounts (docker-py ``Mount``), read-only where ``Mount.read_only``; a missing
