@@ -30,7 +30,9 @@ counts what is left running afterwards.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -349,7 +351,8 @@ def main() -> int:
                         "their .partial.json) into one JSON and PNG")
     a = p.parse_args()
     if a.merge:
-        return merge(a, [Path(x) for x in a.merge.split(",") if x])
+        return merge(a, _result_files(p, a.merge))
+    _check_args(p, a)
     a.kill_systems = [x for x in a.kill_systems.split(",") if x]
     once = {x for x in a.once.split(",") if x}
     a.max_n = {k: int(v) for k, v in (x.split("=") for x in a.max_n.split(",") if x)}
@@ -449,6 +452,49 @@ def main() -> int:
     if model is not None:
         model.close()
     return C.finish(res, plot)
+
+
+def _check_args(p: Any, a: Any) -> None:
+    """Refuse, with argparse's usage line and exit status 2, what cannot make a run: unknown systems or workloads,
+    an n below 1, a --max-n that is not SYSTEM=N, durations that are not > 0."""
+    known = [*OURS, *PEERS]
+
+    def systems(option: str, value: str, *, empty: bool = True) -> None:
+        names = [x for x in value.split(",") if x]
+        bad = [x for x in names if x not in known]
+        if bad or (not names and not empty):
+            p.error(f"{option}: unknown system(s) {', '.join(bad) or '(none given)'}; known: {', '.join(known)}")
+
+    systems("--systems", a.systems, empty=False)
+    systems("--kill-systems", a.kill_systems)
+    systems("--once", a.once)
+    wls = [x for x in a.workloads.split(",") if x]
+    if not wls or any(w not in PROFILES for w in wls):
+        p.error(f"--workloads {a.workloads!r}: each must be one of {', '.join(PROFILES)}")
+    if not re.fullmatch(r"\d+(,\d+)*", a.ns) or any(int(x) < 1 for x in a.ns.split(",")):
+        p.error(f"--ns {a.ns!r}: rollouts in flight, whole numbers >= 1 separated by commas (e.g. 16,64,256)")
+    for item in (x for x in a.max_n.split(",") if x):
+        name, _, n = item.partition("=")
+        if name not in known or not n.isdigit() or int(n) < 1:
+            p.error(f"--max-n {item!r}: SYSTEM=N with a known system and N >= 1")
+    for option, v in (("--time-scale", a.time_scale), ("--turn-div", a.turn_div), ("--timeout", a.timeout)):
+        if not (v > 0 and math.isfinite(v)):
+            p.error(f"{option} {v}: must be > 0")
+
+
+def _result_files(p: Any, value: str) -> list[Path]:
+    """The --merge files: each must be a JSON object written by this benchmark (argparse's error otherwise)."""
+    files = [Path(x) for x in value.split(",") if x]
+    if not files:
+        p.error("--merge: give FILE,... (results of earlier runs, e.g. their bench_peers.json)")
+    for f in files:
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"--merge {f}: {e}")
+        if not isinstance(d, dict) or d.get("benchmark") != "bench_peers" or "time_scale" not in d:
+            p.error(f"--merge {f}: not a bench_peers result (its JSON has no benchmark 'bench_peers' and time_scale)")
+    return files
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -19,6 +19,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
 
 
+def test_bench_peers_refuses_what_cannot_make_a_run(tmp_path):
+    """Arguments that cannot make a run end at once with argparse's usage and exit status 2, no traceback and no
+    result written (an unknown system used to exit 0 with an empty JSON; --ns 0 started a run, then raised)."""
+    (tmp_path / "empty.json").write_text("{}")
+    for bad in (["--systems", "nosuch"], ["--ns", "0"], ["--max-n", "verifiers=abc"],
+                ["--merge", str(tmp_path / "empty.json")]):
+        p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_peers.py"), *bad, "--out",
+                            str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+        assert p.returncode == 2 and "error: " + bad[0] in p.stderr and "Traceback" not in p.stderr, (bad, p.stderr)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_bench_peers_smoke_one_peer(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
