@@ -117,11 +117,12 @@ def test_ctrl_c_in_a_terminal_stops_scienceworld_without_tracebacks(tmp_path, mo
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
+    wait_until(lambda: live_processes(["java"], marker=marker) - before, 300, "the rollouts' JVMs")
     t0 = time.monotonic()
     while time.monotonic() - t0 < 300 and proc.poll() is None and not any("finished" in x for x in list(lines)):
-        time.sleep(0.2)
-    # one trajectory finished: the other rollouts (concurrency 4) are mid-episode, on live JVMs
-    wait_until(lambda: live_processes(["java"], marker=marker) - before, 60, "the rollouts' JVMs")
+        time.sleep(0.1)
+    # one trajectory finished: the other rollouts (concurrency 4) are mid-episode, on the live JVMs; the Ctrl-C
+    # comes at once (checking for the JVMs here, under load, once let all 32 episodes finish first)
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does
     try:
         proc.wait(timeout=120)
