@@ -343,7 +343,7 @@ def main() -> int:
     p.add_argument("--max-n", default="verifiers=16",
                    help="SYSTEM=N,...: largest n a system is run at (the reason is recorded in the JSON)")
     p.add_argument("--once", default="",
-                   help="SYSTEM,...: run once at each n even with --repeats (verifiers: ~10 min a run at n = 16)")
+                   help="SYSTEM,...: run once at each n even with --repeats (verifiers: 3-4 min a run at n = 16 here)")
     p.add_argument("--kill-systems", default="ours,gem,skyrl-gym",
                    help="systems that get the containers-killed-mid-episode run")
     p.add_argument("--merge", default="",
