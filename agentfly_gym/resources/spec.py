@@ -324,8 +324,13 @@ class ModelAPISpec(ResourceSpec):
         model: the model name sent with each request.
         api_key_env: name of the environment variable that holds the key, or ``None``.
         max_retries: retries on HTTP 429 and 5xx, with exponential backoff.
-        backoff: first backoff delay in seconds (doubled each retry).
-        request_timeout: seconds per HTTP request.
+        backoff: first backoff delay in seconds (>= 0, doubled each retry; a 429 or 5xx answer's ``Retry-After``
+            replaces it, up to 60 s).
+        request_timeout: seconds per HTTP request (> 0).
+
+    Raises:
+        ConfigError: a base URL that is not http(s), an empty model name, a bad variable name, or retries,
+            backoff or timeout out of range.
     """
 
     kind: ClassVar[str] = "model_api"
