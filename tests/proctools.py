@@ -111,8 +111,9 @@ def wait_gone(pids: Iterable[int], timeout: float = 20.0) -> set[int]:
 def default_sigint() -> None:
     """``preexec_fn`` for a child that the test interrupts with SIGINT: a test run started in the background
     (``make test &``) inherits SIGINT ignored, and Python then keeps ignoring it; the child gets the default
-    disposition, as an interactive user's Ctrl-C would find."""
+    disposition, as an interactive user's Ctrl-C would find, and SIGINT unblocked (a mask is inherited too)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def pids_with(marker: str) -> list[int]:
