@@ -85,6 +85,13 @@ def check_max_idle_time(value: Any) -> None:
         raise ConfigError(f"max_idle_time={value!r} must be None or a number of seconds > 0", field="max_idle_time")
 
 
+def _check_seconds(name: str, value: Any, *, zero_ok: bool = False) -> None:
+    """Raise ConfigError unless ``value`` is a finite number of seconds > 0 (>= 0 with ``zero_ok``)."""
+    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not number or value < 0 or (value == 0 and not zero_ok):
+        raise ConfigError(f"{name}={value!r} must be a number of seconds {'>= 0' if zero_ok else '> 0'}", field=name)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ResourceSpec:
     """Base of all specs: pool settings shared by every kind.
@@ -351,12 +358,8 @@ class ModelAPISpec(ResourceSpec):
             raise ConfigError(f"api_key_env={self.api_key_env!r} must be an environment variable name",
                               field="api_key_env")
         check_int("max_retries", self.max_retries, minimum=0)
-        for name, low in (("backoff", 0.0), ("request_timeout", None)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
-                    (v < low if low is not None else v <= 0):
-                raise ConfigError(f"{name}={v!r} must be a number of seconds {'>= 0' if low is not None else '> 0'}",
-                                  field=name)
+        _check_seconds("backoff", self.backoff, zero_ok=True)
+        _check_seconds("request_timeout", self.request_timeout)
         super().__post_init__()
 
 
